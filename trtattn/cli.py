@@ -1,0 +1,186 @@
+"""The `trtattn` command line. Subcommands are thin over the library (as Polygraphy's tools are).
+
+Errors a user can act on (bad input, missing dependency, failed verification) print one line
+and exit non-zero; no traceback unless --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from .errors import TrtattnError
+
+
+def _add_model_out(p):
+    p.add_argument("model", help="input ONNX model (never modified)")
+    p.add_argument("-o", "--output", required=True, help="output ONNX model")
+    p.add_argument("--report", help="write a JSON report here")
+
+
+def _add_verify_opts(p):
+    p.add_argument("--dims", help="values of symbolic dims for verification, e.g. batch=2,seq=16")
+    p.add_argument("--seed", type=int, default=0, help="seed of the verification inputs (default 0)")
+    p.add_argument("--atol", type=float, default=1e-4, help="max abs error allowed (default 1e-4, fp32)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="trtattn", description=__doc__.splitlines()[0])
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    z = sub.add_parser("zoo", help="the built-in models (transformers, random weights, no downloads)")
+    zsub = z.add_subparsers(dest="zoo_command", required=True)
+    zl = zsub.add_parser("list", help="list zoo models, their working exporters and attention sites")
+    zl.add_argument("--json", action="store_true")
+    ze = zsub.add_parser("export", help="export a zoo model to ONNX")
+    ze.add_argument("name")
+    ze.add_argument("--exporter", default="torchscript", help="torchscript (default) or dynamo")
+    ze.add_argument("-o", "--output", required=True)
+    ze.add_argument("--opset", type=int)
+    ze.add_argument("--force", action="store_true", help="overwrite OUTPUT if it exists")
+
+    f = sub.add_parser("fuse", help="rewrite every attention into the standard ONNX Attention op, verified")
+    _add_model_out(f)
+    _add_verify_opts(f)
+
+    d = sub.add_parser("demo", help="export a zoo model, fuse it, verify it, print the sites")
+    d.add_argument("--model", default=None, help="zoo model (default: the zoo's default)")
+    d.add_argument("--exporter", default="torchscript")
+    d.add_argument("--out-dir", default="out/demo", help="where the ONNX files go (default out/demo)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except TrtattnError as e:
+        print(f"trtattn: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trtattn: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # an internal error: one line, traceback on request
+        if args.debug:
+            raise
+        print(f"trtattn: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 3
+
+
+def _dispatch(args) -> int:
+    from .report import Progress
+
+    progress = Progress(enabled=not args.quiet)
+    if args.command == "zoo":
+        return _zoo(args, progress)
+    if args.command == "fuse":
+        return _fuse(args.model, args.output, args.report, args, progress)
+    if args.command == "demo":
+        return _demo(args, progress)
+    raise TrtattnError(f"unknown command {args.command}")
+
+
+def _zoo(args, progress) -> int:
+    from . import zoo
+    from .report import table
+
+    if args.zoo_command == "list":
+        rows = zoo.listing()
+        if args.json:
+            print(json.dumps([{k: r[k] for k in ("name", "exporters", "expected_sites")} for r in rows], indent=2))
+        else:
+            shown = [{**r, "exporters": ", ".join(r["exporters"]),
+                      "unsupported": "; ".join(f"{k}: {v}" for k, v in r["unsupported"].items())} for r in rows]
+            print(table(shown, [("name", "model"), ("expected_sites", "sites"), ("exporters", "exporters"),
+                                ("description", "what it exercises"), ("unsupported", "cannot export")]))
+        return 0
+    with progress.step(f"exporting {args.name} with {args.exporter}"):
+        path = zoo.export(args.name, args.exporter, args.output, opset=args.opset, force=args.force)
+    print(path)
+    return 0
+
+
+def _fuse(model_path, output, report_path, args, progress) -> int:
+    from . import onnxio
+    from .fuse import fuse_model
+    from .inputs import parse_dims
+    from .report import site_table, write_json
+
+    if onnxio.same_file(model_path, output):
+        raise TrtattnError(f"refusing to write over the input model {model_path}; choose another output path")
+    with progress.step(f"loading {model_path}"):
+        model = onnxio.load(model_path)
+    result = fuse_model(model, dims=parse_dims(getattr(args, "dims", None)), seed=getattr(args, "seed", 0),
+                        atol=getattr(args, "atol", 1e-4), progress=progress)
+    rows = [r.row() for r in result.reports]
+    fused = sum(r["status"] == "fused" for r in rows)
+    if rows:
+        print(site_table(rows))
+    print(f"{len(rows)} attention sites, {fused} fused, {len(rows) - fused} skipped; "
+          f"verification: {_verdict(result.verification)}")
+    written = None
+    if result.ok:
+        if not result.changed:  # nothing to fuse: the output is the input, unchanged
+            written = _copy_model(model_path, output, model)
+        else:
+            with progress.step(f"writing {output}"):
+                written = onnxio.save(result.model, output, protect=(model_path,))
+        print(f"wrote {written}")
+    else:
+        print(f"not written: {output} (every site must fuse and verify)")
+    if report_path:
+        from . import __version__
+
+        write_json({"trtattn_version": __version__, "input": str(model_path), "output": str(written) if written else None,
+                    "sites": rows, "ignored": [{"name": i.name, "reason": i.reason} for i in result.ignored],
+                    "verification": result.verification,
+                    "counts": {"sites": len(rows), "fused": fused, "skipped": len(rows) - fused}},
+                   report_path, protect=(model_path, output))
+    return 0 if result.ok else 1
+
+
+def _verdict(v: dict) -> str:
+    if v.get("note"):
+        return v["note"]
+    if v.get("passed") is None:
+        return "not run"
+    err = v.get("max_abs_err")
+    return ("passed" if v["passed"] else "FAILED") + (f" (max abs error {err:.3g} over {v.get('iterations')} inputs)"
+                                                       if err is not None else "")
+
+
+def _copy_model(src, dst, model) -> Path:
+    from . import onnxio
+
+    if any(t.data_location == 1 for t in model.graph.initializer):  # external data: re-save next to dst
+        return onnxio.save(model, dst, protect=(src,))
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.copyfile(src, tmp)
+    tmp.replace(dst)
+    return dst
+
+
+def _demo(args, progress) -> int:
+    from . import zoo
+
+    name = args.model or zoo.DEFAULT_MODEL
+    out = Path(args.out_dir)
+    exported = out / f"{name}.{args.exporter}.onnx"
+    fused = out / f"{name}.{args.exporter}.fused.onnx"
+    print(f"trtattn demo: {name} ({zoo.get(name).description}), exported with {args.exporter}")
+    with progress.step(f"exporting {name} with {args.exporter}"):
+        zoo.export(name, args.exporter, exported, force=True)
+    code = _fuse(str(exported), str(fused), str(out / f"{name}.{args.exporter}.report.json"), args, progress)
+    print("TensorRT engine build: needs TensorRT >= 11 and a GPU; run `trtattn build` in the docker/ container.")
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""Rewrite every attention site into the standard ONNX Attention op (opset 23).
+
+The fused model runs on ONNX Runtime's CPU provider, so each rewrite is verified numerically
+against the original before anything is written (verify.py). RoPE and KV-cache concatenation
+stay outside the op (the report says so); GQA is native (the head repeat is dropped); a purely
+causal mask becomes is_causal=1; any other mask or bias is passed as one attn_mask tensor.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import version_converter
+
+from . import inputs as inputs_mod
+from .errors import TrtattnError
+from .match import match
+from .match.graph import GraphView
+from .match.mask import _Emitter, materialize
+from .match.probe import probe_masks
+from .site import AttentionSite, CausalKind, MaskKind, MatchResult, Skipped
+
+ATTENTION_OPSET = 23
+
+
+@dataclass
+class SiteReport:
+    site: AttentionSite
+    status: str = "fused"  # fused | skipped
+    reason: str = ""
+    max_abs_err: float | None = None
+    pattern: str = "none"  # what the probe saw in the mask
+    padding: bool = False
+    bias: bool = False
+
+    def row(self) -> dict:
+        s = self.site
+        return {
+            "name": s.name, "kind": s.kind.value, "source": s.source,
+            "q_heads": s.q_heads, "kv_heads": s.kv_heads, "head_size": s.head_size,
+            "scale": s.softmax_scale, "scale_placement": s.scale_placement.value,
+            "mask": s.mask.value, "causal": s.causal.value, "window": s.window, "padding": self.padding,
+            "bias": self.bias, "cache": s.cache.value, "rope": s.rope.kind.value if s.rope else "none",
+            "status": self.status, "reason": self.reason, "max_abs_err": self.max_abs_err,
+            "notes": list(s.notes),
+        }
+
+
+@dataclass
+class FuseResult:
+    model: onnx.ModelProto
+    reports: list[SiteReport] = field(default_factory=list)
+    ignored: list[Skipped] = field(default_factory=list)
+    verification: dict = field(default_factory=dict)
+    changed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == "fused" for r in self.reports) and self.verification.get("passed", True)
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 0
+
+
+def upgrade_opset(model: onnx.ModelProto, version: int = ATTENTION_OPSET) -> onnx.ModelProto:
+    if opset_of(model) >= version:
+        return model
+    try:
+        return version_converter.convert_version(model, version)
+    except Exception as e:
+        raise TrtattnError(f"cannot convert the model from opset {opset_of(model)} to {version} "
+                           f"(needed for the ONNX Attention op): {str(e).splitlines()[0]}") from None
+
+
+def analyse(model: onnx.ModelProto, feeds=None) -> tuple[gs.Graph, MatchResult, dict]:
+    """Match sites and probe what their masks mean. Returns (graph, match result, meanings)."""
+    graph = gs.import_onnx(model)
+    view = GraphView(graph, model)
+    result = match(graph, view)
+    meanings = {}
+    if result.sites:
+        if feeds is None:
+            feeds = [inputs_mod.make_feeds(model, padding=False)]
+        probes = [probe_masks(model, result.sites, f) for f in feeds]
+        meanings = _agree(probes)
+        result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
+    return graph, result, meanings
+
+
+def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
+    """Inputs without padding at two sequence lengths: a band (sliding window) shorter than the
+    first length would look causal; the second, doubled, length tells them apart."""
+    base = inputs_mod.resolve_dims(model, dims)
+    doubled = {k: (v if k.startswith("batch") else 2 * v) for k, v in base.items()}
+    return [inputs_mod.make_feeds(model, dims=base, padding=False),
+            inputs_mod.make_feeds(model, dims=doubled, padding=False)]
+
+
+def _agree(probes: list[dict]) -> dict:
+    """Keep a probe's conclusion only where every probe agrees (else: custom mask)."""
+    if not probes:
+        return {}
+    out = {}
+    for name, first in probes[0].items():
+        others = [p.get(name) for p in probes[1:]]
+        if any(o is None or (o.pattern, o.causal, o.window) != (first.pattern, first.causal, first.window) for o in others):
+            first.pattern, first.causal, first.window = "custom", CausalKind.NONE, None
+        out[name] = first
+    return out
+
+
+def _apply_meaning(site: AttentionSite, meaning) -> AttentionSite:
+    if meaning is None:
+        return site
+    causal = site.causal if site.causal != CausalKind.NONE else meaning.causal
+    return site.replace(causal=causal, window=meaning.window, padding=meaning.padding)
+
+
+# ---------------------------------------------------------------- rewriting
+def _shape_slice(emit: _Emitter, t: gs.Tensor, start: int, end: int) -> gs.Tensor:
+    s = emit("Shape", [t], dtype=np.int64)
+    return emit("Slice", [s, emit.const([start], np.int64), emit.const([end], np.int64)], dtype=np.int64)
+
+
+def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -> None:
+    """Replace one site by an ONNX Attention node. Raises on anything it cannot express."""
+    if site.source.startswith("com.microsoft"):
+        raise TrtattnError(f"converting {site.source} to the standard Attention op is not supported yet")
+    if site.source == "onnx:Attention":
+        _retarget_attention(graph, tensors, site)
+        return
+    emit = _Emitter(graph, f"trtattn/{site.name}")
+    dtype = np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.float32
+    q, k, v = tensors[site.query], tensors[site.key], tensors[site.value]
+    if site.key_perm:
+        k = emit("Transpose", [k], {"perm": list(site.key_perm)}, dtype=dtype, name="key_to_bnsh")
+    score_shape = None
+    if any(s.op == "reshape" for s in site.mask_steps):
+        score_shape = emit("Concat", [_shape_slice(emit, q, 0, site.rank - 1),
+                                      _shape_slice(emit, k, site.rank - 2, site.rank - 1)], {"axis": 0}, dtype=np.int64)
+    use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
+                  and not meaning.padding and not meaning.bias)
+    mask, kind = (None, MaskKind.NONE) if use_causal else materialize(
+        graph, tensors, site.mask_steps, f"trtattn/{site.name}/mask", dtype, score_shape)
+    if site.rank == 3:  # [B*N, S, H] MatMuls: one head per batch row
+        axes = emit.const([1], np.int64)
+        q, k, v = (emit("Unsqueeze", [x, axes], dtype=dtype) for x in (q, k, v))
+        if mask is not None:
+            mask = emit("Unsqueeze", [mask, axes], dtype=mask.dtype)
+    inputs = [q, k, v] + ([mask] if mask is not None else [])
+    attrs = {"scale": float(site.scale), "is_causal": int(use_causal)}
+    y = emit("Attention", inputs, attrs, dtype=dtype, name="Attention")
+    if site.rank == 3:
+        y = emit("Squeeze", [y, emit.const([1], np.int64)], dtype=dtype)
+    # the last node now produces the site's output tensor in place of the MatMul with V
+    out = tensors[site.output]
+    out.inputs.clear()
+    last = graph.nodes[-1]
+    last.outputs = [out]
+
+
+def _retarget_attention(graph, tensors, site: AttentionSite) -> None:
+    """An existing ONNX Attention: feed it K and V without the GQA head repeat."""
+    node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
+    node.inputs[1] = tensors[site.key]
+    node.inputs[2] = tensors[site.value]
+
+
+def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None = None, seed: int = 0,
+               atol: float = 1e-4, rtol: float = 1e-4, progress=None) -> FuseResult:
+    """Fuse every site of `model` (not modified) and verify the result on ONNX Runtime."""
+    from .report import Progress
+    from .verify import compare_models
+
+    progress = progress or Progress(enabled=False)
+    with progress.step("matching attention sites"):
+        first = match(model)
+    if not first.sites and not first.skipped:
+        return FuseResult(model, [], first.ignored, {"passed": True, "note": "no attention found"})
+    with progress.step(f"analysing {len(first.sites)} sites (opset {ATTENTION_OPSET}, mask probes)"):
+        working = upgrade_opset(model)
+        graph, result, meanings = analyse(working, probe_feeds(working, dims))
+    reports = [SiteReport(s, pattern=getattr(meanings.get(s.name), "pattern", "none"),
+                          padding=getattr(meanings.get(s.name), "padding", False),
+                          bias=getattr(meanings.get(s.name), "bias", False)) for s in result.sites]
+    reports += [SiteReport(_placeholder(sk), status="skipped", reason=sk.reason) for sk in result.skipped]
+    while True:
+        active = [r for r in reports if r.status == "fused"]
+        with progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
+            fused = _rewrite(working, active, meanings)  # marks sites it cannot rewrite as skipped
+        active = [r for r in active if r.status == "fused"]
+        if not verify:
+            return FuseResult(fused, reports, result.ignored, {"passed": None}, bool(active))
+        if not active:
+            return FuseResult(model, reports, result.ignored, {"passed": True, "note": "no site fused"}, False)
+        with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
+            outcome = compare_models(model, fused, [r.site for r in active], dims=dims, seed=seed, atol=atol, rtol=rtol)
+        for r in active:
+            r.max_abs_err = outcome.site_errors.get(r.site.output)
+        bad = [r for r in active if r.max_abs_err is None or not r.max_abs_err <= atol]
+        if not bad:
+            return FuseResult(fused if outcome.passed else model, reports, result.ignored, outcome.summary(),
+                              outcome.passed)
+        for r in bad:  # leave the failing sites as they were and verify the others again
+            r.status, r.reason = "skipped", _verify_reason(r)
+
+
+def _verify_reason(r: SiteReport) -> str:
+    if r.max_abs_err is None:
+        return "verification could not compare this site's output"
+    return f"verification failed: max abs error {r.max_abs_err:.3g} against the original"
+
+
+def _placeholder(sk: Skipped) -> AttentionSite:
+    from .site import SiteKind
+
+    return AttentionSite(name=sk.name, kind=SiteKind.SELF, query="", key="", value="", output="")
+
+
+def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict) -> onnx.ModelProto:
+    graph = gs.import_onnx(working)
+    tensors = graph.tensors()
+    for r in reports:
+        mark = len(graph.nodes)
+        try:
+            rewrite_site(graph, tensors, r.site, meanings.get(r.site.name))
+        except (TrtattnError, KeyError, ValueError, StopIteration) as e:
+            del graph.nodes[mark:]
+            r.status, r.reason = "skipped", str(e) or type(e).__name__
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    fused = gs.export_onnx(graph)
+    fused.ir_version = working.ir_version
+    del fused.metadata_props[:]
+    fused.metadata_props.extend(copy.deepcopy(list(working.metadata_props)))
+    fused.producer_name, fused.producer_version = "trtattn", _version()
+    return fused
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__

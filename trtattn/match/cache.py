@@ -1,0 +1,80 @@
+"""KV cache roles: K/V concatenated with a past cache, or read from a static (cross) cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_graphsurgeon as gs
+
+from ..site import CacheKind
+from .graph import GraphView
+
+
+@dataclass
+class CacheRole:
+    kind: CacheKind = CacheKind.NONE
+    past_key: str | None = None
+    past_value: str | None = None
+    new_key: gs.Tensor | None = None
+    new_value: gs.Tensor | None = None
+
+
+def _concat_parts(view: GraphView, t: gs.Tensor, seq_axis: int, rank: int):
+    n = view.producer(t)
+    if n is None or n.op != "Concat" or len(n.inputs) != 2:
+        return None
+    if n.attrs.get("axis", 0) % rank != seq_axis % rank:
+        return None
+    return n.inputs[0], n.inputs[1]
+
+
+def _is_input(view: GraphView, t: gs.Tensor) -> bool:
+    return view.skip_passthrough_up(t).name in view.inputs
+
+
+def find_cache(view: GraphView, key: gs.Tensor, value: gs.Tensor, rank: int) -> CacheRole:
+    kparts = _concat_parts(view, key, -2, rank)
+    vparts = _concat_parts(view, value, -2, rank)
+    if kparts and vparts:
+        return CacheRole(CacheKind.CONCAT, kparts[0].name, vparts[0].name, kparts[1], vparts[1])
+    if _is_input(view, key) and _is_input(view, value):
+        k, v = view.skip_passthrough_up(key), view.skip_passthrough_up(value)
+        return CacheRole(CacheKind.CROSS_STATIC, k.name, v.name)
+    return CacheRole()
+
+
+# ---------------------------------------------------------------- self or cross
+_THROUGH = {"Reshape", "Transpose", "Identity", "Cast", "Unsqueeze", "Squeeze", "Add", "Mul", "Div",
+            "Split", "Slice", "Gather", "Expand", "Tile", "RotaryEmbedding", "Neg", "Concat",
+            "SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization", "Dropout"}
+
+
+def projection_source(view: GraphView, t: gs.Tensor, budget: int = 24) -> str | None:
+    """The hidden state a Q/K operand was projected from (the data input of the first
+    MatMul/Gemm with constant weights above it), or the graph input it is read from."""
+    seen = set()
+    stack = [(t, budget)]
+    while stack:
+        t, b = stack.pop(0)  # breadth first: the nearest projection wins
+        if t.name in seen or b == 0:
+            continue
+        seen.add(t.name)
+        if t.name in view.inputs:
+            return t.name
+        n = view.producer(t)
+        if n is None:
+            continue
+        if n.op in ("MatMul", "Gemm"):
+            data = [i for i in n.inputs[:2] if view.const(i) is None]
+            if len(data) == 1:
+                return view.skip_passthrough_up(data[0]).name
+            continue
+        if n.op not in _THROUGH:
+            continue
+        # follow data inputs only (skip constants and shape operands)
+        ins = [i for i in n.inputs if isinstance(i, gs.Variable) and view.const(i) is None]
+        if n.op == "Concat" and len(ins) == 2:
+            ins = ins[1:]  # Concat(past, new): the new part was projected
+        for i in ins[:2]:
+            stack.append((i, b - 1))
+    return None

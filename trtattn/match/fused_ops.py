@@ -1,0 +1,126 @@
+"""Attention ops that are already fused: read into sites like any other.
+
+- ONNX Attention (opset 23/24): torch's dynamo exporter emits it for SDPA at opset >= 23,
+  often with HF's GQA head repeat still in front of K and V (dropped here: GQA is native).
+- com.microsoft Attention / MultiHeadAttention / GroupQueryAttention (ONNX Runtime's
+  transformer optimizer output): described for the report; see fuse.py for what is rewritten.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, ScalePlacement, SiteKind
+from .cache import projection_source
+from .core import Unsupported
+from .graph import GraphView
+from .heads import heads_and_size, strip_repeat
+
+MICROSOFT_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
+                 "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention"}
+
+
+def is_fused_attention(n: gs.Node) -> bool:
+    if n.op == "Attention" and n.domain in (None, "", "ai.onnx"):
+        return True
+    return n.domain == "com.microsoft" and n.op in MICROSOFT_OPS
+
+
+def _opt(n: gs.Node, i: int) -> gs.Tensor | None:
+    return n.inputs[i] if len(n.inputs) > i and n.inputs[i].name else None
+
+
+def site_from_node(view: GraphView, n: gs.Node) -> AttentionSite:
+    if n.domain == "com.microsoft":
+        return _microsoft_site(view, n)
+    return _onnx_attention_site(view, n)
+
+
+def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
+    q, k, v = n.inputs[:3]
+    mask, past_k, past_v = _opt(n, 3), _opt(n, 4), _opt(n, 5)
+    rank = view.rank(q) or 4
+    if rank == 3:
+        q_heads = n.attrs.get("q_num_heads")
+        kv_heads = n.attrs.get("kv_num_heads")
+        hidden = view.dim(q, 2)
+        head = hidden // q_heads if hidden and q_heads else None
+        repeat = 1
+    else:
+        k_base, repeat = strip_repeat(view, view.skip_passthrough_up(k), 4)
+        v_base, v_repeat = strip_repeat(view, view.skip_passthrough_up(v), 4)
+        if repeat == v_repeat and repeat > 1:
+            k, v = k_base, v_base
+        else:
+            repeat = 1
+        q_heads, head = heads_and_size(view, q, None, 4)
+        kv_heads, _ = heads_and_size(view, k, None, 4)
+    scale = n.attrs.get("scale")
+    if scale is None:
+        if head is None:
+            raise Unsupported(f"Attention {n.name}: the head size is unknown, so its default scale is too")
+        scale = 1.0 / math.sqrt(head)
+    steps = []
+    if mask is not None:
+        is_bool = view.dtype(mask) is not None and np.dtype(view.dtype(mask)) == np.bool_
+        steps.append(MaskStep("where", operand=mask.name, value=float("-inf"), node=n.name) if is_bool
+                     else MaskStep("add", operand=mask.name, node=n.name))
+    softcap = float(n.attrs.get("softcap", 0.0) or 0.0)
+    if n.attrs.get("qk_matmul_output_mode", 0) and len(n.outputs) > 3 and n.outputs[3].name:
+        raise Unsupported(f"Attention {n.name} also outputs its QK matmul (qk_matmul_output_mode)")
+    q_src, k_src = projection_source(view, q), projection_source(view, k)
+    cache = CacheKind.CONCAT if past_k is not None else CacheKind.NONE
+    if cache == CacheKind.NONE and view.skip_passthrough_up(k).name in view.inputs:
+        cache = CacheKind.CROSS_STATIC
+    cross = cache == CacheKind.CROSS_STATIC or (q_src is not None and k_src is not None and q_src != k_src)
+    notes = [f"GQA head repeat x{repeat} dropped"] if repeat > 1 else []
+    if softcap:
+        notes.append(f"softcap {softcap}")
+    from .rope import find_rope
+
+    return AttentionSite(
+        name=n.name,
+        kind=SiteKind.CROSS if cross else SiteKind.SELF,
+        query=q.name, key=k.name, value=v.name, output=n.outputs[0].name,
+        q_heads=q_heads, kv_heads=kv_heads, head_size=head, v_head_size=head,
+        scale=float(scale), scale_placement=ScalePlacement.ATTRIBUTE,
+        mask=MaskKind.NONE if mask is None else (MaskKind.BOOLEAN if steps[0].op == "where" else MaskKind.ADDITIVE),
+        mask_steps=tuple(steps),
+        causal=CausalKind.UPPER_LEFT if n.attrs.get("is_causal", 0) else CausalKind.NONE,
+        cache=cache,
+        past_key=past_k.name if past_k is not None else None,
+        past_value=past_v.name if past_v is not None else None,
+        new_key=k.name if past_k is not None else None,
+        new_value=v.name if past_v is not None else None,
+        rope=find_rope(view, q, k, head) if rank == 4 else None,
+        rank=rank, source="onnx:Attention", dtype=str(view.dtype(q) or "float32"),
+        notes=tuple(notes),
+    )
+
+
+def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
+    heads = n.attrs.get("num_heads")
+    kv_heads = n.attrs.get("kv_num_heads", heads)
+    q = n.inputs[0]
+    hidden = view.dim(q, -1)
+    if n.op == "Attention":  # input is the hidden state; the op projects Q, K, V itself
+        sizes = n.attrs.get("qkv_hidden_sizes")
+        hidden = sizes[0] if sizes else (view.dim(n.inputs[1], 1) or 0) // 3 or None
+    head = hidden // heads if hidden and heads else None
+    scale = n.attrs.get("scale") or (1.0 / math.sqrt(head) if head else 1.0)
+    causal = CausalKind.NONE
+    if n.op == "GroupQueryAttention":
+        causal = CausalKind.LOWER_RIGHT
+    elif n.attrs.get("unidirectional", 0):
+        causal = CausalKind.UPPER_LEFT
+    return AttentionSite(
+        name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "GroupQueryAttention") else SiteKind.CROSS,
+        query=q.name, key=(_opt(n, 1) or q).name, value=(_opt(n, 2) or q).name, output=n.outputs[0].name,
+        q_heads=heads, kv_heads=kv_heads, head_size=head, v_head_size=head, scale=float(scale),
+        scale_placement=ScalePlacement.ATTRIBUTE, causal=causal,
+        cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" else CacheKind.NONE,
+        source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",),
+    )

@@ -1,0 +1,125 @@
+"""What a site's mask means: causal (upper-left / lower-right), sliding window, padding, bias.
+
+Two questions, answered two ways:
+- Does the mask depend on input *values* (a padding mask, position ids)? Structurally: walk the
+  mask's ancestors; a path to a graph input that does not pass through Shape means yes.
+- What pattern does it have? Numerically: build the mask (mask.materialize) on a scratch copy of
+  the graph, run only the nodes it needs with ONNX Runtime on inputs without padding, and compare
+  the allowed positions with causal and banded patterns.
+The verification of the fused model then checks every conclusion drawn here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ..site import AttentionSite, CausalKind, MaskKind
+from .core import MASKED_FILL
+from .mask import materialize
+
+
+@dataclass
+class MaskMeaning:
+    causal: CausalKind = CausalKind.NONE
+    window: int | None = None
+    padding: bool = False  # depends on input values (padding mask, positions)
+    bias: bool = False  # finite non-zero values on allowed positions (relative bias, ALiBi)
+    pattern: str = "none"  # none | causal | window | custom
+
+
+def depends_on_input_values(tensor: gs.Tensor, graph_inputs: set[str]) -> bool:
+    seen, stack = set(), [tensor]
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.name in graph_inputs:
+            return True
+        for n in t.inputs:
+            if n.op == "Shape":
+                continue  # only the shape flows on
+            stack.extend(n.inputs)
+    return False
+
+
+def classify_pattern(allowed: np.ndarray) -> tuple[str, CausalKind, int | None]:
+    """allowed: [..., Sq, Skv] booleans, identical for every batch row and head."""
+    sq, skv = allowed.shape[-2:]
+    a = allowed.reshape(-1, sq, skv)
+    if not all((a[0] == x).all() for x in a[1:]):
+        return "custom", CausalKind.NONE, None
+    a = a[0]
+    if a.all():
+        return "none", CausalKind.NONE, None
+    i = np.arange(sq)[:, None]
+    j = np.arange(skv)[None, :]
+    off = skv - sq
+    for kind, diag in ((CausalKind.LOWER_RIGHT, i + off), (CausalKind.UPPER_LEFT, i)):
+        causal = j <= diag
+        if (a == causal).all():
+            if sq == skv:
+                kind = CausalKind.UPPER_LEFT  # both alignments agree: name the simple one
+            return "causal", kind, None
+        widths = a.sum(axis=1)
+        w = int(widths.max()) if widths.size else 0
+        if w and (a == (causal & (j > diag - w))).all():
+            return "window", kind if sq != skv else CausalKind.UPPER_LEFT, w
+    return "custom", CausalKind.NONE, None
+
+
+def probe_masks(model: onnx.ModelProto, sites: list[AttentionSite], feeds: dict[str, np.ndarray]) -> dict[str, MaskMeaning]:
+    """MaskMeaning per site name (sites without a mask, or whose mask cannot be probed, are absent)."""
+    import onnxruntime as ort
+
+    graph = gs.import_onnx(model)
+    tensors = graph.tensors()
+    inputs = {t.name for t in graph.inputs}
+    wanted: dict[str, gs.Tensor] = {}
+    meanings: dict[str, MaskMeaning] = {}
+    for site in sites:
+        steps = [s for s in site.mask_steps if s.op != "scale"]
+        if not steps or any(s.op == "reshape" for s in steps):
+            continue
+        try:
+            m, kind = materialize(graph, tensors, steps, f"probe/{site.name}", _dtype(site.dtype))
+        except (KeyError, ValueError):
+            continue
+        meanings[site.name] = MaskMeaning(padding=depends_on_input_values(m, inputs))
+        out = gs.Variable(f"probe_out/{site.name}", dtype=np.bool_ if kind == MaskKind.BOOLEAN else _dtype(site.dtype))
+        graph.nodes.append(gs.Node("Identity", f"probe_id/{site.name}", inputs=[m], outputs=[out]))
+        wanted[site.name] = out
+    if not wanted:
+        return meanings
+    graph.outputs = list(wanted.values())
+    graph.cleanup(remove_unused_graph_inputs=False)
+    probe = gs.export_onnx(graph)
+    probe.ir_version = model.ir_version
+    try:
+        sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        needed = {i.name for i in sess.get_inputs()}
+        values = sess.run([t.name for t in wanted.values()], {k: v for k, v in feeds.items() if k in needed})
+    except Exception:
+        return {}
+    for (name, _), value in zip(wanted.items(), values):
+        meaning = meanings[name]
+        value = np.asarray(value)
+        if value.ndim < 2:
+            meaning.pattern = "custom"
+            continue
+        allowed = value if value.dtype == np.bool_ else value > MASKED_FILL
+        if value.dtype != np.bool_:
+            meaning.bias = bool(np.any(value[allowed] != 0))
+        meaning.pattern, meaning.causal, meaning.window = classify_pattern(allowed)
+    return meanings
+
+
+def _dtype(name: str):
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.dtype(np.float32)

@@ -1,0 +1,97 @@
+"""Per-site tables and JSON reports, and a small progress printer for long steps."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import onnxio
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """Fixed-width text table; columns are (key, header)."""
+    cells = [[h for _, h in columns]] + [[_fmt(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+SITE_COLUMNS = [("name", "site"), ("kind", "kind"), ("heads", "heads q/kv"), ("head_size", "head"),
+                ("scale", "scale"), ("mask_desc", "mask"), ("cache", "cache"), ("rope", "rope"),
+                ("status", "status"), ("detail", "max err / reason")]
+
+
+def site_rows(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        mask = r["mask"]
+        if r.get("causal") not in (None, "none"):
+            mask = f"causal({r['causal']})" + (f" window {r['window']}" if r.get("window") else "")
+            if r.get("padding"):
+                mask += "+padding"
+            if r.get("bias"):
+                mask += "+bias"
+        elif r.get("padding") and mask != "none":
+            mask = f"{mask}(padding" + ("+bias)" if r.get("bias") else ")")
+        detail = r["reason"] if r["status"] != "fused" else _fmt(r.get("max_abs_err"))
+        out.append({**r, "heads": f"{_fmt(r.get('q_heads'))}/{_fmt(r.get('kv_heads'))}", "mask_desc": mask,
+                    "detail": detail})
+    return out
+
+
+def site_table(rows: list[dict]) -> str:
+    return table(site_rows(rows), SITE_COLUMNS)
+
+
+def write_json(data: dict, path: str | Path, protect=()) -> None:
+    path = Path(path)
+    for p in protect:
+        if p is not None and onnxio.same_file(p, path):
+            from .errors import TrtattnError
+
+            raise TrtattnError(f"refusing to write the report over {p}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+class Progress:
+    """Prints '[trtattn] step ... done (1.2s)' on stderr, so long runs show where they are."""
+
+    def __init__(self, enabled: bool = True, stream=None):
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+
+    def step(self, text: str):
+        return _Step(self, text)
+
+
+class _Step:
+    def __init__(self, progress: Progress, text: str):
+        self.p, self.text = progress, text
+
+    def __enter__(self):
+        self.t = time.perf_counter()
+        if self.p.enabled:
+            print(f"[trtattn] {self.text} ...", file=self.p.stream, end="", flush=True)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.p.enabled:
+            status = "done" if exc_type is None else "failed"
+            print(f" {status} ({time.perf_counter() - self.t:.1f}s)", file=self.p.stream, flush=True)
+        return False

@@ -1,0 +1,156 @@
+"""AttentionSite: the one record the matcher produces and every back end consumes.
+
+A site names graph tensors and carries everything a back end needs to rewrite the attention
+without looking at the graph again. All tensor fields are tensor names in the ONNX graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+
+
+class Layout(str, enum.Enum):
+    """Layout of a 4-D attention operand; B batch, N heads, S sequence, H head size."""
+
+    BNSH = "BNSH"  # what IAttention's PADDED_BHND and ONNX Attention take
+    BSNH = "BSNH"
+    BNHS = "BNHS"  # a pre-transposed key (K^T)
+    PACKED = "NHD"  # [total_tokens, N, H]
+
+
+class SiteKind(str, enum.Enum):
+    SELF = "self"
+    CROSS = "cross"
+
+
+class ScalePlacement(str, enum.Enum):
+    """Where the exported graph applied the softmax scale."""
+
+    NONE = "none"  # no scale anywhere (T5): the logits are unscaled
+    AFTER_BMM1 = "after_bmm1"  # Div or Mul on Q.K^T (what TensorRT does not want)
+    ON_Q = "on_q"  # Mul on Q before the first MatMul (what TensorRT wants)
+    ON_K = "on_k"
+    SQRT_ON_QK = "sqrt_on_qk"  # sqrt(scale) on both Q and K (torch's SDPA export)
+    MIXED = "mixed"  # several of the above multiplied together
+    ATTRIBUTE = "attribute"  # already a fused op with a scale attribute
+
+
+class MaskKind(str, enum.Enum):
+    NONE = "none"
+    ADDITIVE = "additive"  # float tensor added to the logits
+    BOOLEAN = "boolean"  # True = may attend
+
+
+class CausalKind(str, enum.Enum):
+    """Alignment of an implicit causal mask (IAttention's CausalMaskKind)."""
+
+    NONE = "none"
+    UPPER_LEFT = "upper_left"  # j <= i
+    LOWER_RIGHT = "lower_right"  # j <= i + Skv - Sq (decode with a cache)
+
+
+class CacheKind(str, enum.Enum):
+    NONE = "none"
+    CONCAT = "concat"  # K/V = Concat(past, new) along the sequence axis
+    CROSS_STATIC = "cross_static"  # cross-attention K/V read from graph inputs, computed once
+
+
+class RopeKind(str, enum.Enum):
+    NONE = "none"
+    HALF_SPLIT = "half_split"  # HF rotate_half
+    INTERLEAVED = "interleaved"  # GPT-J style adjacent pairs
+
+
+@dataclass(frozen=True)
+class MaskStep:
+    """One op between the first MatMul and the Softmax that changes the logits.
+
+    op: "add" | "sub" (operand added/subtracted), "where" (Where(cond, logits, fill)),
+        "where_not" (Where(cond, fill, logits)), "scale" (multiply by `value`),
+        "reshape" (operand is the target shape tensor), "softcap" (tanh capping by `value`).
+    """
+
+    op: str
+    operand: str | None = None  # tensor name: the bias, condition or shape
+    value: float | None = None  # scale factor or fill value
+    node: str | None = None  # the node that applied it (for messages)
+
+
+@dataclass(frozen=True)
+class Rope:
+    kind: RopeKind
+    rotary_dim: int  # number of rotated channels (== head size unless partial)
+    cos: str  # tensor names of the cos/sin tables as the graph computes them
+    sin: str
+    q_input: str  # Q and K before the rotation (BNSH)
+    k_input: str
+    position_ids: str | None = None
+    interleaved: bool = False
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    name: str
+    kind: SiteKind
+    # operands, as fed to the attention (K/V after the cache concat, before any GQA head repeat)
+    query: str
+    key: str
+    value: str
+    output: str  # the attention result replaced by a back end
+    q_layout: Layout = Layout.BNSH
+    k_layout: Layout = Layout.BNSH
+    v_layout: Layout = Layout.BNSH
+    output_layout: Layout = Layout.BNSH
+    q_heads: int | None = None
+    kv_heads: int | None = None
+    head_size: int | None = None
+    v_head_size: int | None = None
+    scale: float = 1.0  # the factor a back end applies to query . key^T (the operands as named here)
+    prescale: float = 1.0  # a factor already applied upstream of `query` (Whisper scales q_proj's output)
+    scale_placement: ScalePlacement = ScalePlacement.NONE
+    mask: MaskKind = MaskKind.NONE
+    mask_steps: tuple[MaskStep, ...] = ()  # how the logits are masked, in graph order
+    causal: CausalKind = CausalKind.NONE
+    window: int | None = None  # sliding-window size when the mask is a local band
+    padding: bool = False  # the mask depends on a padding-mask input
+    cache: CacheKind = CacheKind.NONE
+    past_key: str | None = None
+    past_value: str | None = None
+    new_key: str | None = None  # K/V of the current step (the concat's second operand)
+    new_value: str | None = None
+    rope: Rope | None = None
+    key_perm: tuple[int, ...] | None = None  # Transpose that turns `key` into BNSH (None: it is BNSH)
+    rank: int = 4  # rank of the MatMuls (3 for [B*N, S, H] exports)
+    source: str = "pattern"  # "pattern" | "onnx:Attention" | "com.microsoft:MultiHeadAttention" ...
+    softmax: str | None = None  # node name of the Softmax (pattern sites)
+    dtype: str = "float32"
+    notes: tuple[str, ...] = ()
+
+    def replace(self, **changes) -> "AttentionSite":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def softmax_scale(self) -> float:
+        """The softmax scale of the original attention, wherever the graph applied it."""
+        return self.scale * self.prescale
+
+    @property
+    def gqa(self) -> bool:
+        return bool(self.q_heads and self.kv_heads and self.q_heads != self.kv_heads)
+
+
+@dataclass
+class Skipped:
+    """A Softmax (or fused op) that looked like attention but was not taken, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass
+class MatchResult:
+    sites: list[AttentionSite] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)  # attention, but cannot be fused (counts as failure)
+    ignored: list[Skipped] = field(default_factory=list)  # softmaxes that are not attention
