@@ -113,8 +113,7 @@ def _fuse(model_path, output, report_path, args, progress) -> int:
 
     if onnxio.same_file(model_path, output):
         raise TrtattnError(f"refusing to write over the input model {model_path}; choose another output path")
-    with progress.step(f"loading {model_path}"):
-        model = onnxio.load(model_path)
+    model = onnxio.load(model_path)  # bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(getattr(args, "dims", None)), seed=getattr(args, "seed", 0),
                         atol=getattr(args, "atol", 1e-4), progress=progress)
     rows = [r.row() for r in result.reports]

@@ -155,6 +155,11 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         q, k, v = (emit("Unsqueeze", [x, axes], dtype=dtype) for x in (q, k, v))
         if mask is not None:
             mask = emit("Unsqueeze", [mask, axes], dtype=mask.dtype)
+    if mask is not None:
+        # ONNX Runtime wants the mask's query axis at full length (the spec allows broadcasting)
+        target = emit("Concat", [emit.const([1, 1], np.int64), _shape_slice(emit, q, 2, 3), emit.const([1], np.int64)],
+                      {"axis": 0}, dtype=np.int64)
+        mask = emit("Expand", [mask, target], dtype=mask.dtype, name="mask_rows")
     inputs = [q, k, v] + ([mask] if mask is not None else [])
     attrs = {"scale": float(site.scale), "is_causal": int(use_causal)}
     y = emit("Attention", inputs, attrs, dtype=dtype, name="Attention")

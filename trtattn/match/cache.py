@@ -35,8 +35,9 @@ def _is_input(view: GraphView, t: gs.Tensor) -> bool:
 def find_cache(view: GraphView, key: gs.Tensor, value: gs.Tensor, rank: int) -> CacheRole:
     kparts = _concat_parts(view, key, -2, rank)
     vparts = _concat_parts(view, value, -2, rank)
-    if kparts and vparts:
-        return CacheRole(CacheKind.CONCAT, kparts[0].name, vparts[0].name, kparts[1], vparts[1])
+    if kparts and vparts:  # name the past as the graph has it (exporters wrap inputs in Identity/Concat)
+        past_k, past_v = view.skip_passthrough_up(kparts[0]), view.skip_passthrough_up(vparts[0])
+        return CacheRole(CacheKind.CONCAT, past_k.name, past_v.name, kparts[1], vparts[1])
     if _is_input(view, key) and _is_input(view, value):
         k, v = view.skip_passthrough_up(key), view.skip_passthrough_up(value)
         return CacheRole(CacheKind.CROSS_STATIC, k.name, v.name)

@@ -102,8 +102,9 @@ def export_entry(entry, exporter: str, path, *, opset: int | None = None, force:
             raise ExportError(f"{entry.name}: the {exporter} exporter failed: {root_cause(e)}") from None
         model = onnx.load(raw)
     _name_dims(model, built)
+    present = {i.name for i in model.graph.input}  # exporters drop inputs the model does not use
     meta = {"zoo": entry.name, "exporter": exporter, "expected_sites": entry.expected_sites,
-            "inputs": built.roles, "dims": built.dims}
+            "inputs": {k: v for k, v in built.roles.items() if k in present}, "dims": built.dims}
     del model.metadata_props[:]
     model.metadata_props.add(key="trtattn.inputs", value=json.dumps(meta))
     return onnxio.save(model, path)

@@ -1,0 +1,44 @@
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/graphs.py and friends
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def zoo_dir(tmp_path_factory):
+    """Exports are shared by every test of a session; TRTATTN_ZOO_CACHE keeps them across sessions."""
+    cached = os.environ.get("TRTATTN_ZOO_CACHE")
+    if cached:
+        path = Path(cached)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("zoo")
+
+
+@pytest.fixture(scope="session")
+def zoo_export(zoo_dir):
+    from trtattn import zoo
+
+    def get(name: str, exporter: str) -> Path:
+        path = zoo_dir / f"{name}.{exporter}.onnx"
+        if not path.exists():
+            zoo.export(name, exporter, path)
+        return path
+
+    return get
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def zoo_cases():
+    from trtattn import zoo
+
+    return [(e.name, x) for e in zoo.ZOO.values() for x in e.exporters]

@@ -1,0 +1,245 @@
+"""Hand-built attention graphs for edge cases the zoo does not reach: other exporters' styles
+(tf2onnx, paddle2onnx, older torch), opsets 11-23, fused QKV split by Slice or Split, Identity
+and Cast in the chain, biases gathered from other inputs, NotEqual/Where masks, causal masks
+from Trilu or Range comparisons, sliding windows.
+
+`attention_model(...)` writes one self-attention block
+    x[B,S,D] -> Q,K,V projections -> heads -> scores -> scale/mask -> Softmax -> P.V -> merge -> out
+in the requested style. The model is the reference: tests fuse it and verify against itself.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+class _G:
+    def __init__(self, opset):
+        self.opset = opset
+        self.nodes, self.inits, self.inputs, self.n = [], [], [], 0
+
+    def name(self, base):
+        self.n += 1
+        return f"{base}_{self.n}"
+
+    def init(self, value, base="w"):
+        name = self.name(base)
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def op(self, op, inputs, outputs=1, name=None, **attrs):
+        outs = [self.name(f"{op.lower()}_out") for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=name or self.name(op), **attrs))
+        return outs[0] if outputs == 1 else outs
+
+    def ints(self, values):
+        return self.init(np.asarray(values, dtype=np.int64), "i")
+
+    def scalar(self, v, dtype=np.float32):
+        return self.init(np.asarray(v, dtype=dtype), "s")
+
+    # version-dependent ops
+    def unsqueeze(self, x, axes):
+        if self.opset >= 13:
+            return self.op("Unsqueeze", [x, self.ints(axes)])
+        return self.op("Unsqueeze", [x], axes=axes)
+
+    def reduce_sum(self, x, axes):
+        if self.opset >= 13:
+            return self.op("ReduceSum", [x, self.ints(axes)], keepdims=0)
+        return self.op("ReduceSum", [x], axes=axes, keepdims=0)
+
+    def split3(self, x, d):
+        if self.opset >= 18:
+            return self.op("Split", [x, self.ints([d, d, d])], outputs=3, axis=-1)
+        if self.opset >= 13:
+            return self.op("Split", [x, self.ints([d, d, d])], outputs=3, axis=-1)
+        return self.op("Split", [x], outputs=3, axis=-1, split=[d, d, d])
+
+    def slice_last(self, x, start, end):
+        if self.opset >= 10:
+            return self.op("Slice", [x, self.ints([start]), self.ints([end]), self.ints([-1])])
+        raise ValueError("opset < 10")
+
+
+def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8, scale_style="div_after",
+                    mask_style=None, k_style="bnsh", qkv_style="separate", rank=4, noise=False, seed=0,
+                    window=3, extra_softmax=None, dtype=np.float32, cast_softmax=False) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    g = _G(opset)
+    kv_heads = kv_heads or heads
+    d, dkv = heads * head, kv_heads * head
+    scale = 1.0 / np.sqrt(head)
+    x = "x"
+    g.inputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", d]))
+    w = lambda r, c: (rng.standard_normal((r, c)) / np.sqrt(r)).astype(np.float32)  # noqa: E731
+    b = lambda c: (rng.standard_normal(c) * 0.1).astype(np.float32)  # noqa: E731
+
+    # ---- projections
+    if qkv_style == "separate":
+        q = g.op("Add", [g.op("MatMul", [x, g.init(w(d, d))]), g.init(b(d))])
+        k = g.op("Add", [g.op("MatMul", [x, g.init(w(d, dkv))]), g.init(b(dkv))])
+        v = g.op("Add", [g.op("MatMul", [x, g.init(w(d, dkv))]), g.init(b(dkv))])
+    else:
+        assert kv_heads == heads
+        qkv = g.op("Add", [g.op("MatMul", [x, g.init(w(d, 3 * d))]), g.init(b(3 * d))])
+        if qkv_style == "split":
+            q, k, v = g.split3(qkv, d)
+        else:  # slice
+            q, k, v = (g.slice_last(qkv, i * d, (i + 1) * d) for i in range(3))
+    if scale_style == "mul_q_proj":  # the scale on the projection output, before the head split (Whisper)
+        q = g.op("Mul", [q, g.scalar(scale)])
+
+    # ---- heads: [B,S,N*H] -> [B,S,N,H] -> BNSH
+    def split_heads(t, n):
+        return g.op("Reshape", [t, g.ints([0, -1, n, head])])
+
+    qh = g.op("Transpose", [split_heads(q, heads)], perm=[0, 2, 1, 3])
+    kh_bsnh = split_heads(k, kv_heads)
+    vh = g.op("Transpose", [split_heads(v, kv_heads)], perm=[0, 2, 1, 3])
+    if k_style == "bnsh":
+        kh = g.op("Transpose", [kh_bsnh], perm=[0, 2, 1, 3])
+        kt = None
+    elif k_style == "bsnh":  # K^T straight from BSNH, as torch's TorchScript export writes it
+        kh, kt = None, g.op("Transpose", [kh_bsnh], perm=[0, 2, 3, 1])
+    else:
+        raise ValueError(k_style)
+
+    if kv_heads != heads:  # HF repeat_kv
+        rep = heads // kv_heads
+
+        def repeat(t):
+            u = g.unsqueeze(t, [2])
+            e = g.op("Expand", [u, g.ints([1, 1, rep, 1, 1])])
+            return g.op("Reshape", [e, g.ints([0, heads, -1, head])])
+
+        kh = repeat(kh)
+        vh = repeat(vh)
+
+    if rank == 3:  # [B*N, S, H] batched matmuls (older exports)
+        qh = g.op("Reshape", [qh, g.ints([-1, seq, head])])
+        vh = g.op("Reshape", [vh, g.ints([-1, seq, head])])
+        kh = g.op("Reshape", [kh, g.ints([-1, seq, head])])
+        kt = g.op("Transpose", [kh], perm=[0, 2, 1])
+    elif kt is None:
+        kt = g.op("Transpose", [kh], perm=[0, 1, 3, 2])
+
+    if scale_style == "mul_q":
+        qh = g.op("Mul", [qh, g.scalar(scale)])
+    elif scale_style == "mul_k":
+        kt = g.op("Mul", [kt, g.scalar(scale)])
+    elif scale_style == "sqrt_qk":
+        qh = g.op("Mul", [qh, g.scalar(np.sqrt(scale))])
+        kt = g.op("Mul", [kt, g.scalar(np.sqrt(scale))])
+    if noise:
+        qh = g.op("Identity", [qh])
+    s = g.op("MatMul", [qh, kt])
+    if noise:
+        s = g.op("Cast", [g.op("Identity", [s])], to=TensorProto.FLOAT)
+    if scale_style == "div_after":
+        s = g.op("Div", [s, g.op("Sqrt", [g.scalar(float(head))])])
+    elif scale_style == "mul_after":
+        s = g.op("Mul", [s, g.scalar(scale)])
+
+    # ---- masks
+    s = _mask(g, s, mask_style, seq=seq, heads=heads, rank=rank, window=window, rng=rng)
+    if cast_softmax:
+        s = g.op("Cast", [s], to=TensorProto.FLOAT)
+    axis = -1 if opset >= 13 else (3 if rank == 4 else 2)
+    p = g.op("Softmax", [s], axis=axis, name="attn/Softmax")
+    if noise:
+        p = g.op("Dropout", [p])
+    o = g.op("MatMul", [p, vh])
+    if rank == 3:
+        o = g.op("Reshape", [o, g.ints([-1, heads, seq, head])])
+    o = g.op("Reshape", [g.op("Transpose", [o], perm=[0, 2, 1, 3]), g.ints([0, 0, d])])
+    out = g.op("MatMul", [o, g.init(w(d, d))])
+    outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)]
+
+    if extra_softmax == "classifier":  # a classifier head: Softmax over logits -> graph output
+        logits = g.op("MatMul", [g.op("ReduceMean", [out], axes=[1], keepdims=0) if opset < 18 else
+                                 g.op("ReduceMean", [out, g.ints([1])], keepdims=0), g.init(w(d, 5))])
+        probs = g.op("Softmax", [logits], axis=-1 if opset >= 13 else 1, name="classifier/Softmax")
+        outputs.append(helper.make_tensor_value_info(probs, TensorProto.FLOAT, None))
+    elif extra_softmax == "reduction":  # a softmax-weighted pooling: probabilities feed a reduction
+        scores = g.op("MatMul", [out, g.init(w(d, 1))])
+        weights = g.op("Softmax", [scores], axis=1, name="pool/Softmax")
+        pooled = g.reduce_sum(g.op("Mul", [weights, out]), [1])
+        outputs.append(helper.make_tensor_value_info(pooled, TensorProto.FLOAT, None))
+    elif extra_softmax == "probs_output":  # attention whose probabilities are also a graph output
+        outputs.append(helper.make_tensor_value_info(p, TensorProto.FLOAT, None))
+
+    graph = helper.make_graph(g.nodes, "attention", g.inputs, outputs, g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
+    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 10)
+    roles = {"attention_mask": {"kind": "padding_mask"}, "bias_index": {"kind": "token_ids", "vocab": 32}}
+    meta = {"inputs": {i.name: roles[i.name] for i in g.inputs if i.name in roles} | {"x": {"kind": "float"}},
+            "dims": {"batch": batch, "seq": seq}}
+    model.metadata_props.add(key="trtattn.inputs", value=json.dumps(meta))
+    return model
+
+
+def _mask(g: _G, s, style, *, seq, heads, rank, window, rng):
+    if style is None:
+        return s
+    if style in ("additive_input", "tf_additive"):
+        # tf2onnx / old BERT: (1 - mask) * -10000 added to the scores, mask [B, S] from an input
+        g.inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", "seq"]))
+        ext = g.unsqueeze(g.unsqueeze("attention_mask", [1]), [1])
+        add = g.op("Mul", [g.op("Sub", [g.scalar(1.0), ext]), g.scalar(-10000.0)])
+        return g.op("Add", [s, add])
+    if style in ("bool_where", "notequal_where"):
+        # a boolean padding mask: Where(mask, scores, -inf); NotEqual(mask, 0) builds it from ints
+        if style == "bool_where":
+            g.inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.BOOL, ["batch", "seq"]))
+            cond = "attention_mask"
+        else:
+            g.inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]))
+            # NotEqual is not an ONNX op: exporters write Not(Equal(mask, 0))
+            cond = g.op("Not", [g.op("Equal", ["attention_mask", g.init(np.asarray(0, np.int64), "zero")])])
+        cond = g.unsqueeze(g.unsqueeze(cond, [1]), [1])
+        if rank == 3:
+            raise ValueError("boolean masks are built for rank 4 here")
+        return g.op("Where", [cond, s, g.scalar(-np.inf)])
+    if style == "where_not":
+        # Where(masked, fill, scores): the condition says where NOT to attend
+        g.inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]))
+        masked = g.op("Equal", ["attention_mask", g.init(np.asarray(0, np.int64), "zero")])
+        masked = g.unsqueeze(g.unsqueeze(masked, [1]), [1])
+        return g.op("Where", [masked, g.scalar(np.finfo(np.float32).min), s])
+    if style in ("causal_trilu",):
+        shape = g.op("Shape", [s])
+        sq = g.op("Slice", [shape, g.ints([-2]), g.ints([-1])])
+        sk = g.op("Slice", [shape, g.ints([-1]), g.ints([2 ** 62])])
+        ones = g.op("ConstantOfShape", [g.op("Concat", [sq, sk], axis=0)],
+                    value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))
+        tril = g.op("Cast", [g.op("Trilu", [ones], upper=0)], to=TensorProto.BOOL)
+        return g.op("Where", [tril, s, g.scalar(-np.inf)])
+    if style in ("causal_range", "window_range"):
+        # q index >= k index from Range ops (what TensorRT reads as a causal mask)
+        shape = g.op("Shape", [s])
+        n = g.op("Squeeze", [g.op("Slice", [shape, g.ints([-1]), g.ints([2 ** 62])]), g.ints([0])])
+        idx = g.op("Range", [g.init(np.asarray(0, np.int64), "zero"), n, g.init(np.asarray(1, np.int64), "one")])
+        qi = g.unsqueeze(idx, [1])
+        ki = g.unsqueeze(idx, [0])
+        allowed = g.op("GreaterOrEqual", [qi, ki])
+        if style == "window_range":
+            near = g.op("Less", [g.op("Sub", [qi, ki]), g.init(np.asarray(window, np.int64), "w")])
+            allowed = g.op("And", [allowed, near])
+        bias = g.op("Where", [allowed, g.scalar(0.0), g.scalar(-np.inf)])
+        return g.op("Add", [s, bias])
+    if style == "bias_gather":
+        # a relative-position bias gathered from a table by an index input (T5 / Swin style)
+        g.inputs.append(helper.make_tensor_value_info("bias_index", TensorProto.INT64, ["seq", "seq"]))
+        table = g.init((rng.standard_normal((32, heads)) * 0.5).astype(np.float32), "bias_table")
+        gathered = g.op("Gather", [table, "bias_index"])  # [S, S, N]
+        bias = g.op("Transpose", [gathered], perm=[2, 0, 1])  # [N, S, S]
+        return g.op("Add", [s, bias])
+    if style == "bias_and_mask":
+        s = _mask(g, s, "bias_gather", seq=seq, heads=heads, rank=rank, window=window, rng=rng)
+        return _mask(g, s, "additive_input", seq=seq, heads=heads, rank=rank, window=window, rng=rng)
+    raise ValueError(style)
