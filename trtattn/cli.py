@@ -48,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_out(f)
     _add_verify_opts(f)
 
+    n = sub.add_parser("normalize", help="rewrite attention to TensorRT's fusion rules (Q pre-scale, one Where/Add mask)")
+    _add_model_out(n)
+    _add_verify_opts(n)
+    n.add_argument("--fold-scale-into-weights", action="store_true",
+                   help="fold the softmax scale into Q's projection weights where Q comes straight from one")
+    n.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "fp8", "int8"],
+                   help="precision the fusability verdict is for (default fp16)")
+
     d = sub.add_parser("demo", help="export a zoo model, fuse it, verify it, print the sites")
     d.add_argument("--model", default=None, help="zoo model (default: the zoo's default)")
     d.add_argument("--exporter", default="torchscript")
@@ -82,6 +90,8 @@ def _dispatch(args) -> int:
         return _fuse(args.model, args.output, args.report, args, progress)
     if args.command == "demo":
         return _demo(args, progress)
+    if args.command == "normalize":
+        return _normalize(args, progress)
     raise TrtattnError(f"unknown command {args.command}")
 
 
@@ -140,6 +150,52 @@ def _fuse(model_path, output, report_path, args, progress) -> int:
                     "verification": result.verification,
                     "counts": {"sites": len(rows), "fused": fused, "skipped": len(rows) - fused}},
                    report_path, protect=(model_path, output))
+    return 0 if result.ok else 1
+
+
+NORMALIZE_COLUMNS = [("name", "site"), ("heads", "heads q/kv"), ("head_size", "head"), ("scale", "scale"),
+                     ("scale_before", "scale was"), ("scale_to", "scale to"), ("mask_form", "mask form"),
+                     ("action", "action"), ("implicit_before", "implicit before"), ("implicit", "implicit"),
+                     ("iattention", "IAttention"), ("why", "why not")]
+
+
+def _normalize(args, progress) -> int:
+    from . import onnxio
+    from .inputs import parse_dims
+    from .passes.normalize import normalize_model
+    from .report import table, write_json
+
+    if onnxio.same_file(args.model, args.output):
+        raise TrtattnError(f"refusing to write over the input model {args.model}; choose another output path")
+    model = onnxio.load(args.model)
+    result = normalize_model(model, fold_scale_into_weights=args.fold_scale_into_weights, precision=args.precision,
+                             dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress)
+    rows = [r.row() for r in result.sites]
+    for r in rows:
+        why = [w for w in (r.get("implicit_why"), r.get("iattention_why")) if w and w != "-"]
+        r["why"] = "; ".join(dict.fromkeys(why)) or "-"
+    if rows:
+        print(table(rows, NORMALIZE_COLUMNS))
+    print(f"{len(rows)} attention sites, {sum(r['action'] == 'rewritten' for r in rows)} rewritten; "
+          f"cleanup folded {result.cleanup['folded_nodes']} nodes and removed {result.cleanup['noops_removed']} no-ops; "
+          f"verification: {_verdict(result.verification)}")
+    written = None
+    if result.ok:
+        if not result.changed:
+            print("nothing to improve: the model already follows TensorRT's attention rules; output = input")
+            written = _copy_model(args.model, args.output, model)
+        else:
+            written = onnxio.save(result.model, args.output, protect=(args.model,))
+        print(f"wrote {written}")
+    else:
+        print(f"not written: {args.output}")
+    if args.report:
+        from . import __version__
+
+        write_json({"trtattn_version": __version__, "input": str(args.model), "output": str(written) if written else None,
+                    "precision": args.precision, "changed": result.changed, "cleanup": result.cleanup, "sites": rows,
+                    "ignored": [{"name": i.name, "reason": i.reason} for i in result.ignored],
+                    "verification": result.verification}, args.report, protect=(args.model, args.output))
     return 0 if result.ok else 1
 
 

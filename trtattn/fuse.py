@@ -146,6 +146,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     if any(s.op == "reshape" for s in site.mask_steps):
         score_shape = emit("Concat", [_shape_slice(emit, q, 0, site.rank - 1),
                                       _shape_slice(emit, k, site.rank - 2, site.rank - 1)], {"axis": 0}, dtype=np.int64)
+        # (K here is BNSH: its sequence axis is rank-2; mask.score_shape does the same from K^T)
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
                   and not meaning.padding and not meaning.bias)
     mask, kind = (None, MaskKind.NONE) if use_causal else materialize(

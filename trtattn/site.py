@@ -122,6 +122,9 @@ class AttentionSite:
     new_value: str | None = None
     rope: Rope | None = None
     key_perm: tuple[int, ...] | None = None  # Transpose that turns `key` into BNSH (None: it is BNSH)
+    key_transposed: str | None = None  # K^T as the first MatMul reads it, adjacent K-side scale stripped
+    key_transposed_scale: float = 1.0  # a scale still inside `key_transposed` (applied before a Transpose)
+    logits_cast: int | None = None  # ONNX dtype of a float Cast on the logits (mixed-precision softmax)
     rank: int = 4  # rank of the MatMuls (3 for [B*N, S, H] exports)
     source: str = "pattern"  # "pattern" | "onnx:Attention" | "com.microsoft:MultiHeadAttention" ...
     softmax: str | None = None  # node name of the Softmax (pattern sites)

@@ -134,5 +134,8 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         softmax=sm.name,
         dtype=str(view.dtype(q) or "float32"),
         key_perm=tuple(key.perm) if key.perm else None,
+        key_transposed=key.adjacent.name if key.adjacent is not None else None,
+        key_transposed_scale=key.inner_scale,
+        logits_cast=core.logits_cast,
         notes=tuple(notes),
     )

@@ -37,6 +37,7 @@ class Core:
     bmm2: gs.Node
     steps: list[MaskStep]  # in graph order, from BMM1 to the Softmax
     probs_nodes: list[gs.Node]  # pass-through nodes between Softmax and BMM2
+    logits_cast: int | None = None  # a float Cast on the logits (softmax computed in another precision)
 
 
 def softmax_axis_is_last(view: GraphView, sm: gs.Node) -> bool:
@@ -52,10 +53,10 @@ def softmax_axis_is_last(view: GraphView, sm: gs.Node) -> bool:
 
 def find_core(view: GraphView, sm: gs.Node) -> Core:
     bmm2, probs_nodes = _follow_probabilities(view, sm)
-    bmm1, steps = _walk_logits(view, sm.inputs[0])
+    bmm1, steps, cast = _walk_logits(view, sm.inputs[0])
     if not softmax_axis_is_last(view, sm):
         raise Unsupported(f"Softmax {sm.name} normalises over axis {sm.attrs.get('axis')}, not the key axis")
-    return Core(sm, bmm1, bmm2, steps, probs_nodes)
+    return Core(sm, bmm1, bmm2, steps, probs_nodes, cast)
 
 
 # ---------------------------------------------------------------- downstream
@@ -112,6 +113,7 @@ def _reaches_matmul(view: GraphView, t: gs.Tensor, budget: int = 12) -> bool:
 
 def _walk_logits(view: GraphView, t: gs.Tensor):
     steps: list[MaskStep] = []
+    cast = None
     for _ in range(24):
         n = view.producer(t)
         if n is None:
@@ -120,10 +122,11 @@ def _walk_logits(view: GraphView, t: gs.Tensor):
             if any(view.const(i) is not None for i in n.inputs):
                 raise NotAttention(f"the logits come from MatMul {n.name} with a constant (a linear layer)")
             steps.reverse()
-            return n, steps
+            return n, steps, cast
         if n.op in PASSTHROUGH or view.is_noop_cast(n):
             t = n.inputs[0]
         elif view.is_float_cast(n):
+            cast = cast if cast is not None else n.attrs["to"]  # the one nearest the Softmax
             t = n.inputs[0]
         elif n.op in ("Mul", "Div"):
             chain, other = _split(view, n)

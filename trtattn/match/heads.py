@@ -25,6 +25,8 @@ class Operand:
     perm: list[int] | None  # Transpose that turns `tensor` into BNSH (None: already BNSH)
     scale: float  # scalar factors stripped between `tensor` and the MatMul
     repeat: int = 1  # GQA repeat factor that was dropped
+    adjacent: gs.Tensor | None = None  # the MatMul input with only the scales right above it stripped
+    inner_scale: float = 1.0  # scale still inside `adjacent` (a Mul before a Transpose)
 
 
 def strip_scale(view: GraphView, t: gs.Tensor) -> tuple[gs.Tensor, float]:
@@ -74,6 +76,7 @@ def _compose(outer: list[int], inner: list[int]) -> list[int]:
 def resolve_key(view: GraphView, kt: gs.Tensor, rank: int, strip: bool = True) -> Operand:
     """K operand from K^T (BMM1's second input)."""
     t, scale = strip_scale(view, kt)
+    adjacent, adjacent_scale = t, scale
     # perm such that kt = Transpose(t, perm); start from identity (t is kt)
     perm = list(range(rank))
     for _ in range(6):
@@ -92,10 +95,11 @@ def resolve_key(view: GraphView, kt: gs.Tensor, rank: int, strip: bool = True) -
         break
     swap = list(range(rank - 2)) + [rank - 1, rank - 2]
     to_bnsh = _compose(swap, perm)  # K = Transpose(kt, swap) = Transpose(t, to_bnsh)
+    inner = scale / adjacent_scale
     if to_bnsh == list(range(rank)):
         base, repeat = strip_repeat(view, t, rank) if strip else (t, 1)
-        return Operand(base, None, scale, repeat)
-    return Operand(t, to_bnsh, scale)
+        return Operand(base, None, scale, repeat, adjacent, inner)
+    return Operand(t, to_bnsh, scale, 1, adjacent, inner)
 
 
 def resolve_value(view: GraphView, v: gs.Tensor, rank: int, strip: bool = True) -> Operand:

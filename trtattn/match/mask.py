@@ -118,6 +118,15 @@ def materialize(graph: gs.Graph, tensors: dict[str, gs.Tensor], steps, prefix: s
     return m, kind
 
 
+def score_shape(emit: _Emitter, q: gs.Tensor, kt: gs.Tensor, rank: int) -> gs.Tensor:
+    """Shape of Q . K^T built from the operands' shapes: [..., Sq] of Q and Skv of K^T."""
+    def part(t, start, end):
+        s = emit("Shape", [t], dtype=np.int64)
+        return emit("Slice", [s, emit.const([start], np.int64), emit.const([end], np.int64)], dtype=np.int64)
+
+    return emit("Concat", [part(q, 0, rank - 1), part(kt, rank - 1, rank)], {"axis": 0}, dtype=np.int64)
+
+
 def _onnx_type(dt: np.dtype) -> int:
     import onnx
 

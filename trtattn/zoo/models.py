@@ -133,7 +133,8 @@ def whisper_decoder_cache(cfg) -> Built:
     decoder = T.WhisperModel(cfg).get_decoder()
     n, h = cfg.decoder_attention_heads, cfg.d_model // cfg.decoder_attention_heads
     enc = cfg.max_source_positions
-    inputs = {"input_ids": _ids(BATCH, 1), "encoder_hidden_states": torch.randn(BATCH, enc, cfg.d_model)}
+    # exported with 3 new tokens: torch.export specialises a dim whose example size is 1
+    inputs = {"input_ids": _ids(BATCH, 3), "encoder_hidden_states": torch.randn(BATCH, enc, cfg.d_model)}
     for i in range(cfg.decoder_layers):
         inputs[f"past_key_values.{i}.decoder.key"] = torch.randn(BATCH, n, PAST, h)
         inputs[f"past_key_values.{i}.decoder.value"] = torch.randn(BATCH, n, PAST, h)

@@ -1,0 +1,155 @@
+"""normalize: every pass behind one call, verified against the original.
+
+    cleanup -> match + probe -> per site: q_prescale + mask_form -> dead-node cleanup
+            -> verify on ONNX Runtime -> fusability verdicts on the result [-> quantize]
+
+The result keeps to ops TensorRT's ONNX parser supports, so it serves both trtattn's network
+builder and `trtexec --onnx` (TensorRT's implicit fusion). A site already in TensorRT's form is
+left alone; a model with nothing to improve comes back unchanged, and the result says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from ..fuse import analyse, probe_feeds
+from ..match.mask import _Emitter, score_shape
+from ..site import MaskKind, ScalePlacement
+from .cleanup import cleanup
+from .fusability import verdict
+from .mask_form import MaskCache, masked_logits
+from .q_prescale import prescaled_logits
+
+
+@dataclass
+class SiteNormalization:
+    site: object  # the AttentionSite as matched in the input
+    action: str  # "rewritten" | "kept: ..." | "skipped: ..."
+    scale_to: str = "-"
+    mask_form: str = "-"
+    before: dict = field(default_factory=dict)  # fusability verdict on the input
+    after: dict = field(default_factory=dict)  # ... on the normalised graph
+    max_abs_err: float | None = None
+
+    def row(self) -> dict:
+        s = self.site
+        return {"name": s.name, "kind": s.kind.value, "heads": f"{s.q_heads}/{s.kv_heads}", "head_size": s.head_size,
+                "scale": s.softmax_scale, "scale_before": s.scale_placement.value, "scale_to": self.scale_to,
+                "mask_form": self.mask_form, "action": self.action, "max_abs_err": self.max_abs_err,
+                "implicit_before": self.before.get("implicit"), "implicit": self.after.get("implicit"),
+                "implicit_why": self.after.get("implicit_why"), "iattention": self.after.get("iattention"),
+                "iattention_why": self.after.get("iattention_why"), "causal_skip": self.after.get("causal_skip")}
+
+
+@dataclass
+class NormalizeResult:
+    model: onnx.ModelProto
+    sites: list[SiteNormalization]
+    changed: bool
+    cleanup: dict
+    verification: dict
+    ignored: list = field(default_factory=list)
+    quantization: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verification.get("passed") is not False and not any(s.action.startswith("skipped") for s in self.sites)
+
+
+def already_normal(site) -> bool:
+    ops = [s for s in site.mask_steps if s.op != "scale"]
+    late = [s for s in site.mask_steps if s.op == "scale"]
+    return (site.scale_placement in (ScalePlacement.ON_Q, ScalePlacement.ON_K, ScalePlacement.SQRT_ON_QK,
+                                     ScalePlacement.NONE)
+            and not late and len(ops) <= 1 and all(s.op in ("add", "where") for s in ops))
+
+
+def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False, precision: str = "fp16",
+                    verify: bool = True, dims: dict | None = None, seed: int = 0, atol: float = 1e-4,
+                    rtol: float = 1e-4, progress=None) -> NormalizeResult:
+    from ..report import Progress
+    from ..verify import compare_models
+
+    progress = progress or Progress(enabled=False)
+    with progress.step("cleanup: constant folding, no-op removal"):
+        cleaned, stats = cleanup(model)
+    with progress.step("matching attention sites and probing masks"):
+        graph, result, meanings = analyse(cleaned, probe_feeds(cleaned, dims))
+    tensors = graph.tensors()
+    nodes = {n.name: n for n in graph.nodes}
+    cache = MaskCache()
+    rows: list[SiteNormalization] = []
+    rewritten = 0
+    for site in result.sites:
+        meaning = meanings.get(site.name)
+        row = SiteNormalization(site, "kept: already in TensorRT's form",
+                                before=verdict(site, precision=precision, meaning=meaning).row())
+        rows.append(row)
+        if site.source != "pattern":
+            row.action = f"kept: already a fused op ({site.source})"
+            continue
+        pure_causal = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding \
+            and not meaning.bias
+        if already_normal(site) and not (fold_scale_into_weights and site.scale != 1.0) and not \
+                (pure_causal and site.mask == MaskKind.ADDITIVE):
+            continue
+        mark = len(graph.nodes)
+        try:
+            logits, row.scale_to = prescaled_logits(graph, tensors, site, fold_weights=fold_scale_into_weights)
+            shape = None
+            if any(s.op == "reshape" for s in site.mask_steps):
+                shape = score_shape(_Emitter(graph, f"trtattn/{site.name}/shape"), tensors[site.query],
+                                    tensors[site.key_transposed], site.rank)
+            x, row.mask_form = masked_logits(graph, tensors, site, meaning, logits, cache, shape)
+            nodes[site.softmax].inputs[0] = x
+            row.action = "rewritten"
+            rewritten += 1
+        except (KeyError, ValueError) as e:
+            del graph.nodes[mark:]
+            row.action = f"skipped: {e}"
+    changed = rewritten > 0 or stats["folded_nodes"] > 0 or stats["noops_removed"] > 0
+    if not changed:
+        for r in rows:
+            r.after = r.before
+        return NormalizeResult(model, rows, False, stats, {"passed": True, "note": "nothing to improve"},
+                               result.ignored)
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    out = gs.export_onnx(graph)
+    out.ir_version = cleaned.ir_version
+    del out.metadata_props[:]
+    out.metadata_props.extend(list(model.metadata_props))
+    verification = {"passed": None}
+    if verify:
+        with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
+            outcome = compare_models(model, out, [r.site for r in rows], dims=dims, seed=seed, atol=atol, rtol=rtol)
+        for r in rows:
+            r.max_abs_err = outcome.site_errors.get(r.site.output)
+        verification = outcome.summary()
+    # what the normalised graph offers TensorRT, site by site
+    _, after, after_meanings = analyse(out, probe_feeds(out, dims))
+    by_softmax = {s.softmax or s.output: s for s in after.sites}
+    for r in rows:
+        s2 = by_softmax.get(r.site.softmax or r.site.output)
+        if s2 is not None:
+            r.after = verdict(s2, precision=precision, meaning=after_meanings.get(s2.name),
+                              mask_ops=_mask_ops(out, s2)).row()
+    return NormalizeResult(out, rows, True, stats, verification, result.ignored)
+
+
+def _mask_ops(model: onnx.ModelProto, site) -> set[str]:
+    """Op types in the subgraph that computes the site's mask operand."""
+    operands = {s.operand for s in site.mask_steps if s.operand}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    ops, stack, seen = set(), list(operands), set()
+    while stack:
+        t = stack.pop()
+        if t in seen or t not in producers:
+            continue
+        seen.add(t)
+        n = producers[t]
+        ops.add(n.op_type)
+        stack.extend(i for i in n.input if i)
+    return ops
