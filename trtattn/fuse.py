@@ -36,6 +36,7 @@ class SiteReport:
     pattern: str = "none"  # what the probe saw in the mask
     padding: bool = False
     bias: bool = False
+    attention_node: str | None = None  # the ONNX Attention node the site became in the fused model
 
     def row(self) -> dict:
         s = self.site
@@ -105,14 +106,29 @@ def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
 
 
 def _agree(probes: list[dict]) -> dict:
-    """Keep a probe's conclusion only where every probe agrees (else: custom mask)."""
+    """One conclusion per site that every probe's mask agrees with: a decode step (one query)
+    sees no causal restriction that a longer probe shows, so each probe's pattern is checked
+    against the others' masks; the most specific consistent one wins, else the mask is custom."""
+    from .match.probe import consistent
+
     if not probes:
         return {}
     out = {}
     for name, first in probes[0].items():
-        others = [p.get(name) for p in probes[1:]]
-        if any(o is None or (o.pattern, o.causal, o.window) != (first.pattern, first.causal, first.window) for o in others):
+        seen = [p.get(name) for p in probes]
+        if any(m is None or m.allowed is None for m in seen):
             first.pattern, first.causal, first.window = "custom", CausalKind.NONE, None
+            out[name] = first
+            continue
+        candidates = sorted({(m.pattern, m.causal, m.window) for m in seen}, key=lambda c: c[0] == "none")
+        for pattern, causal, window in candidates:
+            if pattern != "custom" and all(consistent(pattern, causal, window, m.allowed) for m in seen):
+                break
+        else:
+            pattern, causal, window = "custom", CausalKind.NONE, None
+        first.pattern, first.causal, first.window = pattern, causal, window
+        first.padding = any(m.padding for m in seen)
+        first.bias = any(m.bias for m in seen)
         out[name] = first
     return out
 
@@ -130,13 +146,12 @@ def _shape_slice(emit: _Emitter, t: gs.Tensor, start: int, end: int) -> gs.Tenso
     return emit("Slice", [s, emit.const([start], np.int64), emit.const([end], np.int64)], dtype=np.int64)
 
 
-def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -> None:
-    """Replace one site by an ONNX Attention node. Raises on anything it cannot express."""
+def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -> gs.Node:
+    """Replace one site by an ONNX Attention node (returned). Raises on anything it cannot express."""
     if site.source.startswith("com.microsoft"):
         raise TrtattnError(f"converting {site.source} to the standard Attention op is not supported yet")
     if site.source == "onnx:Attention":
-        _retarget_attention(graph, tensors, site)
-        return
+        return _retarget_attention(graph, tensors, site)
     emit = _Emitter(graph, f"trtattn/{site.name}")
     dtype = np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.float32
     q, k, v = tensors[site.query], tensors[site.key], tensors[site.value]
@@ -164,6 +179,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     inputs = [q, k, v] + ([mask] if mask is not None else [])
     attrs = {"scale": float(site.scale), "is_causal": int(use_causal)}
     y = emit("Attention", inputs, attrs, dtype=dtype, name="Attention")
+    attention = graph.nodes[-1]
     if site.rank == 3:
         y = emit("Squeeze", [y, emit.const([1], np.int64)], dtype=dtype)
     # the last node now produces the site's output tensor in place of the MatMul with V
@@ -171,13 +187,15 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     out.inputs.clear()
     last = graph.nodes[-1]
     last.outputs = [out]
+    return attention
 
 
-def _retarget_attention(graph, tensors, site: AttentionSite) -> None:
+def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
     """An existing ONNX Attention: feed it K and V without the GQA head repeat."""
     node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
     node.inputs[1] = tensors[site.key]
     node.inputs[2] = tensors[site.value]
+    return node
 
 
 def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None = None, seed: int = 0,
@@ -237,7 +255,7 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
     for r in reports:
         mark = len(graph.nodes)
         try:
-            rewrite_site(graph, tensors, r.site, meanings.get(r.site.name))
+            r.attention_node = rewrite_site(graph, tensors, r.site, meanings.get(r.site.name)).name
         except (TrtattnError, KeyError, ValueError, StopIteration) as e:
             del graph.nodes[mark:]
             r.status, r.reason = "skipped", str(e) or type(e).__name__

@@ -29,6 +29,7 @@ class MaskMeaning:
     padding: bool = False  # depends on input values (padding mask, positions)
     bias: bool = False  # finite non-zero values on allowed positions (relative bias, ALiBi)
     pattern: str = "none"  # none | causal | window | custom
+    allowed: np.ndarray | None = None  # [..., Sq, Skv] the probe saw (kept to check other probes against)
 
 
 def depends_on_input_values(tensor: gs.Tensor, graph_inputs: set[str]) -> bool:
@@ -45,6 +46,24 @@ def depends_on_input_values(tensor: gs.Tensor, graph_inputs: set[str]) -> bool:
                 continue  # only the shape flows on
             stack.extend(n.inputs)
     return False
+
+
+def expected(pattern: str, causal: CausalKind, window: int | None, sq: int, skv: int) -> np.ndarray:
+    """The allowed matrix a pattern gives at these lengths."""
+    if pattern == "none":
+        return np.ones((sq, skv), bool)
+    i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
+    diag = i + (skv - sq) if causal == CausalKind.LOWER_RIGHT else i
+    allowed = j <= diag
+    if pattern == "window":
+        allowed &= j > diag - window
+    return allowed
+
+
+def consistent(pattern: str, causal: CausalKind, window: int | None, allowed: np.ndarray) -> bool:
+    sq, skv = allowed.shape[-2:]
+    a = allowed.reshape(-1, sq, skv)
+    return bool((a == expected(pattern, causal, window, sq, skv)).all())
 
 
 def classify_pattern(allowed: np.ndarray) -> tuple[str, CausalKind, int | None]:
@@ -117,6 +136,7 @@ def probe_masks(model: onnx.ModelProto, sites: list[AttentionSite], feeds: dict[
         if value.dtype != np.bool_:
             meaning.bias = bool(np.any(value[allowed] != 0))
         meaning.pattern, meaning.causal, meaning.window = classify_pattern(allowed)
+        meaning.allowed = allowed
     return meanings
 
 

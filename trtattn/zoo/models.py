@@ -134,7 +134,8 @@ def whisper_decoder_cache(cfg) -> Built:
     n, h = cfg.decoder_attention_heads, cfg.d_model // cfg.decoder_attention_heads
     enc = cfg.max_source_positions
     # exported with 3 new tokens: torch.export specialises a dim whose example size is 1
-    inputs = {"input_ids": _ids(BATCH, 3), "encoder_hidden_states": torch.randn(BATCH, enc, cfg.d_model)}
+    inputs = {"input_ids": _ids(BATCH, 3), "position_ids": (torch.arange(3) + PAST).unsqueeze(0).expand(BATCH, 3).contiguous(),
+              "encoder_hidden_states": torch.randn(BATCH, enc, cfg.d_model)}
     for i in range(cfg.decoder_layers):
         inputs[f"past_key_values.{i}.decoder.key"] = torch.randn(BATCH, n, PAST, h)
         inputs[f"past_key_values.{i}.decoder.value"] = torch.randn(BATCH, n, PAST, h)
@@ -142,23 +143,22 @@ def whisper_decoder_cache(cfg) -> Built:
         inputs[f"past_key_values.{i}.encoder.value"] = torch.randn(BATCH, n, enc, h)
     layers = cfg.decoder_layers
 
-    def fn(m, input_ids, encoder_hidden_states, **past):
+    def fn(m, input_ids, position_ids, encoder_hidden_states, **past):
         data = [(past[f"past_key_values.{i}.decoder.key"], past[f"past_key_values.{i}.decoder.value"],
                  past[f"past_key_values.{i}.encoder.key"], past[f"past_key_values.{i}.encoder.value"])
                 for i in range(layers)]
         cache = T.EncoderDecoderCache(data)
-        past_len = data[0][0].shape[2]
-        positions = torch.arange(input_ids.shape[1]).unsqueeze(0) + past_len
+        # positions are an input (as optimum exports decoders): a preallocated cache's length is its capacity
         out = m(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states, past_key_values=cache,
-                position_ids=positions, use_cache=True)
+                position_ids=position_ids, use_cache=True)
         presents = []
         for i in range(layers):
             layer = out.past_key_values.self_attention_cache.layers[i]
             presents += [layer.keys, layer.values]
         return (out.last_hidden_state, *presents)
 
-    axes = {"input_ids": {0: "batch", 1: "seq"}, "encoder_hidden_states": {0: "batch"}}
-    roles = {"input_ids": TOKENS, "encoder_hidden_states": FLOAT}
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"}, "encoder_hidden_states": {0: "batch"}}
+    roles = {"input_ids": TOKENS, "position_ids": {"kind": "position_ids", "offset": "past"}, "encoder_hidden_states": FLOAT}
     outputs = ["last_hidden_state"]
     for i in range(layers):
         for part in ("decoder.key", "decoder.value"):

@@ -1,0 +1,77 @@
+"""Build the engine and write engines/NAME.engine with its NAME.json sidecar, atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+from ..errors import TrtattnError
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def gpu_name() -> str:
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+
+        err, props = cudart.cudaGetDeviceProperties(0)
+        if int(err) == 0:
+            return props.name.decode() if isinstance(props.name, bytes) else str(props.name)
+    except Exception:
+        pass
+    return "unknown"
+
+
+def build_serialized(trt, builder, network, config) -> bytes:
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        raise TrtattnError("TensorRT could not build the engine (see the log above); with --decomposable "
+                           "attentions that have no fused kernel fall back to unfused layers")
+    return bytes(blob)
+
+
+def write_engine(engine: bytes, sidecar: dict, out_dir: Path, name: str, force: bool = False) -> tuple[Path, Path]:
+    out_dir = Path(out_dir)
+    engine_path, json_path = out_dir / f"{name}.engine", out_dir / f"{name}.json"
+    if engine_path.exists() and not force:
+        raise TrtattnError(f"{engine_path} exists; pass --force to replace it")
+    atomic_write(engine_path, engine)
+    atomic_write(json_path, (json.dumps(sidecar, indent=2, default=str) + "\n").encode())
+    return engine_path, json_path
+
+
+def sidecar(plan, *, trt_version: str | None, source: str, gpu: str | None = None) -> dict:
+    from .. import __version__
+
+    return {
+        "name": plan.name,
+        "source": source,
+        "trtattn_version": __version__,
+        "tensorrt_version": trt_version,
+        "gpu": gpu,
+        "host": platform.node(),
+        "form": plan.form,
+        "precision": plan.precision,
+        "profiles": plan.profiles,
+        "io": {"inputs": plan.inputs, "outputs": plan.outputs, "aliases": plan.aliases},
+        "sites": [{"name": a.site, "layer": a.layer, "onnx_node": a.node, "causal": a.causal, "mask": a.mask_kind,
+                   "form": a.form, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_size": a.head_size}
+                  for a in plan.attentions],
+        "rope": [r.node for r in plan.ropes],
+        "kv_cache": [c.node for c in plan.cache_updates],
+        "notes": plan.notes,
+    }
