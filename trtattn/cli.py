@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="replace an existing engine")
     b.add_argument("--dims", help="symbolic dim values for verification and the profile's opt, e.g. batch=2,seq=16")
 
+    from .trt.inspect import add_inspect_parser
+
+    add_inspect_parser(sub)
+
     d = sub.add_parser("demo", help="export a zoo model, fuse it, verify it, print the sites")
     d.add_argument("--model", default=None, help="zoo model (default: the zoo's default)")
     d.add_argument("--exporter", default="torchscript")
@@ -113,6 +117,10 @@ def _dispatch(args) -> int:
         return _normalize(args, progress)
     if args.command == "build":
         return _build(args, progress)
+    if args.command == "inspect":
+        from .trt.inspect import run_inspect
+
+        return run_inspect(args)
     raise TrtattnError(f"unknown command {args.command}")
 
 
