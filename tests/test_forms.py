@@ -98,7 +98,7 @@ def test_packed_form_matches_the_padded_model_token_for_token(zoo_export, name, 
         mask[b, :n] = 1
     feeds["attention_mask"] = mask
     ref = run(model, feeds)
-    out = run(form, forms.pack(feeds, form, lengths))
+    out = run(form, forms.pack(feeds, [i.name for i in form.graph.input], lengths))
     name0 = model.graph.output[0].name
     expect = np.concatenate([ref[name0][b, :n] for b, n in enumerate(lengths)])
     assert np.abs(out[name0][0] - expect).max() <= 1e-4

@@ -318,20 +318,23 @@ def _replace_position_lookups(graph: gs.Graph, model: onnx.ModelProto, emit: _Em
 
 # ---------------------------------------------------------------- verification
 def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, sites, *, dims=None) -> dict:
-    from .verify import compare_models
+    """The form model against the original, both on ONNX Runtime through Polygraphy."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from .verify import adapter_for, compare_models, compare_runners
 
     if form == "padded":
         return compare_models(original, derived, sites, dims=dims).summary()
-    if form == "kv-cache":
-        return verify_kv_cache(original, derived, dims=dims)
-    if form == "packed":
-        return verify_packed(original, derived, dims=dims)
-    raise TrtattnError(f"no verification for the {form} form")
+    adapter = adapter_for(original, [i.name for i in derived.graph.input], cache_inputs(derived))
+    runners = [OnnxrtRunner(SessionFromOnnx(m.SerializeToString(), providers=["cpu"]), name=n)
+               for m, n in ((original, "original"), (derived, form))]
+    return compare_runners(*runners, adapter, dims=dims).summary()
 
 
-def pack(feeds: dict, packed_model: onnx.ModelProto, lengths: list[int]) -> dict:
-    """Padded [B, S] feeds (right padding) -> packed [1, T] feeds with cu_seqlens."""
-    wanted = {i.name: i for i in packed_model.graph.input}
+def pack(feeds: dict, inputs, lengths: list[int]) -> dict:
+    """Padded [B, S] feeds (right padding) -> packed [1, T] feeds with cu_seqlens, for the packed
+    model's inputs (names)."""
+    wanted = set(inputs)
     out = {}
     for name, value in feeds.items():
         if name in wanted and value.ndim == 2:
@@ -342,79 +345,7 @@ def pack(feeds: dict, packed_model: onnx.ModelProto, lengths: list[int]) -> dict
     return out
 
 
-def verify_packed(original: onnx.ModelProto, derived: onnx.ModelProto, *, dims=None, seed: int = 0,
-                  atol: float = 1e-4) -> dict:
-    """Ragged rows packed end to end must give, token for token, what the padded model gives."""
-    import onnxruntime as ort
-
-    from .inputs import input_specs, make_feeds
-    from .verify import max_abs_error
-
-    feeds = make_feeds(original, dims=dims, seed=seed)
-    masks = [s.name for s in input_specs(original) if s.role.get("kind") == "padding_mask" and s.name in feeds]
-    batch, seq = next(v.shape for k, v in feeds.items() if v.ndim == 2)
-    lengths = [int(feeds[masks[0]][b].sum()) for b in range(batch)] if masks else [seq] * batch
-    ref = ort.InferenceSession(original.SerializeToString(), providers=["CPUExecutionProvider"])
-    ref_out = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds)))
-    sess = ort.InferenceSession(derived.SerializeToString(), providers=["CPUExecutionProvider"])
-    out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, pack(feeds, derived, lengths))))
-    errors = {}
-    for name, value in ref_out.items():
-        if name in out and value.ndim >= 2 and value.shape[:2] == (batch, seq):
-            expect = np.concatenate([value[b, :n] for b, n in enumerate(lengths)])[None]
-            errors[name] = max_abs_error(expect, out[name])
-    worst = max(errors.values(), default=float("inf"))
-    return {"passed": bool(errors) and worst <= atol, "max_abs_err": worst, "outputs": errors, "lengths": lengths}
-
-
-def verify_kv_cache(original: onnx.ModelProto, derived: onnx.ModelProto, *, dims=None, seed: int = 0,
-                    atol: float = 1e-4) -> dict:
-    """The cache form at uniform lengths against the original: same hidden states, and the updated
-    cache holds the original's present K/V in its first past+new positions."""
-    import onnxruntime as ort
-
-    from .inputs import make_feeds, resolve_dims
-    from .verify import max_abs_error
-
-    dims = resolve_dims(original, dims)
-    feeds = make_feeds(original, dims=dims, seed=seed, padding=False)
-    ref = ort.InferenceSession(original.SerializeToString(), providers=["CPUExecutionProvider"])
-    ref_out = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds)))
-    sess = ort.InferenceSession(derived.SerializeToString(), providers=["CPUExecutionProvider"])
-    wanted = {i.name for i in sess.get_inputs()}
-    form_feeds = {k: v for k, v in feeds.items() if k in wanted}
-    caches = cache_inputs(derived)
-    past = feeds[caches[0]].shape[2]
-    capacity = past + _new_tokens(feeds) + 3  # free slots after the last token must stay untouched
-    for name in caches:
-        v = feeds[name]
-        buf = np.zeros(v.shape[:2] + (capacity,) + v.shape[3:], v.dtype)
-        buf[:, :, :past] = v
-        form_feeds[name] = buf
-    batch = next(iter(feeds.values())).shape[0]
-    form_feeds[WRITE_INDEX] = np.full((batch,), past, np.int64)
-    out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, form_feeds)))
-    errors = {}
-    for name, value in ref_out.items():
-        got = out.get(name)
-        if got is None:
-            continue
-        if got.shape != value.shape and got.ndim == 4:  # a cache: compare the filled part, then the tail
-            filled = value.shape[2]
-            errors[name] = max(max_abs_error(value, got[:, :, :filled]), float(np.abs(got[:, :, filled:]).max()))
-        else:
-            errors[name] = max_abs_error(value, got)
-    worst = max(errors.values(), default=0.0)
-    return {"passed": worst <= atol, "max_abs_err": worst, "outputs": errors, "capacity": capacity,
-            "write_index": past}
-
-
 def cache_inputs(model: onnx.ModelProto) -> list[str]:
     """The inputs the kv-cache form reads as preallocated caches (their sequence axis is max_cache)."""
     return [i.name for i in model.graph.input
             if any(d.dim_param == "max_cache" for d in i.type.tensor_type.shape.dim)]
-
-
-def _new_tokens(feeds) -> int:
-    ids = feeds.get("input_ids")
-    return ids.shape[1] if ids is not None else 1

@@ -106,3 +106,141 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
 
 def _bytes(model: onnx.ModelProto) -> bytes:
     return model.SerializeToString()
+
+
+# ---------------------------------------------------------------- forms and engines
+class Adapter:
+    """How a candidate (a form model or an engine) takes the original's inputs and how its
+    outputs line up with the original's. The padded form takes them as they are."""
+
+    form = "padded"
+
+    def __init__(self, original: onnx.ModelProto, candidate_inputs: list[str]):
+        self.original = original
+        self.inputs = candidate_inputs
+
+    def feeds(self, feeds: dict) -> dict:
+        return {k: v for k, v in feeds.items() if k in self.inputs}
+
+    def line_up(self, feeds: dict, ref: dict, out: dict) -> tuple[dict, dict]:
+        return ref, out
+
+    def original_feeds(self, dims, seed) -> dict:
+        return inputs_mod.make_feeds(self.original, dims=dims, seed=seed)
+
+
+class PackedAdapter(Adapter):
+    """Ragged rows end to end: the original's padded outputs are packed the same way."""
+
+    form = "packed"
+
+    def lengths(self, feeds: dict) -> list[int]:
+        masks = [s.name for s in inputs_mod.input_specs(self.original) if s.role.get("kind") == "padding_mask"]
+        batch, seq = next(v.shape for v in feeds.values() if v.ndim == 2)
+        return [int(feeds[masks[0]][b].sum()) for b in range(batch)] if masks else [seq] * batch
+
+    def feeds(self, feeds: dict) -> dict:
+        from .forms import pack
+
+        return pack(feeds, self.inputs, self.lengths(feeds))
+
+    def line_up(self, feeds, ref, out):
+        lengths = self.lengths(feeds)
+        batch, seq = len(lengths), max(lengths)
+        packed = {name: np.concatenate([v[b, :n] for b, n in enumerate(lengths)])[None]
+                  for name, v in ref.items() if v.ndim >= 2 and v.shape[0] == batch and v.shape[1] >= seq}
+        return packed, {k: v for k, v in out.items() if k in packed}
+
+    def original_feeds(self, dims, seed):
+        return inputs_mod.make_feeds(self.original, dims=dims, seed=seed, padding=True)
+
+
+class CacheAdapter(Adapter):
+    """Past K/V placed at the start of preallocated caches, every row at the same write index;
+    the candidate's caches are compared over the positions the original's presents cover, and
+    the free positions after them must stay untouched (zero)."""
+
+    form = "kv-cache"
+    slack = 3
+
+    def __init__(self, original, candidate_inputs, caches: list[str]):
+        super().__init__(original, candidate_inputs)
+        self.caches = caches
+
+    def original_feeds(self, dims, seed):
+        return inputs_mod.make_feeds(self.original, dims=dims, seed=seed, padding=False)
+
+    def feeds(self, feeds):
+        from .forms import WRITE_INDEX
+
+        out = {k: v for k, v in feeds.items() if k in self.inputs and k not in self.caches}
+        past = feeds[self.caches[0]].shape[2]
+        new = next((v.shape[1] for k, v in feeds.items() if k == "input_ids"), 1)
+        capacity = past + new + self.slack
+        for name in self.caches:
+            v = feeds[name]
+            buf = np.zeros(v.shape[:2] + (capacity,) + v.shape[3:], v.dtype)
+            buf[:, :, :past] = v
+            out[name] = buf
+        out[WRITE_INDEX] = np.full((feeds[self.caches[0]].shape[0],), past, np.int64)
+        return out
+
+    def line_up(self, feeds, ref, out):
+        ref2, out2 = {}, {}
+        for name, v in ref.items():
+            got = out.get(name)
+            if got is None:
+                continue
+            if got.ndim == 4 and got.shape != v.shape and got.shape[:2] == v.shape[:2]:
+                filled = v.shape[2]
+                ref2[name] = v
+                out2[name] = got[:, :, :filled]
+                ref2[name + "[free]"] = np.zeros_like(got[:, :, filled:])
+                out2[name + "[free]"] = got[:, :, filled:]
+            else:
+                ref2[name], out2[name] = v, got
+        return ref2, out2
+
+
+def adapter_for(original: onnx.ModelProto, candidate_inputs: list[str], cache_inputs: list[str] | None = None) -> Adapter:
+    from .forms import CU_SEQLENS, WRITE_INDEX
+
+    if CU_SEQLENS in candidate_inputs:
+        return PackedAdapter(original, candidate_inputs)
+    if WRITE_INDEX in candidate_inputs:
+        return CacheAdapter(original, candidate_inputs, cache_inputs or [])
+    return Adapter(original, candidate_inputs)
+
+
+def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: int = 0, iterations: int = 2,
+                    atol: float = 1e-4, rtol: float = 1e-4) -> Outcome:
+    """Polygraphy runners for the original (ONNX Runtime) and a candidate with possibly different
+    I/O (a form model on ONNX Runtime, an engine on TensorRT): each runs on its own feeds, the
+    outputs are lined up, and Polygraphy's comparator judges them."""
+    from polygraphy.comparator import Comparator, CompareFunc, IterationResult, RunResults
+
+    _quiet_polygraphy()
+    original_feeds = [adapter.original_feeds(dims, seed + i) for i in range(iterations)]
+    candidate_feeds = [adapter.feeds(f) for f in original_feeds]
+    with contextlib.redirect_stdout(io.StringIO()):
+        ref_runs = Comparator.run([reference], data_loader=original_feeds)
+        new_runs = Comparator.run([candidate], data_loader=candidate_feeds)
+    lined = RunResults()
+    ref_iters, new_iters = [], []
+    for feeds, ref, new in zip(original_feeds, list(ref_runs.values())[0], list(new_runs.values())[0]):
+        a, b = adapter.line_up(feeds, {k: np.asarray(v) for k, v in ref.items()}, {k: np.asarray(v) for k, v in new.items()})
+        ref_iters.append(IterationResult(a, runner_name="original"))
+        new_iters.append(IterationResult(b, runner_name="candidate"))
+    lined.append(("original", ref_iters))
+    lined.append(("candidate", new_iters))
+    with contextlib.redirect_stdout(io.StringIO()):
+        accuracy = Comparator.compare_accuracy(lined, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+    outcome = Outcome(passed=bool(accuracy), iterations=iterations, atol=atol, rtol=rtol)
+    for ref, new in zip(ref_iters, new_iters):
+        for name in ref.keys():
+            if name in new:
+                outcome.output_errors[name] = max(outcome.output_errors.get(name, 0.0), max_abs_error(ref[name], new[name]))
+    if not outcome.output_errors:
+        outcome.passed = False
+    outcome.passed = outcome.passed and all(e <= atol for e in outcome.output_errors.values())
+    return outcome
