@@ -2,6 +2,7 @@
 `trtattn build` without TensorRT: the plan, one sentence, non-zero exit, no traceback."""
 
 import collections
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,49 @@ def test_build_without_tensorrt_prints_the_plan_and_one_sentence(zoo_export, tmp
     assert "Traceback" not in proc.stderr
     assert not list(tmp_path.glob("*.engine"))
     assert (tmp_path / "llama.torchscript.padded.onnx").exists() and (tmp_path / "llama.torchscript.padded.cut.onnx").exists()
+
+
+@pytest.mark.parametrize("name,form", [("llama", "padded"), ("llama-cache", "kv-cache"), ("bert", "packed")])
+def test_verify_command_compares_a_form_model_with_the_original(zoo_export, tmp_path, name, form):
+    from trtattn import onnxio
+    from trtattn.cli import main
+
+    src = zoo_export(name, "torchscript")
+    prepared = prepare(onnx.load(str(src)), name=name, form=form)
+    candidate = onnxio.save(prepared.form_model, tmp_path / f"{name}.{form}.onnx")
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["-q", "verify", str(candidate), "--onnx", str(src), "--json"]) == 0
+    data = json.loads(buf.getvalue())
+    assert data["passed"] and data["form"] == form and data["runner"] == "onnxruntime"
+    assert data["outputs"] and max(data["outputs"].values()) <= 1e-4
+    if form != "packed":  # site outputs keep their layout: per-site errors
+        assert len(data["sites"]) == 2
+
+
+def test_verify_a_broken_candidate_fails(zoo_export, tmp_path):
+    """A form model whose attention scale is off by 2%: verify must say FAILED, exit 1."""
+    from trtattn import onnxio
+    from trtattn.cli import main
+
+    src = zoo_export("bert", "torchscript")
+    model = prepare(onnx.load(str(src)), name="bert").form_model
+    for node in model.graph.node:
+        if node.op_type == "Attention":
+            for a in node.attribute:
+                if a.name == "scale":
+                    a.f *= 1.02
+    candidate = onnxio.save(model, tmp_path / "broken.onnx")
+    assert main(["-q", "verify", str(candidate), "--onnx", str(src)]) == 1
+
+
+def test_verify_against_the_wrong_original_is_one_line(zoo_export, tmp_path, capsys):
+    from trtattn.cli import main
+
+    assert main(["-q", "verify", str(zoo_export("llama", "torchscript")), "--onnx",
+                 str(zoo_export("bert", "torchscript"))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "position_ids" in err[0]

@@ -40,7 +40,7 @@ class Prepared:
 
 def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16",
             dims: dict | None = None, decomposable: bool = False, shapes: tuple[dict, dict, dict] = ({}, {}, {}),
-            progress=None, source: str = "") -> Prepared:
+            progress=None, source: str = "", mark_sites: bool = False) -> Prepared:
     if form not in FORMS:
         raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
     if precision not in PRECISIONS:
@@ -59,6 +59,7 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
     form_model, packed_lengths, sites = derived.model, derived.packed_lengths, derived.sites
     plan = make_plan(form_model, name=name, form=form, precision=precision, sites=sites, causal=derived.causal,
                      packed_lengths=packed_lengths, decomposable=decomposable)
+    plan.mark_sites = mark_sites
     cut_model = cut(form_model, plan.lowered())
     io_contract(form_model, cut_model.inputs, plan)
     plan.profiles = apply_overrides(default_profile(plan.inputs, resolve_dims(form_model, dims)), *shapes)

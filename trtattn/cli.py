@@ -73,7 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workspace", type=int, help="workspace limit in MiB")
     b.add_argument("--save-onnx", help="also write the verified form model and the cut model to this folder")
     b.add_argument("--force", action="store_true", help="replace an existing engine")
+    b.add_argument("--mark-sites", action="store_true",
+                   help="also output every attention's result, for per-site errors in trtattn verify")
     b.add_argument("--dims", help="symbolic dim values for verification and the profile's opt, e.g. batch=2,seq=16")
+
+    v = sub.add_parser("verify", help="compare an engine (TensorRT) or ONNX model (ONNX Runtime) with the original")
+    v.add_argument("candidate", help="NAME.engine, or an ONNX model (fused, normalised or a form)")
+    v.add_argument("--onnx", required=True, help="the original ONNX model")
+    v.add_argument("--sidecar", help="the engine's NAME.json (default: next to the engine)")
+    v.add_argument("--precision", choices=["fp32", "tf32", "fp16", "bf16", "fp8", "int8"],
+                   help="tolerances for this precision (default: the sidecar's, else fp32)")
+    v.add_argument("--dims", help="symbolic dim values, e.g. batch=2,seq=16")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--iterations", type=int, default=2, help="input sets to compare (default 2)")
+    v.add_argument("--json", action="store_true", help="print the result as JSON")
 
     from .trt.inspect import add_inspect_parser
 
@@ -117,6 +130,8 @@ def _dispatch(args) -> int:
         return _normalize(args, progress)
     if args.command == "build":
         return _build(args, progress)
+    if args.command == "verify":
+        return _verify(args, progress)
     if args.command == "inspect":
         from .trt.inspect import run_inspect
 
@@ -240,7 +255,8 @@ def _build(args, progress) -> int:
     name = args.name or Path(args.model).stem
     shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
     prepared = prepare(model, name=name, form=args.form, precision=args.precision, dims=parse_dims(args.dims),
-                       decomposable=args.decomposable, shapes=shapes, progress=progress, source=str(args.model))
+                       decomposable=args.decomposable, shapes=shapes, progress=progress, source=str(args.model),
+                       mark_sites=args.mark_sites)
     print(describe(prepared.plan))
     if args.save_onnx:
         out = Path(args.save_onnx)
@@ -258,6 +274,32 @@ def _build(args, progress) -> int:
                                        workspace_mb=args.workspace)
     print(f"wrote {engine_path} and {json_path}")
     return 0
+
+
+def _verify(args, progress) -> int:
+    from . import onnxio
+    from .inputs import parse_dims
+    from .report import table
+    from .verify import verify_candidate
+
+    original = onnxio.load(args.onnx)
+    sidecar = json.loads(Path(args.sidecar).read_text()) if args.sidecar else None
+    with progress.step(f"comparing {args.candidate} with {args.onnx}"):
+        result = verify_candidate(args.candidate, original, sidecar=sidecar, precision=args.precision,
+                                  dims=parse_dims(args.dims), seed=args.seed, iterations=args.iterations)
+    data = result.to_json()
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        atol = data["atol"]
+        rows = [{"name": k, "err": v, "ok": v <= atol} for k, v in data["outputs"].items()]
+        rows += [{"name": f"site {k}", "err": v, "ok": v <= atol} for k, v in data["sites"].items()]
+        print(table(rows, [("name", "output"), ("err", "max abs error"), ("ok", f"<= {atol:g}")]))
+        for note in data["notes"]:
+            print(f"note: {note}")
+        print(f"{result.runner} ({result.form}, {result.precision}) vs ONNX Runtime on the original: "
+              f"{'passed' if data['passed'] else 'FAILED'} over {data['iterations']} input sets")
+    return 0 if data["passed"] else 1
 
 
 def _verdict(v: dict) -> str:

@@ -222,9 +222,19 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
     _quiet_polygraphy()
     original_feeds = [adapter.original_feeds(dims, seed + i) for i in range(iterations)]
     candidate_feeds = [adapter.feeds(f) for f in original_feeds]
-    with contextlib.redirect_stdout(io.StringIO()):
-        ref_runs = Comparator.run([reference], data_loader=original_feeds)
-        new_runs = Comparator.run([candidate], data_loader=candidate_feeds)
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            ref_runs = Comparator.run([reference], data_loader=original_feeds)
+            new_runs = Comparator.run([candidate], data_loader=candidate_feeds)
+    except PolygraphyException as e:
+        from .errors import VerificationError
+
+        missing = sorted(set(adapter.inputs) - set(candidate_feeds[0]))
+        hint = f" (the original has no input for {', '.join(missing)}: is it the model the candidate came from?)" \
+            if missing else ""
+        raise VerificationError(f"cannot run the comparison: {str(e).splitlines()[0]}{hint}") from None
     lined = RunResults()
     ref_iters, new_iters = [], []
     for feeds, ref, new in zip(original_feeds, list(ref_runs.values())[0], list(new_runs.values())[0]):
@@ -244,3 +254,72 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
         outcome.passed = False
     outcome.passed = outcome.passed and all(e <= atol for e in outcome.output_errors.values())
     return outcome
+
+
+# ---------------------------------------------------------------- trtattn verify
+@dataclass
+class Verification:
+    candidate: str
+    runner: str  # onnxruntime | tensorrt
+    form: str
+    precision: str
+    outcome: Outcome
+    site_errors: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"candidate": self.candidate, "runner": self.runner, "form": self.form, "precision": self.precision,
+                **self.outcome.summary(), "sites": self.site_errors, "notes": self.notes}
+
+
+def _site_outputs(original: onnx.ModelProto, sites) -> dict[str, str]:
+    return {s.output: s.name for s in sites if s.output}
+
+
+def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict | None = None,
+                     precision: str | None = None, dims=None, seed: int = 0, iterations: int = 2) -> Verification:
+    """An engine (on TensorRT) or an ONNX model (on ONNX Runtime) against the original ONNX model
+    on ONNX Runtime, with the tolerance of the precision it runs in."""
+    from pathlib import Path
+
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from . import onnxio
+    from .forms import cache_inputs
+    from .match import match
+
+    precision = precision or (sidecar or {}).get("precision") or "fp32"
+    if precision not in TOLERANCES:
+        from .errors import TrtattnError
+
+        raise TrtattnError(f"unknown precision '{precision}'; one of {', '.join(TOLERANCES)}")
+    atol, rtol = TOLERANCES[precision]
+    sites = match(original).sites
+    site_names = _site_outputs(original, sites)
+    reference = OnnxrtRunner(SessionFromOnnx(with_outputs(original, list(site_names)).SerializeToString(),
+                                             providers=["cpu"]), name="onnxruntime")
+    notes = []
+    if str(candidate).endswith(".onnx"):
+        model = onnxio.load(candidate)
+        inputs = [i.name for i in model.graph.input]
+        caches = cache_inputs(model)
+        present = {t.name for t in list(model.graph.value_info) + list(model.graph.output)} | \
+            {o for n in model.graph.node for o in n.output}
+        marked = [n for n in site_names if n in present]
+        runner = OnnxrtRunner(SessionFromOnnx(with_outputs(model, marked).SerializeToString(), providers=["cpu"]),
+                              name="candidate")
+        kind = "onnxruntime"
+    else:
+        from .trt.runner import engine_runner
+
+        runner, inputs, caches = engine_runner(Path(candidate), sidecar)
+        kind = "tensorrt"
+    adapter = adapter_for(original, inputs, caches)
+    outcome = compare_runners(reference, runner, adapter, dims=dims, seed=seed, iterations=iterations, atol=atol, rtol=rtol)
+    site_errors = {site_names[k]: v for k, v in outcome.output_errors.items() if k in site_names}
+    if adapter.form == "padded" and not site_errors:
+        notes.append("per-site errors need the site outputs on the candidate (build with --mark-sites)")
+    if adapter.form != "padded" and not site_errors:
+        notes.append(f"{adapter.form} form: per-site outputs have another layout than the original's; outputs compared")
+    outcome.output_errors = {k: v for k, v in outcome.output_errors.items() if k not in site_names}
+    return Verification(str(candidate), kind, adapter.form, precision, outcome, site_errors, notes)

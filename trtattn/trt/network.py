@@ -67,6 +67,12 @@ def build_network(trt, builder, logger, cut: CutModel, plan: BuildPlan):
         t = produced[name]
         t.name = name
         network.mark_output(t)
+    if plan.mark_sites:  # under the ONNX names, so verification lines them up with the original's
+        for a in plan.attentions:
+            t = produced[a.output]
+            if not t.is_network_output:
+                t.name = a.output
+                network.mark_output(t)
     return network
 
 

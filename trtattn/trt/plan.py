@@ -82,6 +82,7 @@ class BuildPlan:
     aliases: dict[str, str] = field(default_factory=dict)  # output -> input whose buffer it updates in place
     profiles: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    mark_sites: bool = False  # also output each attention's result (per-site verification)
 
     def lowered(self) -> dict:
         return {p.node: p for p in [*self.attentions, *self.ropes, *self.cache_updates]}
@@ -222,4 +223,6 @@ def io_contract(form_model: onnx.ModelProto, cut_inputs: list[str], plan: BuildP
 
     plan.inputs = [describe(n) for n in cut_inputs]
     plan.outputs = [describe(o.name) for o in form_model.graph.output]
+    if plan.mark_sites:
+        plan.outputs += [describe(a.output) for a in plan.attentions]
     plan.aliases = {cu.output: cu.cache for cu in plan.cache_updates if cu.output in {o["name"] for o in plan.outputs}}

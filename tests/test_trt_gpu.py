@@ -1,0 +1,65 @@
+"""On a GPU with TensorRT >= 11 (the docker/ container): build every zoo model, require a fused
+`mha` kernel for every site in the engine's layer info, and compare the engine with ONNX Runtime
+on the original model through Polygraphy. Elsewhere these tests skip, saying why."""
+
+import json
+
+import onnx
+import pytest
+from conftest import zoo_cases
+
+from trtattn import zoo
+
+pytestmark = pytest.mark.trt
+
+
+def _tensorrt():
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        pytest.skip(f"TensorRT is not installed ({e}); these tests run in the docker/ container")
+    try:
+        from cuda.bindings import runtime as cudart
+
+        err, count = cudart.cudaGetDeviceCount()
+        if int(err) != 0 or count == 0:
+            pytest.skip("no CUDA GPU visible")
+    except ImportError:
+        pytest.skip("cuda-python is not installed (pip install -e '.[trt]')")
+    major = int(trt.__version__.split(".")[0])
+    if major < 11:
+        pytest.skip(f"TensorRT {trt.__version__} < 11 has no add_attention_v2")
+    return trt
+
+
+FORMS = {"llama-cache": "kv-cache", "llama-cache-sdpa": "kv-cache", "whisper-decoder-cache": "kv-cache",
+         "whisper-decoder-cache-sdpa": "kv-cache"}
+PACKED = [("bert", "torchscript"), ("gpt2", "torchscript"), ("llama", "torchscript")]
+
+
+def _build_and_check(tmp_path, zoo_export, name, exporter, form):
+    trt = _tensorrt()
+    from trtattn.build import build, prepare
+    from trtattn.trt.inspect import classify, load_sites, read_engine
+    from trtattn.verify import verify_candidate
+
+    src = zoo_export(name, exporter)
+    model = onnx.load(str(src))
+    prepared = prepare(model, name=f"{name}_{exporter}_{form}", form=form, precision="fp16", mark_sites=form == "padded")
+    engine, sidecar = build(prepared, trt, tmp_path, progress=False)
+    report = classify(read_engine(engine), load_sites(sidecar))
+    attention = report["attention"]
+    assert len(attention) == zoo.get(name).expected_sites, attention
+    assert all(a["fused"] for a in attention), [a for a in attention if not a["fused"]]
+    result = verify_candidate(str(engine), model, sidecar=json.loads(sidecar.read_text()), precision="fp16")
+    assert result.outcome.passed, result.to_json()
+
+
+@pytest.mark.parametrize("name,exporter", zoo_cases())
+def test_zoo_engine_every_attention_fused_and_verified(tmp_path, zoo_export, name, exporter):
+    _build_and_check(tmp_path, zoo_export, name, exporter, FORMS.get(name, "padded"))
+
+
+@pytest.mark.parametrize("name,exporter", PACKED)
+def test_packed_engines(tmp_path, zoo_export, name, exporter):
+    _build_and_check(tmp_path, zoo_export, name, exporter, "packed")
