@@ -9,6 +9,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/graphs.py and friends
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from trtsim.fixtures import checked_trt, real_trt  # noqa: E402,F401  (the real TensorRT bindings, checked)
+
 
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory):

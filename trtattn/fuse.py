@@ -72,13 +72,22 @@ def opset_of(model: onnx.ModelProto) -> int:
 
 
 def upgrade_opset(model: onnx.ModelProto, version: int = ATTENTION_OPSET) -> onnx.ModelProto:
+    """ONNX's version converter; onnxscript's where ONNX's cannot infer types (contrib ops)."""
     if opset_of(model) >= version:
         return model
     try:
         return version_converter.convert_version(model, version)
-    except Exception as e:
-        raise TrtattnError(f"cannot convert the model from opset {opset_of(model)} to {version} "
-                           f"(needed for the ONNX Attention op): {str(e).splitlines()[0]}") from None
+    except Exception as first:
+        try:
+            import onnx_ir as ir
+            from onnxscript import version_converter as ir_converter
+
+            converted = ir.from_proto(model)
+            ir_converter.convert_version(converted, version, fallback=False)
+            return ir.to_proto(converted)
+        except Exception:
+            raise TrtattnError(f"cannot convert the model from opset {opset_of(model)} to {version} (needed for the "
+                               f"ONNX Attention op): {str(first).splitlines()[0]}") from None
 
 
 def analyse(model: onnx.ModelProto, feeds=None) -> tuple[gs.Graph, MatchResult, dict]:
@@ -149,7 +158,10 @@ def _shape_slice(emit: _Emitter, t: gs.Tensor, start: int, end: int) -> gs.Tenso
 def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -> gs.Node:
     """Replace one site by an ONNX Attention node (returned). Raises on anything it cannot express."""
     if site.source.startswith("com.microsoft"):
-        raise TrtattnError(f"converting {site.source} to the standard Attention op is not supported yet")
+        from .match.microsoft import convert
+
+        node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
+        return convert(graph, node, f"trtattn/{site.name}")
     if site.source == "onnx:Attention":
         return _retarget_attention(graph, tensors, site)
     emit = _Emitter(graph, f"trtattn/{site.name}")
@@ -250,7 +262,7 @@ def _placeholder(sk: Skipped) -> AttentionSite:
 
 
 def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict) -> onnx.ModelProto:
-    graph = gs.import_onnx(working)
+    graph = gs.import_onnx(_with_contrib_shapes(working))
     tensors = graph.tensors()
     for r in reports:
         mark = len(graph.nodes)
@@ -266,6 +278,19 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
     fused.metadata_props.extend(copy.deepcopy(list(working.metadata_props)))
     fused.producer_name, fused.producer_version = "trtattn", _version()
     return fused
+
+
+def _with_contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Converting com.microsoft ops needs the ranks of their masks, which only ONNX Runtime's
+    symbolic shape inference knows (ONNX's does not know contrib ops)."""
+    if not any(n.domain == "com.microsoft" for n in model.graph.node):
+        return model
+    from .match.graph import _symbolic_shapes
+
+    try:
+        return _symbolic_shapes(model)
+    except Exception:
+        return model
 
 
 def _version() -> str:

@@ -97,8 +97,11 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
             err = max_abs_error(ref[name], new[name])
             if np.isnan(np.asarray(ref[name], dtype=np.float64)).any() != np.isnan(np.asarray(new[name], dtype=np.float64)).any():
                 outcome.nan_mismatch.append(name)
-            bucket = outcome.output_errors if name in graph_outputs else outcome.site_errors
-            bucket[name] = max(bucket.get(name, 0.0), err)
+            buckets = [outcome.output_errors] if name in graph_outputs else []
+            if name in site_outputs:  # a site's result may itself be a graph output
+                buckets.append(outcome.site_errors)
+            for bucket in buckets:
+                bucket[name] = max(bucket.get(name, 0.0), err)
     # Polygraphy's verdict (elementwise atol or rtol) and a strict bound on the max abs error
     outcome.passed = outcome.passed and all(e <= atol for e in outcome.output_errors.values())
     return outcome

@@ -43,9 +43,9 @@ def match(model: onnx.ModelProto | gs.Graph, view: GraphView | None = None) -> M
             result.ignored.append(Skipped(node.name, str(e)))
             continue
         except Unsupported as e:
-            result.skipped.append(Skipped(_site_name(node.name, names), str(e)))
+            result.skipped.append(Skipped(_site_name(node.name or node.outputs[0].name, names), str(e)))
             continue
-        result.sites.append(site.replace(name=_site_name(site.name, names)))
+        result.sites.append(site.replace(name=_site_name(site.name or site.output, names)))
     return result
 
 

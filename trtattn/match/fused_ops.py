@@ -116,11 +116,14 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         causal = CausalKind.LOWER_RIGHT
     elif n.attrs.get("unidirectional", 0):
         causal = CausalKind.UPPER_LEFT
+    mask_at = {"Attention": (3, 5), "MultiHeadAttention": (4, 5)}.get(n.op, ())
+    masked = any(_opt(n, i) is not None for i in mask_at)
     return AttentionSite(
         name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "GroupQueryAttention") else SiteKind.CROSS,
         query=q.name, key=(_opt(n, 1) or q).name, value=(_opt(n, 2) or q).name, output=n.outputs[0].name,
         q_heads=heads, kv_heads=kv_heads, head_size=head, v_head_size=head, scale=float(scale),
-        scale_placement=ScalePlacement.ATTRIBUTE, causal=causal,
+        scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=masked,
+        mask=MaskKind.ADDITIVE if masked else MaskKind.NONE,
         cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" else CacheKind.NONE,
         source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",),
     )

@@ -36,20 +36,21 @@ def gpu_name() -> str:
     return "unknown"
 
 
-def build_serialized(trt, builder, network, config) -> bytes:
+def build_serialized(trt, builder, network, config):
+    """The serialized engine (TensorRT's IHostMemory, a buffer)."""
     blob = builder.build_serialized_network(network, config)
     if blob is None:
         raise TrtattnError("TensorRT could not build the engine (see the log above); with --decomposable "
                            "attentions that have no fused kernel fall back to unfused layers")
-    return bytes(blob)
+    return blob
 
 
-def write_engine(engine: bytes, sidecar: dict, out_dir: Path, name: str, force: bool = False) -> tuple[Path, Path]:
+def write_engine(engine, sidecar: dict, out_dir: Path, name: str, force: bool = False) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     engine_path, json_path = out_dir / f"{name}.engine", out_dir / f"{name}.json"
     if engine_path.exists() and not force:
         raise TrtattnError(f"{engine_path} exists; pass --force to replace it")
-    atomic_write(engine_path, engine)
+    atomic_write(engine_path, memoryview(engine).tobytes())
     atomic_write(json_path, (json.dumps(sidecar, indent=2, default=str) + "\n").encode())
     return engine_path, json_path
 

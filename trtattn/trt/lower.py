@@ -70,6 +70,10 @@ def lower_attention(trt, net, p: AttentionPlan, get):
     if p.mask:
         mask = get(p.mask)
         if p.mask_kind == "additive":
+            if compute == trt.DataType.HALF and mask.dtype == trt.DataType.FLOAT:
+                # float32's -3.4e38 "masked" values would become -inf in fp16: clamp to fp16's range first
+                floor = _constant(trt, net, np.full((1, 1, 1, 1), np.finfo(np.float16).min, np.float32), f"{base}/mask_floor")
+                mask = _out(net.add_elementwise(mask, floor, trt.ElementWiseOperation.MAX), f"{base}/mask_clamp")
             mask = _cast(trt, net, mask, compute, f"{base}/mask_cast")
         attn.mask = mask
     if p.form == "packed":

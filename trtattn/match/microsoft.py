@@ -1,0 +1,150 @@
+"""ONNX Runtime's contrib attention ops (what its transformer optimizer writes) as the standard
+ONNX Attention op, so that ORT-optimised models build into IAttention like any other.
+
+com.microsoft Attention: one projection [D, Dq + Dk + Dv] (+ bias) of the hidden state, split and
+    reshaped into heads; mask_index as per-row lengths [B] (right padding) or a raw [B, T] mask;
+    an optional attention_bias; unidirectional = causal. Masked logits get mask_filter_value
+    (default -10000) added, exactly as the contrib kernel does.
+com.microsoft MultiHeadAttention: Q/K/V [B, S, D] (+ a packed bias), key_padding_mask [B, T],
+    attention_bias, unidirectional.
+Past/present caches, packed QKV formats, rotary inside the op and GroupQueryAttention are not
+converted: the site is reported with the reason instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..errors import TrtattnError
+from .mask import _Emitter
+
+DEFAULT_FILTER = -10000.0
+
+
+def _opt(n: gs.Node, i: int):
+    return n.inputs[i] if len(n.inputs) > i and n.inputs[i].name else None
+
+
+def _heads(emit: _Emitter, t, heads: int, head: int, dtype):
+    """[B, S, N*H] -> [B, N, S, H]"""
+    r = emit("Reshape", [t, emit.const([0, 0, heads, head], np.int64)], dtype=dtype)
+    return emit("Transpose", [r], {"perm": [0, 2, 1, 3]}, dtype=dtype)
+
+
+def _merge(emit: _Emitter, y, dtype):
+    """[B, N, S, H] -> [B, S, N*H]"""
+    t = emit("Transpose", [y], {"perm": [0, 2, 1, 3]}, dtype=dtype)
+    return emit("Reshape", [t, emit.const([0, 0, -1], np.int64)], dtype=dtype)
+
+
+def _key_padding(emit: _Emitter, mask, k4, filter_value: float, dtype):
+    """mask_index / key_padding_mask -> additive [B, 1, 1, T] (0 where attended, filter where not)."""
+    rank = len(mask.shape) if mask.shape is not None else None
+    if rank == 1:  # per-row lengths: key j attended iff j < length[b]
+        total = emit("Gather", [emit("Shape", [k4], dtype=np.int64), emit.const(2, np.int64)], {"axis": 0}, dtype=np.int64)
+        j = emit("Range", [emit.const(0, np.int64), total, emit.const(1, np.int64)], dtype=np.int64)
+        lengths = emit("Cast", [mask], {"to": 7}, dtype=np.int64)
+        keep = emit("Less", [emit("Unsqueeze", [j, emit.const([0], np.int64)], dtype=np.int64),
+                             emit("Unsqueeze", [lengths, emit.const([1], np.int64)], dtype=np.int64)], dtype=np.bool_)
+    elif rank == 2:  # raw mask [B, T]: 0 = padding
+        keep = emit("Not", [emit("Equal", [mask, emit.const(np.zeros((), dtype=mask.dtype or np.int32), mask.dtype or np.int32)],
+                                 dtype=np.bool_)], dtype=np.bool_)
+    else:
+        raise TrtattnError(f"mask of rank {rank} on a com.microsoft attention op is not converted (per-row lengths "
+                           "[B] and raw [B, T] masks are)")
+    keep = emit("Unsqueeze", [keep, emit.const([1, 2], np.int64)], dtype=np.bool_)
+    return emit("Where", [keep, emit.const(0.0, dtype), emit.const(filter_value, dtype)], dtype=dtype, name="key_padding")
+
+
+def _causal(emit: _Emitter, q4, k4, filter_value: float, dtype):
+    """unidirectional: key j attended iff j <= i (+ past length, none here)."""
+    def length(t):
+        return emit("Gather", [emit("Shape", [t], dtype=np.int64), emit.const(2, np.int64)], {"axis": 0}, dtype=np.int64)
+
+    zero, one = emit.const(0, np.int64), emit.const(1, np.int64)
+    i = emit("Range", [zero, length(q4), one], dtype=np.int64)
+    j = emit("Range", [zero, length(k4), one], dtype=np.int64)
+    keep = emit("LessOrEqual", [emit("Unsqueeze", [j, emit.const([0], np.int64)], dtype=np.int64),
+                                emit("Unsqueeze", [i, emit.const([1], np.int64)], dtype=np.int64)], dtype=np.bool_)
+    return emit("Where", [keep, emit.const(0.0, dtype), emit.const(filter_value, dtype)], dtype=dtype, name="causal")
+
+
+def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
+    """Replace a com.microsoft Attention / MultiHeadAttention node; returns the new Attention node."""
+    if node.op not in ("Attention", "MultiHeadAttention"):
+        raise TrtattnError(f"converting com.microsoft:{node.op} to the standard Attention op is not supported")
+    if len(node.outputs) > 1 and any(o.name and o.outputs for o in node.outputs[1:]):
+        raise TrtattnError(f"com.microsoft:{node.op} {node.name} returns a present cache: not converted")
+    if node.attrs.get("do_rotary", 0):
+        raise TrtattnError(f"com.microsoft:{node.op} {node.name} applies rotary embedding inside: not converted")
+    emit = _Emitter(graph, prefix)
+    heads = int(node.attrs["num_heads"])
+    filter_value = float(node.attrs.get("mask_filter_value", DEFAULT_FILTER))
+    x = node.inputs[0]
+    dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+    if node.op == "Attention":
+        weight, bias, mask = node.inputs[1], _opt(node, 2), _opt(node, 3)
+        if _opt(node, 4) is not None:
+            raise TrtattnError(f"com.microsoft:Attention {node.name} has a past input: not converted")
+        attention_bias = _opt(node, 5)
+        width = weight.shape[1] if weight.shape else None
+        sizes = list(node.attrs.get("qkv_hidden_sizes", [])) or ([width // 3] * 3 if width else None)
+        if not sizes:
+            raise TrtattnError(f"com.microsoft:Attention {node.name}: the projection width is unknown")
+        qkv = emit("MatMul", [x, weight], dtype=dtype)
+        if bias is not None:
+            qkv = emit("Add", [qkv, bias], dtype=dtype)
+        parts = [gs.Variable(f"{prefix}/{p}", dtype=dtype) for p in "qkv"]
+        graph.nodes.append(gs.Node("Split", f"{prefix}/split", {"axis": -1},
+                                   inputs=[qkv, emit.const(sizes, np.int64)], outputs=parts))
+        q, k, v = parts
+        head_q, head_v = sizes[0] // heads, sizes[2] // heads
+    else:
+        q, k, v = node.inputs[:3]
+        if len(k.shape or []) == 4:
+            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} takes K/V in BNSH (a cache): not converted")
+        bias, mask, attention_bias = _opt(node, 3), _opt(node, 4), _opt(node, 5)
+        if _opt(node, 6) is not None:
+            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} has a past input: not converted")
+        width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
+        if width is None:
+            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name}: the hidden size is unknown")
+        if bias is not None:  # one [Dq + Dk + Dv] bias for the three projections
+            parts = [gs.Variable(f"{prefix}/bias_{p}", dtype=dtype) for p in "qkv"]
+            v_width = (bias.shape[0] - 2 * width) if bias.shape else width
+            graph.nodes.append(gs.Node("Split", f"{prefix}/split_bias", {"axis": 0},
+                                       inputs=[bias, emit.const([width, width, v_width], np.int64)], outputs=parts))
+            q, k, v = (emit("Add", [t, b], dtype=dtype) for t, b in zip((q, k, v), parts))
+        else:
+            v_width = width
+        head_q, head_v = width // heads, v_width // heads
+    q4, k4, v4 = _heads(emit, q, heads, head_q, dtype), _heads(emit, k, heads, head_q, dtype), _heads(emit, v, heads, head_v, dtype)
+    additive = None
+    if mask is not None:
+        additive = _key_padding(emit, mask, k4, filter_value, dtype)
+    if node.attrs.get("unidirectional", 0):
+        causal = _causal(emit, q4, k4, filter_value, dtype)
+        additive = causal if additive is None else emit("Add", [additive, causal], dtype=dtype)
+    if attention_bias is not None:
+        additive = attention_bias if additive is None else emit("Add", [additive, attention_bias], dtype=dtype)
+    scale = node.attrs.get("scale") or 1.0 / math.sqrt(head_q)
+    inputs = [q4, k4, v4]
+    if additive is not None:
+        rows = emit("Concat", [emit.const([1, 1], np.int64),
+                               emit("Slice", [emit("Shape", [q4], dtype=np.int64), emit.const([2], np.int64),
+                                              emit.const([3], np.int64)], dtype=np.int64),
+                               emit.const([1], np.int64)], {"axis": 0}, dtype=np.int64)
+        inputs.append(emit("Expand", [additive, rows], dtype=dtype, name="mask_rows"))
+    y = emit("Attention", inputs, {"scale": float(scale)}, dtype=dtype, name="Attention")
+    attention = graph.nodes[-1]
+    out = node.outputs[0]
+    merged = _merge(emit, y, dtype)
+    node.outputs.clear()
+    node.inputs.clear()
+    last = graph.nodes[-1]
+    last.outputs = [out]
+    del merged
+    return attention
