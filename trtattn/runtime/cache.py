@@ -1,0 +1,232 @@
+"""KV-cache managers: what a decoding loop feeds a model about its cache, per row.
+
+ConcatCache  models whose past grows each step (the original and the fused ONNX models, engines
+             built from them): past inputs [B, N, P, H], present outputs [B, N, P+S, H]. The
+             presents are carried into the next step's past (on TensorRT the device buffers swap).
+             Ragged rows share one slot axis: each row's `valid` slots say which positions hold
+             its tokens, and the step's attention_mask [B, P+S] is exactly that.
+StaticCache  the kv-cache form (and its engine): preallocated [B, N, capacity, H] buffers kept as
+             session state, each row's `cache_write_index` = its length, the present outputs
+             alias the cache inputs (ONNX Runtime: the returned buffer replaces the state;
+             TensorRT: the same device buffer is bound to both, nothing moves).
+
+Both keep `lengths` [B] (valid tokens per row) and give the positions of the next tokens, so a
+batch of requests with different prompt lengths (right padded) decodes together: a row's padding
+is never attended (masked, or beyond its write index and overwritten by its next token).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TrtattnError
+from ..forms import WRITE_INDEX
+
+PAST_PREFIXES = ("past_key_values.", "past_key_values_", "past.", "past_")
+PRESENT_PREFIXES = ("present.", "present_", "present_key_values.")
+DEFAULT_CAPACITY = 256
+
+
+def past_name(present: str, inputs) -> str | None:
+    """The past input a present output feeds (present.0.key -> past_key_values.0.key)."""
+    for pre in PRESENT_PREFIXES:
+        if present.startswith(pre):
+            rest = present[len(pre):]
+            for past in PAST_PREFIXES:
+                if past + rest in inputs:
+                    return past + rest
+    return None
+
+
+def concat_pairs(session) -> list[tuple[str, str]]:
+    """(past input, present output) pairs by name."""
+    inputs = set(session.input_names)
+    pairs = []
+    for out in session.output_names:
+        past = past_name(out, inputs)
+        if past is not None:
+            pairs.append((past, out))
+    return pairs
+
+
+def static_inputs(session, pairs) -> list[str]:
+    """Cache-like inputs with no present output: static cross-attention K/V."""
+    paired = {p for p, _ in pairs}
+    return [n for n in session.input_names if n not in paired and n.startswith(PAST_PREFIXES)]
+
+
+def _dims(session, name: str) -> tuple[int, int]:
+    shape = session.input(name).shape
+    if len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in (shape[1], shape[3])):
+        raise TrtattnError(f"{session.name}: cache input {name} should be [batch, heads, seq, head_size] with "
+                           f"static heads and head size; it is {list(shape)}")
+    return shape[1], shape[3]
+
+
+def _capacity(session, name: str, requested: int | None) -> int:
+    shape = session.input(name).shape
+    if isinstance(shape[2], int) and shape[2] > 0:
+        if requested and requested != shape[2]:
+            raise TrtattnError(f"{session.name}: {name} has a fixed capacity of {shape[2]}, not {requested}")
+        return shape[2]
+    for p in (session.sidecar or {}).get("profiles") or []:  # an engine's cache capacity is its profile's
+        if p.get("name") == name and p["min"][2] == p["max"][2]:
+            if requested and requested != p["min"][2]:
+                raise TrtattnError(f"{session.name}: the engine's {name} has a capacity of {p['min'][2]}, "
+                                   f"not {requested}")
+            return int(p["min"][2])
+    return int(requested or DEFAULT_CAPACITY)
+
+
+class KVCache:
+    style = "?"
+
+    def __init__(self, session, pairs: list[tuple[str, str]], batch: int):
+        if not pairs:
+            raise TrtattnError(f"{session.name}: no KV-cache inputs (past_key_values.* with present.* outputs, or "
+                               "the kv-cache form's cache inputs)")
+        self.session = session
+        self.pairs = pairs
+        self.batch = int(batch)
+        self.lengths = np.zeros(self.batch, np.int64)
+
+    def positions(self, seq: int) -> np.ndarray:
+        """Positions of the next `seq` tokens of every row: [B, seq]."""
+        return self.lengths[:, None] + np.arange(seq, dtype=np.int64)[None]
+
+    def step_feeds(self, seq: int, new_lengths=None) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def carry(self) -> dict[str, str]:
+        return {}
+
+    def advance(self, new_lengths, seq: int | None = None) -> None:
+        """After a step of `seq` tokens of which `new_lengths` per row are real (the rest padding)."""
+        self.lengths = self.lengths + self._new(new_lengths, seq)
+
+    def load(self, presents: dict[str, np.ndarray], lengths) -> None:
+        """Seed the cache from a prefill model's presents ({past input name: [B, N, S, H]}) holding
+        `lengths` valid tokens per row."""
+        raise NotImplementedError
+
+    def read(self, past: str, row: int) -> np.ndarray:
+        """The valid K (or V) of one row: [N, length, H] (a host copy; for checks, not for decoding)."""
+        raise NotImplementedError
+
+    def _new(self, new_lengths, seq) -> np.ndarray:
+        if new_lengths is None:
+            if seq is None:
+                raise TrtattnError("advance needs the number of new tokens per row")
+            return np.full(self.batch, seq, np.int64)
+        new = np.asarray(new_lengths, np.int64).reshape(-1)
+        if new.shape != (self.batch,):
+            raise TrtattnError(f"new lengths for {new.shape[0]} rows, the cache has {self.batch}")
+        return new
+
+
+class ConcatCache(KVCache):
+    """Past inputs grow by the step's tokens; padding slots are masked out per row."""
+
+    style = "concat"
+
+    def __init__(self, session, batch: int, pairs: list[tuple[str, str]] | None = None):
+        super().__init__(session, pairs if pairs is not None else concat_pairs(session), batch)
+        self.valid = np.zeros((self.batch, 0), bool)
+        for past, _ in self.pairs:
+            n, h = _dims(session, past)
+            session.zeros_state(past, (self.batch, n, 0, h))
+
+    @property
+    def slots(self) -> int:
+        return self.valid.shape[1]
+
+    def step_feeds(self, seq, new_lengths=None):
+        new = self._new(new_lengths, seq)
+        if (new > seq).any():
+            raise TrtattnError(f"a row has more new tokens than the step's {seq}")
+        fresh = np.arange(seq)[None] < new[:, None]
+        mask = np.concatenate([self.valid, fresh], axis=1).astype(np.int64)
+        return {"attention_mask": mask, "position_ids": self.positions(seq)}
+
+    def carry(self):
+        return {present: past for past, present in self.pairs}
+
+    def advance(self, new_lengths, seq: int | None = None):
+        new = self._new(new_lengths, seq)
+        seq = seq if seq is not None else int(new.max(initial=0))
+        fresh = np.arange(seq)[None] < new[:, None]
+        self.valid = np.concatenate([self.valid, fresh], axis=1)
+        self.lengths = self.lengths + new
+        if any(self.session.state_shape(p)[2] != self.slots for p, _ in self.pairs):
+            raise TrtattnError("the carried presents do not have one slot per token fed so far: "
+                               "advance the cache by the step's sequence length")
+
+    def load(self, presents, lengths):
+        lengths = self._new(lengths, None)
+        seq = None
+        for past, _ in self.pairs:
+            if past not in presents:
+                raise TrtattnError(f"no present for {past} to seed the cache with")
+            value = presents[past]
+            seq = value.shape[2]
+            self.session.set_state(past, value)
+        self.valid = np.arange(seq)[None] < lengths[:, None]
+        self.lengths = lengths.copy()
+
+    def read(self, past, row):
+        value = self.session.get_state(past)[row]
+        return value[:, self.valid[row]]
+
+
+class StaticCache(KVCache):
+    """Preallocated buffers written at each row's write index (the kv-cache form)."""
+
+    style = "static"
+
+    def __init__(self, session, batch: int, capacity: int | None = None):
+        pairs = [(inp, out) for out, inp in session.aliases.items()]
+        if WRITE_INDEX not in session.input_names:
+            raise TrtattnError(f"{session.name}: not a kv-cache form (no {WRITE_INDEX} input); use ConcatCache")
+        if not pairs:
+            raise TrtattnError(f"{session.name}: its cache outputs do not alias its cache inputs; a kv-cache form "
+                               "updates them in place")
+        super().__init__(session, sorted(pairs), batch)
+        self.capacity = _capacity(session, self.pairs[0][0], capacity)
+        for past, _ in self.pairs:
+            n, h = _dims(session, past)
+            session.zeros_state(past, (self.batch, n, self.capacity, h))
+
+    def step_feeds(self, seq, new_lengths=None):
+        new = self._new(new_lengths, seq)
+        if (new > seq).any():
+            raise TrtattnError(f"a row has more new tokens than the step's {seq}")
+        if (self.lengths + seq > self.capacity).any():
+            raise TrtattnError(f"the KV cache is full: a row would write past its capacity of {self.capacity} tokens "
+                               "(TensorRT would drop the write silently); give a larger capacity")
+        return {WRITE_INDEX: self.lengths.copy(), "position_ids": self.positions(seq)}
+
+    def advance(self, new_lengths, seq: int | None = None):
+        self.lengths = self.lengths + self._new(new_lengths, seq)
+
+    def load(self, presents, lengths):
+        lengths = self._new(lengths, None)
+        for past, _ in self.pairs:
+            if past not in presents:
+                raise TrtattnError(f"no present for {past} to seed the cache with")
+            value = presents[past]
+            if value.shape[2] > self.capacity:
+                raise TrtattnError(f"a prefill of {value.shape[2]} tokens does not fit a cache of {self.capacity}")
+            buf = np.zeros(value.shape[:2] + (self.capacity,) + value.shape[3:], value.dtype)
+            buf[:, :, :value.shape[2]] = value
+            self.session.set_state(past, buf)  # once per request; decode steps then never copy
+        self.lengths = lengths.copy()
+
+    def read(self, past, row):
+        return self.session.get_state(past)[row][:, :self.lengths[row]]
+
+
+def make_cache(session, batch: int, *, capacity: int | None = None) -> KVCache:
+    """StaticCache for a kv-cache form (it has cache_write_index), ConcatCache otherwise."""
+    if WRITE_INDEX in session.input_names:
+        return StaticCache(session, batch, capacity)
+    return ConcatCache(session, batch)

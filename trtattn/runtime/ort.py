@@ -1,0 +1,116 @@
+"""The ONNX Runtime (CPU) back end: any ONNX model, original, fused or a form model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..errors import TrtattnError
+from .session import Session, TensorInfo
+
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_, "tensor(int16)": np.int16}
+
+
+def _dtype(type_str: str) -> np.dtype:
+    if type_str == "tensor(bfloat16)":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if type_str not in _ORT_TYPES:
+        raise TrtattnError(f"ONNX Runtime tensor type {type_str} is not supported by trtattn.runtime")
+    return np.dtype(_ORT_TYPES[type_str])
+
+
+def graph_aliases(model: onnx.ModelProto) -> dict[str, str]:
+    """Outputs that are a graph input updated in place: TensorScatter(cache input, ...) -> output,
+    through Identity nodes (what the kv-cache form writes, and what TensorRT aliases)."""
+    inputs = {i.name for i in model.graph.input}
+    outputs = {o.name for o in model.graph.output}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    aliases = {}
+    for name in outputs:
+        node = producer.get(name)
+        while node is not None and node.op_type == "Identity":
+            node = producer.get(node.input[0])
+        if node is not None and node.op_type == "TensorScatter" and node.domain in ("", "ai.onnx") \
+                and node.input[0] in inputs:
+            aliases[name] = node.input[0]
+    return aliases
+
+
+class OrtSession(Session):
+    backend = "onnxruntime"
+
+    def __init__(self, model, *, name: str | None = None, sidecar: dict | None = None, threads: int | None = None,
+                 providers=("CPUExecutionProvider",)):
+        import onnxruntime as ort
+
+        from .. import onnxio
+
+        if isinstance(model, (str, Path)):
+            name = name or Path(model).stem
+            model = onnxio.load(model)
+        elif isinstance(model, (bytes, bytearray)):
+            model = onnx.load_from_string(bytes(model))
+        elif not isinstance(model, onnx.ModelProto):
+            raise TrtattnError(f"OrtSession takes an ONNX model (path, bytes or ModelProto), not {type(model).__name__}")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        try:
+            self.session = ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
+        except Exception as e:
+            raise TrtattnError(f"ONNX Runtime cannot load {name or 'the model'}: {str(e).splitlines()[0]}") from None
+        inputs = [TensorInfo(i.name, _dtype(i.type), tuple(-1 if d is None else d for d in i.shape))
+                  for i in self.session.get_inputs()]
+        outputs = [TensorInfo(o.name, _dtype(o.type), tuple(-1 if d is None else d for d in o.shape))
+                   for o in self.session.get_outputs()]
+        aliases = graph_aliases(model)
+        if sidecar and sidecar.get("io", {}).get("aliases"):
+            aliases.update(sidecar["io"]["aliases"])
+        super().__init__(name or model.graph.name or "model", inputs, outputs, aliases, sidecar)
+        self.model = model
+        self._state: dict[str, np.ndarray] = {}
+
+    # state lives on the host: assigning the returned array is the "in place" update
+    def set_state(self, name, value):
+        if name not in self._inputs:
+            raise TrtattnError(f"{self.name}: no input named {name}")
+        self._state[name] = self._cast(name, value)
+
+    def get_state(self, name):
+        return self._state[name].copy()
+
+    def has_state(self, name):
+        return name in self._state
+
+    def state_shape(self, name):
+        return tuple(self._state[name].shape)
+
+    def clear_state(self, names=None):
+        for n in list(self._state) if names is None else names:
+            self._state.pop(n, None)
+
+    def _run(self, feeds, wanted, carry):
+        full = {**{k: v for k, v in self._state.items() if k not in feeds}, **feeds}
+        updates = {o: i for o, i in self.aliases.items() if i in self._state and i not in feeds}
+        updates.update(carry)
+        names = list(dict.fromkeys(list(wanted) + list(updates)))
+        try:
+            values = self.session.run(names, full)
+        except Exception as e:
+            raise TrtattnError(f"{self.name}: ONNX Runtime failed: {str(e).splitlines()[0]}") from None
+        result = dict(zip(names, values))
+        for out, inp in updates.items():
+            self._state[inp] = result[out]
+        return {k: result[k] for k in wanted}
+
+    def memory(self):
+        from .bench import host_rss
+
+        return {"kind": "host RSS", "bytes": host_rss()}
