@@ -19,6 +19,16 @@ def _add_model_out(p):
     p.add_argument("model", help="input ONNX model (never modified)")
     p.add_argument("-o", "--output", required=True, help="output ONNX model")
     p.add_argument("--report", help="write a JSON report here")
+    p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
+
+
+def _check_output(model, output, force: bool) -> None:
+    from . import onnxio
+
+    if onnxio.same_file(model, output):
+        raise TrtattnError(f"refusing to write over the input model {model}; choose another output path")
+    if Path(output).exists() and not force:
+        raise TrtattnError(f"{output} exists; pass --force to replace it")
 
 
 def _add_verify_opts(p):
@@ -54,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--fold-scale-into-weights", action="store_true",
                    help="fold the softmax scale into Q's projection weights where Q comes straight from one")
     n.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "fp8", "int8"],
-                   help="precision the fusability verdict is for (default fp16)")
+                   help="precision the fusability verdict is for (default fp16; --quantize sets it)")
+    n.add_argument("--quantize", choices=["fp8", "int8"],
+                   help="ModelOpt post-training quantization with Q/DQ around every attention (needs the quant extra)")
+    n.add_argument("--calib", help="calibration data for --quantize: an .npz of arrays keyed by input name")
 
     b = sub.add_parser("build", help="build a TensorRT engine in which every attention is an IAttention")
     b.add_argument("model", help="input ONNX model (never modified)")
@@ -88,9 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--iterations", type=int, default=2, help="input sets to compare (default 2)")
     v.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    from .runtime import cli as runtime_cli
     from .trt.inspect import add_inspect_parser
 
     add_inspect_parser(sub)
+    runtime_cli.add_run_parser(sub)
+    runtime_cli.add_bench_parser(sub)
 
     d = sub.add_parser("demo", help="export a zoo model, fuse it, verify it, print the sites")
     d.add_argument("--model", default=None, help="zoo model (default: the zoo's default)")
@@ -132,6 +148,10 @@ def _dispatch(args) -> int:
         return _build(args, progress)
     if args.command == "verify":
         return _verify(args, progress)
+    if args.command in ("run", "bench"):
+        from .runtime import cli as runtime_cli
+
+        return (runtime_cli.run_command if args.command == "run" else runtime_cli.bench_command)(args, progress)
     if args.command == "inspect":
         from .trt.inspect import run_inspect
 
@@ -165,8 +185,7 @@ def _fuse(model_path, output, report_path, args, progress) -> int:
     from .inputs import parse_dims
     from .report import site_table, write_json
 
-    if onnxio.same_file(model_path, output):
-        raise TrtattnError(f"refusing to write over the input model {model_path}; choose another output path")
+    _check_output(model_path, output, getattr(args, "force", False))
     model = onnxio.load(model_path)  # bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(getattr(args, "dims", None)), seed=getattr(args, "seed", 0),
                         atol=getattr(args, "atol", 1e-4), progress=progress)
@@ -209,9 +228,12 @@ def _normalize(args, progress) -> int:
     from .passes.normalize import normalize_model
     from .report import table, write_json
 
-    if onnxio.same_file(args.model, args.output):
-        raise TrtattnError(f"refusing to write over the input model {args.model}; choose another output path")
+    _check_output(args.model, args.output, args.force)
     model = onnxio.load(args.model)
+    if args.quantize and not args.calib:
+        raise TrtattnError("--quantize needs calibration data: --calib DATA.npz (arrays keyed by input name)")
+    if args.quantize:
+        args.precision = args.quantize
     result = normalize_model(model, fold_scale_into_weights=args.fold_scale_into_weights, precision=args.precision,
                              dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress)
     rows = [r.row() for r in result.sites]
@@ -223,6 +245,26 @@ def _normalize(args, progress) -> int:
     print(f"{len(rows)} attention sites, {sum(r['action'] == 'rewritten' for r in rows)} rewritten; "
           f"cleanup folded {result.cleanup['folded_nodes']} nodes and removed {result.cleanup['noops_removed']} no-ops; "
           f"verification: {_verdict(result.verification)}")
+    if args.quantize and result.ok:
+        from .inputs import make_feeds
+        from .passes.quantize import QUANT_COLUMNS, REL_TOLERANCE, compare, load_calibration, quantize
+
+        calib = load_calibration(args.calib)
+        with progress.step(f"ModelOpt {args.quantize} quantization, calibrating on CPU"):
+            quantized = quantize(result.model, args.quantize, calib)
+        summary = quantized.summary()
+        print(table(summary["sites"], QUANT_COLUMNS))
+        with progress.step(f"comparing the {args.quantize} model with the fp32 original on ONNX Runtime"):
+            feeds = [make_feeds(model, dims=parse_dims(args.dims), seed=args.seed + i, padding=False) for i in range(2)]
+            errors = compare(model, quantized.model, feeds)
+        worst = max((e["rel"] for e in errors.values()), default=float("inf"))
+        bound = REL_TOLERANCE[args.quantize]
+        summary["accuracy"] = {"outputs": errors, "worst_relative": worst, "tolerance": bound, "passed": worst <= bound}
+        print(f"{args.quantize} vs fp32: worst relative L2 error {worst:.3g} (tolerance {bound})")
+        result.quantization = summary
+        result.model, result.changed = quantized.model, True
+        if worst > bound:
+            result.verification["passed"] = False
     written = None
     if result.ok:
         if not result.changed:
@@ -239,7 +281,8 @@ def _normalize(args, progress) -> int:
         write_json({"trtattn_version": __version__, "input": str(args.model), "output": str(written) if written else None,
                     "precision": args.precision, "changed": result.changed, "cleanup": result.cleanup, "sites": rows,
                     "ignored": [{"name": i.name, "reason": i.reason} for i in result.ignored],
-                    "verification": result.verification}, args.report, protect=(args.model, args.output))
+                    "verification": result.verification, "quantization": result.quantization},
+                   args.report, protect=(args.model, args.output))
     return 0 if result.ok else 1
 
 
@@ -335,6 +378,7 @@ def _demo(args, progress) -> int:
     print(f"trtattn demo: {name} ({zoo.get(name).description}), exported with {args.exporter}")
     with progress.step(f"exporting {name} with {args.exporter}"):
         zoo.export(name, args.exporter, exported, force=True)
+    args.force = True  # the demo's own files in its own folder: rerunning it replaces them
     code = _fuse(str(exported), str(fused), str(out / f"{name}.{args.exporter}.report.json"), args, progress)
     print("TensorRT engine build: needs TensorRT >= 11 and a GPU; run `trtattn build` in the docker/ container.")
     return code

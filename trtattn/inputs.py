@@ -72,6 +72,10 @@ def _vocab_of(model: onnx.ModelProto, name: str) -> int | None:
 
 def _guess_role(model: onnx.ModelProto, name: str, dtype: np.dtype) -> dict:
     low = name.lower()
+    if name == "cache_write_index":  # trtattn's kv-cache form
+        return {"kind": "write_index"}
+    if name == "cu_seqlens":  # trtattn's packed form
+        return {"kind": "cu_seqlens"}
     if "mask" in low:
         return {"kind": "padding_mask"}
     if "position" in low or low.startswith("pos"):
@@ -172,6 +176,10 @@ def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding:
             else:
                 m[-1, shape[1] - pad:] = 0
         return m.astype(dt)
+    if kind == "write_index":  # every row appends after a cache of the past length
+        return np.full(shape, dim_value("past", dims), dtype=dt)
+    if kind == "cu_seqlens":  # rows of the sequence length, end to end
+        return (np.arange(shape[0]) * dim_value("seq", dims)).astype(dt)
     if kind == "position_ids":  # positions continue after the cache ("offset": the past length dim)
         seq = shape[-1] if shape else 1
         offset = dim_value(spec.role["offset"], dims) if spec.role.get("offset") else 0

@@ -163,9 +163,29 @@ def _onnx_shapes(model):
 
 
 def _symbolic_shapes(model):
+    """ONNX Runtime's symbolic shape inference, keeping what it inferred even when it could not
+    infer everything. (Its infer_shapes() then saves the model as sym_shape_infer_temp.onnx in the
+    working directory and raises: never let it write there.)"""
+    import os
+    import tempfile
+
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+    engine = SymbolicShapeInference(2**31 - 1, True, True, 0)
+    try:
+        engine._preprocess(model)
+        while engine.run_:
+            engine._infer_impl()
+        engine._update_output_from_vi()
+        return engine.out_mp_
+    except AttributeError:  # its internals changed: the public call, in a scratch directory
+        here = os.getcwd()
+        with tempfile.TemporaryDirectory() as scratch:
+            os.chdir(scratch)
+            try:
+                return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+            finally:
+                os.chdir(here)
 
 
 def _opset(graph: gs.Graph) -> int:

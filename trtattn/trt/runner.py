@@ -43,14 +43,14 @@ def engine_runner(engine: Path, sidecar: dict | None = None):
                 super().__init__(name="tensorrt", prefix="trtattn-runner")
 
             def activate_impl(self):
-                self.session = TrtSession(engine)
+                self.session = TrtSession(engine, sidecar=info or None)
 
             def get_input_metadata_impl(self):
                 from polygraphy.common import TensorMetadata
 
                 meta = TensorMetadata()
                 for spec in self.session.inputs:
-                    meta.add(spec["name"], spec["dtype"], spec["shape"])
+                    meta.add(spec.name, spec.dtype, spec.shape)
                 return meta
 
             def infer_impl(self, feed_dict):

@@ -76,8 +76,6 @@ _FAMILIES = [
 
 # Exporter failures, recorded with the reason (tests/test_zoo.py re-checks each one).
 UNSUPPORTED: dict[str, dict[str, str]] = {
-    "whisper-decoder-cache-sdpa": {"dynamo": "torch.export traces is_causal as a SymBool, which "
-                                             "scaled_dot_product_attention() rejects (TypeError)"},
     "t5-sdpa": {"dynamo": "torch.export cannot view T5's transposed SDPA output as [B, S, D] with a "
                           "dynamic sequence length (ValueError: Cannot view a tensor ...)"},
     "swin-sdpa": {"dynamo": "torch.export cannot view Swin's transposed SDPA output as [B*W, N, D] with a "
