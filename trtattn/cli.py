@@ -183,12 +183,19 @@ def _fuse(model_path, output, report_path, args, progress) -> int:
     from . import onnxio
     from .fuse import fuse_model
     from .inputs import parse_dims
-    from .report import site_table, write_json
 
     _check_output(model_path, output, getattr(args, "force", False))
     model = onnxio.load(model_path)  # bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(getattr(args, "dims", None)), seed=getattr(args, "seed", 0),
                         atol=getattr(args, "atol", 1e-4), progress=progress)
+    return _report_fuse(result, model, model_path, output, report_path, progress)
+
+
+def _report_fuse(result, model, model_path, output, report_path, progress) -> int:
+    """The per-site table, the output (only when every site fused and verified) and the report."""
+    from . import onnxio
+    from .report import site_table, write_json
+
     rows = [r.row() for r in result.reports]
     fused = sum(r["status"] == "fused" for r in rows)
     if rows:
@@ -378,10 +385,34 @@ def _demo(args, progress) -> int:
     print(f"trtattn demo: {name} ({zoo.get(name).description}), exported with {args.exporter}")
     with progress.step(f"exporting {name} with {args.exporter}"):
         zoo.export(name, args.exporter, exported, force=True)
-    args.force = True  # the demo's own files in its own folder: rerunning it replaces them
-    code = _fuse(str(exported), str(fused), str(out / f"{name}.{args.exporter}.report.json"), args, progress)
-    print("TensorRT engine build: needs TensorRT >= 11 and a GPU; run `trtattn build` in the docker/ container.")
-    return code
+    # fuse and verify (the report and the fused ONNX), then the engine: planned here, built where
+    # TensorRT is (the docker/ container)
+    from . import onnxio
+    from .build import build, describe, prepare
+    from .errors import MissingDependencyError
+    from .fuse import fuse_model
+    from .trt import compat
+
+    model = onnxio.load(exported)
+    try:
+        prepared = prepare(model, name=f"{name}_{args.exporter}", progress=progress, source=str(exported))
+    except TrtattnError as e:  # a site that cannot fuse: the fuse report below says which and why
+        print(f"engine plan: {e}")
+        prepared = None
+    fuse_result = prepared.fused if prepared else fuse_model(model, progress=progress)
+    code = _report_fuse(fuse_result, model, str(exported), str(fused),
+                        str(out / f"{name}.{args.exporter}.report.json"), progress)
+    if code != 0 or prepared is None:
+        return code
+    print(describe(prepared.plan))
+    try:
+        trt = compat.import_tensorrt()
+    except MissingDependencyError as e:
+        print(f"engine not built: {e}.")
+        return 0
+    engine, sidecar = build(prepared, trt, "engines", force=True)
+    print(f"wrote {engine} and {sidecar}; check it with: trtattn inspect {engine} --sites {sidecar} --require-fused")
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
