@@ -156,40 +156,12 @@ def llama_lm(cfg):
     import torch
     import transformers as T
 
-    from .models import Built
+    from .models import _with_past
 
     model = _seeded(T.LlamaForCausalLM, cfg)
-    layers, n_kv = cfg.num_hidden_layers, cfg.num_key_value_heads
-    head = cfg.hidden_size // cfg.num_attention_heads
     torch.manual_seed(SEED + 1)
-    inputs = {"input_ids": _ids(BATCH, SEQ), "attention_mask": _left_padded_mask(BATCH, PAST + SEQ),
-              "position_ids": _positions(BATCH, SEQ, PAST)}
-    for i in range(layers):
-        inputs[f"past_key_values.{i}.key"] = torch.randn(BATCH, n_kv, PAST, head)
-        inputs[f"past_key_values.{i}.value"] = torch.randn(BATCH, n_kv, PAST, head)
-
-    def fn(m, input_ids, attention_mask, position_ids, **past):
-        cache = T.DynamicCache([(past[f"past_key_values.{i}.key"], past[f"past_key_values.{i}.value"])
-                                for i in range(layers)], config=m.config)
-        out = m(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                past_key_values=cache, use_cache=True)
-        presents = []
-        for layer in out.past_key_values.layers:
-            presents += [layer.keys, layer.values]
-        return (out.logits, *presents)
-
-    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "past+seq"},
-            "position_ids": {0: "batch", 1: "seq"}}
-    roles = {"input_ids": _tokens(), "attention_mask": {"kind": "padding_mask", "side": "left"},
-             "position_ids": {"kind": "position_ids", "offset": "past"}}
-    outputs = ["logits"]
-    for i in range(layers):
-        for part in ("key", "value"):
-            axes[f"past_key_values.{i}.{part}"] = {0: "batch", 2: "past"}
-            roles[f"past_key_values.{i}.{part}"] = {"kind": "cache"}
-            outputs.append(f"present.{i}.{part}")
-    return Built(_wrapper(model, fn, inputs), inputs, axes, roles, outputs,
-                 {"batch": BATCH, "seq": SEQ, "past": PAST}, cfg)
+    return _with_past(model, cfg, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
+                      output="logits", wrap=_wrapper)
 
 
 def _whisper(cfg):

@@ -80,7 +80,11 @@ def bart_config(impl: str):
 
 
 def bart(cfg) -> Built:
-    model = T.BartModel(cfg)
+    return _encoder_decoder(T.BartModel(cfg), cfg)
+
+
+def _encoder_decoder(model, cfg) -> Built:
+    """BART / T5 style: encoder inputs with a padding mask, decoder inputs, both hidden states out."""
     inputs = {"input_ids": _ids(BATCH, SEQ), "attention_mask": _padding_mask(BATCH, SEQ),
               "decoder_input_ids": _ids(BATCH, DEC_SEQ)}
 
@@ -178,20 +182,7 @@ def t5_config(impl: str):
 
 
 def t5(cfg) -> Built:
-    model = T.T5Model(cfg)
-    inputs = {"input_ids": _ids(BATCH, SEQ), "attention_mask": _padding_mask(BATCH, SEQ),
-              "decoder_input_ids": _ids(BATCH, DEC_SEQ)}
-
-    def fn(m, input_ids, attention_mask, decoder_input_ids):
-        out = m(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, use_cache=False)
-        return out.last_hidden_state, out.encoder_last_hidden_state
-
-    return Built(_wrap(model, fn, inputs), inputs,
-                 {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
-                  "decoder_input_ids": {0: "batch", 1: "dec_seq"}},
-                 {"input_ids": TOKENS, "attention_mask": PADDING, "decoder_input_ids": TOKENS},
-                 ["last_hidden_state", "encoder_last_hidden_state"],
-                 {"batch": BATCH, "seq": SEQ, "dec_seq": DEC_SEQ}, cfg)
+    return _encoder_decoder(T.T5Model(cfg), cfg)
 
 
 # ---------------------------------------------------------------- encoders
@@ -293,9 +284,10 @@ def gemma3(cfg) -> Built:
     return _decoder(T.Gemma3TextModel(cfg), cfg, positions=True)
 
 
-def _with_past(model, cfg, n_kv, head) -> Built:
+def _with_past(model, cfg, n_kv, head, *, output: str = "last_hidden_state", wrap=None) -> Built:
     """A decoder-only model with past_key_values inputs and present outputs (one step of prefill
-    or decode on top of a cache)."""
+    or decode on top of a cache). `output`: the model output returned first (logits for a causal
+    LM); `wrap`: how the module is wrapped (default: with the zoo's re-drawn weights)."""
     layers = cfg.num_hidden_layers
     inputs = {"input_ids": _ids(BATCH, SEQ), "attention_mask": _padding_mask(BATCH, PAST + SEQ)}
     for i in range(layers):
@@ -314,19 +306,19 @@ def _with_past(model, cfg, n_kv, head) -> Built:
         presents = []
         for layer in out.past_key_values.layers:
             presents += [layer.keys, layer.values]
-        return (out.last_hidden_state, *presents)
+        return (getattr(out, output), *presents)
 
     axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "past+seq"},
             "position_ids": {0: "batch", 1: "seq"}}
     roles = {"input_ids": TOKENS, "attention_mask": {"kind": "padding_mask", "side": "left"},
              "position_ids": {"kind": "position_ids", "offset": "past"}}
-    outputs = ["last_hidden_state"]
+    outputs = [output]
     for i in range(layers):
         for part in ("key", "value"):
             axes[f"past_key_values.{i}.{part}"] = {0: "batch", 2: "past"}
             roles[f"past_key_values.{i}.{part}"] = {"kind": "cache"}
             outputs.append(f"present.{i}.{part}")
-    return Built(_wrap(model, fn, inputs), inputs, axes, roles, outputs,
+    return Built((wrap or _wrap)(model, fn, inputs), inputs, axes, roles, outputs,
                  {"batch": BATCH, "seq": SEQ, "past": PAST}, cfg)
 
 
