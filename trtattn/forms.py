@@ -322,16 +322,16 @@ def _replace_position_lookups(graph: gs.Graph, model: onnx.ModelProto, emit: _Em
 # ---------------------------------------------------------------- verification
 def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, sites, *, dims=None) -> dict:
     """The form model against the original, both on ONNX Runtime through Polygraphy."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    import contextlib
 
-    from .verify import adapter_for, compare_models, compare_runners
+    from .verify import adapter_for, compare_models, compare_runners, runner_for
 
     if form == "padded":
         return compare_models(original, derived, sites, dims=dims).summary()
     adapter = adapter_for(original, [i.name for i in derived.graph.input], cache_inputs(derived))
-    runners = [OnnxrtRunner(SessionFromOnnx(m.SerializeToString(), providers=["cpu"]), name=n)
-               for m, n in ((original, "original"), (derived, form))]
-    return compare_runners(*runners, adapter, dims=dims).summary()
+    with contextlib.ExitStack() as stack:
+        runners = [runner_for(stack, original, name="original"), runner_for(stack, derived, name=form)]
+        return compare_runners(*runners, adapter, dims=dims).summary()
 
 
 def pack(feeds: dict, inputs, lengths: list[int]) -> dict:

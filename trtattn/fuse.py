@@ -71,12 +71,25 @@ def opset_of(model: onnx.ModelProto) -> int:
     return 0
 
 
+def has_candidates(model: onnx.ModelProto) -> bool:
+    """Anything the matcher could take: a Softmax or an attention op."""
+    from .match.fused_ops import MICROSOFT_OPS
+
+    return any(n.op_type in ("Softmax", "Attention") or (n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS)
+               for n in model.graph.node)
+
+
 def upgrade_opset(model: onnx.ModelProto, version: int = ATTENTION_OPSET) -> onnx.ModelProto:
     """ONNX's version converter; onnxscript's where ONNX's cannot infer types (contrib ops)."""
     if opset_of(model) >= version:
         return model
+    from .onnxio import attach_weights, weights_aside
+
     try:
-        return version_converter.convert_version(model, version)
+        with weights_aside(model) as weights:  # the converter serializes the model: convert its structure
+            converted = version_converter.convert_version(model, version)
+        attach_weights(converted, weights)
+        return converted
     except Exception as first:
         try:
             import onnx_ir as ir
@@ -217,13 +230,13 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     from .verify import compare_models
 
     progress = progress or Progress(enabled=False)
-    with progress.step("matching attention sites"):
-        first = match(model)
-    if not first.sites and not first.skipped:
-        return FuseResult(model, [], first.ignored, {"passed": True, "note": "no attention found"})
-    with progress.step(f"analysing {len(first.sites)} sites (opset {ATTENTION_OPSET}, mask probes)"):
+    if not has_candidates(model):
+        return FuseResult(model, [], [], {"passed": True, "note": "no attention found"})
+    with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(model)
         graph, result, meanings = analyse(working, probe_feeds(working, dims))
+    if not result.sites and not result.skipped:
+        return FuseResult(model, [], result.ignored, {"passed": True, "note": "no attention found"})
     reports = [SiteReport(s, pattern=getattr(meanings.get(s.name), "pattern", "none"),
                           padding=getattr(meanings.get(s.name), "padding", False),
                           bias=getattr(meanings.get(s.name), "bias", False)) for s in result.sites]

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -57,6 +58,7 @@ def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.Model
             onnx.load_external_data_for_model(model, str(base))
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot read external data ({e})") from None
+        _strip_external(model)  # the data is in the proto now: nothing may look for the files again
     return model
 
 
@@ -75,7 +77,7 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
             raise TrtattnError(f"refusing to write over the input model {p}; choose another output path")
     path.parent.mkdir(parents=True, exist_ok=True)
     if external_data is None:
-        external_data = model.ByteSize() > _PROTOBUF_LIMIT if _safe_size(model) else True
+        external_data = is_large(model)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -84,6 +86,9 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
             tmp_data = path.parent / (Path(tmp).name + ".data")
             onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=tmp_data.name, size_threshold=1024)
+            # saving moved the weights out of the caller's model: read them back in
+            onnx.load_external_data_for_model(model, str(path.parent))
+            _strip_external(model)
             # The model refers to its data file by name: rewrite the reference to the final name.
             saved = onnx.load(tmp, load_external_data=False)
             for tensor in onnx.external_data_helper._get_all_tensors(saved):
@@ -103,10 +108,87 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
     return path
 
 
-def _safe_size(model: onnx.ModelProto) -> bool:
-    """ByteSize() itself fails beyond 2 GB on some protobuf builds: tell whether it is usable."""
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of initializer data held in the proto (what pushes a model past protobuf's 2 GB).
+    Cheap, unlike ByteSize(), which walks the whole model (14 s on a 2 GB one)."""
+    total = 0
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if not uses_external_data(t):
+            total += len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (
+                len(t.int64_data) + len(t.double_data))
+    return total
+
+
+def is_large(model: onnx.ModelProto, margin: int = 64 << 20) -> bool:
+    return weight_bytes(model) > _PROTOBUF_LIMIT - margin
+
+
+def _strip_external(model: onnx.ModelProto) -> None:
+    """Forget external-data locations after the data was read back into the proto."""
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if uses_external_data(t) and t.HasField("raw_data"):
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+
+
+@contextlib.contextmanager
+def session_source(model: onnx.ModelProto):
+    """What an ONNX Runtime session (or Polygraphy's SessionFromOnnx) can open: the serialized
+    model, or for a model over 2 GB a temporary file with external data. The model is left as
+    it was."""
+    if not is_large(model):
+        yield model.SerializeToString()
+        return
+    with tempfile.TemporaryDirectory(prefix="trtattn-") as scratch:
+        path = os.path.join(scratch, "model.onnx")
+        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="model.onnx.data", size_threshold=1024)
+        try:
+            yield path
+        finally:
+            onnx.load_external_data_for_model(model, scratch)
+            _strip_external(model)
+
+
+@contextlib.contextmanager
+def weights_aside(model: onnx.ModelProto, threshold: int = 1024):
+    """Take the initializer data out of the model for the duration (yields {name: bytes}) and put
+    it back after: tools that serialize the whole model (ONNX's version converter and shape
+    inference) then work past 2 GB and copy little. A tensor without data keeps its dims and
+    type; it is marked as external so nothing takes it for an empty tensor."""
+    aside: dict[str, bytes] = {}
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if t.HasField("raw_data") and len(t.raw_data) > threshold and t.name:
+            aside[t.name] = t.raw_data
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            del t.external_data[:]
+            t.external_data.add(key="location", value="trtattn-weights-aside")
     try:
-        model.ByteSize()
-        return True
-    except Exception:
-        return False
+        yield aside
+    finally:
+        attach_weights(model, aside)
+
+
+def attach_weights(model: onnx.ModelProto, weights: dict[str, bytes]) -> None:
+    """Give tensors set aside by weights_aside (same names) their data back."""
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if t.name in weights and uses_external_data(t) and not t.HasField("raw_data"):
+            t.raw_data = weights[t.name]
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+
+
+@contextlib.contextmanager
+def extra_outputs(model: onnx.ModelProto, names):
+    """The model with more graph outputs (by name; ONNX Runtime infers their types), in place
+    and undone afterwards: copying a proto over 2 GB is impossible."""
+    existing = {o.name for o in model.graph.output}
+    added = [n for n in dict.fromkeys(names) if n not in existing]
+    for n in added:
+        model.graph.output.append(onnx.ValueInfoProto(name=n))
+    try:
+        yield model
+    finally:
+        for _ in added:
+            model.graph.output.pop()

@@ -44,15 +44,17 @@ def _quiet_polygraphy():
     G_LOGGER.module_severity = G_LOGGER.ERROR
 
 
-def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """A copy of `model` that also outputs the tensors `names` (Polygraphy's ModifyOutputs)."""
-    from polygraphy.backend.onnx import ModifyOutputs
+def runner_for(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(), name: str | None = None):
+    """A Polygraphy ONNX Runtime runner for `model` that also outputs `outputs`, valid while
+    `stack` is open. Past 2 GB the model goes to a temporary file with external data; the session
+    is made when Polygraphy activates the runner, so only one model is in ONNX Runtime at a time."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
-    existing = [o.name for o in model.graph.output]
-    extra = [n for n in names if n not in existing]
-    if not extra:
-        return model
-    return ModifyOutputs(model, outputs=existing + extra, copy=True)()
+    from .onnxio import extra_outputs, session_source
+
+    stack.enter_context(extra_outputs(model, outputs))
+    source = stack.enter_context(session_source(model))
+    return OnnxrtRunner(SessionFromOnnx(source, providers=["cpu"]), name=name)
 
 
 def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
@@ -74,18 +76,17 @@ def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iteration
 def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=(), *, dims=None, seed: int = 0,
                    atol: float = 1e-4, rtol: float = 1e-4, feeds: list[dict] | None = None) -> Outcome:
     """Run both models on ONNX Runtime (CPU) through Polygraphy and compare every output."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
     from polygraphy.comparator import Comparator, CompareFunc
 
     _quiet_polygraphy()
     site_outputs = [s.output for s in sites if s.output]
-    a = with_outputs(original, site_outputs)
-    b = with_outputs(candidate, site_outputs)
     feeds = feeds if feeds is not None else default_feeds(original, dims=dims, seed=seed)
-    runners = [OnnxrtRunner(SessionFromOnnx(_bytes(a), providers=["cpu"]), name="original"),
-               OnnxrtRunner(SessionFromOnnx(_bytes(b), providers=["cpu"]), name="rewritten")]
+    with contextlib.ExitStack() as stack:
+        runners = [runner_for(stack, original, site_outputs, "original"),
+                   runner_for(stack, candidate, site_outputs, "rewritten")]
+        with contextlib.redirect_stdout(io.StringIO()):
+            results = Comparator.run(runners, data_loader=feeds)
     with contextlib.redirect_stdout(io.StringIO()):
-        results = Comparator.run(runners, data_loader=feeds)
         accuracy = Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
     outcome = Outcome(passed=bool(accuracy), iterations=len(feeds), atol=atol, rtol=rtol)
     (_, ref_runs), (_, new_runs) = list(results.items())[:2]
@@ -105,10 +106,6 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     # Polygraphy's verdict (elementwise atol or rtol) and a strict bound on the max abs error
     outcome.passed = outcome.passed and all(e <= atol for e in outcome.output_errors.values())
     return outcome
-
-
-def _bytes(model: onnx.ModelProto) -> bytes:
-    return model.SerializeToString()
 
 
 # ---------------------------------------------------------------- forms and engines
@@ -285,8 +282,6 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
     on ONNX Runtime, with the tolerance of the precision it runs in."""
     from pathlib import Path
 
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-
     from . import onnxio
     from .forms import cache_inputs
     from .match import match
@@ -299,26 +294,25 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
     atol, rtol = TOLERANCES[precision]
     sites = match(original).sites
     site_names = _site_outputs(original, sites)
-    reference = OnnxrtRunner(SessionFromOnnx(with_outputs(original, list(site_names)).SerializeToString(),
-                                             providers=["cpu"]), name="onnxruntime")
     notes = []
-    if str(candidate).endswith(".onnx"):
-        model = onnxio.load(candidate)
-        inputs = [i.name for i in model.graph.input]
-        caches = cache_inputs(model)
-        present = {t.name for t in list(model.graph.value_info) + list(model.graph.output)} | \
-            {o for n in model.graph.node for o in n.output}
-        marked = [n for n in site_names if n in present]
-        runner = OnnxrtRunner(SessionFromOnnx(with_outputs(model, marked).SerializeToString(), providers=["cpu"]),
-                              name="candidate")
-        kind = "onnxruntime"
-    else:
-        from .trt.runner import engine_runner
+    with contextlib.ExitStack() as stack:
+        reference = runner_for(stack, original, list(site_names), "onnxruntime")
+        if str(candidate).endswith(".onnx"):
+            model = onnxio.load(candidate)
+            inputs = [i.name for i in model.graph.input]
+            caches = cache_inputs(model)
+            present = {t.name for t in list(model.graph.value_info) + list(model.graph.output)} | \
+                {o for n in model.graph.node for o in n.output}
+            runner = runner_for(stack, model, [n for n in site_names if n in present], "candidate")
+            kind = "onnxruntime"
+        else:
+            from .trt.runner import engine_runner
 
-        runner, inputs, caches = engine_runner(Path(candidate), sidecar)
-        kind = "tensorrt"
-    adapter = adapter_for(original, inputs, caches)
-    outcome = compare_runners(reference, runner, adapter, dims=dims, seed=seed, iterations=iterations, atol=atol, rtol=rtol)
+            runner, inputs, caches = engine_runner(Path(candidate), sidecar)
+            kind = "tensorrt"
+        adapter = adapter_for(original, inputs, caches)
+        outcome = compare_runners(reference, runner, adapter, dims=dims, seed=seed, iterations=iterations,
+                                  atol=atol, rtol=rtol)
     site_errors = {site_names[k]: v for k, v in outcome.output_errors.items() if k in site_names}
     if adapter.form == "padded" and not site_errors:
         notes.append("per-site errors need the site outputs on the candidate (build with --mark-sites)")

@@ -169,8 +169,7 @@ def _symbolic_shapes(model):
     import os
     import tempfile
 
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+    SymbolicShapeInference = _symbolic_module().SymbolicShapeInference
     engine = SymbolicShapeInference(2**31 - 1, True, True, 0)
     try:
         engine._preprocess(model)
@@ -186,6 +185,28 @@ def _symbolic_shapes(model):
                 return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
             finally:
                 os.chdir(here)
+
+
+_SYMBOLIC = None
+
+
+def _symbolic_module():
+    """onnxruntime/tools/symbolic_shape_infer.py, loaded on its own: importing it as
+    onnxruntime.tools.symbolic_shape_infer runs the package's __init__, which imports torch
+    (a second and 250 MB on every call of trtattn where torch is installed)."""
+    global _SYMBOLIC
+    if _SYMBOLIC is None:
+        import importlib.util
+        import os
+
+        import onnxruntime
+
+        path = os.path.join(os.path.dirname(onnxruntime.__file__), "tools", "symbolic_shape_infer.py")
+        spec = importlib.util.spec_from_file_location("trtattn._symbolic_shape_infer", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SYMBOLIC = module
+    return _SYMBOLIC
 
 
 def _opset(graph: gs.Graph) -> int:

@@ -21,9 +21,12 @@ def create_network(trt, builder):
     return builder.create_network(flags)
 
 
-def parse(trt, network, logger, cut: CutModel, path: str | None = None) -> None:
+def parse(trt, network, logger, cut: CutModel) -> None:
+    from ..onnxio import session_source
+
     parser = trt.OnnxParser(network, logger)
-    ok = parser.parse(cut.model.SerializeToString(), path) if path else parser.parse(cut.model.SerializeToString())
+    with session_source(cut.model) as source:  # bytes, or a file with external data past 2 GB
+        ok = parser.parse(source) if isinstance(source, bytes) else parser.parse_from_file(source)
     if not ok:
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         raise TrtattnError("TensorRT's ONNX parser rejected the model: " + "; ".join(errors[:5]))
