@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,8 +41,19 @@ class Outcome:
 
 def _quiet_polygraphy():
     from polygraphy.logger import G_LOGGER
+    from polygraphy.util import array
 
     G_LOGGER.module_severity = G_LOGGER.ERROR
+    if not getattr(array.is_torch, "_trtattn", False):
+        # Polygraphy asks of every array whether it is a torch tensor by importing torch (0.8 s where
+        # torch is installed); no array can be one before torch is imported by someone else
+        original = array.is_torch
+
+        def is_torch(obj):
+            return "torch" in sys.modules and original(obj)
+
+        is_torch._trtattn = True
+        array.is_torch = is_torch
 
 
 def runner_for(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(), name: str | None = None):
