@@ -244,7 +244,7 @@ def whisper_decoder_init(cfg):
 def whisper_decoder_step(cfg):
     import transformers as T
 
-    from .models import Built
+    from .models import Built, whisper_cache_io
 
     model = _whisper(cfg)
     inputs, layers = _decoder_io(cfg, past=True)
@@ -270,14 +270,6 @@ def whisper_decoder_step(cfg):
             "position_ids": {0: "batch", 1: "seq"}}
     roles = {"input_ids": _tokens(), "attention_mask": {"kind": "padding_mask", "side": "left"},
              "position_ids": {"kind": "position_ids", "offset": "past"}}
-    outputs = ["logits"]
-    for i in range(layers):
-        for part in ("decoder.key", "decoder.value"):
-            axes[f"past_key_values.{i}.{part}"] = {0: "batch", 2: "past"}
-            roles[f"past_key_values.{i}.{part}"] = {"kind": "cache"}
-            outputs.append(f"present.{i}.{part}")
-        for part in ("encoder.key", "encoder.value"):
-            axes[f"past_key_values.{i}.{part}"] = {0: "batch"}
-            roles[f"past_key_values.{i}.{part}"] = {"kind": "cache"}
+    outputs = ["logits"] + whisper_cache_io(layers, axes, roles)
     return Built(_wrapper(model, fn, inputs), inputs, axes, roles, outputs,
                  {"batch": BATCH, "seq": 1, "past": PAST}, cfg)

@@ -163,17 +163,24 @@ def whisper_decoder_cache(cfg) -> Built:
 
     axes = {"input_ids": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"}, "encoder_hidden_states": {0: "batch"}}
     roles = {"input_ids": TOKENS, "position_ids": {"kind": "position_ids", "offset": "past"}, "encoder_hidden_states": FLOAT}
-    outputs = ["last_hidden_state"]
+    outputs = ["last_hidden_state"] + whisper_cache_io(layers, axes, roles)
+    return Built(_wrap(decoder, fn, inputs), inputs, axes, roles, outputs,
+                 {"batch": BATCH, "seq": 1, "past": PAST}, cfg)
+
+
+def whisper_cache_io(layers: int, axes: dict, roles: dict) -> list[str]:
+    """A Whisper decoder step's caches: self-attention past (grows: dim "past") and cross-attention
+    K/V (static), as inputs; returns the present outputs (self-attention only)."""
+    presents = []
     for i in range(layers):
         for part in ("decoder.key", "decoder.value"):
             axes[f"past_key_values.{i}.{part}"] = {0: "batch", 2: "past"}
             roles[f"past_key_values.{i}.{part}"] = {"kind": "cache"}
-            outputs.append(f"present.{i}.{part}")
+            presents.append(f"present.{i}.{part}")
         for part in ("encoder.key", "encoder.value"):
             axes[f"past_key_values.{i}.{part}"] = {0: "batch"}
             roles[f"past_key_values.{i}.{part}"] = {"kind": "cache"}
-    return Built(_wrap(decoder, fn, inputs), inputs, axes, roles, outputs,
-                 {"batch": BATCH, "seq": 1, "past": PAST}, cfg)
+    return presents
 
 
 def t5_config(impl: str):
