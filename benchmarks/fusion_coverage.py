@@ -492,7 +492,6 @@ def explore_ort(bench: "Bench", names: list[str], exporters: list[str]) -> dict:
     import logging
 
     logging.disable(logging.WARNING)
-    import onnx
     from onnxruntime.transformers.optimizer import optimize_model
 
     from trtattn import zoo

@@ -10,7 +10,6 @@ reference: the recorded network runs in trtsim's numpy executor (TensorRT's docu
     TensorRT result.
 """
 
-import numpy as np
 import onnx
 import pytest
 from graphs import attention_model

@@ -4,7 +4,6 @@ ONNX Attention op, verified against ONNX Runtime's own contrib kernels."""
 import collections
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 

@@ -26,7 +26,6 @@ from trtsim.checked import (
     aliased_inputs,
 )
 from trtsim.execute import DroppedCacheWritesWarning, ExecutionError, FullyMaskedRowsWarning, run
-from trtsim.fixtures import checked_trt, real_trt  # noqa: F401 - fixtures used by this module
 from trtsim.graph import plan
 from trtsim.signatures import parse_signatures
 

@@ -40,7 +40,7 @@ class Derived:
     notes: list[str] = field(default_factory=list)
 
 
-def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=None, max_cache: int | None = None) -> Derived:
+def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=None) -> Derived:
     from .report import Progress
 
     progress = progress or Progress(enabled=False)

@@ -20,7 +20,7 @@ from . import inputs as inputs_mod
 from .errors import TrtattnError
 from .match import match
 from .match.graph import GraphView
-from .match.mask import _Emitter, materialize
+from .match.mask import _Emitter, full_query_rows, materialize, score_shape
 from .match.probe import probe_masks
 from .site import AttentionSite, CausalKind, MaskKind, MatchResult, Skipped
 
@@ -163,11 +163,6 @@ def _apply_meaning(site: AttentionSite, meaning) -> AttentionSite:
 
 
 # ---------------------------------------------------------------- rewriting
-def _shape_slice(emit: _Emitter, t: gs.Tensor, start: int, end: int) -> gs.Tensor:
-    s = emit("Shape", [t], dtype=np.int64)
-    return emit("Slice", [s, emit.const([start], np.int64), emit.const([end], np.int64)], dtype=np.int64)
-
-
 def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -> gs.Node:
     """Replace one site by an ONNX Attention node (returned). Raises on anything it cannot express."""
     if site.source.startswith("com.microsoft"):
@@ -182,25 +177,19 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     q, k, v = tensors[site.query], tensors[site.key], tensors[site.value]
     if site.key_perm:
         k = emit("Transpose", [k], {"perm": list(site.key_perm)}, dtype=dtype, name="key_to_bnsh")
-    score_shape = None
-    if any(s.op == "reshape" for s in site.mask_steps):
-        score_shape = emit("Concat", [_shape_slice(emit, q, 0, site.rank - 1),
-                                      _shape_slice(emit, k, site.rank - 2, site.rank - 1)], {"axis": 0}, dtype=np.int64)
-        # (K here is BNSH: its sequence axis is rank-2; mask.score_shape does the same from K^T)
+    logits_shape = score_shape(emit, q, k, site.rank, site.rank - 2) if any(
+        s.op == "reshape" for s in site.mask_steps) else None
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
                   and not meaning.padding and not meaning.bias)
     mask, kind = (None, MaskKind.NONE) if use_causal else materialize(
-        graph, tensors, site.mask_steps, f"trtattn/{site.name}/mask", dtype, score_shape)
+        graph, tensors, site.mask_steps, f"trtattn/{site.name}/mask", dtype, logits_shape)
     if site.rank == 3:  # [B*N, S, H] MatMuls: one head per batch row
         axes = emit.const([1], np.int64)
         q, k, v = (emit("Unsqueeze", [x, axes], dtype=dtype) for x in (q, k, v))
         if mask is not None:
             mask = emit("Unsqueeze", [mask, axes], dtype=mask.dtype)
     if mask is not None:
-        # ONNX Runtime wants the mask's query axis at full length (the spec allows broadcasting)
-        target = emit("Concat", [emit.const([1, 1], np.int64), _shape_slice(emit, q, 2, 3), emit.const([1], np.int64)],
-                      {"axis": 0}, dtype=np.int64)
-        mask = emit("Expand", [mask, target], dtype=mask.dtype, name="mask_rows")
+        mask = full_query_rows(emit, mask, q)
     inputs = [q, k, v] + ([mask] if mask is not None else [])
     attrs = {"scale": float(site.scale), "is_causal": int(use_causal)}
     y = emit("Attention", inputs, attrs, dtype=dtype, name="Attention")

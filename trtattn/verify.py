@@ -284,7 +284,7 @@ class Verification:
                 **self.outcome.summary(), "sites": self.site_errors, "notes": self.notes}
 
 
-def _site_outputs(original: onnx.ModelProto, sites) -> dict[str, str]:
+def _site_outputs(sites) -> dict[str, str]:
     return {s.output: s.name for s in sites if s.output}
 
 
@@ -305,7 +305,7 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
         raise TrtattnError(f"unknown precision '{precision}'; one of {', '.join(TOLERANCES)}")
     atol, rtol = TOLERANCES[precision]
     sites = match(original).sites
-    site_names = _site_outputs(original, sites)
+    site_names = _site_outputs(sites)
     notes = []
     with contextlib.ExitStack() as stack:
         reference = runner_for(stack, original, list(site_names), "onnxruntime")

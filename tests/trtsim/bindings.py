@@ -191,8 +191,8 @@ def load_bindings(workdir) -> object | None:
     so = extension_path()
     if so is None:
         unavailable_reason = (
-            f"the TensorRT Python bindings are not installed (pip install 'tensorrt-cu13-bindings>=11', "
-            f"the project's `conformance` extra)"
+            "the TensorRT Python bindings are not installed (pip install 'tensorrt-cu13-bindings>=11', "
+            "the project's `conformance` extra)"
         )
         return None
     libraries = needed_libraries(so)

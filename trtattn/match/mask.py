@@ -118,13 +118,25 @@ def materialize(graph: gs.Graph, tensors: dict[str, gs.Tensor], steps, prefix: s
     return m, kind
 
 
-def score_shape(emit: _Emitter, q: gs.Tensor, kt: gs.Tensor, rank: int) -> gs.Tensor:
-    """Shape of Q . K^T built from the operands' shapes: [..., Sq] of Q and Skv of K^T."""
-    def part(t, start, end):
-        s = emit("Shape", [t], dtype=np.int64)
-        return emit("Slice", [s, emit.const([start], np.int64), emit.const([end], np.int64)], dtype=np.int64)
+def shape_slice(emit: _Emitter, t: gs.Tensor, start: int, end: int) -> gs.Tensor:
+    """Shape(t)[start:end] as a 1-D int64 tensor."""
+    shape = emit("Shape", [t], dtype=np.int64)
+    return emit("Slice", [shape, emit.const([start], np.int64), emit.const([end], np.int64)], dtype=np.int64)
 
-    return emit("Concat", [part(q, 0, rank - 1), part(kt, rank - 1, rank)], {"axis": 0}, dtype=np.int64)
+
+def score_shape(emit: _Emitter, q: gs.Tensor, key: gs.Tensor, rank: int, key_seq_axis: int) -> gs.Tensor:
+    """Shape of Q . K^T built from the operands' shapes: Q's [..., Sq] and the key's sequence
+    length (axis rank-1 of K^T, rank-2 of a BNSH key)."""
+    return emit("Concat", [shape_slice(emit, q, 0, rank - 1), shape_slice(emit, key, key_seq_axis, key_seq_axis + 1)],
+                {"axis": 0}, dtype=np.int64)
+
+
+def full_query_rows(emit: _Emitter, mask: gs.Tensor, q: gs.Tensor) -> gs.Tensor:
+    """The mask expanded to Q's length on its query axis (Q is [B, N, Sq, H]): ONNX Runtime's
+    Attention wants that axis at full length, though the spec allows broadcasting."""
+    target = emit("Concat", [emit.const([1, 1], np.int64), shape_slice(emit, q, 2, 3), emit.const([1], np.int64)],
+                  {"axis": 0}, dtype=np.int64)
+    return emit("Expand", [mask, target], dtype=mask.dtype, name="mask_rows")
 
 
 def _onnx_type(dt: np.dtype) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
-from .mask import _Emitter
+from .mask import _Emitter, full_query_rows
 
 DEFAULT_FILTER = -10000.0
 
@@ -133,11 +133,7 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     scale = node.attrs.get("scale") or 1.0 / math.sqrt(head_q)
     inputs = [q4, k4, v4]
     if additive is not None:
-        rows = emit("Concat", [emit.const([1, 1], np.int64),
-                               emit("Slice", [emit("Shape", [q4], dtype=np.int64), emit.const([2], np.int64),
-                                              emit.const([3], np.int64)], dtype=np.int64),
-                               emit.const([1], np.int64)], {"axis": 0}, dtype=np.int64)
-        inputs.append(emit("Expand", [additive, rows], dtype=dtype, name="mask_rows"))
+        inputs.append(full_query_rows(emit, additive, q4))
     y = emit("Attention", inputs, {"scale": float(scale)}, dtype=dtype, name="Attention")
     attention = graph.nodes[-1]
     out = node.outputs[0]

@@ -102,7 +102,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
             shape = None
             if any(s.op == "reshape" for s in site.mask_steps):
                 shape = score_shape(_Emitter(graph, f"trtattn/{site.name}/shape"), tensors[site.query],
-                                    tensors[site.key_transposed], site.rank)
+                                    tensors[site.key_transposed], site.rank, site.rank - 1)
             x, row.mask_form = masked_logits(graph, tensors, site, meaning, logits, cache, shape)
             nodes[site.softmax].inputs[0] = x
             row.action = "rewritten"

@@ -554,7 +554,7 @@ class _Classifier:
                 softmaxes.setdefault(layer.name, []).append(layer.index)
         used: dict[str, int] = defaultdict(int)
         for name, idxs in sorted(softmaxes.items(), key=lambda kv: min(kv[1])):
-            first, last = min(idxs), max(idxs)
+            first = min(idxs)
             scope = _scope(name)
             core, reason = self._core(name, scope, idxs, matmuls)
             if core is None:
