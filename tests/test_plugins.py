@@ -9,6 +9,8 @@ import warnings
 
 import ml_dtypes
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -309,6 +311,35 @@ def test_kv_cache_update_packed_matches_per_row_tensor_scatter():
                                       "update_lengths": _cu(lengths)}, update_form="packed_nhd")
     for b, n in enumerate(lengths):
         assert np.array_equal(y[b], ort_tensor_scatter(cache[b:b + 1], update[b:b + 1, :, :n], indices[b:b + 1])[0])
+
+
+def test_cache_update_feeding_attention_in_fp16_matches_standard_ops(tmp_path):
+    """The kv-cache form: TRT_KVCacheUpdate writes the new keys/values into preallocated fp16 caches,
+    TRT_Attention reads them with per-row lengths (lower-right); the model is opened from a path with
+    its weights in external data. Same graph in standard ops: TensorScatter + Attention."""
+    rng = np.random.default_rng(19)
+    q, k_new, v_new = (_rand(rng, 2, n, 2, 8, dtype=np.float16) for n in (4, 2, 2))
+    k_cache, v_cache = _rand(rng, 2, 2, 6, 8, dtype=np.float16), _rand(rng, 2, 2, 6, 8, dtype=np.float16)
+    write = np.array([1, 3], np.int32)
+    lengths = write + 2
+    feeds = {"q": q, "k_new": k_new, "v_new": v_new, "write": write, "lengths": lengths}
+    trt_nodes = [
+        helper.make_node("TRT_KVCacheUpdate", ["k_cache", "k_new", "write"], ["k_all"], domain="trt", name="k_up"),
+        helper.make_node("TRT_KVCacheUpdate", ["v_cache", "v_new", "write"], ["v_all"], domain="trt", name="v_up"),
+        helper.make_node("TRT_Attention", ["q", "k_all", "v_all", "", "", "lengths"], ["y"], domain="trt",
+                         name="attn", causal_kind="lower_right")]
+    model = _graph_model(trt_nodes, feeds, TensorProto.FLOAT16, [("", 24), ("trt", 1)])
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(k_cache, "k_cache"),
+                                    onnx.numpy_helper.from_array(v_cache, "v_cache")])
+    path = tmp_path / "kv.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="kv.onnx.data", size_threshold=0)
+    y = tp.Session(path).run(None, feeds)[0]
+
+    k_all = ort_tensor_scatter(k_cache, k_new, write)
+    v_all = ort_tensor_scatter(v_cache, v_new, write)
+    for b, n in enumerate(lengths):
+        want = ort_attention(q[b:b + 1], k_all[b:b + 1, :, :n], v_all[b:b + 1, :, :n], mask=lower_right(2, int(n)))
+        assert max_err(y[b:b + 1], want) < FP16_TOL
 
 
 # --------------------------------------------------------------------------- errors and wrong implementations
