@@ -22,13 +22,13 @@ import numpy as np
 import onnx
 import pytest
 
-from trtattn import forms
+from trtattn import contract
 from trtattn.build import prepare
 from trtattn.errors import TrtattnError
-from trtattn.inputs import make_feeds
+from trtattn.graph.inputs import make_feeds
 from trtattn.runtime import (ConcatCache, OrtSession, StaticCache, bench, bench_callable, generate,
                              generate_encoder_decoder, markdown_table, open_session, run_packed, synthesize_feeds)
-from trtsim.fixtures import real_trt  # noqa: F401 - the real TensorRT bindings, for the conformance test
+from trtattn.trt import compat
 
 ATOL = 1e-4
 LLAMA_PROMPTS = [[5, 17, 33, 9, 21, 60], [7, 8], [40, 41, 42, 43]]
@@ -55,7 +55,7 @@ def llama_models(zoo_dir):
 
 @pytest.fixture(scope="session")
 def whisper_models(zoo_dir):
-    from trtattn.fuse import fuse_model
+    from trtattn.rewrite.fuse import fuse_model
     from trtattn.zoo import generation
 
     paths = generation.export_family("whisper", zoo_dir)
@@ -91,7 +91,7 @@ def test_ort_session_describes_io_and_the_in_place_contract(llama_models):
     kv = OrtSession(llama_models["kv-cache"], name="kv")
     assert kv.backend == "onnxruntime"
     assert kv.aliases == llama_models["plan"].aliases  # what the engine's sidecar will say
-    assert forms.WRITE_INDEX in kv.input_names and "attention_mask" not in kv.input_names
+    assert contract.WRITE_INDEX in kv.input_names and "attention_mask" not in kv.input_names
     cache = kv.input("past_key_values.0.key")
     assert cache.dtype == np.float32 and cache.shape[1] == 2 and cache.shape[3] == 16 and cache.dynamic
     assert kv.contract()["aliases"] == kv.aliases
@@ -114,6 +114,17 @@ def test_open_session_picks_the_back_end_by_suffix(llama_models, tmp_path):
         open_session(tmp_path / "missing.engine")
     with pytest.raises(TrtattnError, match="unknown back end"):
         open_session(path, backend="tvm")
+
+
+def test_onnx_runtime_types_map_to_numpy_through_polygraphy():
+    import ml_dtypes
+
+    from trtattn.runtime.ort import numpy_dtype
+
+    assert numpy_dtype("tensor(float16)") == np.float16 and numpy_dtype("tensor(int64)") == np.int64
+    assert numpy_dtype("tensor(bfloat16)") == ml_dtypes.bfloat16  # numpy has none: ml_dtypes'
+    with pytest.raises(TrtattnError, match="tensor\\(complex1\\) has no numpy equivalent"):
+        numpy_dtype("tensor(complex1)")
 
 
 # ---------------------------------------------------------------- caches
@@ -237,6 +248,19 @@ def test_packing_needs_a_packed_model(llama_models):
         run_packed(OrtSession(llama_models["original"]), [{"input_ids": np.arange(3)}])
 
 
+def test_generated_packed_feeds_split_the_tokens_and_restart_positions(zoo_export):
+    model = onnx.load(str(zoo_export("llama", "torchscript")))
+    packed = OrtSession(prepare(model, name="llama", form="packed").form_model, name="llama-packed")
+    feeds = synthesize_feeds(packed, dims={"batch": 3, "seq": 8})
+    cu, total = feeds[contract.CU_SEQLENS], feeds["input_ids"].shape[1]
+    assert cu.dtype == np.int32 and cu[0] == 0 and cu[-1] == total and (np.diff(cu) > 0).all()
+    positions = contract.unpack_rows(feeds["position_ids"], cu)
+    assert [p.tolist() for p in positions] == [list(range(n)) for n in np.diff(cu)]
+    rows = run_packed(packed, [{"input_ids": r} for r in contract.unpack_rows(feeds["input_ids"], cu)])
+    whole = packed.run(feeds)["last_hidden_state"]
+    np.testing.assert_array_equal(np.concatenate([r["last_hidden_state"] for r in rows]), whole[0])
+
+
 # ---------------------------------------------------------------- benchmarks
 def test_bench_prints_a_markdown_table_with_the_right_columns(llama_models):
     session = OrtSession(llama_models["original"], name="llama-lm")
@@ -245,7 +269,7 @@ def test_bench_prints_a_markdown_table_with_the_right_columns(llama_models):
     result = bench(session, feeds, iterations=5, warmup=1)
     kv = OrtSession(llama_models["kv-cache"], name="llama-lm-kv")
     kv_feeds = synthesize_feeds(kv, dims={"batch": 2, "seq": 1, "max_cache": 16})
-    assert (kv_feeds[forms.WRITE_INDEX] == 0).all()
+    assert (kv_feeds[contract.WRITE_INDEX] == 0).all()
     gen = bench_callable(lambda: generate(kv, LLAMA_PROMPTS, 4, capacity=16), name="llama-lm-kv (generate)",
                          backend=kv.backend, iterations=2, warmup=0, sequences=3, tokens=12)
     table = markdown_table([result, bench(kv, kv_feeds, iterations=3, warmup=1), gen])
@@ -264,7 +288,7 @@ def test_bench_prints_a_markdown_table_with_the_right_columns(llama_models):
 
 # ---------------------------------------------------------------- command line
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "trtattn.runtime.cli", "-q", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "trtattn", "-q", *map(str, args)], capture_output=True,
                           text=True)
 
 
@@ -306,7 +330,7 @@ def test_cli_engine_without_tensorrt_is_one_sentence(tmp_path):
 
 
 def test_importing_the_runtime_imports_neither_tensorrt_nor_cuda():
-    code = ("import sys, trtattn.runtime, trtattn.runtime.tensorrt, trtattn.runtime.cli; "
+    code = ("import sys, trtattn.runtime, trtattn.runtime.backends, trtattn.trt.session, trtattn.trt.cuda, trtattn.cli; "
             "print(sorted(m for m in sys.modules if m == 'tensorrt' or m.startswith('cuda')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -316,7 +340,7 @@ def test_importing_the_runtime_imports_neither_tensorrt_nor_cuda():
 # ---------------------------------------------------------------- TensorRT (GPU, in docker/)
 @pytest.fixture(scope="module")
 def trt_gpu():
-    from trtattn.runtime.tensorrt import trt_available
+    from trtattn.trt.session import trt_available
 
     ok, why = trt_available()
     if not ok:
@@ -336,7 +360,7 @@ def _engine(trt, model, tmp_path, name, form, **kw):
 
 @pytest.mark.trt
 def test_trt_kv_cache_engine_generates_like_onnx_runtime_with_caches_in_place(trt_gpu, llama_models, tmp_path):
-    from trtattn.runtime.tensorrt import TrtSession
+    from trtattn.trt.session import TrtSession
 
     engine, prepared = _engine(trt_gpu, llama_models["original"], tmp_path, "llama-lm-kv", "kv-cache",
                                precision="fp32", decomposable=True)
@@ -353,7 +377,7 @@ def test_trt_kv_cache_engine_generates_like_onnx_runtime_with_caches_in_place(tr
 
 @pytest.mark.trt
 def test_trt_cuda_graph_decode_matches_eager(trt_gpu, llama_models, tmp_path):
-    from trtattn.runtime.tensorrt import TrtSession
+    from trtattn.trt.session import TrtSession
 
     engine, _ = _engine(trt_gpu, llama_models["original"], tmp_path, "llama-lm-kv", "kv-cache", precision="fp32",
                         decomposable=True)
@@ -369,7 +393,7 @@ def test_trt_cuda_graph_decode_matches_eager(trt_gpu, llama_models, tmp_path):
 
 @pytest.mark.trt
 def test_trt_concat_engine_carries_presents_on_the_device(trt_gpu, llama_models, tmp_path):
-    from trtattn.runtime.tensorrt import TrtSession
+    from trtattn.trt.session import TrtSession
 
     engine, _ = _engine(trt_gpu, llama_models["original"], tmp_path, "llama-lm", "padded", precision="fp32",
                         decomposable=True)
@@ -384,7 +408,7 @@ def test_trt_concat_engine_carries_presents_on_the_device(trt_gpu, llama_models,
 
 @pytest.mark.trt
 def test_trt_packed_engine_matches_the_padded_run(trt_gpu, zoo_export, tmp_path):
-    from trtattn.runtime.tensorrt import TrtSession
+    from trtattn.trt.session import TrtSession
 
     model = onnx.load(str(zoo_export("bert", "torchscript")))
     engine, _ = _engine(trt_gpu, model, tmp_path, "bert-packed", "packed")
@@ -488,9 +512,6 @@ def _view(ptr, shape, dtype):
     return np.frombuffer((ctypes.c_uint8 * n).from_address(ptr), dtype).reshape(shape)
 
 
-_TRT_TYPES = {"float32": "FLOAT", "int64": "INT64", "int32": "INT32", "bool": "BOOL", "float16": "HALF"}
-
-
 class _OrtEngine:
     """A stand-in engine that computes with ONNX Runtime on the buffers bound to it (host memory
     here): the I/O, dtypes and aliases of the model, TensorRT's named-tensor calls."""
@@ -498,14 +519,14 @@ class _OrtEngine:
     def __init__(self, device, model):
         import onnxruntime as ort
 
-        from trtattn.runtime.ort import _dtype, graph_aliases
+        from trtattn.runtime.ort import graph_aliases, numpy_dtype
 
         self.device, self.aliases = device, graph_aliases(model)
         self.session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         self.io = {}
         for mode, items in (("INPUT", self.session.get_inputs()), ("OUTPUT", self.session.get_outputs())):
             for t in items:
-                self.io[t.name] = (mode, _dtype(t.type), tuple(d if isinstance(d, int) else -1 for d in t.shape))
+                self.io[t.name] = (mode, numpy_dtype(t.type), tuple(d if isinstance(d, int) else -1 for d in t.shape))
         self.names = list(self.io)
         self.num_io_tensors = len(self.names)
         self.device_memory_size_v2 = 0
@@ -517,7 +538,7 @@ class _OrtEngine:
         return self.io[name][0]
 
     def get_tensor_dtype(self, name):
-        return SimpleNamespace(name=_TRT_TYPES[self.io[name][1].name])
+        return compat.DATATYPES[self.io[name][1].name]  # the stand-in trt.DataType's member
 
     def get_tensor_shape(self, name):
         return self.io[name][2]
@@ -590,11 +611,12 @@ def stand_in_trt(monkeypatch):
         Logger=type("Logger", (), {"WARNING": 2, "__init__": lambda self, severity: None}),
         Runtime=type("Runtime", (), {"__init__": lambda self, logger: None,
                                      "deserialize_cuda_engine": lambda self, blob: engines[bytes(blob)]}),
-        INetworkDefinition=type("INetworkDefinition", (), {"add_attention_v2": None}))
+        INetworkDefinition=type("INetworkDefinition", (), {"add_attention_v2": None}),
+        DataType=SimpleNamespace(**{member: member for member in compat.DATATYPES.values()}))
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
-    from trtattn.runtime import tensorrt as rt
+    from trtattn.trt import cuda
 
-    monkeypatch.setattr(rt, "import_cudart", lambda: device)
+    monkeypatch.setattr(cuda, "import_cudart", lambda: device)
 
     def engine(model):
         key = f"stand-in {len(engines)}".encode()
@@ -615,7 +637,7 @@ def _copies(device, fn):
 def test_stand_in_session_decodes_with_the_cache_in_place(stand_in_trt, llama_models, cuda_graph):
     """Not TensorRT: ONNX Runtime behind TensorRT's runtime calls checks the session's bookkeeping:
     the cache is bound to input and output alike and never copied; a CUDA graph is captured once."""
-    from trtattn.runtime.tensorrt import TrtSession
+    from trtattn.trt.session import TrtSession
 
     on_ort = OrtSession(llama_models["kv-cache"])
     ref = generate(on_ort, LLAMA_PROMPTS, 8, capacity=16)
@@ -640,7 +662,7 @@ def test_stand_in_session_decodes_with_the_cache_in_place(stand_in_trt, llama_mo
 
 def test_stand_in_session_carries_presents_into_the_past_without_copies(stand_in_trt, llama_models):
     """Not TensorRT: a growing concat cache swaps device buffers (carry), nothing comes back to the host."""
-    from trtattn.runtime.tensorrt import TrtSession
+    from trtattn.trt.session import TrtSession
 
     ref = generate(OrtSession(llama_models["original"]), LLAMA_PROMPTS, 6)
     s = TrtSession(stand_in_trt(llama_models["original"]), name="stand-in")
@@ -654,7 +676,7 @@ def test_stand_in_session_carries_presents_into_the_past_without_copies(stand_in
 
 
 def test_stand_in_session_rejects_a_sidecar_from_another_engine(stand_in_trt, llama_models):
-    from trtattn.runtime.tensorrt import TrtSession
+    from trtattn.trt.session import TrtSession
 
     with pytest.raises(TrtattnError, match="belongs to another engine"):
         TrtSession(stand_in_trt(llama_models["kv-cache"]), sidecar={"io": {"aliases": {"logits": "input_ids"}}})

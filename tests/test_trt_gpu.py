@@ -14,22 +14,13 @@ pytestmark = pytest.mark.trt
 
 
 def _tensorrt():
-    try:
-        import tensorrt as trt
-    except ImportError as e:
-        pytest.skip(f"TensorRT is not installed ({e}); these tests run in the docker/ container")
-    try:
-        from cuda.bindings import runtime as cudart
+    from trtattn.trt import compat
+    from trtattn.trt.session import trt_available
 
-        err, count = cudart.cudaGetDeviceCount()
-        if int(err) != 0 or count == 0:
-            pytest.skip("no CUDA GPU visible")
-    except ImportError:
-        pytest.skip("cuda-python is not installed (pip install -e '.[trt]')")
-    major = int(trt.__version__.split(".")[0])
-    if major < 11:
-        pytest.skip(f"TensorRT {trt.__version__} < 11 has no add_attention_v2")
-    return trt
+    ok, why = trt_available()  # TensorRT >= 11, cuda-python and a GPU, or the sentence saying which is missing
+    if not ok:
+        pytest.skip(f"TensorRT engines cannot run here ({why}); these tests run in the docker/ container")
+    return compat.import_tensorrt()
 
 
 FORMS = {"llama-cache": "kv-cache", "llama-cache-sdpa": "kv-cache", "whisper-decoder-cache": "kv-cache",

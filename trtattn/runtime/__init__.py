@@ -1,29 +1,23 @@
 """Inference harness: one Session interface over ONNX Runtime (CPU) and TensorRT engines
-(cuda-python), KV-cache managers, greedy generation, packed ragged batches and benchmarks.
+(cuda-python, trtattn.trt.session), KV-cache managers, greedy generation, packed ragged batches and
+benchmarks.
 
     from trtattn.runtime import open_session, generate
     step = open_session("llama-lm.onnx")                  # or engines/llama-lm.engine (TensorRT)
     print(generate(step, [[5, 6, 7], [9, 4]], 8).tokens)
 
-tensorrt and cuda-python are imported only when a TensorRT session is created.
+tensorrt and cuda-python are imported only when a TensorRT session is opened (runtime/backends.py).
 """
 
+from .backends import open_session
 from .bench import BenchResult, bench, bench_callable, markdown_table, synthesize_feeds
 from .cache import ConcatCache, KVCache, StaticCache, make_cache
 from .generate import Generation, generate, generate_encoder_decoder, pack_requests, run_packed, unpack
 from .ort import OrtSession
-from .session import Session, TensorInfo, load_sidecar, open_session
+from .session import Session, TensorInfo
 
 __all__ = [
     "BenchResult", "ConcatCache", "Generation", "KVCache", "OrtSession", "Session", "StaticCache", "TensorInfo",
-    "bench", "bench_callable", "generate", "generate_encoder_decoder", "load_sidecar", "make_cache",
-    "markdown_table", "open_session", "pack_requests", "run_packed", "synthesize_feeds", "unpack",
+    "bench", "bench_callable", "generate", "generate_encoder_decoder", "make_cache", "markdown_table",
+    "open_session", "pack_requests", "run_packed", "synthesize_feeds", "unpack",
 ]
-
-
-def __getattr__(name):  # TrtSession without importing tensorrt at `import trtattn.runtime`
-    if name in ("TrtSession", "trt_available"):
-        from . import tensorrt
-
-        return getattr(tensorrt, name)
-    raise AttributeError(name)

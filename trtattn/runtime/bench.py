@@ -13,48 +13,17 @@ the highest seen after any run). Timings belong here, never in test asserts.
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_rows
 from ..errors import TrtattnError
-from ..forms import CU_SEQLENS, WRITE_INDEX
+from .memory import peak_rss, reset_peak_rss
 
 MIB = 1 << 20
-
-
-def host_rss() -> int | None:
-    """Resident set size of this process now, in bytes."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss() -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kib * (1 if sys.platform == "darwin" else 1024)
 
 
 @dataclass
@@ -139,7 +108,7 @@ def bench_callable(fn, *, name: str, backend: str, shapes: str = "", iterations:
         raise TrtattnError("iterations must be >= 1 and warmup >= 0")
     for _ in range(warmup):
         fn()
-    reset = memory is None and _reset_peak_rss()
+    reset = memory is None and reset_peak_rss()
     peak, kind = None, ""
     latencies = []
     for _ in range(iterations):
@@ -175,12 +144,12 @@ def synthesize_feeds(session, *, dims: dict | None = None, seed: int = 0, model=
     names and shapes; dynamic dims from `dims`, the sidecar's dim names and its profile's opt shape.
     The inputs the forms add get consistent values: cache_write_index 0, cu_seqlens splitting the
     tokens evenly, positions 0..S-1."""
-    from ..inputs import DEFAULT_DIMS, dim_value, make_feeds, resolve_dims
+    from ..graph.inputs import DEFAULT_DIMS, dim_value, make_feeds, resolve_dims
 
     rng = np.random.default_rng(seed)
     model = model if model is not None else getattr(session, "model", None)
     if model is None and session.sidecar and session.sidecar.get("source") and Path(session.sidecar["source"]).exists():
-        from .. import onnxio
+        from ..graph import io as onnxio
 
         model = onnxio.load(session.sidecar["source"])
     dims = resolve_dims(model, dims) if model is not None else {**DEFAULT_DIMS, **(dims or {})}
@@ -219,11 +188,11 @@ def synthesize_feeds(session, *, dims: dict | None = None, seed: int = 0, model=
     if CU_SEQLENS in feeds:
         total = next((v.shape[1] for k, v in feeds.items() if v.ndim == 2 and v.shape[0] == 1), 0)
         rows = max(len(feeds[CU_SEQLENS]) - 1, 1)
-        cuts = np.linspace(0, total, rows + 1).round().astype(np.int64)
-        feeds[CU_SEQLENS] = cuts.astype(feeds[CU_SEQLENS].dtype)
+        lengths = np.diff(np.linspace(0, total, rows + 1).round().astype(np.int64))  # the tokens split evenly
+        feeds[CU_SEQLENS] = cu_seqlens(lengths).astype(feeds[CU_SEQLENS].dtype)
         if "position_ids" in feeds and feeds["position_ids"].ndim == 2:
-            seg = np.concatenate([np.arange(b - a) for a, b in zip(cuts[:-1], cuts[1:])])
-            feeds["position_ids"] = seg[None].astype(feeds["position_ids"].dtype)
+            positions = pack_rows(np.arange(n) for n in lengths)
+            feeds["position_ids"] = positions.astype(feeds["position_ids"].dtype)
     return feeds
 
 

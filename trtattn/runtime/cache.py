@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TrtattnError
-from ..forms import WRITE_INDEX
+from ..contract import WRITE_INDEX
 
 PAST_PREFIXES = ("past_key_values.", "past_key_values_", "past.", "past_")
 PRESENT_PREFIXES = ("present.", "present_", "present_key_values.")

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..contract import CU_SEQLENS, cu_seqlens, pack_rows, unpack_rows
 from ..errors import TrtattnError
-from ..forms import CU_SEQLENS
 from .cache import KVCache, make_cache, past_name, static_inputs
 
 
@@ -168,10 +168,10 @@ def pack_requests(session, requests: list[dict]) -> tuple[dict, np.ndarray]:
                 parts.append(np.arange(n, dtype=np.int64))
             else:
                 raise TrtattnError(f"request has no {name}")
-        feeds[name] = np.concatenate(parts)[None]
+        feeds[name] = pack_rows(parts)
     extra = {k: v for k, v in requests[0].items() if k not in names and k in session.input_names}
     feeds.update(extra)
-    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    cu = cu_seqlens(lengths)
     feeds[CU_SEQLENS] = cu
     return feeds, cu
 
@@ -182,8 +182,8 @@ def unpack(outputs: dict[str, np.ndarray], cu: np.ndarray) -> list[dict[str, np.
     rows = [dict() for _ in range(len(cu) - 1)]
     for name, value in outputs.items():
         per_token = value.ndim >= 2 and value.shape[0] == 1 and value.shape[1] == total
-        for b in range(len(rows)):
-            rows[b][name] = value[0, cu[b]:cu[b + 1]] if per_token else value
+        for row, part in zip(rows, unpack_rows(value, cu) if per_token else [value] * len(rows)):
+            row[name] = part
     return rows
 
 

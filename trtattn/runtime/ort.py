@@ -8,21 +8,19 @@ import numpy as np
 import onnx
 
 from ..errors import TrtattnError
+from .memory import host_rss
 from .session import Session, TensorInfo
 
-_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
-              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_, "tensor(int16)": np.int16}
 
+def numpy_dtype(ort_type: str) -> np.dtype:
+    """ONNX Runtime's "tensor(float16)" -> numpy's float16 (bfloat16 and float8 from ml_dtypes), through
+    Polygraphy's DataType and onnx's own map."""
+    from polygraphy.datatype import DataType
 
-def _dtype(type_str: str) -> np.dtype:
-    if type_str == "tensor(bfloat16)":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    if type_str not in _ORT_TYPES:
-        raise TrtattnError(f"ONNX Runtime tensor type {type_str} is not supported by trtattn.runtime")
-    return np.dtype(_ORT_TYPES[type_str])
+    onnx_type = DataType.to_dtype(DataType.from_dtype(ort_type, "onnxruntime"), "onnx")
+    if not isinstance(onnx_type, int):  # Polygraphy hands back what it does not know
+        raise TrtattnError(f"ONNX Runtime tensor type {ort_type} has no numpy equivalent")
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(onnx_type))
 
 
 def graph_aliases(model: onnx.ModelProto) -> dict[str, str]:
@@ -49,7 +47,7 @@ class OrtSession(Session):
                  providers=("CPUExecutionProvider",)):
         import onnxruntime as ort
 
-        from .. import onnxio
+        from ..graph import io as onnxio
 
         if isinstance(model, (str, Path)):
             name = name or Path(model).stem
@@ -66,9 +64,9 @@ class OrtSession(Session):
             self.session = ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
         except Exception as e:
             raise TrtattnError(f"ONNX Runtime cannot load {name or 'the model'}: {str(e).splitlines()[0]}") from None
-        inputs = [TensorInfo(i.name, _dtype(i.type), tuple(-1 if d is None else d for d in i.shape))
+        inputs = [TensorInfo(i.name, numpy_dtype(i.type), tuple(-1 if d is None else d for d in i.shape))
                   for i in self.session.get_inputs()]
-        outputs = [TensorInfo(o.name, _dtype(o.type), tuple(-1 if d is None else d for d in o.shape))
+        outputs = [TensorInfo(o.name, numpy_dtype(o.type), tuple(-1 if d is None else d for d in o.shape))
                    for o in self.session.get_outputs()]
         aliases = graph_aliases(model)
         if sidecar and sidecar.get("io", {}).get("aliases"):
@@ -92,10 +90,6 @@ class OrtSession(Session):
     def state_shape(self, name):
         return tuple(self._state[name].shape)
 
-    def clear_state(self, names=None):
-        for n in list(self._state) if names is None else names:
-            self._state.pop(n, None)
-
     def _run(self, feeds, wanted, carry):
         full = {**{k: v for k, v in self._state.items() if k not in feeds}, **feeds}
         updates = {o: i for o, i in self.aliases.items() if i in self._state and i not in feeds}
@@ -111,6 +105,4 @@ class OrtSession(Session):
         return {k: result[k] for k in wanted}
 
     def memory(self):
-        from .bench import host_rss
-
         return {"kind": "host RSS", "bytes": host_rss()}

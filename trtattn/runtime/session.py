@@ -1,4 +1,5 @@
-"""One inference interface over ONNX Runtime (CPU) and TensorRT engines.
+"""One inference interface over ONNX Runtime (CPU) and TensorRT engines: the base the back ends
+(runtime/ort.py, trt/session.py) implement; runtime/backends.py chooses between them.
 
     with open_session("engines/llama.engine") as s:      # or an .onnx file / ModelProto (ONNX Runtime)
         out = s.run({"input_ids": ids, ...})              # {output name: numpy array}
@@ -23,9 +24,7 @@ dict serves the original, fused and form models alike.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -105,9 +104,6 @@ class Session:
     def state_shape(self, name: str) -> tuple:
         raise NotImplementedError
 
-    def clear_state(self, names=None) -> None:
-        raise NotImplementedError
-
     # ---------------------------------------------------------------- running
     def run(self, feeds: dict[str, np.ndarray], *, outputs: list[str] | None = None,
             carry: dict[str, str] | None = None) -> dict[str, np.ndarray]:
@@ -156,41 +152,9 @@ class Session:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *_):
         self.close()
         return False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {len(self.inputs)} inputs, {len(self.outputs)} outputs>"
-
-
-def load_sidecar(engine_path) -> dict | None:
-    """NAME.json next to NAME.engine (trtattn build writes it), or None."""
-    path = Path(engine_path).with_suffix(".json")
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as e:
-        raise TrtattnError(f"{path}: not a valid sidecar JSON ({e})") from None
-    return data if isinstance(data, dict) else None
-
-
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
-
-
-def open_session(model, *, backend: str = "auto", **options) -> Session:
-    """An ONNX model (path, bytes or ModelProto) on ONNX Runtime, or a serialized engine on TensorRT.
-    backend: auto (by suffix: .engine/.plan/.trt are engines), ort or tensorrt."""
-    if backend not in ("auto", "ort", "tensorrt"):
-        raise TrtattnError(f"unknown back end '{backend}'; choose auto, ort or tensorrt")
-    if backend == "auto":
-        engine = isinstance(model, (str, Path)) and Path(model).suffix.lower() in ENGINE_SUFFIXES
-        backend = "tensorrt" if engine else "ort"
-    if backend == "tensorrt":
-        from .tensorrt import TrtSession
-
-        return TrtSession(model, **options)
-    from .ort import OrtSession
-
-    return OrtSession(model, **options)

@@ -2,26 +2,17 @@
 
 Padded and packed engines run through Polygraphy's own TrtRunner. KV-cache engines update their
 caches in place (each cache output aliases its input), which needs one device buffer bound to
-both: they run through trtattn.runtime's TensorRT session, wrapped as a Polygraphy runner so the
-same Comparator judges them.
+both: they run through trtattn's TensorRT session (trt/session.py), wrapped as a Polygraphy runner
+so the same Comparator judges them.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..contract import load_sidecar
 from ..errors import TrtattnError
 from . import compat
-
-
-def _sidecar(engine: Path, sidecar: dict | None) -> dict:
-    if sidecar is not None:
-        return sidecar
-    path = engine.with_suffix(".json")
-    if path.exists():
-        return json.loads(path.read_text())
-    return {}
 
 
 def engine_runner(engine: Path, sidecar: dict | None = None):
@@ -29,14 +20,14 @@ def engine_runner(engine: Path, sidecar: dict | None = None):
     if not engine.exists():
         raise TrtattnError(f"{engine}: no such file")
     compat.import_tensorrt()
-    info = _sidecar(engine, sidecar)
+    info = sidecar if sidecar is not None else (load_sidecar(engine) or {})
     io = info.get("io", {})
     inputs = [i["name"] for i in io.get("inputs", [])]
     aliases = io.get("aliases", {})
     if aliases:
         from polygraphy.backend.base import BaseRunner
 
-        from ..runtime.tensorrt import TrtSession
+        from .session import TrtSession
 
         class SessionRunner(BaseRunner):
             def __init__(self):

@@ -1,4 +1,4 @@
-"""The TensorRT back end: a serialized engine run with cuda-python (cuda.bindings.runtime >= 12.6).
+"""The TensorRT back end of trtattn.runtime: a serialized engine run with cuda-python (trt/cuda.py).
 
 - Named I/O tensors (TensorRT >= 10): `engine.num_io_tensors / get_tensor_name / get_tensor_mode /
   get_tensor_dtype`, `context.set_input_shape`, `context.set_tensor_address`, `infer_shapes`,
@@ -16,7 +16,8 @@
   step after the second is one graph launch. Engines that cannot be captured run eagerly
   (`graph_note` says why).
 
-tensorrt and cuda-python are imported when a session is created, never at `import trtattn`.
+tensorrt and cuda-python are imported when a session is created, never at `import trtattn`. Open
+sessions through trtattn.runtime.open_session (which picks the back end) or construct TrtSession.
 """
 
 from __future__ import annotations
@@ -26,119 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MissingDependencyError, TrtattnError, require
-from .session import Session, TensorInfo, load_sidecar
-
-CUDA_INSTALL = ("pip install 'cuda-python>=12.6' (the trt extra: pip install -e '.[trt]'), on a machine with an "
-                "NVIDIA GPU and driver, or use the container in docker/")
-
-
-class CudaError(TrtattnError):
-    """A CUDA runtime call failed."""
-
-
-def import_cudart():
-    """cuda-python's runtime bindings (cuda.bindings.runtime, cuda-python >= 12.6), or one sentence."""
-    return require("cuda.bindings.runtime", "running a TensorRT engine", CUDA_INSTALL)
-
-
-class Cuda:
-    """The CUDA runtime calls the session makes, each checked (cuda-python returns (err, *values))."""
-
-    def __init__(self, rt):
-        self.rt = rt
-
-    def check(self, result, what: str):
-        err, rest = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
-        if err != self.rt.cudaError_t.cudaSuccess:
-            name, text = self.rt.cudaGetErrorName(err)[1], self.rt.cudaGetErrorString(err)[1]
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            text = text.decode() if isinstance(text, bytes) else str(text)
-            raise CudaError(f"CUDA {what} failed: {name} ({text})")
-        if not rest:
-            return None
-        return rest[0] if len(rest) == 1 else rest
-
-    def device_count(self) -> int:
-        return int(self.check(self.rt.cudaGetDeviceCount(), "cudaGetDeviceCount"))
-
-    def set_device(self, device: int) -> None:
-        self.check(self.rt.cudaSetDevice(device), "cudaSetDevice")
-
-    def malloc(self, nbytes: int) -> int:
-        return int(self.check(self.rt.cudaMalloc(max(int(nbytes), 1)), "cudaMalloc"))
-
-    def free(self, ptr: int) -> None:
-        self.check(self.rt.cudaFree(ptr), "cudaFree")
-
-    def memset(self, ptr: int, nbytes: int, stream) -> None:
-        if nbytes:
-            self.check(self.rt.cudaMemsetAsync(ptr, 0, nbytes, stream), "cudaMemsetAsync")
-
-    def h2d(self, dst: int, array: np.ndarray, stream) -> None:
-        if array.nbytes:
-            self.check(self.rt.cudaMemcpyAsync(dst, array.ctypes.data, array.nbytes,
-                                               self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (H2D)")
-
-    def d2h(self, array: np.ndarray, src: int, stream) -> None:
-        if array.nbytes:
-            self.check(self.rt.cudaMemcpyAsync(array.ctypes.data, src, array.nbytes,
-                                               self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (D2H)")
-
-    def stream_create(self):
-        return self.check(self.rt.cudaStreamCreateWithFlags(self.rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags")
-
-    def stream_destroy(self, stream) -> None:
-        self.check(self.rt.cudaStreamDestroy(stream), "cudaStreamDestroy")
-
-    def sync(self, stream) -> None:
-        self.check(self.rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-
-    def mem_info(self) -> tuple[int, int]:
-        free, total = self.check(self.rt.cudaMemGetInfo(), "cudaMemGetInfo")
-        return int(free), int(total)
-
-    # CUDA graphs
-    def begin_capture(self, stream) -> None:
-        self.check(self.rt.cudaStreamBeginCapture(stream, self.rt.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal),
-                   "cudaStreamBeginCapture")
-
-    def end_capture(self, stream):
-        return self.check(self.rt.cudaStreamEndCapture(stream), "cudaStreamEndCapture")
-
-    def instantiate(self, graph):
-        return self.check(self.rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
-
-    def launch(self, graph_exec, stream) -> None:
-        self.check(self.rt.cudaGraphLaunch(graph_exec, stream), "cudaGraphLaunch")
-
-    def destroy_graph(self, graph, graph_exec) -> None:
-        if graph_exec is not None:
-            self.check(self.rt.cudaGraphExecDestroy(graph_exec), "cudaGraphExecDestroy")
-        if graph is not None:
-            self.check(self.rt.cudaGraphDestroy(graph), "cudaGraphDestroy")
-
-
-class DeviceBuffer:
-    """Raw device memory that grows (doubling) and never shrinks."""
-
-    def __init__(self, cuda: Cuda, nbytes: int):
-        self.cuda = cuda
-        self.nbytes = max(int(nbytes), 1)
-        self.ptr = cuda.malloc(self.nbytes)
-
-    def ensure(self, nbytes: int) -> int:
-        if nbytes > self.nbytes:
-            self.cuda.free(self.ptr)
-            self.ptr = 0
-            self.nbytes = max(int(nbytes), 2 * self.nbytes)
-            self.ptr = self.cuda.malloc(self.nbytes)
-        return self.ptr
-
-    def free(self) -> None:
-        if self.ptr:
-            self.cuda.free(self.ptr)
-            self.ptr = 0
+from ..contract import load_sidecar
+from ..errors import TrtattnError
+from ..runtime.session import Session, TensorInfo
+from . import compat
+from .cuda import Cuda, CudaError, DeviceBuffer
 
 
 class _DeviceTensor:
@@ -152,22 +45,7 @@ def _volume(shape) -> int:
     return int(math.prod(int(d) for d in shape))
 
 
-def np_dtype(trt, dtype) -> np.dtype:
-    """trt.DataType -> numpy dtype (bf16 and fp8 through ml_dtypes)."""
-    key = getattr(dtype, "name", None) or str(dtype).rsplit(".", 1)[-1]
-    simple = {"FLOAT": np.float32, "HALF": np.float16, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_,
-              "INT8": np.int8, "UINT8": np.uint8}
-    if key in simple:
-        return np.dtype(simple[key])
-    import ml_dtypes
-
-    special = {"BF16": ml_dtypes.bfloat16, "FP8": ml_dtypes.float8_e4m3fn}
-    if key in special:
-        return np.dtype(special[key])
-    raise TrtattnError(f"engine tensor type {key} has no numpy equivalent in trtattn.runtime")
-
-
-def _make_output_allocator(trt, cuda: Cuda):
+def _make_output_allocator(trt, dev: Cuda):
     """An IOutputAllocator for outputs whose shape depends on data (as Polygraphy's TrtRunner has)."""
 
     class OutputAllocator(trt.IOutputAllocator):
@@ -179,7 +57,7 @@ def _make_output_allocator(trt, cuda: Cuda):
         def reallocate_output(self, tensor_name, memory, size, alignment):
             buf = self.buffers.get(tensor_name)
             if buf is None:
-                buf = self.buffers[tensor_name] = DeviceBuffer(cuda, size)
+                buf = self.buffers[tensor_name] = DeviceBuffer(dev, size)
             return buf.ensure(size)
 
         def reallocate_output_async(self, tensor_name, memory, size, alignment, stream):
@@ -196,13 +74,11 @@ class TrtSession(Session):
 
     def __init__(self, engine, *, sidecar: dict | None = None, name: str | None = None, cuda_graph: bool = False,
                  device: int = 0, profile: int = 0, severity: str = "WARNING"):
-        from ..trt import compat
-
         if isinstance(engine, (str, Path)) and not Path(engine).is_file():
             raise TrtattnError(f"{engine}: no such engine file")
         trt = compat.import_tensorrt()
         self._trt = trt
-        self._cuda = cuda = Cuda(import_cudart())
+        self._cuda = cuda = Cuda.load()
         self._closed = True
         try:
             count = cuda.device_count()
@@ -238,7 +114,7 @@ class TrtSession(Session):
         inputs, outputs = [], []
         for i in range(self.engine.num_io_tensors):
             tname = self.engine.get_tensor_name(i)
-            info = TensorInfo(tname, np_dtype(trt, self.engine.get_tensor_dtype(tname)),
+            info = TensorInfo(tname, compat.numpy_dtype(trt, self.engine.get_tensor_dtype(tname)),
                               tuple(int(d) for d in self.engine.get_tensor_shape(tname)))
             (inputs if self.engine.get_tensor_mode(tname) == trt.TensorIOMode.INPUT else outputs).append(info)
         super().__init__(name, inputs, outputs, self._engine_aliases(outputs, sidecar), sidecar)
@@ -311,13 +187,6 @@ class TrtSession(Session):
 
     def state_shape(self, name):
         return self._state[name].shape
-
-    def clear_state(self, names=None):
-        for n in list(self._state) if names is None else names:
-            st = self._state.pop(n, None)
-            if st is not None:
-                st.buffer.free()
-                self._bound_addr.pop(n, None)
 
     # ---------------------------------------------------------------- running
     def _bind(self, name: str, ptr: int, shape: tuple | None = None) -> None:
@@ -513,17 +382,10 @@ class TrtSession(Session):
 
 def trt_available() -> tuple[bool, str]:
     """(True, "") when a TensorRT engine can run here, else (False, why): for tests and the CLI."""
-    from ..trt import compat
-
     try:
         compat.import_tensorrt()
-    except MissingDependencyError as e:
-        return False, str(e)
-    except TrtattnError as e:
-        return False, str(e)
-    try:
-        cuda = Cuda(import_cudart())
-    except MissingDependencyError as e:
+        cuda = Cuda.load()
+    except TrtattnError as e:  # missing, too old, or no cuda-python: the sentence says which
         return False, str(e)
     try:
         count = cuda.device_count()
