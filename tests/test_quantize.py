@@ -17,8 +17,8 @@ import pytest
 from graphs import attention_model
 
 from trtattn.errors import MissingDependencyError, TrtattnError
-from trtattn.inputs import make_feeds
-from trtattn.passes import quantize as Q
+from trtattn.graph.inputs import make_feeds
+from trtattn.rewrite import quantize as Q
 
 SEQ = 32  # ModelOpt skips attention MatMuls whose K or N is < 16 at the calibration shapes
 DIMS = {"seq": SEQ, "dec_seq": SEQ}
