@@ -1,0 +1,13 @@
+"""The attention mutation fuzzer (issue 10): rewrites around each attention site of zoo exports and
+hand-built graphs, each kind declaring whether it keeps the meaning, and an oracle that runs
+`trtattn.fuse` on every mutant and decides, independently of trtattn's own verification, whether the
+case was fused, listed as not fused, missed, crashed or written wrong.
+
+    sources    the models (zoo exports, tests/graphs.py builders), their inputs, ONNX Runtime helpers
+    sites      an independent locator of attention-like softmaxes and the anchors mutations work on
+    graphops   small onnx-graphsurgeon helpers shared by the mutations
+    preserving meaning-preserving mutations        changing  meaning-changing mutations
+    registry   the kind registry (one decorated function per kind)
+    oracle     one case: mutate, validate, fuse under a guard, classify
+    runner     planning, parallel jobs, the table; benchmarks/fuzz_attention.py is the command
+"""
