@@ -164,8 +164,8 @@ def _worker(args) -> int:
     import onnx
 
     if tool in ("trtattn", "trtattn_noverify"):
-        from trtattn import onnxio
-        from trtattn.fuse import fuse_model
+        from trtattn.graph import io as onnxio
+        from trtattn.rewrite.fuse import fuse_model
     elif tool == "ort_optimizer":
         from onnxruntime.transformers.optimizer import optimize_model
     elif tool == "onnxscript":

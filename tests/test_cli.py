@@ -10,7 +10,7 @@ import pytest
 from conftest import sha256
 from graphs import attention_model
 
-from trtattn import onnxio
+from trtattn.graph import io as onnxio
 from trtattn.cli import main
 
 

@@ -12,10 +12,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from trtattn import forms
+from trtattn import contract as forms
+from trtattn.verify import adapter_for
 from trtattn.build import prepare
 from trtattn.errors import TrtattnError
-from trtattn.inputs import make_feeds
+from trtattn.graph.inputs import make_feeds
 
 
 def ops(model):
@@ -99,7 +100,7 @@ def test_packed_form_matches_the_padded_model_token_for_token(zoo_export, name, 
         mask[b, :n] = 1
     feeds["attention_mask"] = mask
     ref = run(model, feeds)
-    out = run(form, forms.pack(feeds, [i.name for i in form.graph.input], lengths))
+    out = run(form, adapter_for(model, [i.name for i in form.graph.input]).feeds(feeds))
     name0 = model.graph.output[0].name
     expect = np.concatenate([ref[name0][b, :n] for b, n in enumerate(lengths)])
     assert np.abs(out[name0][0] - expect).max() <= 1e-4
@@ -136,7 +137,7 @@ def test_build_without_tensorrt_prints_the_plan_and_one_sentence(zoo_export, tmp
 
 @pytest.mark.parametrize("name,form", [("llama", "padded"), ("llama-cache", "kv-cache"), ("bert", "packed")])
 def test_verify_command_compares_a_form_model_with_the_original(zoo_export, tmp_path, name, form):
-    from trtattn import onnxio
+    from trtattn.graph import io as onnxio
     from trtattn.cli import main
 
     src = zoo_export(name, "torchscript")
@@ -157,7 +158,7 @@ def test_verify_command_compares_a_form_model_with_the_original(zoo_export, tmp_
 
 def test_verify_a_broken_candidate_fails(zoo_export, tmp_path):
     """A form model whose attention scale is off by 2%: verify must say FAILED, exit 1."""
-    from trtattn import onnxio
+    from trtattn.graph import io as onnxio
     from trtattn.cli import main
 
     src = zoo_export("bert", "torchscript")

@@ -9,7 +9,7 @@ import pytest
 from conftest import zoo_cases
 
 from trtattn import zoo
-from trtattn.fuse import fuse_model
+from trtattn.rewrite.fuse import fuse_model
 
 _results = {}
 

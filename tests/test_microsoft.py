@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtattn.fuse import fuse_model
+from trtattn.rewrite.fuse import fuse_model
 from trtattn.match import match
 
 

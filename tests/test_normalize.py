@@ -12,8 +12,8 @@ from graphs import attention_model
 
 from trtattn.cli import main
 from trtattn.match import match
-from trtattn.passes.fusability import verdict
-from trtattn.passes.normalize import normalize_model
+from trtattn.rewrite.normalize.fusability import verdict
+from trtattn.rewrite.normalize import normalize_model
 from trtattn.site import AttentionSite, MaskKind, MaskStep, ScalePlacement, SiteKind
 
 
@@ -86,7 +86,7 @@ def test_fold_refuses_a_fused_qkv_projection():
 
 def test_nothing_to_improve_changes_nothing(tmp_path):
     model = attention_model(scale_style="mul_q", mask_style="additive_input")
-    from trtattn.passes.cleanup import cleanup
+    from trtattn.rewrite.normalize.cleanup import cleanup
 
     model, _ = cleanup(model)  # already folded, already normal
     src, out, report = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "r.json"

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from graphs import attention_model
 
-from trtattn.fuse import fuse_model
+from trtattn.rewrite.fuse import fuse_model
 from trtattn.match import match
 
 

@@ -5,21 +5,19 @@ CPU paths (match, fuse, normalise, verify, the ONNX Runtime back end) need no GP
 cuda-python and modelopt are imported lazily by the modules that need them.
 """
 
-__version__ = "0.1.0"
-
-from .site import AttentionSite, CacheKind, CausalKind, Layout, MaskKind, RopeKind, ScalePlacement, SiteKind  # noqa: E402
+from . import match as _matcher  # noqa: F401 - loaded first, so that the function below keeps the name
+from .site import AttentionSite, CacheKind, CausalKind, Layout, MaskKind, RopeKind, ScalePlacement, SiteKind
+from .version import __version__
 
 
 def match(model):
     """Find every attention site of an onnx.ModelProto (or gs.Graph)."""
-    from .match import match as _match
-
-    return _match(model)
+    return _matcher.match(model)
 
 
 def fuse(model, **kwargs):
-    """Rewrite every site into the standard ONNX Attention op and verify it (see trtattn.fuse)."""
-    from .fuse import fuse_model
+    """Rewrite every site into the standard ONNX Attention op and verify it (see trtattn.rewrite.fuse)."""
+    from .rewrite.fuse import fuse_model
 
     return fuse_model(model, **kwargs)
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import onnx
 
 from .errors import TrtattnError
-from .fuse import FuseResult, fuse_model
-from .inputs import resolve_dims
+from .graph.inputs import resolve_dims
 from .report import table
+from .rewrite import forms
+from .rewrite.forms import FORMS
+from .rewrite.fuse import FuseResult, fuse_model
 from .trt.config import apply_overrides, default_profile
 from .trt.cut import CutModel, cut
 from .trt.plan import BuildPlan, io_contract, make_plan
-
-FORMS = ("padded", "packed", "kv-cache")
 PRECISIONS = ("fp16", "bf16", "fp32")
 
 
@@ -53,8 +53,6 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
                            f"would not be all-IAttention: " + "; ".join(f"{r.site.name}: {r.reason}" for r in failed[:3]))
     if not fused.reports:
         raise TrtattnError("the model has no attention; nothing for trtattn to build (use trtexec for it)")
-    from . import forms
-
     derived = forms.derive(form, model, fused, dims=dims, progress=progress)
     form_model, packed_lengths, sites = derived.model, derived.packed_lengths, derived.sites
     plan = make_plan(form_model, name=name, form=form, precision=precision, sites=sites, causal=derived.causal,

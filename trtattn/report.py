@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import onnxio
+from .graph.io import atomic_write, refuse_overwrite
 
 
 def _fmt(v) -> str:
@@ -57,16 +57,8 @@ def site_table(rows: list[dict]) -> str:
 
 
 def write_json(data: dict, path: str | Path, protect=()) -> None:
-    path = Path(path)
-    for p in protect:
-        if p is not None and onnxio.same_file(p, path):
-            from .errors import TrtattnError
-
-            raise TrtattnError(f"refusing to write the report over {p}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    refuse_overwrite(path, protect)
+    atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 class Progress:

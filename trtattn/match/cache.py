@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import onnx_graphsurgeon as gs
 
 from ..site import CacheKind
-from .graph import GraphView
+from ..graph.view import GraphView
 
 
 @dataclass

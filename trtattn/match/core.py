@@ -15,19 +15,10 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
+from ..graph.view import PASSTHROUGH, GraphView
 from ..site import MaskStep
-from .graph import PASSTHROUGH, GraphView
-
-# A Where fill at or below this masks a logit out (finfo(float16).min is -65504).
-MASKED_FILL = -1.0e4
-
-
-class NotAttention(Exception):
-    """This Softmax is not an attention softmax."""
-
-
-class Unsupported(Exception):
-    """This Softmax is an attention softmax but something around it cannot be fused."""
+from . import logit_ops
+from .errors import NotAttention, Unsupported
 
 
 @dataclass
@@ -96,21 +87,6 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
 
 
 # ---------------------------------------------------------------- upstream
-_CHAIN_OPS = {"Add", "Sub", "Mul", "Div", "Where", "Cast", "Reshape"} | PASSTHROUGH
-
-
-def _reaches_matmul(view: GraphView, t: gs.Tensor, budget: int = 12) -> bool:
-    """Does `t` come from a MatMul of two computed tensors through logit ops only?"""
-    n = view.producer(t)
-    if n is None or budget == 0:
-        return False
-    if n.op == "MatMul":
-        return all(view.const(i) is None for i in n.inputs)
-    if n.op not in _CHAIN_OPS:
-        return False
-    return any(_reaches_matmul(view, i, budget - 1) for i in n.inputs[:3] if isinstance(i, gs.Variable))
-
-
 def _walk_logits(view: GraphView, t: gs.Tensor):
     steps: list[MaskStep] = []
     cast = None
@@ -125,59 +101,16 @@ def _walk_logits(view: GraphView, t: gs.Tensor):
             return n, steps, cast
         if n.op in PASSTHROUGH or view.is_noop_cast(n):
             t = n.inputs[0]
-        elif view.is_float_cast(n):
+            continue
+        if view.is_float_cast(n):
             cast = cast if cast is not None else n.attrs["to"]  # the one nearest the Softmax
             t = n.inputs[0]
-        elif n.op in ("Mul", "Div"):
-            chain, other = _split(view, n)
-            value = view.scalar(other)
-            if value is None:
-                raise Unsupported(f"{n.op} {n.name} multiplies the logits by a tensor, not a scalar")
-            if n.op == "Div":
-                if chain != 0:
-                    raise Unsupported(f"Div {n.name} divides by the logits")
-                value = 1.0 / value
-            steps.append(MaskStep("scale", value=value, node=n.name))
-            t = n.inputs[chain]
-        elif n.op == "Add":
-            chain, other = _split(view, n)
-            steps.append(MaskStep("add", operand=other.name, node=n.name))
-            t = n.inputs[chain]
-        elif n.op == "Sub":
-            if not _reaches_matmul(view, n.inputs[0]):
-                raise Unsupported(f"Sub {n.name} subtracts the logits from a tensor")
-            steps.append(MaskStep("sub", operand=n.inputs[1].name, node=n.name))
-            t = n.inputs[0]
-        elif n.op == "Where":
-            cond, a, b = n.inputs
-            if _reaches_matmul(view, a) and view.scalar(b) is not None:
-                keep, fill, op = a, view.scalar(b), "where"
-            elif _reaches_matmul(view, b) and view.scalar(a) is not None:
-                keep, fill, op = b, view.scalar(a), "where_not"
-            else:
-                raise Unsupported(f"Where {n.name} selects between two computed tensors")
-            if fill > MASKED_FILL:
-                raise Unsupported(f"Where {n.name} fills masked logits with {fill}, not a large negative value")
-            steps.append(MaskStep(op, operand=cond.name, value=fill, node=n.name))
-            t = keep
-        elif n.op == "Reshape":
-            steps.append(MaskStep("reshape", operand=n.inputs[1].name, node=n.name))
-            t = n.inputs[0]
-        else:
+            continue
+        found = logit_ops.read(view, n)
+        if found is None:
             if n.op == "Tanh" or n.op == "Softcap":
                 raise Unsupported(f"logit soft-capping ({n.op} {n.name}) is not supported yet")
             raise NotAttention(f"the logits come from {n.op} {n.name}")
+        step, t = found
+        steps.append(step)
     raise NotAttention("too many ops between the MatMul and the Softmax")
-
-
-def _split(view: GraphView, n: gs.Node):
-    """(index of the logits operand, the other operand) of a binary op on the chain."""
-    a, b = n.inputs[0], n.inputs[1]
-    ra, rb = _reaches_matmul(view, a), _reaches_matmul(view, b)
-    if ra and not rb:
-        return 0, b
-    if rb and not ra:
-        return 1, a
-    if ra and rb:
-        raise Unsupported(f"{n.op} {n.name} combines two MatMul results")
-    raise NotAttention(f"{n.op} {n.name} is not on a path from a MatMul")

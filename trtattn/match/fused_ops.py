@@ -15,9 +15,11 @@ import onnx_graphsurgeon as gs
 
 from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, ScalePlacement, SiteKind
 from .cache import projection_source
-from .core import Unsupported
-from .graph import GraphView
+from .errors import Unsupported
+from ..graph.view import GraphView
 from .heads import heads_and_size, strip_repeat
+from .logit_ops import kind_of
+from .rope import find_rope
 
 MICROSOFT_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
                  "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention"}
@@ -79,15 +81,13 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
     notes = [f"GQA head repeat x{repeat} dropped"] if repeat > 1 else []
     if softcap:
         notes.append(f"softcap {softcap}")
-    from .rope import find_rope
-
     return AttentionSite(
         name=n.name,
         kind=SiteKind.CROSS if cross else SiteKind.SELF,
         query=q.name, key=k.name, value=v.name, output=n.outputs[0].name,
         q_heads=q_heads, kv_heads=kv_heads, head_size=head, v_head_size=head,
         scale=float(scale), scale_placement=ScalePlacement.ATTRIBUTE,
-        mask=MaskKind.NONE if mask is None else (MaskKind.BOOLEAN if steps[0].op == "where" else MaskKind.ADDITIVE),
+        mask=kind_of(steps),
         mask_steps=tuple(steps),
         causal=CausalKind.UPPER_LEFT if n.attrs.get("is_causal", 0) else CausalKind.NONE,
         cache=cache,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import onnx_graphsurgeon as gs
 
 from ..site import Layout
-from .graph import PASSTHROUGH, GraphView
+from ..graph.view import PASSTHROUGH, GraphView
 
 SHAPE_OPS = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"} | PASSTHROUGH
 

@@ -17,9 +17,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..site import AttentionSite, CausalKind, MaskKind
-from .core import MASKED_FILL
-from .mask import materialize
+from ..graph import inputs as inputs_mod
+from ..graph.view import GraphView
+from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
+from . import logit_ops
+from .errors import MASKED_FILL
+from .find import match
 
 
 @dataclass
@@ -101,11 +104,11 @@ def probe_masks(model: onnx.ModelProto, sites: list[AttentionSite], feeds: dict[
     wanted: dict[str, gs.Tensor] = {}
     meanings: dict[str, MaskMeaning] = {}
     for site in sites:
-        steps = [s for s in site.mask_steps if s.op != "scale"]
-        if not steps or any(s.op == "reshape" for s in steps):
+        steps = logit_ops.masking(site.mask_steps)
+        if not steps or not all(logit_ops.unit(s).probe_ok for s in steps):
             continue
         try:
-            m, kind = materialize(graph, tensors, steps, f"probe/{site.name}", _dtype(site.dtype))
+            m, kind = logit_ops.materialize(graph, tensors, steps, f"probe/{site.name}", _dtype(site.dtype))
         except (KeyError, ValueError):
             continue
         meanings[site.name] = MaskMeaning(padding=depends_on_input_values(m, inputs))
@@ -145,3 +148,61 @@ def _dtype(name: str):
         return np.dtype(name)
     except TypeError:
         return np.dtype(np.float32)
+
+
+# ---------------------------------------------------------------- match + probe
+def analyse(model: onnx.ModelProto, feeds=None) -> tuple[gs.Graph, MatchResult, dict]:
+    """Match sites and probe what their masks mean. Returns (graph, match result, meanings)."""
+    graph = gs.import_onnx(model)
+    view = GraphView(graph, model)
+    result = match(graph, view)
+    meanings = {}
+    if result.sites:
+        if feeds is None:
+            feeds = [inputs_mod.make_feeds(model, padding=False)]
+        probes = [probe_masks(model, result.sites, f) for f in feeds]
+        meanings = _agree(probes)
+        result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
+    return graph, result, meanings
+
+
+def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
+    """Inputs without padding at two sequence lengths: a band (sliding window) shorter than the
+    first length would look causal; the second, doubled, length tells them apart."""
+    base = inputs_mod.resolve_dims(model, dims)
+    doubled = {k: (v if k.startswith("batch") else 2 * v) for k, v in base.items()}
+    return [inputs_mod.make_feeds(model, dims=base, padding=False),
+            inputs_mod.make_feeds(model, dims=doubled, padding=False)]
+
+
+def _agree(probes: list[dict]) -> dict:
+    """One conclusion per site that every probe's mask agrees with: a decode step (one query)
+    sees no causal restriction that a longer probe shows, so each probe's pattern is checked
+    against the others' masks; the most specific consistent one wins, else the mask is custom."""
+    if not probes:
+        return {}
+    out = {}
+    for name, first in probes[0].items():
+        seen = [p.get(name) for p in probes]
+        if any(m is None or m.allowed is None for m in seen):
+            first.pattern, first.causal, first.window = "custom", CausalKind.NONE, None
+            out[name] = first
+            continue
+        candidates = sorted({(m.pattern, m.causal, m.window) for m in seen}, key=lambda c: c[0] == "none")
+        for pattern, causal, window in candidates:
+            if pattern != "custom" and all(consistent(pattern, causal, window, m.allowed) for m in seen):
+                break
+        else:
+            pattern, causal, window = "custom", CausalKind.NONE, None
+        first.pattern, first.causal, first.window = pattern, causal, window
+        first.padding = any(m.padding for m in seen)
+        first.bias = any(m.bias for m in seen)
+        out[name] = first
+    return out
+
+
+def _apply_meaning(site: AttentionSite, meaning) -> AttentionSite:
+    if meaning is None:
+        return site
+    causal = site.causal if site.causal != CausalKind.NONE else meaning.causal
+    return site.replace(causal=causal, window=meaning.window, padding=meaning.padding)

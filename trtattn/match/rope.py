@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..site import Rope, RopeKind
-from .graph import GraphView
+from ..graph.view import GraphView
 
 
 def _slice_range(view: GraphView, n: gs.Node):

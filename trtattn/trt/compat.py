@@ -1,8 +1,8 @@
-"""Everything that differs between TensorRT versions, in one place.
+"""Everything about which TensorRT is installed, in one place: the import, the version check, and the
+calls whose spelling differs between releases.
 
 - TensorRT >= 11: add_attention_v2(q, k, v, norm_op, causal_kind); lengths are properties
   (attn.query_lengths = t); published snippets call set_query_lengths(t): taken if present.
-- TensorRT 10.14-10.16: add_attention(q, k, v, norm_op, causal: bool), upper-left causal only.
 """
 
 from __future__ import annotations
@@ -32,19 +32,15 @@ def version(trt) -> tuple[int, ...]:
 
 
 def check_version(trt) -> None:
-    if version(trt)[:2] < MIN_VERSION and not hasattr(trt.INetworkDefinition, "add_attention"):
-        raise TrtattnError(f"TensorRT {trt.__version__} has no IAttention; {INSTALL}")
+    if version(trt)[:2] < MIN_VERSION:
+        raise TrtattnError(f"TensorRT {trt.__version__} is older than {'.'.join(map(str, MIN_VERSION))}; {INSTALL}")
 
 
 def add_attention(trt, network, q, k, v, causal: str):
     """IAttention with softmax normalisation and the given causal alignment."""
     kinds = {"none": "NONE", "upper_left": "UPPER_LEFT", "lower_right": "LOWER_RIGHT"}
-    if hasattr(network, "add_attention_v2"):
-        return network.add_attention_v2(q, k, v, trt.AttentionNormalizationOp.SOFTMAX,
-                                        getattr(trt.CausalMaskKind, kinds[causal]))
-    if causal == "lower_right":
-        raise TrtattnError("lower-right causal attention (decoding with a cache) needs TensorRT >= 11")
-    return network.add_attention(q, k, v, trt.AttentionNormalizationOp.SOFTMAX, causal == "upper_left")
+    return network.add_attention_v2(q, k, v, trt.AttentionNormalizationOp.SOFTMAX,
+                                    getattr(trt.CausalMaskKind, kinds[causal]))
 
 
 def _set(obj, prop: str, method: str, value) -> None:
@@ -68,14 +64,30 @@ def set_update_lengths(layer, t) -> None:
     _set(layer, "update_lengths", "set_update_lengths", t)
 
 
+# numpy dtype name -> trt.DataType member: the one map between the two (the tensorrt module is a
+# parameter here, so Polygraphy's own map, which imports tensorrt itself, cannot serve)
+DATATYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BF16", "int32": "INT32", "int64": "INT64",
+             "bool": "BOOL", "int8": "INT8", "uint8": "UINT8", "float8_e4m3fn": "FP8"}
+
+
 def datatype(trt, dtype) -> object:
-    """numpy dtype (or name) -> trt.DataType."""
-    name = np.dtype(dtype).name if not isinstance(dtype, str) or dtype in np.sctypeDict else dtype
-    table = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BF16", "int32": "INT32", "int64": "INT64",
-             "bool": "BOOL", "int8": "INT8", "uint8": "UINT8", "fp8": "FP8", "float8_e4m3fn": "FP8"}
-    if name not in table:
+    """numpy dtype (or name, or 'fp8') -> trt.DataType."""
+    name = "float8_e4m3fn" if dtype == "fp8" else np.dtype(dtype).name
+    if name not in DATATYPES:
         raise TrtattnError(f"no TensorRT data type for {name}")
-    return getattr(trt.DataType, table[name])
+    return getattr(trt.DataType, DATATYPES[name])
+
+
+def numpy_dtype(trt, datatype) -> np.dtype:
+    """trt.DataType -> numpy dtype (bfloat16 and float8 from ml_dtypes)."""
+    for name, member in DATATYPES.items():
+        if getattr(trt.DataType, member) == datatype:
+            if name in ("bfloat16", "float8_e4m3fn"):
+                import ml_dtypes
+
+                return np.dtype(getattr(ml_dtypes, name))
+            return np.dtype(name)
+    raise TrtattnError(f"no numpy dtype for TensorRT's {datatype}")
 
 
 PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..errors import TrtattnError
-from ..inputs import dim_value
+from ..graph.inputs import dim_value
 
 
 def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:

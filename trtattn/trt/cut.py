@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..graph.shapes import tensor_types
+
 
 @dataclass
 class CutModel:
@@ -38,8 +40,6 @@ def _typed(t: gs.Tensor, types: dict) -> gs.Tensor:
 
 
 def cut(form_model: onnx.ModelProto, lowered: dict) -> CutModel:
-    from .plan import tensor_types
-
     types = tensor_types(form_model)
     graph = gs.import_onnx(form_model)
     graph_inputs = {t.name for t in graph.inputs}

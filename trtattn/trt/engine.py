@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
-import tempfile
 from pathlib import Path
 
 from ..errors import TrtattnError
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from ..graph.io import atomic_write
+from ..version import __version__
 
 
 def gpu_name() -> str:
@@ -56,8 +43,6 @@ def write_engine(engine, sidecar: dict, out_dir: Path, name: str, force: bool = 
 
 
 def sidecar(plan, *, trt_version: str | None, source: str, gpu: str | None = None) -> dict:
-    from .. import __version__
-
     return {
         "name": plan.name,
         "source": source,

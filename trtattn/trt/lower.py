@@ -41,11 +41,6 @@ def _shuffle(net, t, name, first=None, reshape=None, second=None):
     return _out(layer, name)
 
 
-def _np_dtype(trt, dtype) -> np.dtype:
-    return {trt.DataType.HALF: np.dtype(np.float16), trt.DataType.FLOAT: np.dtype(np.float32)}.get(
-        dtype, np.dtype(np.float32))
-
-
 def lower_attention(trt, net, p: AttentionPlan, get):
     base = p.layer
     q, k, v = get(p.query), get(p.key), get(p.value)
@@ -58,7 +53,7 @@ def lower_attention(trt, net, p: AttentionPlan, get):
         v = _shuffle(net, v, f"{base}/v_heads", reshape=(0, 0, p.kv_heads, p.head_size), second=(0, 2, 1, 3))
     q, k, v = (_cast(trt, net, t, compute, f"{base}/{n}_cast") for t, n in ((q, "q"), (k, "k"), (v, "v")))
     if abs(p.q_scale - 1.0) > 1e-12:
-        scale = _constant(trt, net, np.full((1, 1, 1, 1), p.q_scale, dtype=_np_dtype(trt, compute)), f"{base}/scale")
+        scale = _constant(trt, net, np.full((1, 1, 1, 1), p.q_scale, dtype=compat.numpy_dtype(trt, compute)), f"{base}/scale")
         q = _out(net.add_elementwise(q, scale, trt.ElementWiseOperation.PROD), f"{base}/q_scale")
     if p.form == "packed":  # [1, N, T, H] -> [T, N, H]
         q, k, v = (_shuffle(net, t, f"{base}/{n}_packed", first=(0, 2, 1, 3), reshape=(-1, heads, p.head_size))

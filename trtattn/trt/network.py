@@ -11,6 +11,7 @@ marked under their ONNX names.
 from __future__ import annotations
 
 from ..errors import TrtattnError
+from ..graph.io import session_source
 from .cut import CutModel
 from .lower import LOWER
 from .plan import BuildPlan
@@ -22,8 +23,6 @@ def create_network(trt, builder):
 
 
 def parse(trt, network, logger, cut: CutModel) -> None:
-    from ..onnxio import session_source
-
     parser = trt.OnnxParser(network, logger)
     with session_source(cut.model) as source:  # bytes, or a file with external data past 2 GB
         ok = parser.parse(source) if isinstance(source, bytes) else parser.parse_from_file(source)

@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 
 from ..errors import TrtattnError
-
-STANDARD = ("", "ai.onnx")
+from ..graph.shapes import STANDARD_DOMAINS as STANDARD
+from ..graph.shapes import tensor_types
 
 
 @dataclass
@@ -97,24 +97,6 @@ def _attrs(node: onnx.NodeProto) -> dict:
 
 def _opt(node: onnx.NodeProto, i: int) -> str | None:
     return node.input[i] if len(node.input) > i and node.input[i] else None
-
-
-def tensor_types(model: onnx.ModelProto) -> dict[str, tuple[int, list]]:
-    """name -> (ONNX elem type, shape with ints / dim names / None), from shape inference."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:
-        inferred = model
-    out = {}
-    for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-        if v.type.HasField("tensor_type"):
-            t = v.type.tensor_type
-            shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim] \
-                if t.HasField("shape") else None
-            out[v.name] = (t.elem_type, shape)
-    for init in inferred.graph.initializer:
-        out[init.name] = (init.data_type, list(init.dims))
-    return out
 
 
 def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: str, sites: dict,

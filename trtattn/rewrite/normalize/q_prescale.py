@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..match.heads import SHAPE_OPS
-from ..match.mask import _Emitter
-from ..site import AttentionSite
+from ...match.heads import SHAPE_OPS
+from ...graph.emit import Emitter
+from ...site import AttentionSite
 
 
 def prescaled_logits(graph: gs.Graph, tensors: dict, site: AttentionSite, *, fold_weights: bool = False) -> tuple[gs.Tensor, str]:
     """Emit MatMul(Q * s, K^T) for `site`. Returns (logits tensor, where the scale went)."""
-    emit = _Emitter(graph, f"trtattn/{site.name}/prescale")
+    emit = Emitter(graph, f"trtattn/{site.name}/prescale")
     q = tensors[site.query]
     kt = tensors[site.key_transposed]
     scale = site.scale / site.key_transposed_scale  # K^T may keep a factor applied before its Transpose

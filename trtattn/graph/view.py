@@ -7,42 +7,39 @@ the graph it will later rewrite.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+
+from .shapes import DEFAULT_OPSET, known_shapes
 
 # Ops that never change values on the attention paths (dropout is inactive at inference).
 PASSTHROUGH = {"Identity", "Dropout"}
 FLOAT_TYPES = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)}
 
 
-def import_graph(model: onnx.ModelProto) -> gs.Graph:
-    return gs.import_onnx(model)
-
-
 class GraphView:
     def __init__(self, graph: gs.Graph, model: onnx.ModelProto | None = None, fold: bool = True):
         self.graph = graph
-        self.opset = _opset(graph)
+        self.opset = int(graph.opset) if graph.opset else DEFAULT_OPSET
         self._folded: dict[str, gs.Tensor] = {}
-        self._shapes: dict[str, list] = {}
-        inferred = self._infer_shapes(model) if model is not None else None
+        self._shapes: dict[str, list] = known_shapes(model) if model is not None else {}
         if fold:
-            self._fold(inferred)
+            self._fold()
         self.tensors = graph.tensors()
         self.outputs = {t.name for t in graph.outputs}
         self.inputs = {t.name for t in graph.inputs}
 
     # ------------------------------------------------------------ set-up
-    def _fold(self, inferred: onnx.ModelProto | None):
+    def _fold(self):
         import onnxruntime
 
         onnxruntime.set_default_logger_severity(3)  # folding is best effort: no optimizer chatter
         # fold a copy that knows the inferred shapes, so Shape -> Gather of static dims folds too
-        folded = gs.import_onnx(inferred) if inferred is not None else self.graph.copy()
-        gs_logger = logging.getLogger("onnx_graphsurgeon")
+        folded = self.graph.copy()
+        for name, t in folded.tensors().items():
+            if isinstance(t, gs.Variable) and name in self._shapes:
+                t.shape = self.shape(t)
         level = gs.logger.G_LOGGER.severity
         gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
         try:
@@ -51,27 +48,7 @@ class GraphView:
             pass
         finally:
             gs.logger.G_LOGGER.severity = level
-        del gs_logger
         self._folded = {name: t for name, t in folded.tensors().items() if isinstance(t, gs.Constant)}
-
-    def _infer_shapes(self, model: onnx.ModelProto):
-        """ONNX shape inference, then ONNX Runtime's symbolic shape inference, which follows
-        Reshape targets built from Shape/Gather/Concat (how TorchScript writes head splits)."""
-        best = None
-        for infer in (_onnx_shapes, _symbolic_shapes):
-            try:
-                inferred = infer(model)
-            except Exception:
-                continue
-            best = inferred
-            for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-                if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-                    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                             for d in vi.type.tensor_type.shape.dim]
-                    known = self._shapes.get(vi.name)
-                    if known is None or sum(isinstance(d, int) for d in shape) > sum(isinstance(d, int) for d in known):
-                        self._shapes[vi.name] = shape
-        return best
 
     # ------------------------------------------------------------ structure
     @staticmethod
@@ -131,12 +108,14 @@ class GraphView:
 
     # ------------------------------------------------------------ shapes and types
     def shape(self, t: gs.Tensor) -> list | None:
+        """The most static shape known: the graph's own or the inferred one."""
         if isinstance(t, gs.Constant):
             return list(t.values.shape)
-        s = self._shapes.get(t.name)
-        if s is not None:
-            return s
-        return list(t.shape) if t.shape is not None else None
+        own = list(t.shape) if t.shape is not None else None
+        inferred = self._shapes.get(t.name)
+        if inferred is None or (own is not None and _static(own) > _static(inferred)):
+            return own
+        return inferred
 
     def rank(self, t: gs.Tensor) -> int | None:
         s = self.shape(t)
@@ -154,60 +133,6 @@ class GraphView:
             return t.values.dtype
         return t.dtype
 
-    def attr(self, n: gs.Node, name: str, default=None):
-        return n.attrs.get(name, default)
 
-
-def _onnx_shapes(model):
-    return onnx.shape_inference.infer_shapes(model, data_prop=True)
-
-
-def _symbolic_shapes(model):
-    """ONNX Runtime's symbolic shape inference, keeping what it inferred even when it could not
-    infer everything. (Its infer_shapes() then saves the model as sym_shape_infer_temp.onnx in the
-    working directory and raises: never let it write there.)"""
-    import os
-    import tempfile
-
-    SymbolicShapeInference = _symbolic_module().SymbolicShapeInference
-    engine = SymbolicShapeInference(2**31 - 1, True, True, 0)
-    try:
-        engine._preprocess(model)
-        while engine.run_:
-            engine._infer_impl()
-        engine._update_output_from_vi()
-        return engine.out_mp_
-    except AttributeError:  # its internals changed: the public call, in a scratch directory
-        here = os.getcwd()
-        with tempfile.TemporaryDirectory() as scratch:
-            os.chdir(scratch)
-            try:
-                return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
-            finally:
-                os.chdir(here)
-
-
-_SYMBOLIC = None
-
-
-def _symbolic_module():
-    """onnxruntime/tools/symbolic_shape_infer.py, loaded on its own: importing it as
-    onnxruntime.tools.symbolic_shape_infer runs the package's __init__, which imports torch
-    (a second and 250 MB on every call of trtattn where torch is installed)."""
-    global _SYMBOLIC
-    if _SYMBOLIC is None:
-        import importlib.util
-        import os
-
-        import onnxruntime
-
-        path = os.path.join(os.path.dirname(onnxruntime.__file__), "tools", "symbolic_shape_infer.py")
-        spec = importlib.util.spec_from_file_location("trtattn._symbolic_shape_infer", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _SYMBOLIC = module
-    return _SYMBOLIC
-
-
-def _opset(graph: gs.Graph) -> int:
-    return int(graph.opset or 0) if graph.opset else 17
+def _static(shape: list) -> int:
+    return sum(isinstance(d, int) and d > 0 for d in shape)

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..match.graph import GraphView
+from ...graph.view import GraphView
 
 FOLD_LIMIT = 16 << 20  # never fold a constant bigger than this (an Expand of a mask, say)
 

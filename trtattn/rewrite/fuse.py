@@ -14,15 +14,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import version_converter
 
-from . import inputs as inputs_mod
-from .errors import TrtattnError
-from .match import match
-from .match.graph import GraphView
-from .match.mask import _Emitter, full_query_rows, materialize, score_shape
-from .match.probe import probe_masks
-from .site import AttentionSite, CausalKind, MaskKind, MatchResult, Skipped
+from ..errors import TrtattnError
+from ..graph.emit import Emitter
+from ..graph.shapes import symbolic_shapes, upgrade_opset
+from ..match import analyse, probe_feeds
+from ..match.fused_ops import MICROSOFT_OPS
+from ..match.logit_ops import has_layout_change, materialize
+from ..report import Progress
+from ..site import AttentionSite, CausalKind, MaskKind, SiteKind, Skipped
+from ..verify import compare_models
+from ..version import __version__
+from .microsoft import convert as convert_microsoft
 
 ATTENTION_OPSET = 23
 
@@ -64,121 +67,26 @@ class FuseResult:
         return all(r.status == "fused" for r in self.reports) and self.verification.get("passed", True)
 
 
-def opset_of(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return 0
-
-
 def has_candidates(model: onnx.ModelProto) -> bool:
     """Anything the matcher could take: a Softmax or an attention op."""
-    from .match.fused_ops import MICROSOFT_OPS
-
     return any(n.op_type in ("Softmax", "Attention") or (n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS)
                for n in model.graph.node)
-
-
-def upgrade_opset(model: onnx.ModelProto, version: int = ATTENTION_OPSET) -> onnx.ModelProto:
-    """ONNX's version converter; onnxscript's where ONNX's cannot infer types (contrib ops)."""
-    if opset_of(model) >= version:
-        return model
-    from .onnxio import attach_weights, weights_aside
-
-    try:
-        with weights_aside(model) as weights:  # the converter serializes the model: convert its structure
-            converted = version_converter.convert_version(model, version)
-        attach_weights(converted, weights)
-        return converted
-    except Exception as first:
-        try:
-            import onnx_ir as ir
-            from onnxscript import version_converter as ir_converter
-
-            converted = ir.from_proto(model)
-            ir_converter.convert_version(converted, version, fallback=False)
-            return ir.to_proto(converted)
-        except Exception:
-            raise TrtattnError(f"cannot convert the model from opset {opset_of(model)} to {version} (needed for the "
-                               f"ONNX Attention op): {str(first).splitlines()[0]}") from None
-
-
-def analyse(model: onnx.ModelProto, feeds=None) -> tuple[gs.Graph, MatchResult, dict]:
-    """Match sites and probe what their masks mean. Returns (graph, match result, meanings)."""
-    graph = gs.import_onnx(model)
-    view = GraphView(graph, model)
-    result = match(graph, view)
-    meanings = {}
-    if result.sites:
-        if feeds is None:
-            feeds = [inputs_mod.make_feeds(model, padding=False)]
-        probes = [probe_masks(model, result.sites, f) for f in feeds]
-        meanings = _agree(probes)
-        result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
-    return graph, result, meanings
-
-
-def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
-    """Inputs without padding at two sequence lengths: a band (sliding window) shorter than the
-    first length would look causal; the second, doubled, length tells them apart."""
-    base = inputs_mod.resolve_dims(model, dims)
-    doubled = {k: (v if k.startswith("batch") else 2 * v) for k, v in base.items()}
-    return [inputs_mod.make_feeds(model, dims=base, padding=False),
-            inputs_mod.make_feeds(model, dims=doubled, padding=False)]
-
-
-def _agree(probes: list[dict]) -> dict:
-    """One conclusion per site that every probe's mask agrees with: a decode step (one query)
-    sees no causal restriction that a longer probe shows, so each probe's pattern is checked
-    against the others' masks; the most specific consistent one wins, else the mask is custom."""
-    from .match.probe import consistent
-
-    if not probes:
-        return {}
-    out = {}
-    for name, first in probes[0].items():
-        seen = [p.get(name) for p in probes]
-        if any(m is None or m.allowed is None for m in seen):
-            first.pattern, first.causal, first.window = "custom", CausalKind.NONE, None
-            out[name] = first
-            continue
-        candidates = sorted({(m.pattern, m.causal, m.window) for m in seen}, key=lambda c: c[0] == "none")
-        for pattern, causal, window in candidates:
-            if pattern != "custom" and all(consistent(pattern, causal, window, m.allowed) for m in seen):
-                break
-        else:
-            pattern, causal, window = "custom", CausalKind.NONE, None
-        first.pattern, first.causal, first.window = pattern, causal, window
-        first.padding = any(m.padding for m in seen)
-        first.bias = any(m.bias for m in seen)
-        out[name] = first
-    return out
-
-
-def _apply_meaning(site: AttentionSite, meaning) -> AttentionSite:
-    if meaning is None:
-        return site
-    causal = site.causal if site.causal != CausalKind.NONE else meaning.causal
-    return site.replace(causal=causal, window=meaning.window, padding=meaning.padding)
 
 
 # ---------------------------------------------------------------- rewriting
 def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -> gs.Node:
     """Replace one site by an ONNX Attention node (returned). Raises on anything it cannot express."""
     if site.source.startswith("com.microsoft"):
-        from .match.microsoft import convert
-
         node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
-        return convert(graph, node, f"trtattn/{site.name}")
+        return convert_microsoft(graph, node, f"trtattn/{site.name}")
     if site.source == "onnx:Attention":
         return _retarget_attention(graph, tensors, site)
-    emit = _Emitter(graph, f"trtattn/{site.name}")
+    emit = Emitter(graph, f"trtattn/{site.name}")
     dtype = np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.float32
     q, k, v = tensors[site.query], tensors[site.key], tensors[site.value]
     if site.key_perm:
         k = emit("Transpose", [k], {"perm": list(site.key_perm)}, dtype=dtype, name="key_to_bnsh")
-    logits_shape = score_shape(emit, q, k, site.rank, site.rank - 2) if any(
-        s.op == "reshape" for s in site.mask_steps) else None
+    logits_shape = emit.score_shape(q, k, site.rank, site.rank - 2) if has_layout_change(site.mask_steps) else None
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
                   and not meaning.padding and not meaning.bias)
     mask, kind = (None, MaskKind.NONE) if use_causal else materialize(
@@ -189,7 +97,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         if mask is not None:
             mask = emit("Unsqueeze", [mask, axes], dtype=mask.dtype)
     if mask is not None:
-        mask = full_query_rows(emit, mask, q)
+        mask = emit.full_query_rows(mask, q)
     inputs = [q, k, v] + ([mask] if mask is not None else [])
     attrs = {"scale": float(site.scale), "is_causal": int(use_causal)}
     y = emit("Attention", inputs, attrs, dtype=dtype, name="Attention")
@@ -215,14 +123,11 @@ def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
 def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None = None, seed: int = 0,
                atol: float = 1e-4, rtol: float = 1e-4, progress=None) -> FuseResult:
     """Fuse every site of `model` (not modified) and verify the result on ONNX Runtime."""
-    from .report import Progress
-    from .verify import compare_models
-
     progress = progress or Progress(enabled=False)
     if not has_candidates(model):
         return FuseResult(model, [], [], {"passed": True, "note": "no attention found"})
     with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
-        working = upgrade_opset(model)
+        working = upgrade_opset(model, ATTENTION_OPSET)
         graph, result, meanings = analyse(working, probe_feeds(working, dims))
     if not result.sites and not result.skipped:
         return FuseResult(model, [], result.ignored, {"passed": True, "note": "no attention found"})
@@ -258,8 +163,6 @@ def _verify_reason(r: SiteReport) -> str:
 
 
 def _placeholder(sk: Skipped) -> AttentionSite:
-    from .site import SiteKind
-
     return AttentionSite(name=sk.name, kind=SiteKind.SELF, query="", key="", value="", output="")
 
 
@@ -278,7 +181,7 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
     fused.ir_version = working.ir_version
     del fused.metadata_props[:]
     fused.metadata_props.extend(copy.deepcopy(list(working.metadata_props)))
-    fused.producer_name, fused.producer_version = "trtattn", _version()
+    fused.producer_name, fused.producer_version = "trtattn", __version__
     return fused
 
 
@@ -287,15 +190,7 @@ def _with_contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     symbolic shape inference knows (ONNX's does not know contrib ops)."""
     if not any(n.domain == "com.microsoft" for n in model.graph.node):
         return model
-    from .match.graph import _symbolic_shapes
-
     try:
-        return _symbolic_shapes(model)
+        return symbolic_shapes(model) or model
     except Exception:
         return model
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__

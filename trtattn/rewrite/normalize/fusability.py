@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..site import AttentionSite, MaskKind, ScalePlacement
+from ...match import logit_ops
+from ...site import AttentionSite, MaskKind, ScalePlacement
 
 FUSED_PRECISIONS = ("fp16", "bf16", "fp8", "int8")
 INT8_HEAD_SIZES = (16, 32, 64)
@@ -77,13 +78,13 @@ def verdict(site: AttentionSite, *, precision: str = "fp16", meaning=None, max_s
     else:
         if site.scale_placement in (ScalePlacement.AFTER_BMM1, ScalePlacement.MIXED):
             implicit.append("the scale is applied after the first MatMul (TensorRT wants it on Q or K)")
-        ops = [s.op for s in site.mask_steps if s.op != "scale"]
-        late_scales = [s for s in site.mask_steps if s.op == "scale"]
+        ops = [s.op for s in site.mask_steps if not logit_ops.unit(s).scales]
+        late_scales = [s for s in site.mask_steps if logit_ops.unit(s).scales]
         if late_scales and site.scale_placement not in (ScalePlacement.AFTER_BMM1, ScalePlacement.MIXED):
             implicit.append("a Mul/Div sits between the first MatMul and the Softmax")
         if len(ops) > 1:
             implicit.append(f"{len(ops)} ops between the first MatMul and the Softmax ({', '.join(ops)}); one Where/Add allowed")
-        if any(op == "reshape" for op in ops):
+        if logit_ops.has_layout_change(site.mask_steps):
             implicit.append("the logits are reshaped between the first MatMul and the Softmax")
         if softcap:
             implicit.append("logit soft-capping between the MatMul and the Softmax")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from .errors import TrtattnError
+from ..errors import TrtattnError
 
 DEFAULT_DIMS = {"batch": 2, "batch_size": 2, "seq": 8, "sequence": 8, "sequence_length": 8, "past": 6,
                 "past_sequence_length": 6, "dec_seq": 5, "max_cache": 256}

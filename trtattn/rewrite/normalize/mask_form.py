@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..match.mask import _Emitter, materialize
-from ..site import AttentionSite, CausalKind, MaskKind
+from ...graph.emit import Emitter
+from ...match.logit_ops import fill_value, materialize
+from ...site import AttentionSite, CausalKind, MaskKind
 
 NEG_INF = float("-inf")
 
@@ -22,17 +23,12 @@ def _np_dtype(site: AttentionSite) -> np.dtype:
     return np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.dtype(np.float32)
 
 
-def _dim(emit: _Emitter, t: gs.Tensor, axis: int) -> gs.Tensor:
-    shape = emit("Shape", [t], dtype=np.int64)
-    return emit("Gather", [shape, emit.const(axis, np.int64)], {"axis": 0}, dtype=np.int64)
-
-
 def range_mask(graph: gs.Graph, site: AttentionSite, tensors: dict, prefix: str) -> gs.Tensor:
     """allowed[i, j] = j <= i + (Skv - Sq) [and j > i + (Skv - Sq) - window], from Range ops."""
-    emit = _Emitter(graph, prefix)
+    emit = Emitter(graph, prefix)
     q, kt = tensors[site.query], tensors[site.key_transposed]
     rank = site.rank
-    sq, skv = _dim(emit, q, rank - 2), _dim(emit, kt, rank - 1)
+    sq, skv = emit.dim(q, rank - 2), emit.dim(kt, rank - 1)
     zero, one = emit.const(0, np.int64), emit.const(1, np.int64)
     qi = emit("Range", [zero, sq, one], dtype=np.int64, name="q_index")
     ki = emit("Range", [zero, skv, one], dtype=np.int64, name="k_index")
@@ -57,7 +53,7 @@ class MaskCache:
 def masked_logits(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning, logits: gs.Tensor,
                   cache: MaskCache, score_shape: gs.Tensor | None = None) -> tuple[gs.Tensor, str]:
     """logits -> (one Where or Add) -> [Cast]: returns (softmax input, description)."""
-    emit = _Emitter(graph, f"trtattn/{site.name}/mask_form")
+    emit = Emitter(graph, f"trtattn/{site.name}/mask_form")
     dtype = _np_dtype(site)
     pure = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding and not meaning.bias
     if pure and site.causal != CausalKind.NONE:
@@ -73,8 +69,8 @@ def masked_logits(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning, 
         if key not in cache.built:
             cache.built[key] = materialize(graph, tensors, steps, f"trtattn/masks/{len(cache.built)}", dtype, score_shape)
         mask, kind = cache.built[key]
-        fills = [s.value for s in steps if s.op in ("where", "where_not")]
-        fill = fills[-1] if fills else float(np.finfo(dtype).min)
+        fill = fill_value(steps)
+        fill = fill if fill is not None else float(np.finfo(dtype).min)
         desc = {MaskKind.NONE: "none", MaskKind.BOOLEAN: "Where (boolean)", MaskKind.ADDITIVE: "Add (float)"}[kind]
     if mask is None:
         out = logits

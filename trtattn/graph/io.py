@@ -1,28 +1,83 @@
-"""Safe loading and saving of ONNX models.
+"""Safe loading and saving of ONNX models, and the one atomic file writer.
 
 - Loading checks the file before protobuf sees it, so every bad input gives one clear sentence.
 - External data must live next to the model (no absolute paths, no `..` escapes).
 - Saving is atomic (temporary file + rename) and refuses to write over the input model.
 - Models over 2 GB are saved with external data automatically.
+- Every file trtattn writes (models, reports, engines, sidecars) goes through atomic_write.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-from .errors import ModelLoadError, TrtattnError
+from ..errors import ModelLoadError, TrtattnError
 
-_PROTOBUF_LIMIT = 2**31 - 1
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
+    """Write `data` to `path` through a temporary file in the same folder and a rename: a reader never
+    sees a half-written file and a failure leaves the old one. New files get the usual mode (umask)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def refuse_overwrite(path, protect=(), force: bool = True) -> None:
+    """Never write over an input (`protect`); replace an existing output only when forced."""
+    for p in protect:
+        if p is not None and same_file(p, path):
+            raise TrtattnError(f"refusing to write over the input {p}; choose another output path")
+    if not force and Path(path).exists():
+        raise TrtattnError(f"{path} exists; pass --force to replace it")
+
+
+def all_tensors(model: onnx.ModelProto):
+    """Every TensorProto a model holds: initializers and tensor attributes, subgraphs included."""
+
+    def of_graph(g: onnx.GraphProto):
+        yield from g.initializer
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    yield a.t
+                elif a.type == onnx.AttributeProto.TENSORS:
+                    yield from a.tensors
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    yield from of_graph(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sub in a.graphs:
+                        yield from of_graph(sub)
+
+    yield from of_graph(model.graph)
 
 
 def _external_locations(model: onnx.ModelProto):
-    for tensor in onnx.external_data_helper._get_all_tensors(model):
+    for tensor in all_tensors(model):
         if uses_external_data(tensor):
             yield tensor.name, ExternalDataInfo(tensor)
 
@@ -70,49 +125,47 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 
 def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = (), external_data: bool | None = None) -> Path:
-    """Write `model` atomically. Never writes over any path in `protect` (the inputs)."""
+    """Write `model` atomically. Never writes over any path in `protect` (the inputs). With external
+    data (automatic past 2 GB) the weights go to PATH.data, written before the model that names it."""
     path = Path(path)
-    for p in protect:
-        if p is not None and same_file(p, path):
-            raise TrtattnError(f"refusing to write over the input model {p}; choose another output path")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_overwrite(path, protect)
     if external_data is None:
         external_data = is_large(model)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        if external_data:
-            data_name = path.name + ".data"
-            tmp_data = path.parent / (Path(tmp).name + ".data")
-            onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=tmp_data.name, size_threshold=1024)
-            # saving moved the weights out of the caller's model: read them back in
-            onnx.load_external_data_for_model(model, str(path.parent))
-            _strip_external(model)
-            # The model refers to its data file by name: rewrite the reference to the final name.
-            saved = onnx.load(tmp, load_external_data=False)
-            for tensor in onnx.external_data_helper._get_all_tensors(saved):
-                for entry in tensor.external_data:
-                    if entry.key == "location":
-                        entry.value = data_name
-            onnx.save_model(saved, tmp)
-            os.replace(tmp_data, path.parent / data_name)
-        else:
-            onnx.save_model(model, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        for leftover in (tmp, str(Path(tmp)) + ".data"):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
-        raise
+    if not external_data:
+        return atomic_write(path, model.SerializeToString())
+    data_name = path.name + ".data"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as scratch:
+        tmp = os.path.join(scratch, path.name)
+        onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+        # saving moved the weights out of the caller's model: read them back in
+        onnx.load_external_data_for_model(model, scratch)
+        _strip_external(model)
+        for name in (data_name, path.name):
+            os.chmod(os.path.join(scratch, name), 0o666 & ~_umask())
+            os.replace(os.path.join(scratch, name), path.parent / name)
     return path
+
+
+def copy_model(src: str | os.PathLike, dst: str | os.PathLike, model: onnx.ModelProto) -> Path:
+    """The output of a command that changed nothing: the input itself, with its external data."""
+    if any(uses_external_data(t) for t in all_tensors(model)) or is_large(model):
+        return save(model, dst, protect=(src,))
+    refuse_overwrite(dst, (src,))
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+    return dst
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of initializer data held in the proto (what pushes a model past protobuf's 2 GB).
     Cheap, unlike ByteSize(), which walks the whole model (14 s on a 2 GB one)."""
     total = 0
-    for t in onnx.external_data_helper._get_all_tensors(model):
+    for t in all_tensors(model):
         if not uses_external_data(t):
             total += len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (
                 len(t.int64_data) + len(t.double_data))
@@ -120,12 +173,12 @@ def weight_bytes(model: onnx.ModelProto) -> int:
 
 
 def is_large(model: onnx.ModelProto, margin: int = 64 << 20) -> bool:
-    return weight_bytes(model) > _PROTOBUF_LIMIT - margin
+    return weight_bytes(model) > PROTOBUF_LIMIT - margin
 
 
 def _strip_external(model: onnx.ModelProto) -> None:
     """Forget external-data locations after the data was read back into the proto."""
-    for t in onnx.external_data_helper._get_all_tensors(model):
+    for t in all_tensors(model):
         if uses_external_data(t) and t.HasField("raw_data"):
             t.data_location = onnx.TensorProto.DEFAULT
             del t.external_data[:]
@@ -157,7 +210,7 @@ def weights_aside(model: onnx.ModelProto, threshold: int = 1024):
     inference) then work past 2 GB and copy little. A tensor without data keeps its dims and
     type; it is marked as external so nothing takes it for an empty tensor."""
     aside: dict[str, bytes] = {}
-    for t in onnx.external_data_helper._get_all_tensors(model):
+    for t in all_tensors(model):
         if t.HasField("raw_data") and len(t.raw_data) > threshold and t.name:
             aside[t.name] = t.raw_data
             t.ClearField("raw_data")
@@ -172,7 +225,7 @@ def weights_aside(model: onnx.ModelProto, threshold: int = 1024):
 
 def attach_weights(model: onnx.ModelProto, weights: dict[str, bytes]) -> None:
     """Give tensors set aside by weights_aside (same names) their data back."""
-    for t in onnx.external_data_helper._get_all_tensors(model):
+    for t in all_tensors(model):
         if t.name in weights and uses_external_data(t) and not t.HasField("raw_data"):
             t.raw_data = weights[t.name]
             t.data_location = onnx.TensorProto.DEFAULT

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import onnx
-import onnx_graphsurgeon as gs
 
-from ..fuse import analyse, probe_feeds
-from ..match.mask import _Emitter, score_shape
-from ..site import MaskKind, ScalePlacement
+from ...graph.emit import Emitter, export_like
+from ...match import analyse, logit_ops, probe_feeds
+from ...report import Progress
+from ...site import MaskKind, ScalePlacement
+from ...verify import compare_models
 from .cleanup import cleanup
 from .fusability import verdict
 from .mask_form import MaskCache, masked_logits
@@ -60,19 +61,16 @@ class NormalizeResult:
 
 
 def already_normal(site) -> bool:
-    ops = [s for s in site.mask_steps if s.op != "scale"]
-    late = [s for s in site.mask_steps if s.op == "scale"]
+    ops = [s for s in site.mask_steps if not logit_ops.unit(s).scales]
+    late = [s for s in site.mask_steps if logit_ops.unit(s).scales]
     return (site.scale_placement in (ScalePlacement.ON_Q, ScalePlacement.ON_K, ScalePlacement.SQRT_ON_QK,
                                      ScalePlacement.NONE)
-            and not late and len(ops) <= 1 and all(s.op in ("add", "where") for s in ops))
+            and not late and len(ops) <= 1 and all(logit_ops.unit(s).implicit_ok for s in ops))
 
 
 def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False, precision: str = "fp16",
                     verify: bool = True, dims: dict | None = None, seed: int = 0, atol: float = 1e-4,
                     rtol: float = 1e-4, progress=None) -> NormalizeResult:
-    from ..report import Progress
-    from ..verify import compare_models
-
     progress = progress or Progress(enabled=False)
     with progress.step("cleanup: constant folding, no-op removal"):
         cleaned, stats = cleanup(model)
@@ -100,9 +98,9 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         try:
             logits, row.scale_to = prescaled_logits(graph, tensors, site, fold_weights=fold_scale_into_weights)
             shape = None
-            if any(s.op == "reshape" for s in site.mask_steps):
-                shape = score_shape(_Emitter(graph, f"trtattn/{site.name}/shape"), tensors[site.query],
-                                    tensors[site.key_transposed], site.rank, site.rank - 1)
+            if logit_ops.has_layout_change(site.mask_steps):
+                shape = Emitter(graph, f"trtattn/{site.name}/shape").score_shape(
+                    tensors[site.query], tensors[site.key_transposed], site.rank, site.rank - 1)
             x, row.mask_form = masked_logits(graph, tensors, site, meaning, logits, cache, shape)
             nodes[site.softmax].inputs[0] = x
             row.action = "rewritten"
@@ -116,11 +114,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
             r.after = r.before
         return NormalizeResult(model, rows, False, stats, {"passed": True, "note": "nothing to improve"},
                                result.ignored)
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    out = gs.export_onnx(graph)
-    out.ir_version = cleaned.ir_version
-    del out.metadata_props[:]
-    out.metadata_props.extend(list(model.metadata_props))
+    out = export_like(graph, model)
     verification = {"passed": None}
     if verify:
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):

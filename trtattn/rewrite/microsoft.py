@@ -19,7 +19,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
-from .mask import _Emitter, full_query_rows
+from ..graph.emit import Emitter
 
 DEFAULT_FILTER = -10000.0
 
@@ -28,19 +28,19 @@ def _opt(n: gs.Node, i: int):
     return n.inputs[i] if len(n.inputs) > i and n.inputs[i].name else None
 
 
-def _heads(emit: _Emitter, t, heads: int, head: int, dtype):
+def _heads(emit: Emitter, t, heads: int, head: int, dtype):
     """[B, S, N*H] -> [B, N, S, H]"""
     r = emit("Reshape", [t, emit.const([0, 0, heads, head], np.int64)], dtype=dtype)
     return emit("Transpose", [r], {"perm": [0, 2, 1, 3]}, dtype=dtype)
 
 
-def _merge(emit: _Emitter, y, dtype):
+def _merge(emit: Emitter, y, dtype):
     """[B, N, S, H] -> [B, S, N*H]"""
     t = emit("Transpose", [y], {"perm": [0, 2, 1, 3]}, dtype=dtype)
     return emit("Reshape", [t, emit.const([0, 0, -1], np.int64)], dtype=dtype)
 
 
-def _key_padding(emit: _Emitter, mask, k4, filter_value: float, dtype):
+def _key_padding(emit: Emitter, mask, k4, filter_value: float, dtype):
     """mask_index / key_padding_mask -> additive [B, 1, 1, T] (0 where attended, filter where not)."""
     rank = len(mask.shape) if mask.shape is not None else None
     if rank == 1:  # per-row lengths: key j attended iff j < length[b]
@@ -59,7 +59,7 @@ def _key_padding(emit: _Emitter, mask, k4, filter_value: float, dtype):
     return emit("Where", [keep, emit.const(0.0, dtype), emit.const(filter_value, dtype)], dtype=dtype, name="key_padding")
 
 
-def _causal(emit: _Emitter, q4, k4, filter_value: float, dtype):
+def _causal(emit: Emitter, q4, k4, filter_value: float, dtype):
     """unidirectional: key j attended iff j <= i (+ past length, none here)."""
     def length(t):
         return emit("Gather", [emit("Shape", [t], dtype=np.int64), emit.const(2, np.int64)], {"axis": 0}, dtype=np.int64)
@@ -80,7 +80,7 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         raise TrtattnError(f"com.microsoft:{node.op} {node.name} returns a present cache: not converted")
     if node.attrs.get("do_rotary", 0):
         raise TrtattnError(f"com.microsoft:{node.op} {node.name} applies rotary embedding inside: not converted")
-    emit = _Emitter(graph, prefix)
+    emit = Emitter(graph, prefix)
     heads = int(node.attrs["num_heads"])
     filter_value = float(node.attrs.get("mask_filter_value", DEFAULT_FILTER))
     x = node.inputs[0]
@@ -133,7 +133,7 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     scale = node.attrs.get("scale") or 1.0 / math.sqrt(head_q)
     inputs = [q4, k4, v4]
     if additive is not None:
-        inputs.append(full_query_rows(emit, additive, q4))
+        inputs.append(emit.full_query_rows(additive, q4))
     y = emit("Attention", inputs, {"scale": float(scale)}, dtype=dtype, name="Attention")
     attention = graph.nodes[-1]
     out = node.outputs[0]

@@ -1,0 +1,46 @@
+"""The `trtattn` command line: one module per sub-command, each thin over the library (as Polygraphy's
+tools are), each with `add_parser(subparsers)` and `run(args, progress) -> exit code`.
+
+Errors a user can act on (bad input, missing dependency, failed verification) print one line and exit
+non-zero; no traceback unless --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import TrtattnError
+from ..report import Progress
+from . import bench, build, demo, fuse, inspect, normalize, run, verify, zoo
+
+COMMANDS = {"zoo": zoo, "fuse": fuse, "normalize": normalize, "build": build, "inspect": inspect, "verify": verify,
+            "run": run, "bench": bench, "demo": demo}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="trtattn", description="Turn transformer ONNX exports into TensorRT engines "
+                                 "whose every attention is a native fused IAttention, and prove it.")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for module in COMMANDS.values():
+        module.add_parser(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command].run(args, Progress(enabled=not args.quiet))
+    except TrtattnError as e:
+        print(f"trtattn: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trtattn: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # an internal error: one line, traceback on request
+        if args.debug:
+            raise
+        print(f"trtattn: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 3

@@ -1,0 +1,144 @@
+"""Opsets, version conversion and shape inference: what the graph says about types and shapes.
+
+Two inferences are combined: ONNX's own (with data propagation) and ONNX Runtime's symbolic shape
+inference, which follows Reshape targets built from Shape/Gather/Concat (how TorchScript writes head
+splits). Both run on the model's structure with its weights set aside.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import onnx
+from onnx import version_converter
+
+from ..errors import TrtattnError
+from .io import attach_weights, weights_aside
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+DEFAULT_OPSET = 17
+
+
+def opset_of(model: onnx.ModelProto | onnx.GraphProto, default: int = 0) -> int:
+    """The default-domain opset a model imports (the one opset reader)."""
+    imports = getattr(model, "opset_import", ())
+    return next((i.version for i in imports if i.domain in STANDARD_DOMAINS), default)
+
+
+def upgrade_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
+    """ONNX's version converter; onnxscript's where ONNX's cannot infer types (contrib ops)."""
+    if opset_of(model) >= version:
+        return model
+    try:
+        with weights_aside(model) as weights:  # the converter serializes the model: convert its structure
+            converted = version_converter.convert_version(model, version)
+        attach_weights(converted, weights)
+        return converted
+    except Exception as first:
+        try:
+            import onnx_ir as ir
+            from onnxscript import version_converter as ir_converter
+
+            converted = ir.from_proto(model)
+            ir_converter.convert_version(converted, version, fallback=False)
+            return ir.to_proto(converted)
+        except Exception:
+            raise TrtattnError(f"cannot convert the model from opset {opset_of(model)} to {version}: "
+                               f"{str(first).splitlines()[0]}") from None
+
+
+def dims_of(value_info: onnx.ValueInfoProto) -> list | None:
+    """A tensor's shape as ints (static), dim names (symbolic) or None (unknown); None without a shape."""
+    t = value_info.type
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.tensor_type.shape.dim]
+
+
+def infer(model: onnx.ModelProto) -> list[onnx.ModelProto]:
+    """The model with inferred value_info, by each inference that succeeds (ONNX's, then ONNX Runtime's
+    symbolic one); the weights are set aside while they run."""
+    results = []
+    with weights_aside(model):
+        for inference in (_onnx_shapes, symbolic_shapes):
+            try:
+                inferred = inference(model)
+            except Exception:
+                continue
+            if inferred is not None:
+                results.append(inferred)
+    return results
+
+
+def known_shapes(model: onnx.ModelProto) -> dict[str, list]:
+    """name -> shape, keeping for each tensor the most static shape any inference found."""
+    shapes: dict[str, list] = {}
+    for inferred in infer(model):
+        g = inferred.graph
+        for vi in list(g.value_info) + list(g.input) + list(g.output):
+            shape = dims_of(vi)
+            if shape is None:
+                continue
+            known = shapes.get(vi.name)
+            if known is None or sum(isinstance(d, int) for d in shape) > sum(isinstance(d, int) for d in known):
+                shapes[vi.name] = shape
+    return shapes
+
+
+def tensor_types(model: onnx.ModelProto) -> dict[str, tuple[int, list | None]]:
+    """name -> (ONNX elem type, shape with ints / dim names / None), from ONNX's shape inference."""
+    try:
+        with weights_aside(model):
+            inferred = _onnx_shapes(model)
+    except Exception:
+        inferred = model
+    out = {}
+    for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        if v.type.HasField("tensor_type"):
+            out[v.name] = (v.type.tensor_type.elem_type, dims_of(v))
+    for init in model.graph.initializer:
+        out[init.name] = (init.data_type, list(init.dims))
+    return out
+
+
+def _onnx_shapes(model):
+    return onnx.shape_inference.infer_shapes(model, data_prop=True)
+
+
+def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """ONNX Runtime's symbolic shape inference through its public entry point, keeping what it inferred
+    even when it could not infer everything: it then saves its partial result as
+    sym_shape_infer_temp.onnx in the working directory and raises, so it runs in a scratch directory."""
+    inference = _symbolic_module().SymbolicShapeInference
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="trtattn-shapes-") as scratch:
+        os.chdir(scratch)
+        try:
+            return inference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+        except Exception:
+            partial = os.path.join(scratch, "sym_shape_infer_temp.onnx")
+            return onnx.load(partial, load_external_data=False) if os.path.exists(partial) else None
+        finally:
+            os.chdir(here)
+
+
+_SYMBOLIC = None
+
+
+def _symbolic_module():
+    """onnxruntime/tools/symbolic_shape_infer.py, loaded on its own: importing it as
+    onnxruntime.tools.symbolic_shape_infer runs the package's __init__, which imports torch
+    (a second and 250 MB on every call of trtattn where torch is installed)."""
+    global _SYMBOLIC
+    if _SYMBOLIC is None:
+        import importlib.util
+
+        import onnxruntime
+
+        path = os.path.join(os.path.dirname(onnxruntime.__file__), "tools", "symbolic_shape_infer.py")
+        spec = importlib.util.spec_from_file_location("trtattn_symbolic_shape_infer", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SYMBOLIC = module
+    return _SYMBOLIC

@@ -1,0 +1,13 @@
+"""How the matcher declines a Softmax: not attention at all, or attention it cannot fuse."""
+
+
+class NotAttention(Exception):
+    """This Softmax is not an attention softmax."""
+
+
+class Unsupported(Exception):
+    """This Softmax is an attention softmax but something around it cannot be fused."""
+
+
+# A Where fill at or below this masks a logit out (finfo(float16).min is -65504).
+MASKED_FILL = -1.0e4

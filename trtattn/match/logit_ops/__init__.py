@@ -1,0 +1,79 @@
+"""Logit transforms between the first MatMul and the Softmax, one unit per kind (see base.py).
+
+    step, logits = read(view, node)        # the unit that takes this node, or None
+    unit(step).masks / .scales / ...       # what a step is, asked of its unit
+    m, kind = materialize(graph, tensors, steps, prefix, dtype)   # M as graph nodes
+
+Adding a kind is one module with a LogitOp subclass, registered in UNITS below, and its test.
+"""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from ...site import MaskKind, MaskStep
+from .base import LogitOp, MaskBuilder
+from .bias import Add, Sub
+from .boolean import Where, WhereNot
+from .reshape import Reshape
+from .scale import Scale
+
+UNITS: dict[str, LogitOp] = {u.kind: u for u in (Scale(), Add(), Sub(), Where(), WhereNot(), Reshape())}
+_BY_ONNX_OP = {op: u for u in UNITS.values() for op in u.onnx_ops}
+
+
+def unit(step: MaskStep) -> LogitOp:
+    try:
+        return UNITS[step.op]
+    except KeyError:
+        raise ValueError(f"unknown logit op {step.op}") from None
+
+
+def read(view, node: gs.Node) -> tuple[MaskStep, gs.Tensor] | None:
+    """The step for a node on the logits chain, and the tensor the chain continues from; None when no
+    unit reads this node type."""
+    u = _BY_ONNX_OP.get(node.op)
+    return u.read(view, node) if u is not None else None
+
+
+def masking(steps) -> list[MaskStep]:
+    return [s for s in steps if unit(s).masks or unit(s).layout]
+
+
+def kind_of(steps) -> MaskKind:
+    effective = masking(steps)
+    if not effective:
+        return MaskKind.NONE
+    if all(unit(s).boolean for s in effective):
+        return MaskKind.BOOLEAN
+    return MaskKind.ADDITIVE
+
+
+def logit_scale(steps) -> float:
+    scale = 1.0
+    for s in steps:
+        if unit(s).scales:
+            scale *= s.value
+    return scale
+
+
+def has_layout_change(steps) -> bool:
+    return any(unit(s).layout for s in steps)
+
+
+def fill_value(steps) -> float | None:
+    """The value a boolean step writes into masked logits (the last one's), if any."""
+    fills = [s.value for s in steps if unit(s).boolean]
+    return fills[-1] if fills else None
+
+
+def materialize(graph: gs.Graph, tensors: dict, steps, prefix: str, dtype, score_shape: gs.Tensor | None = None):
+    """Build M (logits = scale * Q.K^T + M) from the steps. Returns (tensor or None, MaskKind)."""
+    b = MaskBuilder(graph, tensors, prefix, dtype, score_shape)
+    for step in steps:
+        unit(step).lower(b, step)
+    return b.m, b.kind
+
+
+__all__ = ["LogitOp", "MaskBuilder", "UNITS", "unit", "read", "masking", "kind_of", "logit_scale",
+           "has_layout_change", "fill_value", "materialize"]

@@ -1,0 +1,65 @@
+"""The interface of a logit-op unit, and the builder its lowering writes into.
+
+Between the first MatMul and the Softmax the logits pass through ops that scale, mask, bias or
+reshape them. Each kind is one unit (a LogitOp subclass in its own module) that says
+- how it is matched: `read(view, node)` turns an ONNX node on the chain into a MaskStep and names the
+  input that carries the logits on;
+- what it is: `scales` (multiplies the logits), `masks` (contributes to the mask/bias M), `boolean`,
+  `layout` (changes the logits' layout), `implicit_ok` (TensorRT's implicit fusion accepts it as the one
+  masking op between BMM1 and the Softmax), `probe_ok` (the probe can build M through it);
+- how it lowers: `lower(builder, step)` adds its part of M (logits = scale * Q.K^T + M) as graph nodes,
+  which feeds the ONNX Attention's attn_mask, TensorRT's IAttention mask, and the normalised form;
+- `iattention_why`: None when IAttention can express it, else the reason (a soft-cap, say).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ...graph.emit import Emitter
+from ...site import MaskKind, MaskStep
+
+
+class MaskBuilder:
+    """M under construction: a tensor (or None) and its kind; `shape` is the logits' shape at the
+    current step where a layout op needs it."""
+
+    def __init__(self, graph: gs.Graph, tensors: dict, prefix: str, dtype, shape: gs.Tensor | None = None):
+        self.emit = Emitter(graph, prefix)
+        self.tensors = tensors
+        self.dtype = np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
+        self.m: gs.Tensor | None = None
+        self.kind = MaskKind.NONE
+        self.shape = shape
+
+    def to_float(self) -> None:
+        """A boolean M becomes additive: 0 where allowed, the dtype's lowest value elsewhere."""
+        if self.kind == MaskKind.BOOLEAN:
+            e = self.emit
+            self.m = e("Where", [self.m, e.const(0.0, self.dtype), e.const(np.finfo(self.dtype).min, self.dtype)],
+                       dtype=self.dtype, name="bool_to_bias")
+            self.kind = MaskKind.ADDITIVE
+
+    def operand(self, step: MaskStep, cast: bool = True) -> gs.Tensor:
+        t = self.tensors[step.operand]
+        return self.emit.cast(t, self.dtype) if cast and t.dtype is not None else t
+
+
+class LogitOp:
+    kind = ""  # the MaskStep.op this unit reads and lowers
+    onnx_ops: tuple[str, ...] = ()  # node types `read` is asked about
+    scales = False
+    masks = False
+    boolean = False
+    layout = False
+    implicit_ok = False
+    probe_ok = True
+    iattention_why: str | None = None
+
+    def read(self, view, node: gs.Node) -> tuple[MaskStep, gs.Tensor] | None:
+        """(the step, the input carrying the logits on) if this unit takes `node`, else None."""
+        raise NotImplementedError
+
+    def lower(self, b: MaskBuilder, step: MaskStep) -> None:
+        raise NotImplementedError

@@ -1,0 +1,11 @@
+"""Verification: every rewrite and every engine against the original model, through Polygraphy's
+Comparator, with one runner interface (runners.py) for ONNX Runtime, ONNX Runtime with trtattn's custom
+ops, and TensorRT engines; adapters.py lines up the I/O of the forms."""
+
+from .adapters import Adapter, adapter_for
+from .candidate import Verification, verify_candidate
+from .compare import TOLERANCES, Outcome, compare_models, compare_runners, default_feeds
+from .runners import engine_runner, onnx_runner
+
+__all__ = ["Adapter", "adapter_for", "Verification", "verify_candidate", "TOLERANCES", "Outcome", "compare_models",
+           "compare_runners", "default_feeds", "engine_runner", "onnx_runner"]

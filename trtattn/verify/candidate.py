@@ -1,0 +1,65 @@
+"""`trtattn verify`: an engine (on TensorRT) or an ONNX model (on ONNX Runtime) against the original ONNX
+model on ONNX Runtime, with the tolerance of the precision it runs in."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import onnx
+
+from ..contract import cache_inputs
+from ..errors import TrtattnError
+from ..graph import io as onnxio
+from ..match import match
+from .adapters import adapter_for
+from .compare import TOLERANCES, Outcome, compare_runners
+from .runners import engine_runner, onnx_runner
+
+
+@dataclass
+class Verification:
+    candidate: str
+    runner: str  # onnxruntime | tensorrt
+    form: str
+    precision: str
+    outcome: Outcome
+    site_errors: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"candidate": self.candidate, "runner": self.runner, "form": self.form, "precision": self.precision,
+                **self.outcome.summary(), "sites": self.site_errors, "notes": self.notes}
+
+
+def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict | None = None,
+                     precision: str | None = None, dims=None, seed: int = 0, iterations: int = 2) -> Verification:
+    precision = precision or (sidecar or {}).get("precision") or "fp32"
+    if precision not in TOLERANCES:
+        raise TrtattnError(f"unknown precision '{precision}'; one of {', '.join(TOLERANCES)}")
+    atol, rtol = TOLERANCES[precision]
+    site_names = {s.output: s.name for s in match(original).sites if s.output}
+    notes = []
+    with contextlib.ExitStack() as stack:
+        reference = onnx_runner(stack, original, list(site_names), "onnxruntime")
+        if str(candidate).endswith(".onnx"):
+            model = onnxio.load(candidate)
+            inputs = [i.name for i in model.graph.input]
+            caches = cache_inputs(model)
+            present = {t.name for t in list(model.graph.value_info) + list(model.graph.output)} | \
+                {o for n in model.graph.node for o in n.output}
+            runner = onnx_runner(stack, model, [n for n in site_names if n in present], "candidate")
+            kind = "onnxruntime"
+        else:
+            runner, inputs, caches = engine_runner(candidate, sidecar)
+            kind = "tensorrt"
+        adapter = adapter_for(original, inputs, caches)
+        outcome = compare_runners(reference, runner, adapter, dims=dims, seed=seed, iterations=iterations,
+                                  atol=atol, rtol=rtol)
+    site_errors = {site_names[k]: v for k, v in outcome.output_errors.items() if k in site_names}
+    if adapter.form == "padded" and not site_errors:
+        notes.append("per-site errors need the site outputs on the candidate (build with --mark-sites)")
+    if adapter.form != "padded" and not site_errors:
+        notes.append(f"{adapter.form} form: per-site outputs have another layout than the original's; outputs compared")
+    outcome.output_errors = {k: v for k, v in outcome.output_errors.items() if k not in site_names}
+    return Verification(str(candidate), kind, adapter.form, precision, outcome, site_errors, notes)

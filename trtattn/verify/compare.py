@@ -1,0 +1,122 @@
+"""Numerical comparison through Polygraphy's Comparator: it runs the runners, compares every output and
+gives each output's max abs error; nothing here recomputes them.
+
+The attention outputs of every site are compared too (they keep their tensor names through the
+rewrite), so an error is pinned to the site that caused it. NaN never counts as equal to anything
+(Polygraphy's rule): a NaN where the reference has a number, or the other way round, fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from dataclasses import dataclass, field
+
+import onnx
+
+from ..errors import VerificationError
+from ..graph import inputs as inputs_mod
+from .adapters import Adapter
+from .runners import onnx_runner, quiet_polygraphy
+
+# Tolerances by precision (absolute, relative) for engine-vs-ONNX-Runtime checks.
+TOLERANCES = {"fp32": (1e-4, 1e-4), "tf32": (1e-3, 1e-3), "fp16": (2e-2, 2e-2), "bf16": (6e-2, 6e-2),
+              "fp8": (2e-1, 2e-1), "int8": (2e-1, 2e-1)}
+
+
+@dataclass
+class Outcome:
+    passed: bool
+    output_errors: dict[str, float] = field(default_factory=dict)  # graph output -> max abs error
+    site_errors: dict[str, float] = field(default_factory=dict)  # site output tensor -> max abs error
+    iterations: int = 0
+    atol: float = 0.0
+    rtol: float = 0.0
+    nan_mismatch: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"passed": self.passed, "iterations": self.iterations, "atol": self.atol, "rtol": self.rtol,
+                "max_abs_err": max(self.output_errors.values(), default=0.0),
+                "outputs": self.output_errors, "nan_mismatch": self.nan_mismatch}
+
+
+def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
+    return [inputs_mod.make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)]
+
+
+def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outcome, dict[str, float]]:
+    """Polygraphy's verdict on the first two runners' results and each output's worst max abs error
+    over the iterations (NaN in an error: inf, and the output is listed as a NaN mismatch)."""
+    from polygraphy.comparator import Comparator, CompareFunc
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        accuracy = Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+    outcome = Outcome(passed=bool(accuracy), iterations=iterations, atol=atol, rtol=rtol)
+    errors: dict[str, float] = {}
+    for per_pair in accuracy:  # one AccuracyResult per comparison function: {runner pair: [iteration]}
+        for compared in (it for iterations in per_pair.values() for it in iterations):
+            for name, result in compared.items():
+                err = float(result.max_absdiff)
+                if math.isnan(err):
+                    err = math.inf
+                    if name not in outcome.nan_mismatch:
+                        outcome.nan_mismatch.append(name)
+                errors[name] = max(errors.get(name, 0.0), err)
+    # Polygraphy's verdict (elementwise atol or rtol) and a strict bound on the max abs error
+    outcome.passed = outcome.passed and bool(errors) and all(e <= atol for e in errors.values())
+    return outcome, errors
+
+
+def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=(), *, dims=None, seed: int = 0,
+                   atol: float = 1e-4, rtol: float = 1e-4, feeds: list[dict] | None = None) -> Outcome:
+    """Run both models on ONNX Runtime (CPU) through Polygraphy and compare every output."""
+    from polygraphy.comparator import Comparator
+
+    quiet_polygraphy()
+    site_outputs = [s.output for s in sites if s.output]
+    feeds = feeds if feeds is not None else default_feeds(original, dims=dims, seed=seed)
+    with contextlib.ExitStack() as stack:
+        runners = [onnx_runner(stack, original, site_outputs, "original"),
+                   onnx_runner(stack, candidate, site_outputs, "rewritten")]
+        with contextlib.redirect_stdout(io.StringIO()):
+            results = Comparator.run(runners, data_loader=feeds)
+    outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds))
+    graph_outputs = {o.name for o in original.graph.output}
+    outcome.output_errors = {k: v for k, v in errors.items() if k in graph_outputs}
+    outcome.site_errors = {k: v for k, v in errors.items() if k in site_outputs}  # a site may be an output too
+    outcome.passed = outcome.passed and all(e <= atol for e in outcome.output_errors.values())
+    return outcome
+
+
+def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: int = 0, iterations: int = 2,
+                    atol: float = 1e-4, rtol: float = 1e-4) -> Outcome:
+    """Polygraphy runners for the original (ONNX Runtime) and a candidate with possibly different I/O (a
+    form model on ONNX Runtime, an engine on TensorRT): each runs on its own feeds, the outputs are lined
+    up, and Polygraphy's comparator judges them."""
+    from polygraphy.comparator import Comparator, IterationResult, RunResults
+    from polygraphy.exception import PolygraphyException
+
+    quiet_polygraphy()
+    original_feeds = [adapter.original_feeds(dims, seed + i) for i in range(iterations)]
+    candidate_feeds = [adapter.feeds(f) for f in original_feeds]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            ref_runs = Comparator.run([reference], data_loader=original_feeds)
+            new_runs = Comparator.run([candidate], data_loader=candidate_feeds)
+    except PolygraphyException as e:
+        missing = sorted(set(adapter.inputs) - set(candidate_feeds[0]))
+        hint = f" (the original has no input for {', '.join(missing)}: is it the model the candidate came from?)" \
+            if missing else ""
+        raise VerificationError(f"cannot run the comparison: {str(e).splitlines()[0]}{hint}") from None
+    ref_iters, new_iters = [], []
+    for feeds, ref, new in zip(original_feeds, list(ref_runs.values())[0], list(new_runs.values())[0]):
+        a, b = adapter.line_up(feeds, dict(ref.items()), dict(new.items()))
+        ref_iters.append(IterationResult(a, runner_name="original"))
+        new_iters.append(IterationResult(b, runner_name="candidate"))
+    lined = RunResults()
+    lined.append(("original", ref_iters))
+    lined.append(("candidate", new_iters))
+    outcome, errors = _judge(lined, atol=atol, rtol=rtol, iterations=iterations)
+    outcome.output_errors = errors
+    return outcome
