@@ -3,14 +3,12 @@ network API). Without TensorRT it prints the plan and exits 4."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
 from ..graph.inputs import parse_dims
-
-NO_TRT_EXIT = 4
+from .common import exit_without_tensorrt
 
 
 def add_parser(sub) -> None:
@@ -56,8 +54,7 @@ def run(args, progress) -> int:
     try:
         trt = compat.import_tensorrt()
     except MissingDependencyError as e:
-        print(f"trtattn: {e}.", file=sys.stderr)
-        return NO_TRT_EXIT
+        return exit_without_tensorrt(e)
     with progress.step(f"building {name} with TensorRT {trt.__version__}"):
         engine_path, json_path = build(prepared, trt, args.out_dir, force=args.force,
                                        timing_cache=Path(args.timing_cache) if args.timing_cache else None,

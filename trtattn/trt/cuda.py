@@ -45,6 +45,10 @@ class Cuda:
             return None
         return rest[0] if len(rest) == 1 else rest
 
+    def device_name(self, device: int = 0) -> str:
+        props = self.check(self.rt.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+        return props.name.decode() if isinstance(props.name, bytes) else str(props.name)
+
     def device_count(self) -> int:
         return int(self.check(self.rt.cudaGetDeviceCount(), "cudaGetDeviceCount"))
 

@@ -12,15 +12,13 @@ from ..version import __version__
 
 
 def gpu_name() -> str:
-    try:
-        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    """The GPU the engine is built on, for the sidecar ("unknown" where CUDA cannot say)."""
+    from .cuda import Cuda
 
-        err, props = cudart.cudaGetDeviceProperties(0)
-        if int(err) == 0:
-            return props.name.decode() if isinstance(props.name, bytes) else str(props.name)
-    except Exception:
-        pass
-    return "unknown"
+    try:
+        return Cuda.load().device_name(0)
+    except Exception:  # no cuda-python or no device: the sidecar says so
+        return "unknown"
 
 
 def build_serialized(trt, builder, network, config):
