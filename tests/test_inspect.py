@@ -12,17 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from trtattn import inspect as ti
+from trtattn.cli import inspect as command
 from trtattn.errors import MissingDependencyError, TrtattnError
-from trtattn.trt import inspect as ti
+from trtattn.report import Progress
 
 DATA = Path(__file__).parent / "data" / "layerinfo"
 
 
 def run(capsys, *argv) -> tuple[int, str]:
-    """The command as the CLI will run it: add_inspect_parser + run_inspect."""
+    """The command as the CLI runs it: add_parser + run."""
     ap = argparse.ArgumentParser(prog="trtattn")
-    ti.add_inspect_parser(ap.add_subparsers(dest="command", required=True))
-    code = ti.run_inspect(ap.parse_args(["inspect", *map(str, argv)]))
+    command.add_parser(ap.add_subparsers(dest="command", required=True))
+    code = command.run(ap.parse_args(["inspect", *map(str, argv)]), Progress(enabled=False))
     return code, capsys.readouterr().out
 
 
@@ -215,17 +217,17 @@ def test_iattention_support_layers_belong_to_their_site():
     """Layers named trtattn/attn/<site>/<role> (lower.py's q_heads, q_scale, mask_cast ...) are the site's, with or
     without the `trtattn site=` metadata or a sidecar: never sites of their own."""
     for meta in ("trtattn site=enc/l0/attn onnx=/enc/l0/attn/Softmax", ""):
-        layers = [ti._make_layer(0, "trtattn/attn/enc/l0/attn/q_heads", "Shuffle"),
-                  ti._make_layer(1, "trtattn/attn/enc/l0/attn/q_scale", "kgen"),
-                  ti._make_layer(2, "trtattn/attn/enc/l0/attn", "kgen", "_gemm_mha_v2_0x1", meta),
-                  ti._make_layer(3, "trtattn/attn/enc/l0/attn/mask_cast+trtattn/attn/enc/l1/attn/q_scale", "kgen"),
-                  ti._make_layer(4, "trtattn/attn/enc/l1/attn", "gemm", "sm80_xmma_gemm_f16", meta.replace("l0", "l1"))]
+        layers = [ti.make_layer(0, "trtattn/attn/enc/l0/attn/q_heads", "Shuffle"),
+                  ti.make_layer(1, "trtattn/attn/enc/l0/attn/q_scale", "kgen"),
+                  ti.make_layer(2, "trtattn/attn/enc/l0/attn", "kgen", "_gemm_mha_v2_0x1", meta),
+                  ti.make_layer(3, "trtattn/attn/enc/l0/attn/mask_cast+trtattn/attn/enc/l1/attn/q_scale", "kgen"),
+                  ti.make_layer(4, "trtattn/attn/enc/l1/attn", "gemm", "sm80_xmma_gemm_f16", meta.replace("l0", "l1"))]
         rep = ti.classify(ti.LayerInfo("x", "json", layers))
         assert [(r["site"], r["fused"], len(r["layers"])) for r in rep["attention"]] == [
             ("enc/l0/attn", True, 4), ("enc/l1/attn", False, 2)], meta
     # names only: an IAttention and its support layers inside one Myelin layer, named by its ends
-    layer = ti._make_layer(0, "{ForeignNode[trtattn/attn/enc/l0/attn/q_heads...trtattn/attn/enc/l0/attn]}",
-                           detailed=False)
+    layer = ti.make_layer(0, "{ForeignNode[trtattn/attn/enc/l0/attn/q_heads...trtattn/attn/enc/l0/attn]}",
+                          detailed=False)
     rep = ti.classify(ti.LayerInfo("x", "json", [layer]))
     assert [(r["site"], r["fused"]) for r in rep["attention"]] == [("enc/l0/attn", False)]
     assert "--profilingVerbosity=detailed" in rep["attention"][0]["reason"]
@@ -234,7 +236,7 @@ def test_iattention_support_layers_belong_to_their_site():
 @pytest.mark.parametrize("layer_type,fused", [("Attention", True), ("MHA", True), ("AttentionInput", False),
                                               ("ATTENTION_OUTPUT", False), ("gemm", False)])
 def test_attention_layer_types(layer_type, fused):
-    assert (ti._make_layer(0, "trtattn/attn/a", layer_type).kernel is not None) == fused
+    assert (ti.make_layer(0, "trtattn/attn/a", layer_type).evidence is not None) == fused
 
 
 # --- the shapes of the layer info ------------------------------------------------------------------------------
@@ -281,11 +283,11 @@ def test_oneline_fields_with_nested_brackets_and_commas():
     ("sm80_xmma_gemm_f16f16_f16f32_f32_tn_n", False)])
 def test_kernel_evidence_is_never_a_module_name(name, fused):
     """ONNX module paths such as /encoder/mha/... (NVIDIA/TensorRT#4397) are no evidence of an mha kernel."""
-    assert (ti._make_layer(0, name, "kgen").kernel is not None) == fused
+    assert (ti.make_layer(0, name, "kgen").kernel is not None) == fused
 
 
 def test_import_does_not_load_tensorrt():
-    code = "import sys, trtattn.trt.inspect; print('tensorrt' in sys.modules)"
+    code = "import sys, trtattn.inspect, trtattn.cli.inspect; print('tensorrt' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -334,7 +336,7 @@ def test_bad_sidecar_is_one_line(tmp_path, content, message):
 
 def test_garbled_input_through_the_command_is_one_line_exit_2(tmp_path):
     path = _bad(tmp_path)["truncated_json"]
-    proc = subprocess.run([sys.executable, "-m", "trtattn.trt.inspect", str(path)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "trtattn", "inspect", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("trtattn: error: ") and "truncated.json" in lines[0]
