@@ -154,6 +154,9 @@ def test_require_fused_names_what_failed(capsys):
 
 def test_sidecar_maps_iattention_sites(capsys):
     rep = report("iattention_detailed.json", "iattention.sites.json")
+    # the library call: the sidecar by its path or by its sites
+    assert ti.inspect(DATA / "iattention_detailed.json", sites=DATA / "iattention.sites.json") == rep
+    assert ti.inspect(DATA / "iattention_detailed.json", sites=ti.load_sites(DATA / "iattention.sites.json")) == rep
     rows = by_site(rep)
     assert list(rows) == ["model/layers.0/self_attn", "model/layers.1/self_attn"]
     assert all(r["fused"] and r["listed_in_sidecar"] for r in rows.values())
