@@ -229,11 +229,16 @@ def bert_config(impl: str):
 
 
 def bert(cfg) -> Built:
-    model = T.BertModel(cfg, add_pooling_layer=False)
+    return _encoder(T.BertModel(cfg, add_pooling_layer=False), cfg)
+
+
+def _encoder(model, cfg, **kwargs) -> Built:
+    """A text encoder: token ids and a padding mask in, the last hidden states out (`kwargs`: extra
+    arguments of the model's forward)."""
     inputs = {"input_ids": _ids(BATCH, SEQ), "attention_mask": _padding_mask(BATCH, SEQ)}
 
     def fn(m, input_ids, attention_mask):
-        return m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return m(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
 
     return Built(_wrap(model, fn, inputs), inputs,
                  {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
@@ -334,3 +339,4 @@ llama_cache_config = llama_config
 
 def llama_cache(cfg) -> Built:
     return _with_past(T.LlamaModel(cfg), cfg, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads)
+

@@ -1,7 +1,8 @@
 """Export a zoo entry with torch's TorchScript or dynamo ONNX exporter.
 
-The exported model carries metadata (`trtattn.zoo`, `trtattn.inputs`) describing what each
-input means, so that verification feeds realistic data without guessing.
+The exported model carries metadata (`trtattn.inputs`) describing what each input means, so that
+verification feeds realistic data without guessing. Entries of the "dims" class carry only a
+`trtattn.zoo` record (name, exporter, sites): they are exported as a user's export would be.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from .. import onnxio
+from ..graph import io as onnxio
 from ..errors import TrtattnError
 
 TORCHSCRIPT_OPSET = 17
@@ -101,10 +102,18 @@ def export_entry(entry, exporter: str, path, *, opset: int | None = None, force:
         except Exception as e:
             raise ExportError(f"{entry.name}: the {exporter} exporter failed: {root_cause(e)}") from None
         model = onnx.load(raw)
+    del model.metadata_props[:]
+    classes = entry.classes_for(exporter) if hasattr(entry, "classes_for") else ()
+    record = {"zoo": entry.name, "exporter": exporter, "expected_sites": entry.expected_sites}
+    if "dims" in classes:
+        # the point of a "dims" entry: the model as a real export has it, with the exporter's own dim
+        # names and nothing that tells verification which sizes fit
+        model.metadata_props.add(key="trtattn.zoo", value=json.dumps({**record, "classes": list(classes)}))
+        return onnxio.save(model, path)
     _name_dims(model, built)
     present = {i.name for i in model.graph.input}  # exporters drop inputs the model does not use
-    meta = {"zoo": entry.name, "exporter": exporter, "expected_sites": entry.expected_sites,
-            "inputs": {k: v for k, v in built.roles.items() if k in present}, "dims": built.dims}
-    del model.metadata_props[:]
+    meta = {**record, "inputs": {k: v for k, v in built.roles.items() if k in present}, "dims": built.dims}
+    if classes:
+        meta["classes"] = list(classes)
     model.metadata_props.add(key="trtattn.inputs", value=json.dumps(meta))
     return onnxio.save(model, path)
