@@ -19,7 +19,7 @@ def test_zoo_list_json(capsys):
     assert {r["name"] for r in rows} == set(zoo.ZOO)
     for r in rows:
         assert set(r) == {"name", "exporters", "expected_sites"}
-        assert r["expected_sites"] > 0
+        assert r["expected_sites"] > 0 or r["name"] == "resnet-external"  # nothing to fuse, on purpose
         assert set(r["exporters"]) <= {"torchscript", "dynamo"} and r["exporters"]
     # the families and variants the zoo promises
     for name in ["bart", "whisper", "whisper-decoder-cache", "swin", "vit", "bert", "gpt2", "llama",

@@ -36,7 +36,7 @@ CLASSES = {
     "qdq": "static int8 QuantizeLinear/DequantizeLinear from ONNX Runtime's quantization tools",
     "single_query": "one query position (a recurrent decoder step), boolean mask True at padding",
     "control_flow": "attention inside If branches or a Loop body",
-    "external_data": "weights saved as external data next to the model",
+    "external_data": "weights saved as external data next to the model (with attention and without)",
 }
 
 
@@ -187,6 +187,9 @@ _MISSED = [
     ("llama-merged", "derived:llama-cache", "merged_decoder", ("eager",),
      "Llama as optimum merges decoders: If(use_cache_branch) over the with-cache and without-cache graphs",
      lambda c: 2 * c.num_hidden_layers, ("control_flow",), None),
+    ("resnet-external", "families", "resnet", ("eager",),
+     "ResNet, no attention, saved with external data: nothing to fuse, the output must still be complete",
+     lambda c: 0, ("external_data",), None),
     ("bert-external", "derived:bert", "external_data", ("eager",),
      "BERT saved with its weights as external data (model.onnx + model.onnx.data)",
      _layers, ("external_data",), None),

@@ -13,6 +13,10 @@ wav2vec2    raw 16 kHz audio through seven strided convolutions (receptive field
             320): exported as a real export would be, with optimum's dim names and no trtattn hints,
             so the default verification length (8 samples) cannot run; a user passes
             --dims batch_size=2,sequence_length=16000
+led         the encoder pads its input to a multiple of the attention window with a padding length
+            computed in Python: TorchScript bakes the example's (7 -> 8) into Reshapes, so the export
+            runs on lengths 7, 11, 15, ... only, although its dims say "seq"; a user passes seq=7
+resnet      no attention at all, saved with external data
 """
 
 from __future__ import annotations
@@ -106,3 +110,15 @@ def led_config(impl: str):
 
 def led(cfg) -> Built:
     return _encoder_decoder(T.LEDModel(cfg), cfg)
+
+
+def resnet_config(impl: str):
+    return T.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic")
+
+
+def resnet(cfg) -> Built:
+    """No attention at all: with external data, the case where `fuse` has nothing to rewrite and must
+    still write a complete model (issue 10, outputs)."""
+    from .models import _image_model
+
+    return _image_model(T.ResNetModel(cfg), cfg, 32)

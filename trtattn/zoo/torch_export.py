@@ -109,11 +109,11 @@ def export_entry(entry, exporter: str, path, *, opset: int | None = None, force:
         # the point of a "dims" entry: the model as a real export has it, with the exporter's own dim
         # names and nothing that tells verification which sizes fit
         model.metadata_props.add(key="trtattn.zoo", value=json.dumps({**record, "classes": list(classes)}))
-        return onnxio.save(model, path)
+        return onnxio.save(model, path, external_data="external_data" in classes)
     _name_dims(model, built)
     present = {i.name for i in model.graph.input}  # exporters drop inputs the model does not use
     meta = {**record, "inputs": {k: v for k, v in built.roles.items() if k in present}, "dims": built.dims}
     if classes:
         meta["classes"] = list(classes)
     model.metadata_props.add(key="trtattn.inputs", value=json.dumps(meta))
-    return onnxio.save(model, path)
+    return onnxio.save(model, path, external_data="external_data" in classes)
