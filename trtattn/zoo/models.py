@@ -268,7 +268,9 @@ def _decoder(model, cfg, positions: bool = False) -> Built:
 
 
 def gpt2_config(impl: str):
-    return T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, attn_implementation=impl)
+    # <|endoftext|> is the last token, as in GPT-2's vocabulary (its default id 50256 is outside this one)
+    return T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=VOCAB - 1,
+                        eos_token_id=VOCAB - 1, attn_implementation=impl)
 
 
 def gpt2(cfg) -> Built:
