@@ -18,7 +18,8 @@ def test_zoo_list_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert {r["name"] for r in rows} == set(zoo.ZOO)
     for r in rows:
-        assert set(r) == {"name", "exporters", "expected_sites"}
+        assert set(r) == {"name", "exporters", "expected_sites", "classes"}
+        assert set(r["classes"]) <= set(zoo.CLASSES)
         assert r["expected_sites"] > 0 or r["name"] == "resnet-external"  # nothing to fuse, on purpose
         assert set(r["exporters"]) <= {"torchscript", "dynamo"} and r["exporters"]
     # the families and variants the zoo promises

@@ -26,7 +26,8 @@ def run(args, progress) -> int:
     if args.zoo_command == "list":
         rows = zoo.listing()
         if args.json:
-            print(json.dumps([{k: r[k] for k in ("name", "exporters", "expected_sites")} for r in rows], indent=2))
+            print(json.dumps([{k: r[k] for k in ("name", "exporters", "expected_sites", "classes")} for r in rows],
+                             indent=2))
         else:
             shown = [{**r, "exporters": ", ".join(r["exporters"]),
                       "unsupported": "; ".join(f"{k}: {v}" for k, v in r["unsupported"].items())} for r in rows]
