@@ -104,7 +104,8 @@ def test_precision_table_refuses_uncounted_matmul_ops():
     node = helper.make_node("MatMulNBits", ["x", "w"], ["y"], domain="com.microsoft", name="q4")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT, [2, 4])],
                               [helper.make_tensor_value_info("y", T.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     with pytest.raises(P.PrecisionError, match="com.microsoft:MatMulNBits .*q4"):
         P.precision_table(model)
 
@@ -142,13 +143,15 @@ _converted = {}
 
 
 def converted(zoo_export, name, precision, **kwargs):
+    """(fp32 original, Converted), once per test module: the fused zoo model (ViT as exported)."""
     key = (name, precision, tuple(sorted(kwargs.items())))
     if key not in _converted:
         original = onnx.load(str(zoo_export(name, "torchscript")))
         if name != "vit":
             original = trtattn.fuse(original).model
+        options = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
         _converted[key] = (original, P.convert(original, precision, calibration_feeds=[make_feeds(original)],
-                                               **{k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}))
+                                               **options))
     return _converted[key]
 
 
@@ -244,8 +247,8 @@ def test_keep_fp32_node_stays_fp32(zoo_export):
     first_ffn = next(n.name for n in original.graph.node if n.op_type == "MatMul" and "intermediate" in n.name)
     _, result = converted(zoo_export, "bert", "fp16", keep_fp32=(first_ffn,))
     node = next(n for n in result.model.graph.node if n.name == first_ffn)
-    types = {v.name: v.type.tensor_type.elem_type for v in [*result.model.graph.value_info, *result.model.graph.input]}
-    types.update({i.name: i.data_type for i in result.model.graph.initializer})
+    types = {i.name: i.data_type for i in result.model.graph.initializer}
+    types.update({v.name: v.type.tensor_type.elem_type for v in result.model.graph.value_info})
     assert [types[t] for t in node.input] == [T.FLOAT, T.FLOAT]
     assert result.kept_fp32[first_ffn] == "asked (keep_fp32)"
     assert 0 < result.table["fp32"] < 0.5
@@ -262,6 +265,20 @@ def test_ops_autocast_would_break_are_refused():
                               [helper.make_tensor_value_info("y", T.FLOAT, None)],
                               [numpy_helper.from_array(rng.standard_normal((16, 48)).astype(np.float32), "w"),
                                numpy_helper.from_array(np.zeros(48, np.float32), "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     with pytest.raises(P.PrecisionError, match=r"ms_attn \(com.microsoft:Attention\)"):
         P.convert(model, "fp16")
+
+
+@needs_autocast
+def test_convert_from_a_path_with_external_data(zoo_export, tmp_path):
+    """Only the graph is loaded here; AutoCast reads the weights where they are, and nothing is left behind."""
+    original = onnx.load(str(zoo_export("vit", "torchscript")))
+    path = tmp_path / "vit.onnx"
+    onnx.save_model(original, str(path), save_as_external_data=True, location="vit.onnx.data", size_threshold=0)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = P.convert(path, "fp16", calibration_feeds=make_feeds(original, dims={"batch": 1}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before == ["vit.onnx", "vit.onnx.data"]
+    assert result.table["fp16"] >= 0.95
+    P.verify(path, result.model, [make_feeds(original, seed=1, dims={"batch": 1})])
