@@ -1,5 +1,5 @@
 """The model of an engine's layer info, whatever it was read from: one Layer per engine layer, with the ONNX
-nodes it implements and the fused-attention kernel it names, if any.
+nodes it implements, the fused-attention kernel it names, if any, and the types of its tensors.
 
 Only kernel and tactic names are kernel evidence: module names such as ``.../mha/...`` inside ONNX paths never
 are (NVIDIA/TensorRT#4397).
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+
+from .precision import dtype_of
 
 # `_gemm_mha_v2_myl0_17`, TacticName `_gemm_mha_v2_0x957a...`, `fmha_v2_flash_attention_fp16_...`,
 # `sm80_fmha_...`: the token mha/fmha (or flash attention) standing on its own between separators.
@@ -42,6 +44,8 @@ class Layer:
     ranges: list[tuple[str, str]] = field(default_factory=list)  # ForeignNode[first...last] spans
     note: str = ""  # metadata text that is not an ONNX node name (IAttention metadata, for one)
     kernel: str | None = None  # the fused-attention kernel its tactic or name names, if any
+    input_dtypes: list[str] = field(default_factory=list)  # its tensors' types (fp16, fp8, int32 ...), where given
+    output_dtypes: list[str] = field(default_factory=list)
 
     @property
     def attention_type(self) -> bool:
@@ -50,7 +54,8 @@ class Layer:
 
     @property
     def evidence(self) -> str | None:
-        """What says this layer runs a fused attention: its kernel, else its attention layer type."""
+        """What says this layer is an attention: its kernel, else its attention layer type (which finds the
+        attention but does not prove it fused: classify.py asks for the kernel)."""
         if self.kernel is not None:
             return self.kernel
         return f"{self.type} layer {self.name}" if self.attention_type else None
@@ -162,8 +167,10 @@ def _names_from_layer_name(name: str) -> tuple[list[str], list[tuple[str, str]]]
 
 
 def make_layer(index: int, name: str, layer_type: str | None = None, tactic: str | None = None,
-               metadata: str | None = None, inputs=(), outputs=(), detailed: bool = True) -> Layer:
-    """A Layer from the fields every layer-info format has (metadata: TensorRT's `[ONNX Layer: ...]` text)."""
+               metadata: str | None = None, inputs=(), outputs=(), detailed: bool = True,
+               input_formats=(), output_formats=()) -> Layer:
+    """A Layer from the fields every layer-info format has (metadata: TensorRT's `[ONNX Layer: ...]` text;
+    formats: each tensor's Format/Datatype, as written)."""
     metadata = metadata or ""
     onnx_names = [n.strip() for n in _ONNX_RE.findall(metadata) if n.strip()]
     note = _SEPARATORS.sub(" ", _ONNX_RE.sub(" ", metadata)).strip()
@@ -174,7 +181,12 @@ def make_layer(index: int, name: str, layer_type: str | None = None, tactic: str
         note = ""  # TensorRT repeats the layer name when it has no metadata of its own
     return Layer(index=index, name=name, type=layer_type, tactic=tactic,
                  inputs=[t for t in inputs if t], outputs=[t for t in outputs if t], detailed=detailed,
-                 onnx=list(dict.fromkeys(onnx_names)), ranges=ranges, note=note, kernel=_kernel_of(name, tactic))
+                 onnx=list(dict.fromkeys(onnx_names)), ranges=ranges, note=note, kernel=_kernel_of(name, tactic),
+                 input_dtypes=_dtypes(input_formats), output_dtypes=_dtypes(output_formats))
+
+
+def _dtypes(formats) -> list[str]:
+    return [t for t in map(dtype_of, formats) if t]
 
 
 def keep_layer(name: str, layer_type: str | None) -> bool:

@@ -24,6 +24,8 @@ from .layers import Layer, LayerInfo, keep_layer, make_layer
 _LOG_PREFIX = re.compile(r"^\[\d{2}/\d{2}/\d{4}-\d{2}:\d{2}:\d{2}\] \[[A-Z]\] (?:\[TRT\] )?")
 _BUILDER_LINE = re.compile(r"^Layer\((?P<type>[^)]*)\): (?P<rest>.*)$")
 _FIELD_START = re.compile(r"[A-Za-z][\w/]*: ")
+_BUILDER_TENSOR = re.compile(r"^(?P<name>.*?)(?:\s*\((?P<a>[A-Za-z0-9]+)\[[^\]]*\]\)"  # name (Type[dims])
+                             r"|\[(?P<b>[A-Za-z0-9]+)\([^)]*\)\])$")  # name[Type(dims)]
 _NUMERIC_TACTIC = re.compile(r"0x[0-9a-fA-F]+|-?\d+")  # a tactic given only as a number names no kernel
 
 
@@ -98,6 +100,12 @@ def _tensor_names(value) -> list[str]:
     return [t.get("Name", "") if isinstance(t, dict) else str(t) for t in value]
 
 
+def _tensor_formats(value) -> list[str]:
+    if not isinstance(value, list):
+        return []
+    return [t["Format/Datatype"] for t in value if isinstance(t, dict) and isinstance(t.get("Format/Datatype"), str)]
+
+
 def _layers_from_json(entries: list, source: str) -> list[Layer]:
     layers: list[Layer] = []
     for entry in entries:
@@ -115,7 +123,9 @@ def _layers_from_json(entries: list, source: str) -> list[Layer]:
         layers.append(make_layer(len(layers), entry["Name"], layer_type,
                                  _named_tactic(entry.get("TacticName"), entry.get("TacticValue")),
                                  metadata if isinstance(metadata, str) else None,
-                                 _tensor_names(entry.get("Inputs")), _tensor_names(entry.get("Outputs"))))
+                                 _tensor_names(entry.get("Inputs")), _tensor_names(entry.get("Outputs")),
+                                 input_formats=_tensor_formats(entry.get("Inputs")),
+                                 output_formats=_tensor_formats(entry.get("Outputs"))))
     return layers
 
 
@@ -168,9 +178,9 @@ def _find_top(text: str, needle: str) -> int:
     return -1
 
 
-def _oneline_tensors(value: str) -> list[str]:
-    """`[ { Name: x, Dimensions: [1,2], Format/Datatype: Half }, {...}]` -> tensor names."""
-    names, start, level = [], None, 0
+def _oneline_tensors(value: str) -> tuple[list[str], list[str]]:
+    """`[ { Name: x, Dimensions: [1,2], Format/Datatype: Half }, {...}]` -> (tensor names, their formats)."""
+    names, formats, start, level = [], [], None, 0
     for i, ch in enumerate(value):
         if ch == "{":
             level += 1
@@ -183,7 +193,9 @@ def _oneline_tensors(value: str) -> list[str]:
                     key, _, val = part.partition(": ")
                     if key.strip() == "Name":
                         names.append(val.strip())
-    return names
+                    elif key.strip() == "Format/Datatype":
+                        formats.append(val.strip())
+    return names, formats
 
 
 def _parse_oneline(line: str, index: int) -> Layer | None:
@@ -201,24 +213,28 @@ def _parse_oneline(line: str, index: int) -> Layer | None:
         fields[key.strip()] = val
     if not keep_layer(fields["Name"], fields.get("LayerType")):
         return None
+    (inputs, input_formats), (outputs, output_formats) = (_oneline_tensors(fields.get(side, ""))
+                                                          for side in ("Inputs", "Outputs"))
     return make_layer(index, fields["Name"], fields.get("LayerType"),
                       _named_tactic(fields.get("TacticName"), fields.get("TacticValue")), fields.get("Metadata"),
-                      _oneline_tensors(fields.get("Inputs", "")), _oneline_tensors(fields.get("Outputs", "")))
+                      inputs, outputs, input_formats=input_formats, output_formats=output_formats)
 
 
-def _builder_tensors(text: str) -> list[str]:
-    """`ids (Int32[1,40]), mask (Bool[1,40])` or `data[Float(-2,3,300,300)]` -> tensor names."""
-    names = []
+def _builder_tensors(text: str) -> tuple[list[str], list[str]]:
+    """`ids (Int32[1,40]), mask (Bool[1,40])` or `data[Float(-2,3,300,300)]` -> (tensor names, their types)."""
+    names, types = [], []
     start = 0
     for i, ch, depth in _depth_scan(text + ","):
         if ch == "," and depth == 0:
             part = text[start:i].strip()
             start = i + 1
-            part = re.sub(r"\s*\([A-Za-z0-9]+\[[^\]]*\]\)$", "", part)  # name (Type[dims])
-            part = re.sub(r"\[[A-Za-z0-9]+\([^)]*\)\]$", "", part)  # name[Type(dims)]
+            m = _BUILDER_TENSOR.match(part)
+            if m:
+                part = m["name"]
+                types.append(m["a"] or m["b"])
             if part:
                 names.append(part)
-    return names
+    return names, types
 
 
 def _parse_builder_line(line: str, index: int) -> Layer | None:
@@ -236,9 +252,10 @@ def _parse_builder_line(line: str, index: int) -> Layer | None:
     inputs, _, outputs = io.partition(" -> ")
     if not keep_layer(name, m["type"]):
         return None
+    (inputs, input_types), (outputs, output_types) = _builder_tensors(inputs), _builder_tensors(outputs)
     # these lines carry no metadata (layer names only)
-    return make_layer(index, name, m["type"], _named_tactic(None, (tactic or "").strip()), None,
-                      _builder_tensors(inputs), _builder_tensors(outputs), detailed=False)
+    return make_layer(index, name, m["type"], _named_tactic(None, (tactic or "").strip()), None, inputs, outputs,
+                      detailed=False, input_formats=input_types, output_formats=output_types)
 
 
 def _dump_layer_info_section(lines: list[str], prefixed: list[bool]) -> list[Layer]:
