@@ -15,6 +15,7 @@ import pytest
 from trtattn import inspect as ti
 from trtattn.cli import inspect as command
 from trtattn.errors import MissingDependencyError, TrtattnError
+from trtattn.inspect.precision import dtype_of, ran_in
 from trtattn.report import Progress
 
 DATA = Path(__file__).parent / "data" / "layerinfo"
@@ -80,7 +81,9 @@ def test_mixed_dumplayerinfo_log_table_and_json(capsys):
     assert [(r["site"], r["fused"]) for r in rep["attention"]] == [
         ("model/encoder/layers.0/self_attn", True), ("model/encoder/layers.1/self_attn", False)]
     assert set(rep) >= {"attention", "other_softmax", "summary"}
-    assert set(rep["attention"][0]) >= {"site", "fused", "layers", "kernel"}
+    assert set(rep["attention"][0]) >= {"site", "fused", "status", "proof", "layers", "kernel", "precision",
+                                        "built_for"}
+    assert [(r["proof"], r["precision"]) for r in rep["attention"]] == [("kernel", "fp16"), (None, "fp16")]
     assert rep["attention"][1]["layers"] == ["/model/encoder/layers_1/self_attn/MatMul_myl0_8",
                                              "__myl_AddReduMaxSubExpReduSumDiv_myl0_9",
                                              "/model/encoder/layers_1/self_attn/MatMul_1_myl0_10"]
@@ -132,7 +135,9 @@ def test_opaque_foreign_node_fails_require_fused(capsys):
 
 @pytest.mark.parametrize("name,code", [("fused_detailed.json", 0), ("unfused_detailed.json", 1),
                                        ("mixed_dumplayerinfo.log", 1), ("vit_classifier.json", 0),
-                                       ("names_only.json", 1), ("dynamo_dataflow.log", 1)])
+                                       ("names_only.json", 1), ("dynamo_dataflow.log", 1),
+                                       ("iattention_typed.log", 1), ("resnet_no_attention.json", 1),
+                                       ("fp8_detailed.json", 0), ("builder_verbose.log", 1)])
 def test_require_fused_exit_codes(capsys, name, code):
     assert run(capsys, DATA / name, "--require-fused")[0] == code
     assert run(capsys, DATA / name)[0] == 0  # without the flag the report is all
@@ -142,12 +147,154 @@ def test_require_fused_names_what_failed(capsys):
     code, out = run(capsys, DATA / "mixed_dumplayerinfo.log", "--require-fused")
     assert code == 1
     last = out.splitlines()[-1]
-    assert last.startswith("not every attention is fused: model/encoder/layers.1/self_attn: not fused")
+    assert last.startswith("--require-fused failed: model/encoder/layers.1/self_attn: not fused")
     assert "layers.0" not in last
     code, out = run(capsys, DATA / "mixed_dumplayerinfo.log", "--require-fused", "--json")
     assert code == 1
     summary = json.loads(out)["summary"]  # stdout stays pure JSON
     assert summary["ok"] is False and len(summary["failures"]) == 1
+
+
+# --- what proves fusion: a kernel or tactic name, or the sidecar's decomposable=False -------------------------
+
+def test_attention_layer_type_alone_is_unproven(capsys):
+    """An IAttention layer with a numeric tactic says it is an attention, not that TensorRT fused it."""
+    rep = report("iattention_typed.log")
+    rows = by_site(rep)
+    assert list(rows) == ["model/layers.0/self_attn", "model/layers.1/self_attn"]
+    fused, typed = rows.values()
+    assert fused == {**fused, "status": "fused", "fused": True, "proof": "kernel"}
+    assert fused["kernel"].startswith("fmha_v2_flash_attention_fp16_")
+    assert typed == {**typed, "status": "unproven", "fused": False, "proof": None, "kernel": None}
+    assert "names no kernel or tactic" in typed["reason"] and "decomposable=False" in typed["reason"]
+    assert rep["summary"] == {**rep["summary"], "attention": 2, "fused": 1, "not_fused": 0, "unproven": 1,
+                              "ok": False}
+    assert rep["summary"]["failures"] == [f"model/layers.1/self_attn: unproven ({typed['reason']})"]
+    code, out = run(capsys, DATA / "iattention_typed.log", "--require-fused")
+    assert code == 1
+    assert out.splitlines()[-2].startswith("2 attention site(s): 1 fused, 0 not fused, 1 unproven;")
+    assert out.splitlines()[-1].startswith("--require-fused failed: model/layers.1/self_attn: unproven")
+
+
+def test_sidecar_decomposable_false_proves_a_typed_attention(capsys, tmp_path):
+    rows = by_site(report("iattention_typed.log", "iattention_typed.sites.json"))
+    assert [(r["status"], r["proof"]) for r in rows.values()] == [
+        ("fused", "kernel"), ("fused", "sidecar: built with decomposable=False")]
+    code, out = run(capsys, DATA / "iattention_typed.log", "--sites", DATA / "iattention_typed.sites.json",
+                    "--require-fused")
+    assert code == 0 and "(sidecar: built with decomposable=False)" in out
+    assert "2 attention site(s): 2 fused, 0 not fused;" in out
+    # built with decomposable=True, or a sidecar that does not say: TensorRT was free to split it
+    sidecar = json.loads((DATA / "iattention_typed.sites.json").read_text())
+    for value in (True, None):
+        for site in sidecar["sites"]:
+            site["decomposable"] = value
+        path = tmp_path / "llama.json"
+        path.write_text(json.dumps(sidecar))
+        row = by_site(ti.inspect(DATA / "iattention_typed.log", sites=path))["model/layers.1/self_attn"]
+        assert row["status"] == "unproven" and row["listed_in_sidecar"], value
+        assert ("the sidecar records decomposable=True" in row["reason"]) == bool(value)
+        assert run(capsys, DATA / "iattention_typed.log", "--sites", path, "--require-fused")[0] == 1
+    # a kernel name is proof whatever the sidecar says
+    assert by_site(ti.inspect(DATA / "iattention_typed.log", sites=path))["model/layers.0/self_attn"]["fused"]
+
+
+def test_no_attention_fails_require_fused(capsys):
+    """A ResNet's layer info: nothing is proven fused, so --require-fused cannot pass (its Softmax is a head)."""
+    rep = report("resnet_no_attention.json")
+    assert rep["attention"] == [] and rep["summary"]["opaque_layers"] == []
+    assert [s["name"] for s in rep["other_softmax"]] == ["/softmax/Softmax"]
+    assert rep["summary"]["failures"] == ["no attention found in 8 layer(s), so none is proven fused"]
+    assert run(capsys, DATA / "resnet_no_attention.json")[0] == 0
+    code, out = run(capsys, DATA / "resnet_no_attention.json", "--require-fused")
+    assert code == 1 and out.splitlines()[-1] == (
+        "--require-fused failed: no attention found in 8 layer(s), so none is proven fused")
+    code, out = run(capsys, DATA / "resnet_no_attention.json", "--require-fused", "--json")
+    assert code == 1 and json.loads(out)["summary"]["ok"] is False
+
+
+# --- the precision each site ran in ---------------------------------------------------------------------------
+
+def test_fp8_site_that_ran_in_fp16_fails_require_fused(capsys):
+    """Both sites built for FP8 (sidecar) and both fused; layer 1's kernel took Half: NVIDIA/TensorRT#4516."""
+    rep = report("fp8_detailed.json", "fp8.sites.json")
+    rows = by_site(rep)
+    assert [(r["fused"], r["precision"], r["built_for"]) for r in rows.values()] == [
+        (True, "fp8", "fp8"), (True, "fp16", "fp8")]
+    assert "precision_problem" not in rows["model/layers.0/self_attn"]
+    problem = rows["model/layers.1/self_attn"]["precision_problem"]
+    assert problem.startswith("built for fp8, ran in fp16")
+    assert rep["summary"]["wrong_precision"] == ["model/layers.1/self_attn"]
+    assert rep["summary"]["failures"] == [f"model/layers.1/self_attn: {problem}"]
+    code, out = run(capsys, DATA / "fp8_detailed.json", "--sites", DATA / "fp8.sites.json", "--require-fused")
+    assert code == 1
+    table = out.splitlines()
+    assert "fp16 (built fp8)" in next(line for line in table if line.startswith("model/layers.1/self_attn"))
+    assert " fp8 " in next(line for line in table if line.startswith("model/layers.0/self_attn"))
+    assert "1 not in the precision built for" in table[-2]
+    assert table[-1] == f"--require-fused failed: model/layers.1/self_attn: {problem}"
+    code, out = run(capsys, DATA / "fp8_detailed.json", "--sites", DATA / "fp8.sites.json", "--require-fused",
+                    "--json")
+    assert code == 1 and by_site(json.loads(out))["model/layers.1/self_attn"]["precision_problem"] == problem
+    # without the sidecar nothing says FP8 was asked for: the precision is reported, not judged
+    rows = by_site(report("fp8_detailed.json"))
+    assert [(r["precision"], r["built_for"]) for r in rows.values()] == [("fp8", None), ("fp16", None)]
+    assert run(capsys, DATA / "fp8_detailed.json", "--require-fused")[0] == 0
+
+
+def test_quantized_site_without_tensor_types_is_not_taken_on_trust():
+    layers = [ti.make_layer(0, "trtattn/attn/a", "kgen", "_gemm_mha_v2_0x1")]
+    sites = [{"name": "a", "layer": "trtattn/attn/a", "dtype": "int8", "normalization_quantize_to_type": "int8"}]
+    row = by_site(ti.classify(ti.LayerInfo("x", "json", layers), sites))["a"]
+    assert row["fused"] and row["precision"] is None and "records no tensor types" in row["precision_problem"]
+    sites[0].update(dtype="fp16", normalization_quantize_to_type=None)  # only quantized sites are judged
+    row = by_site(ti.classify(ti.LayerInfo("x", "json", layers), sites))["a"]
+    assert row["built_for"] == "fp16" and "precision_problem" not in row
+
+
+@pytest.mark.parametrize("fmt,dtype", [
+    ("Half", "fp16"), ("Row major linear FP16 format", "fp16"), ("Channel major FP16 format where channel % 8 == 0",
+                                                                 "fp16"),
+    ("BFloat16", "bf16"), ("Channel major BFloat16 format where channel % 8 == 0", "bf16"), ("FP8", "fp8"),
+    ("Row major linear FP8 format", "fp8"), ("Int8", "int8"), ("Four wide channel vectorized row major Int8 format",
+                                                                "int8"),
+    ("Row major INT8 format where column stride % 64 == 0", "int8"), ("Float", "fp32"), ("Row major linear FP32",
+                                                                                          "fp32"),
+    ("Int32", "int32"), ("Row major linear Int64 format", "int64"), ("Row major linear BOOL", "bool"),
+    ("Unknown format", None), ("", None)])
+def test_format_datatype_names(fmt, dtype):
+    """The Format/Datatype spellings of Myelin and of the long format descriptions (TREx's table)."""
+    assert dtype_of(fmt) == dtype
+
+
+def test_ran_in_reads_the_attention_layers_operands():
+    def layer(name, ltype, tactic, ins, outs):
+        return ti.make_layer(0, name, ltype, tactic, input_formats=ins, output_formats=outs)
+
+    # an FP8 kernel writes Half; a wider mask does not widen it; lengths are no compute type
+    fp8 = layer("k", "kgen", "_gemm_mha_v2_0x1", ["FP8", "FP8", "FP8", "Half", "Int32"], ["Half"])
+    assert ran_in([layer("q_scale", "kgen", None, ["Half"], ["FP8"]), fp8]) == "fp8"
+    # unfused: the MatMuls' operands; a layer that gives only outputs; a layer with no types
+    gemms = [layer("/a/MatMul", "gemm", "sm80_xmma_gemm_f16", ["Half", "Half"], ["Half"]),
+             layer("/a/Softmax", "kgen", None, ["Float"], ["Float"])]
+    assert ran_in(gemms) == "fp16"
+    assert ran_in([layer("trtattn/attn/a", "Attention", None, [], ["BFloat16"])]) == "bf16"
+    assert ran_in([layer("trtattn/attn/a", "Attention", None, ["Int32"], [])]) is None
+
+
+def test_tensor_types_from_every_shape():
+    oneline = ti.load_layer_info(DATA / "mixed_dumplayerinfo.log").layers[4]
+    assert oneline.name == "_gemm_mha_v2_myl0_4" and oneline.input_dtypes == ["fp16"] * 4
+    typed = next(layer for layer in ti.load_layer_info(DATA / "iattention_typed.log").layers
+                 if layer.type == "Attention")
+    assert typed.input_dtypes == ["fp16"] * 3 and typed.output_dtypes == ["fp16"]
+    head = ti.load_layer_info(DATA / "resnet_no_attention.json").layers[-1]
+    assert head.input_dtypes == ["fp16"] and head.output_dtypes == ["fp32"]
+    myelin, reformat = ti.load_layer_info(DATA / "builder_verbose.log").layers
+    assert myelin.inputs == ["concat_ids", "concat_mask", "sent_ids", "pos_ids"]
+    assert myelin.input_dtypes == ["int32", "bool", "int32", "int32"] and myelin.output_dtypes == ["fp16"]
+    assert reformat.outputs == ["logits"] and reformat.output_dtypes == ["fp32"]
+    assert ti.load_layer_info(DATA / "names_only.json").layers[0].input_dtypes == []
 
 
 # --- sidecar mapping -----------------------------------------------------------------------------------------------
@@ -256,7 +403,8 @@ def test_raw_control_characters_as_tensorrt_8_6_writes_them(tmp_path):
     assert by_site(ti.classify(ti.load_layer_info(path)))["a"]["fused"]
 
 
-@pytest.mark.parametrize("name", ["mixed_dumplayerinfo.log", "dynamo_dataflow.log", "builder_verbose.log"])
+@pytest.mark.parametrize("name", ["mixed_dumplayerinfo.log", "dynamo_dataflow.log", "builder_verbose.log",
+                                  "iattention_typed.log"])
 def test_logs_as_trtexec_writes_them(tmp_path, name):
     """The fixtures' comment lines removed: a log starts with `&&&& RUNNING` or `[11/21/2025-05:20:11] [I] ...`."""
     raw = tmp_path / name

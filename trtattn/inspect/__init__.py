@@ -4,8 +4,8 @@
     print(render_table(report))
 
 parse.py reads the layer info (engines through trtattn.trt.inspector, loaded only for them) into layers.py's
-model; sites.py finds each attention and its layers; classify.py gives the verdict per site and the report;
-report.py renders it.
+model; sites.py finds each attention and its layers; classify.py gives the verdict per site (fused, unproven, not
+fused, missing) and the report; precision.py reads the precision each site ran in; report.py renders it.
 """
 
 from __future__ import annotations
