@@ -50,12 +50,12 @@ def _one(cid: str, save: str | None) -> int:
     return 0 if r.outcome in ("fused", "listed", "n/a") or (r.outcome == "no_effect") else 1
 
 
-def _self_check(sources: list[str]) -> int:
+def _self_check(sources: list[str], kinds: list[str]) -> int:
     from collections import Counter, defaultdict
 
     sites = runner.site_counts(sources)
     per, bad = defaultdict(Counter), []
-    for kind in KINDS:
+    for kind in kinds:
         for cid in sorted(runner.candidates(kind, sources, sites, 0)):
             try:
                 r = run_case(cid, fuse=False)
@@ -78,6 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--sources", default="all", help="'all' (default), 'quick', or comma-separated source names")
+    ap.add_argument("--kinds", help="comma-separated mutation kinds (default: all; see --list-kinds)")
     ap.add_argument("--cli-every", type=int, default=10, help="check `trtattn fuse`'s exit code on every Nth case "
                     "(0: never)")
     ap.add_argument("--json", help="write every case result here")
@@ -99,8 +100,12 @@ def main(argv=None) -> int:
         return _one(args.case, args.save)
 
     sources = _sources(args.sources)
+    kinds = args.kinds.split(",") if args.kinds else list(KINDS)
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        ap.error(f"unknown kinds {unknown}; known: {', '.join(KINDS)}")
     if args.self_check:
-        return _self_check(sources)
+        return _self_check(sources, kinds)
     t0 = time.perf_counter()
 
     def progress(i, n, r):
@@ -108,7 +113,7 @@ def main(argv=None) -> int:
             print(f"\r[{i}/{n}] {time.perf_counter() - t0:6.0f}s  {r.outcome:9s} {r.id[:70]:70s}",
                   end="\n" if not sys.stderr.isatty() else "", file=sys.stderr, flush=True)
 
-    results = runner.run(args.cases, args.seed, args.jobs, sources, args.cli_every, progress)
+    results = runner.run(args.cases, args.seed, args.jobs, sources, args.cli_every, progress, kinds)
     elapsed = time.perf_counter() - t0
     print(file=sys.stderr)
     print(f"attention mutation fuzzer: {len(results)} cases, seed {args.seed}, {len(sources)} sources, "

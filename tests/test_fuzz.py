@@ -21,7 +21,7 @@ from fuzz import oracle, runner  # noqa: E402
 from fuzz.graphops import KINDS  # noqa: E402
 from fuzz.sources import QUICK_SOURCES  # noqa: E402
 
-SEED, CASES, JOBS = 0, 240, 2
+SEED, CASES, JOBS = 0, 300, 2
 
 # Meaning-preserving kinds trtattn fuses in >= 99% of the slice's cases today.
 PASSING = {"baseline", "identity", "cast_roundtrip", "scale_move", "div_mul", "scale_shape", "commute",

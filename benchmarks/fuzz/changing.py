@@ -5,6 +5,7 @@ checks that each one really changes the outputs on the fuzzer's inputs (else it 
 from __future__ import annotations
 
 import numpy as np
+import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
 from .graphops import F32_MIN, INT64_MAX, Ctx, NotApplicable, kind, need, replace_input
@@ -58,14 +59,15 @@ def softmax_axis(ctx: Ctx):
     s.softmax.attrs["axis"] = axis
 
 
-def _token_ids(ctx: Ctx, keys: int):
+def _token_ids(ctx: Ctx, scores: list[tuple]):
+    """A [batch, keys] input of token ids."""
     roles = metadata(ctx.source).get("inputs", {})
     for t in ctx.graph.inputs:
         if roles.get(t.name, {}).get("kind") == "token_ids":
             shapes = ctx.facts.input_shapes.get(t.name)
-            if shapes and all(len(s) == 2 and s[1] == k for s, k in zip(shapes, keys)):
+            if shapes and all(len(s) == 2 and (s[0], s[1]) == (sc[0], sc[-1]) for s, sc in zip(shapes, scores)):
                 return t
-    raise NotApplicable("no token-id input as long as the keys")
+    raise NotApplicable("no [batch, keys] token-id input")
 
 
 @kind("value_mask", preserving=False, variants=("keys_additive", "keys_where", "token_ids"))
@@ -77,8 +79,7 @@ def value_mask(ctx: Ctx):
     need(ctx.dtype_is_f32(s.scores), "the scores are not float32")
     if ctx.variant == "token_ids":
         need(r == 4, "not 4-D attention")
-        keys = [sh[-1] for sh in ctx.facts.shapes[s.scores.name]]
-        ids = _token_ids(ctx, keys)
+        ids = _token_ids(ctx, ctx.facts.shapes[s.scores.name])
         masked = ctx.op("Equal", [ctx.op("Mod", [ids, ctx.ints(3)]), ctx.ints(0)])
         masked = ctx.unsqueeze(masked, [1, 2])
         ctx.insert("scores", lambda t: ctx.op("Where", [masked, ctx.const(F32_MIN), t]))
@@ -116,3 +117,70 @@ def swap_kv(ctx: Ctx):
     kt, v = s.kt, s.v
     replace_input(s.bmm1, kt, ctx.op("Transpose", [v], perm=perm))
     s.bmm2.inputs[s.v_slot] = ctx.op("Transpose", [kt], perm=perm)
+
+
+def _after_scale(ctx: Ctx) -> str | gs.Node:
+    """Where Gemma-2-style logit transforms sit: after the scale, before any mask."""
+    s = ctx.site
+    scaled = [n for n in s.pre[: next((i for i, n in enumerate(s.pre) if n.op in ("Add", "Sub", "Where")), len(s.pre))]
+              if n.op in ("Mul", "Div")]
+    return scaled[-1] if scaled else "logits"
+
+
+def _insert_after(ctx: Ctx, where, make) -> None:
+    if isinstance(where, str):
+        ctx.insert(where, make)
+        return
+    out = where.outputs[0]
+    consumer = next(c for c in out.outputs if any(c is p for p in ctx.path_nodes()))
+    replace_input(consumer, out, make(out))
+
+
+@kind("softcap", preserving=False, variants=("cap2", "cap5"))
+def softcap(ctx: Ctx):
+    """Logit soft-capping, tanh(x / cap) * cap after the scale (Gemma 2; issue 10, class 3): ONNX
+    Attention-23 has a softcap attribute for it."""
+    cap = float(ctx.variant[3:])
+    need(ctx.dtype_is_f32(ctx.site.logits), "the logits are not float32")
+    _insert_after(ctx, _after_scale(ctx), lambda t: ctx.op("Mul", [ctx.op("Tanh", [ctx.op("Div", [t, ctx.const(cap)])]),
+                                                                    ctx.const(cap)]))
+
+
+@kind("position_bias", preserving=False, variants=("alibi",))
+def position_bias(ctx: Ctx):
+    """An ALiBi-style bias computed in the graph: -slope_h * |i - j| from Range ops over the scores'
+    shape (queries aligned to the last keys), added before the softmax (issue 10, class 3)."""
+    s = ctx.site
+    need(ctx.rank(s.scores) == 4 and ctx.dtype_is_f32(s.scores), "not 4-D float32 attention")
+    heads = {sh[1] for sh in ctx.facts.shapes[s.scores.name]}
+    need(len(heads) == 1, "the head count varies")
+    n = heads.pop()
+    shape = ctx.op("Shape", [s.scores])
+    q_len = ctx.op("Squeeze", [ctx.slice(shape, -2, -1, 0), ctx.ints([0])]) if ctx.opset >= 13 else \
+        ctx.op("Squeeze", [ctx.slice(shape, -2, -1, 0)], axes=[0])
+    k_len = ctx.op("Squeeze", [ctx.slice(shape, -1, INT64_MAX, 0), ctx.ints([0])]) if ctx.opset >= 13 else \
+        ctx.op("Squeeze", [ctx.slice(shape, -1, INT64_MAX, 0)], axes=[0])
+    qi = ctx.unsqueeze(ctx.op("Range", [ctx.op("Sub", [k_len, q_len]), k_len, ctx.ints(1)]), [1])
+    kj = ctx.unsqueeze(ctx.op("Range", [ctx.ints(0), k_len, ctx.ints(1)]), [0])
+    distance = ctx.op("Cast", [ctx.op("Abs", [ctx.op("Sub", [qi, kj])])], to=TensorProto.FLOAT)
+    slopes = ctx.const((-(2.0 ** (-8.0 * (np.arange(n) + 1) / n))).reshape(n, 1, 1))
+    bias = ctx.op("Mul", [distance, slopes])
+    ctx.insert("scores", lambda t: ctx.op("Add", [t, bias]))
+
+
+@kind("qdq", preserving=False, variants=("q", "k", "v", "probs"))
+def qdq(ctx: Ctx):
+    """A QuantizeLinear -> DequantizeLinear pair (static int8, per tensor, as ONNX Runtime's
+    quantization tools write) on Q, K, V, or uint8 after the softmax (issue 10, class 6)."""
+    need(ctx.opset >= 10, "QuantizeLinear needs opset 10")
+    _, t = ctx.edge(ctx.variant)
+    need(ctx.dtype_is_f32(t), f"the {ctx.variant} are not float32")
+    if ctx.variant == "probs":
+        scale, zero = 1.0 / 255, np.uint8(0)
+    else:
+        peak = ctx.facts.absmax.get(t.name)
+        need(peak, f"no runtime range for the {ctx.variant}")
+        scale, zero = peak / 127, np.int8(0)
+    ctx.insert(ctx.variant, lambda x: ctx.op("DequantizeLinear", [
+        ctx.op("QuantizeLinear", [x, ctx.const(scale), ctx.const(zero, zero.dtype)]), ctx.const(scale),
+        ctx.const(zero, zero.dtype)]))

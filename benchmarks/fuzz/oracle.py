@@ -25,7 +25,8 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import changing, preserving  # noqa: F401  (registers the kinds)
+from . import preserving  # noqa: F401, I001  (registers the kinds: preserving first, for the table's order)
+from . import changing  # noqa: F401
 from .graphops import KINDS, Ctx, NotApplicable, export
 from .sites import count_attention, facts, locate
 from .sources import difference, feed_sets, load_source, metadata, run, session

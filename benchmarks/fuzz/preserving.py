@@ -150,10 +150,11 @@ def heads_3d(ctx: Ctx):
     s = ctx.site
     need(ctx.rank(s.logits) == 4 and ctx.rank(s.scores) == 4, "not 4-D attention")
     if ctx.variant in ("softmax", "all"):
-        need(s.softmax.attrs.get("axis", -1) in (-1, 3) and ctx.opset >= 13, "softmax not over the last axis")
+        need(s.softmax.attrs.get("axis", -1 if ctx.opset >= 13 else 1) in (-1, 3), "softmax not over the last axis")
         scores, probs = s.scores, s.probs
         flat = _to_3d(ctx, scores)
         s.softmax.inputs[0] = flat
+        s.softmax.attrs["axis"] = 2
         new = gs.Variable(ctx.fresh("probs3d"))
         s.softmax.outputs[0] = new
         ctx.graph.nodes.append(gs.Node("Reshape", ctx.fresh("Reshape"), {}, [new, ctx.op("Shape", [scores])], [probs]))
@@ -175,7 +176,7 @@ def flatten_softmax(ctx: Ctx):
     """Flatten -> Softmax -> Reshape, what ONNX's version converter writes for an opset < 13 Softmax."""
     s = ctx.site
     r = ctx.rank(s.scores)
-    need(s.softmax.attrs.get("axis", -1) in (-1, r - 1), "softmax not over the last axis")
+    need(s.softmax.attrs.get("axis", -1 if ctx.opset >= 13 else 1) in (-1, r - 1), "softmax not over the last axis")
     need(s.probs not in ctx.graph.outputs, "the probabilities are a graph output")
     scores, probs = s.scores, s.probs
     flat = ctx.op("Flatten", [scores], axis=r - 1)

@@ -70,10 +70,10 @@ def site_counts(sources: list[str]) -> dict[str, int]:
     return out
 
 
-def plan(cases: int, seed: int, sources: list[str], cli_every: int = 10) -> list[tuple[list[str], bool]]:
+def plan(cases: int, seed: int, sources: list[str], cli_every: int = 10, kinds=None) -> list[tuple[list[str], bool]]:
     """Slots round-robin over the kinds; slot j of a kind with n slots tries that kind's candidates
     j, j + n, j + 2n, ... (disjoint stripes: no case twice)."""
-    kinds = list(KINDS)
+    kinds = list(kinds or KINDS)
     per_kind = {k: [i for i in range(cases) if kinds[i % len(kinds)] == k] for k in kinds}
     sites = site_counts(sources)
     stripes = {}
@@ -85,8 +85,9 @@ def plan(cases: int, seed: int, sources: list[str], cli_every: int = 10) -> list
     return [(stripes[i], cli_every > 0 and i % cli_every == 0) for i in range(cases)]
 
 
-def run(cases: int, seed: int, jobs: int, sources: list[str], cli_every: int = 10, progress=None) -> list[CaseResult]:
-    slots = plan(cases, seed, sources, cli_every)
+def run(cases: int, seed: int, jobs: int, sources: list[str], cli_every: int = 10, progress=None,
+        kinds=None) -> list[CaseResult]:
+    slots = plan(cases, seed, sources, cli_every, kinds)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = []
     if jobs <= 1:

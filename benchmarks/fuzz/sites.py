@@ -17,9 +17,10 @@ from .sources import run
 
 PRODUCTS = {"MatMul", "Einsum"}
 BACKWARD = {"Add", "Sub", "Mul", "Div", "Where", "Cast", "CastLike", "Identity", "Dropout", "Reshape", "Flatten",
-            "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tanh", "Clip", "Max", "Min", "Neg"}
+            "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tanh", "Clip", "Max", "Min", "Neg", "QuantizeLinear",
+            "DequantizeLinear"}
 FORWARD = {"Cast", "CastLike", "Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
-           "Expand", "Where", "Mul"}
+           "Expand", "Where", "Mul", "QuantizeLinear", "DequantizeLinear"}
 # fused attention ops a model may already hold (each one an attention)
 ATTENTION_OPS = {("", "Attention"), ("com.microsoft", "Attention"), ("com.microsoft", "MultiHeadAttention"),
                  ("com.microsoft", "GroupQueryAttention")}
@@ -178,6 +179,7 @@ class Facts:
     input_shapes: dict[str, list[tuple]]  # graph input -> shape per input set
     varies: dict[str, set]  # tensor -> the axes (-1, -2) along which a shift by one changes it
     trivial: set  # tensors that are all zero (float) or all True (bool) on every input set
+    absmax: dict[str, float]  # float tensor -> its largest magnitude over the input sets
 
     def shape(self, t) -> tuple | None:
         s = self.shapes.get(t.name if hasattr(t, "name") else t)
@@ -208,4 +210,7 @@ def facts(model: onnx.ModelProto, sites: list[Site], feed_sets: list[dict]) -> F
     varies = {k: {ax for ax in (-1, -2) if any(r[k].ndim >= -ax and not np.array_equal(np.roll(r[k], 1, ax), r[k])
                                                for r in runs)} for k in runs[0]}
     trivial = {k for k in runs[0] if all(not r[k].any() if r[k].dtype != np.bool_ else r[k].all() for r in runs)}
-    return Facts(shapes, dtypes, values, {k: [f[k].shape for f in feed_sets] for k in feed_sets[0]}, varies, trivial)
+    absmax = {k: max(float(np.abs(r[k]).max(initial=0)) for r in runs) for k in runs[0]
+              if np.issubdtype(runs[0][k].dtype, np.floating)}
+    return Facts(shapes, dtypes, values, {k: [f[k].shape for f in feed_sets] for k in feed_sets[0]}, varies, trivial,
+                 absmax)
