@@ -6,6 +6,7 @@ from ..graph import io as onnxio
 from ..graph.inputs import parse_dims
 from ..report import site_table, write_json
 from ..version import __version__
+from . import fuse_trt
 from .common import add_model_out, add_verify_opts, check_output, verdict
 
 
@@ -13,11 +14,14 @@ def add_parser(sub) -> None:
     f = sub.add_parser("fuse", help="rewrite every attention into the standard ONNX Attention op, verified")
     add_model_out(f)
     add_verify_opts(f)
+    fuse_trt.add_options(f)  # --ops trt: TensorRT's own ops (cli/fuse_trt.py)
 
 
 def run(args, progress) -> int:
     from ..rewrite.fuse import fuse_model
 
+    if fuse_trt.wanted(args):
+        return fuse_trt.run(args, progress)
     check_output(args.model, args.output, args.force)
     model = onnxio.load(args.model)  # bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress)

@@ -1,0 +1,55 @@
+"""OUT.json next to a model written with TensorRT's ONNX ops: the engine's sidecar as `trtattn build` writes
+it (sites and their layer names, I/O contract, in-place aliases, profiles), plus what trtexec needs to build
+the same engine: the --minShapes/--optShapes/--maxShapes strings of every profile and the command line.
+`trtattn inspect LAYERINFO.json --sites OUT.json --require-fused` reads it as it reads an engine's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from ...trt.engine import sidecar as engine_sidecar
+from ...trt.plan import BuildPlan, describe_io
+from ...graph.shapes import tensor_types
+
+SHAPE_FLAGS = (("min", "--minShapes"), ("opt", "--optShapes"), ("max", "--maxShapes"))
+
+
+def _name(name: str) -> str:
+    """An input name as trtexec reads it: quoted when it holds the separators ',' or ':'."""
+    return f"'{name}'" if ("," in name or ":" in name) else name
+
+
+def shape_strings(profiles: list[dict]) -> list[dict[str, str]]:
+    """[{"--minShapes": "input_ids:1x1,...", "--optShapes": ..., "--maxShapes": ...}], one per profile (trtexec
+    makes one optimisation profile per repetition of the three flags)."""
+    return [{flag: ",".join(f"{_name(name)}:{'x'.join(str(d) for d in row[key])}" for name, row in p.items())
+             for key, flag in SHAPE_FLAGS} for p in profiles]
+
+
+def trtexec_command(onnx_path: str | Path, profiles: list[dict], engine: str | Path, layer_info: str | Path) -> list[str]:
+    """The trtexec build of the written model: strongly typed (the precision is in the tensors), with detailed
+    layer info so that `trtattn inspect` can see which kernel each attention runs."""
+    args = ["trtexec", f"--onnx={onnx_path}", "--stronglyTyped", "--profilingVerbosity=detailed",
+            f"--saveEngine={engine}", f"--exportLayerInfo={layer_info}", "--skipInference"]
+    for shapes in shape_strings(profiles):
+        args += [f"{flag}={value}" for flag, value in shapes.items()]
+    return args
+
+
+def sidecar(plan: BuildPlan, model: onnx.ModelProto, onnx_path: str | Path, *, source: str = "",
+            verification: dict | None = None) -> dict:
+    """The engine sidecar of `plan` for the written `model` (its own graph I/O: caches at their static capacity)."""
+    info = engine_sidecar(plan, trt_version=None, source=source, gpu=None)
+    types = tensor_types(model)
+    info["io"]["inputs"] = [describe_io(types, i.name) for i in model.graph.input]
+    info["io"]["outputs"] = [describe_io(types, o.name) for o in model.graph.output]
+    stem = Path(onnx_path).with_suffix("")
+    info["route"] = "trtexec"
+    info["onnx"] = str(onnx_path)
+    info["ops"] = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain == "trt"})
+    info["trtexec"] = {"shapes": shape_strings(plan.profiles),
+                       "command": trtexec_command(onnx_path, plan.profiles, f"{stem}.engine", f"{stem}.layers.json")}
+    info["verification"] = verification
+    return info
