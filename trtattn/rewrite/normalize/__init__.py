@@ -1,11 +1,11 @@
 """normalize: every pass behind one call, verified against the original.
 
-    cleanup -> match + probe -> per site: q_prescale + mask_form -> dead-node cleanup
-            -> verify on ONNX Runtime -> fusability verdicts on the result [-> quantize]
+    cleanup -> match + probe -> per site: q_prescale + mask_form + NaN guard after BMM2 -> dead-node
+            cleanup -> verify on ONNX Runtime -> fusability verdicts on the result [-> quantize]
 
 The result keeps to ops TensorRT's ONNX parser supports, so it serves both trtattn's network
-builder and `trtexec --onnx` (TensorRT's implicit fusion). A site already in TensorRT's form is
-left alone; a model with nothing to improve comes back unchanged, and the result says so.
+builder and `trtexec --onnx` (TensorRT's implicit fusion). A site already in TensorRT's form (scale on Q/K, one
+masking op before the Softmax, nothing but Q/DQ after it) is left alone; a model with nothing to improve comes back unchanged, and the result says so.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ...verify import compare_models
 from .cleanup import cleanup
 from .fusability import verdict
 from .mask_form import MaskCache, masked_logits
+from .probabilities import between, move_nan_guard, not_documented
 from .q_prescale import prescaled_logits
 
 
@@ -31,6 +32,7 @@ class SiteNormalization:
     action: str  # "rewritten" | "kept: ..." | "skipped: ..."
     scale_to: str = "-"
     mask_form: str = "-"
+    probabilities: str = "-"  # what normalize did between the Softmax and BMM2
     before: dict = field(default_factory=dict)  # fusability verdict on the input
     after: dict = field(default_factory=dict)  # ... on the normalised graph
     max_abs_err: float | None = None
@@ -39,7 +41,7 @@ class SiteNormalization:
         s = self.site
         return {"name": s.name, "kind": s.kind.value, "heads": f"{s.q_heads}/{s.kv_heads}", "head_size": s.head_size,
                 "scale": s.softmax_scale, "scale_before": s.scale_placement.value, "scale_to": self.scale_to,
-                "mask_form": self.mask_form, "action": self.action, "max_abs_err": self.max_abs_err,
+                "mask_form": self.mask_form, "probabilities": self.probabilities, "action": self.action, "max_abs_err": self.max_abs_err,
                 "implicit_before": self.before.get("implicit"), "implicit": self.after.get("implicit"),
                 "implicit_why": self.after.get("implicit_why"), "iattention": self.after.get("iattention"),
                 "iattention_why": self.after.get("iattention_why"), "causal_skip": self.after.get("causal_skip")}
@@ -83,28 +85,37 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
     rewritten = 0
     for site in result.sites:
         meaning = meanings.get(site.name)
+        probs = between(cleaned, site.softmax) if site.softmax else None
         row = SiteNormalization(site, "kept: already in TensorRT's form",
-                                before=verdict(site, precision=precision, meaning=meaning).row())
+                                before=verdict(site, precision=precision, meaning=meaning, probs_ops=probs).row())
         rows.append(row)
         if site.source != "pattern":
             row.action = f"kept: already a fused op ({site.source})"
             continue
         pure_causal = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding \
             and not meaning.bias
-        if already_normal(site) and not (fold_scale_into_weights and site.scale != 1.0) and not \
-                (pure_causal and site.mask == MaskKind.ADDITIVE):
+        logits_normal = already_normal(site) and not (fold_scale_into_weights and site.scale != 1.0) and not \
+            (pure_causal and site.mask == MaskKind.ADDITIVE)
+        if logits_normal and not not_documented(probs):
             continue
         mark = len(graph.nodes)
         try:
-            logits, row.scale_to = prescaled_logits(graph, tensors, site, fold_weights=fold_scale_into_weights)
-            shape = None
-            if logit_ops.has_layout_change(site.mask_steps):
-                shape = Emitter(graph, f"trtattn/{site.name}/shape").score_shape(
-                    tensors[site.query], tensors[site.key_transposed], site.rank, site.rank - 1)
-            x, row.mask_form = masked_logits(graph, tensors, site, meaning, logits, cache, shape)
-            nodes[site.softmax].inputs[0] = x
-            row.action = "rewritten"
-            rewritten += 1
+            if not logits_normal:
+                logits, row.scale_to = prescaled_logits(graph, tensors, site, fold_weights=fold_scale_into_weights)
+                shape = None
+                if logit_ops.has_layout_change(site.mask_steps):
+                    shape = Emitter(graph, f"trtattn/{site.name}/shape").score_shape(
+                        tensors[site.query], tensors[site.key_transposed], site.rank, site.rank - 1)
+                x, row.mask_form = masked_logits(graph, tensors, site, meaning, logits, cache, shape)
+                nodes[site.softmax].inputs[0] = x
+                row.action = "rewritten"
+            if move_nan_guard(graph, nodes[site.softmax], f"trtattn/{site.name}"):
+                row.probabilities, row.action = "NaN guard moved after BMM2", "rewritten"
+            elif not_documented(probs):
+                row.probabilities = f"{', '.join(probs)} left (not TensorRT's form)"
+                if logits_normal:
+                    row.action = f"kept: {', '.join(not_documented(probs))} between the Softmax and BMM2"
+            rewritten += row.action == "rewritten"
         except (KeyError, ValueError) as e:
             del graph.nodes[mark:]
             row.action = f"skipped: {e}"
@@ -129,7 +140,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         s2 = by_softmax.get(r.site.softmax or r.site.output)
         if s2 is not None:
             r.after = verdict(s2, precision=precision, meaning=after_meanings.get(s2.name),
-                              mask_ops=_mask_ops(out, s2)).row()
+                              mask_ops=_mask_ops(out, s2), probs_ops=between(out, s2.softmax)).row()
     return NormalizeResult(out, rows, True, stats, verification, result.ignored)
 
 

@@ -4,7 +4,8 @@ Two questions per site, against TensorRT's documented limits (shared/reference:
 tensorrt-fused-attention.txt, tensorrt-attention-api-facts.md):
 - implicit: will TensorRT's own pattern fusion (trtexec --onnx on this graph) take it?
   Needs a fused-kernel precision, a supported head size, the scale on Q/K before the first
-  MatMul and exactly one masking op (Where/Add/Sub) between that MatMul and the Softmax.
+  MatMul, exactly one masking op (Where/Add/Sub) between that MatMul and the Softmax, and
+  nothing but Q/DQ between the Softmax and the second MatMul.
 - iattention: can trtattn's builder express it as one IAttention (add_attention_v2)?
 The published limits are the older conservative ones (head size 16..256 and a multiple of 8 for
 FP16/BF16; INT8 head sizes 16/32/64 with sequences up to 512): newer TensorRT may accept more, in
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ...match import logit_ops
 from ...site import AttentionSite, MaskKind, ScalePlacement
+from .probabilities import not_documented
 
 FUSED_PRECISIONS = ("fp16", "bf16", "fp8", "int8")
 INT8_HEAD_SIZES = (16, 32, 64)
@@ -60,7 +62,8 @@ def _kernel_limits(site: AttentionSite, precision: str, max_seq: int | None) -> 
 
 
 def verdict(site: AttentionSite, *, precision: str = "fp16", meaning=None, max_seq: int | None = None,
-            mask_ops: set[str] | None = None) -> Verdict:
+            mask_ops: set[str] | None = None, probs_ops: list[str] | None = None) -> Verdict:
+    """probs_ops: the op types between the site's Softmax and its second MatMul (probabilities.between)."""
     limits = _kernel_limits(site, precision, max_seq)
     softcap = any(n.startswith("softcap") for n in site.notes)
 
@@ -88,6 +91,10 @@ def verdict(site: AttentionSite, *, precision: str = "fp16", meaning=None, max_s
             implicit.append("the logits are reshaped between the first MatMul and the Softmax")
         if softcap:
             implicit.append("logit soft-capping between the MatMul and the Softmax")
+        extra = not_documented(probs_ops)
+        if extra:
+            implicit.append(f"{', '.join(extra)} between the Softmax and the second MatMul (TensorRT's pattern "
+                            "allows only Q/DQ there)")
     causal_skip = bool(meaning is not None and getattr(meaning, "pattern", "") in ("causal", "window")
                        and not meaning.padding and not meaning.bias and site.mask != MaskKind.ADDITIVE
                        and (mask_ops is None or {"Range"} <= mask_ops))

@@ -1,0 +1,82 @@
+"""What sits between an attention's Softmax and its second MatMul (BMM2), and torch's NaN guard moved out.
+
+TensorRT's documented fusion pattern has nothing between the Softmax and BMM2 but Q/DQ. torch's SDPA
+TorchScript export puts a guard there for rows that attend to no key (all logits -inf, so the softmax is
+NaN): Softmax -> Where(IsNaN(P), 0, P) -> MatMul. normalize moves it after BMM2:
+
+    Softmax -> MatMul -> Y_raw;  Y = Where(IsNaN(Y_raw), 0, Y_raw)
+
+Exact: a softmax is NaN for a whole row or not at all, a NaN row of P makes that row of P.V NaN, and the
+guard turns it into the 0 the original gives (0 . V); every other row passes unchanged. (Only a non-finite
+V could tell the two apart: then the original is already NaN or inf there.)
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx_graphsurgeon as gs
+
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def between(model: onnx.ModelProto, softmax: str) -> list[str] | None:
+    """Op types of the nodes between the Softmax node `softmax` and the MatMul its probabilities feed, in graph
+    order (the IsNaN of a guard included); None when no MatMul is reached through single consumers."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    node = next((n for n in model.graph.node if n.name == softmax), None)
+    if node is None:
+        return None
+    t, ops = node.output[0], []
+    for _ in range(8):
+        readers = consumers.get(t, [])
+        ops += [r.op_type for r in readers if r.op_type == "IsNaN"]
+        main = [r for r in readers if r.op_type != "IsNaN"]
+        if len(main) != 1:
+            return None
+        if main[0].op_type == "MatMul":
+            return ops
+        ops.append(main[0].op_type)
+        t = main[0].output[0]
+    return None
+
+
+def not_documented(ops: list[str] | None) -> list[str]:
+    """The ops TensorRT's pattern does not allow between the Softmax and BMM2 (anything but Q/DQ)."""
+    return [op for op in ops or [] if op not in QDQ]
+
+
+def _guard(sm_out: gs.Tensor):
+    """(IsNaN, Where, MatMul) when the probabilities go Softmax -> Where(IsNaN(P), 0, P) -> MatMul, else None."""
+    readers = list(sm_out.outputs)
+    isnan = [n for n in readers if n.op == "IsNaN"]
+    where = [n for n in readers if n.op == "Where"]
+    if len(readers) != 2 or len(isnan) != 1 or len(where) != 1:
+        return None
+    isnan, where = isnan[0], where[0]
+    fill = where.inputs[1]
+    if (where.inputs[0] is not isnan.outputs[0] or where.inputs[2] is not sm_out or len(isnan.outputs[0].outputs) != 1
+            or not isinstance(fill, gs.Constant) or fill.values.size != 1 or float(fill.values.reshape(-1)[0]) != 0.0):
+        return None
+    matmuls = list(where.outputs[0].outputs)
+    if len(matmuls) != 1 or matmuls[0].op != "MatMul" or matmuls[0].inputs[0] is not where.outputs[0]:
+        return None
+    return isnan, where, matmuls[0]
+
+
+def move_nan_guard(graph: gs.Graph, softmax: gs.Node, prefix: str) -> bool:
+    """Move torch's NaN guard of this Softmax after its BMM2 (module doc). False when there is none."""
+    found = _guard(softmax.outputs[0])
+    if found is None:
+        return False
+    _, where, bmm2 = found
+    y = bmm2.outputs[0]
+    raw = gs.Variable(f"{prefix}/bmm2_unguarded", dtype=y.dtype, shape=y.shape)
+    bmm2.inputs[0] = softmax.outputs[0]
+    bmm2.outputs = [raw]
+    is_nan = gs.Variable(f"{prefix}/bmm2_isnan", dtype=bool, shape=y.shape)
+    graph.nodes.append(gs.Node("IsNaN", f"{prefix}/nan_guard_isnan", inputs=[raw], outputs=[is_nan]))
+    graph.nodes.append(gs.Node("Where", f"{prefix}/nan_guard", inputs=[is_nan, where.inputs[1], raw], outputs=[y]))
+    return True  # the old IsNaN/Where read nothing now: cleanup removes them
