@@ -17,6 +17,7 @@ import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
 from ..graph.emit import Emitter
+from ..graph.dims import fit_dims
 from ..graph.shapes import symbolic_shapes, upgrade_opset
 from ..match import analyse, probe_feeds
 from ..match.fused_ops import MICROSOFT_OPS
@@ -126,6 +127,7 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     progress = progress or Progress(enabled=False)
     if not has_candidates(model):
         return FuseResult(model, [], [], {"passed": True, "note": "no attention found"})
+    dims = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py)
     with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(model, ATTENTION_OPSET)
         graph, result, meanings = analyse(working, probe_feeds(working, dims))

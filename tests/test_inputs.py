@@ -1,0 +1,245 @@
+"""Verification inputs the model can run on (issue 10, item 4) and that mean what the model means
+(the mask polarity of item 7): graph/inputs.py (roles, dims) and graph/dims.py (dims that fit).
+
+Hand-built graphs for each case (a length baked into a Reshape, strided convolutions, two
+symbolic names for one dim, dims written -1 or '?', masks True at the padding with and without
+metadata, flags, a model no dims fit), then the zoo's "dims" entries and luong-gru."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtattn.graph.dims import DimsDoNotFit, fit_dims
+from trtattn.graph.inputs import input_specs, kept_tokens, make_feeds, name_free_dims, resolve_dims
+
+FILL = np.float32(-np.inf)
+
+
+def _model(nodes, inputs, outputs, inits=(), meta=None, opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(np.asarray(v), k) for k, v in inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    if meta is not None:
+        model.metadata_props.add(key="trtattn.inputs", value=json.dumps(meta))
+    return model
+
+
+def _run(model, feeds) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _shapes(model, **kwargs):
+    return {k: v.shape for k, v in make_feeds(model, **kwargs).items()}
+
+
+# ---------------------------------------------------------------- dims
+def _pair(ids_dims, mask_dims):
+    """ids + mask -> one output: only runs when both have the same shape."""
+    nodes = [helper.make_node("Cast", ["mask"], ["maskf"], to=TensorProto.INT64),
+             helper.make_node("Add", ["ids", "maskf"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ids_dims),
+                          helper.make_tensor_value_info("mask", TensorProto.INT64, mask_dims)],
+                  [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+
+
+def test_dims_written_minus_one_or_question_mark_are_symbolic():
+    model = _pair([-1, "?"], ["unk__0", "unk__1"])
+    assert _shapes(model) == {"ids": (2, 8), "mask": (2, 8)}  # batch and sequence unified by position
+    assert _shapes(model, dims={"seq": 5}) == {"ids": (2, 5), "mask": (2, 5)}
+    assert _shapes(model, dims={"unk__0": 3}) == {"ids": (3, 8), "mask": (3, 8)}  # a member sets its dim
+    fit = fit_dims(model)
+    assert _run(model, make_feeds(model, dims=fit))[0].shape == (2, 8)
+    assert any("ids[0]" in r and "unk__0" in r for r in fit.reasons), fit.reasons
+
+
+def test_two_symbolic_names_for_one_batch():
+    model = _pair(["s33", "s50"], ["s6", "s50"])  # torch.export: one symbol per dim it could not prove equal
+    dims = resolve_dims(model, {"batch": 3})
+    assert dims["s33"] == dims["s6"] == 3 and dims["s50"] == 8
+    assert _shapes(model, dims={"s6": 4}) == {"ids": (4, 8), "mask": (4, 8)}
+    assert _shapes(model, dims={"s33": 4, "s6": 4, "s50": 6}) == {"ids": (4, 6), "mask": (4, 6)}
+    fit = fit_dims(model, {"batch": 3})
+    assert _run(model, make_feeds(model, dims=fit))[0].shape == (3, 8)
+
+
+def test_name_free_dims_writes_the_unified_names():
+    model = _pair([-1, "?"], ["s6", "s50"])
+    before = model.SerializeToString()
+    named = name_free_dims(model)
+    assert model.SerializeToString() == before
+    assert [[d.dim_param for d in i.type.tensor_type.shape.dim] for i in named.graph.input] == [["batch", "seq"]] * 2
+    declared = _pair(["batch", "seq"], ["batch", "seq"])
+    assert name_free_dims(declared) is declared
+
+
+def test_length_baked_into_a_reshape():
+    """TorchScript wrote the example's length (7) into a Reshape target."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])
+    model = _model([helper.make_node("Reshape", ["x", "target"], ["y"], name="baked")], [x],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [("target", np.array([2, 7, 2, 2], np.int64))])
+    with pytest.raises(Exception, match="baked"):
+        _run(model, make_feeds(model))
+    fit = fit_dims(model)
+    assert fit["seq"] == 7 and fit["batch"] == 2
+    assert "seq=7" in fit.reasons[-1] and "Reshape node 'baked'" in fit.reasons[-1], fit.reasons
+    assert _run(model, make_feeds(model, dims=fit))[0].shape == (2, 7, 2, 2)
+    assert fit_dims(model, fit) is fit  # fitted dims are not checked again
+
+
+def _strided(kernel: int, *, out_len=None):
+    """Raw samples through a strided convolution: shorter inputs than one kernel cannot run."""
+    x = helper.make_tensor_value_info("samples", TensorProto.FLOAT, ["batch", "length"])
+    nodes = [helper.make_node("Unsqueeze", ["samples", "one"], ["x3"]),
+             helper.make_node("Conv", ["x3", "w"], ["feat"], name="conv", strides=[kernel // 2]),
+             helper.make_node("Softmax", ["feat"], ["y"], axis=-1)]
+    w = np.full((2, 1, kernel), 1.0 / kernel, np.float32)
+    return _model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, out_len])],
+                  [("one", np.array([1], np.int64)), ("w", w)])
+
+
+def test_strided_convolution_grows_the_length():
+    model = _strided(200)
+    fit = fit_dims(model)
+    assert fit["length"] == 256  # the first length doubled from 8 that holds one kernel
+    assert "Conv node 'conv'" in fit.reasons[-1]
+    assert _run(model, make_feeds(model, dims=fit))[0].shape == (2, 2, 1)
+
+
+def test_output_written_as_an_expression_of_the_inputs():
+    """torch.export writes output dims as expressions of the input dims: a length that would give
+    an empty output is not a fit (and is skipped without a run)."""
+    model = _strided(200, out_len="(length-200)//100+1")
+    assert fit_dims(model)["length"] == 256
+
+
+def test_no_dims_fit_is_one_line_naming_the_node(tmp_path):
+    from trtattn.cli import main
+
+    model = _strided(70000)  # longer than any length tried
+    with pytest.raises(DimsDoNotFit) as e:
+        fit_dims(model)
+    message = str(e.value)
+    assert "\n" not in message and "Conv node 'conv'" in message and "--dims" in message and "length=N" in message
+    fit = fit_dims(model, {"length": 70000})  # what the message asks for
+    assert _run(model, make_feeds(model, dims=fit))[0].shape == (2, 2, 1)
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, path)
+    assert main(["-q", "fuse", str(path), "-o", str(tmp_path / "out.onnx")]) == 2  # not 3: not an internal error
+
+
+# ---------------------------------------------------------------- masks and flags
+def _masked(where: str, meta=None):
+    """logits [B, S] masked by a boolean mask in one of the ways exporters write it."""
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq"])
+    mask = helper.make_tensor_value_info("mask", TensorProto.BOOL, ["batch", "seq"])
+    nodes, inits = [], [("fill", np.array(FILL)), ("zero", np.array(0, np.int64)), ("one", np.array(1.0, np.float32)),
+                        ("big", np.array(-3.4e38, np.float32))]
+    if where == "fill_where_true":  # masked_fill(mask, -inf): True at padding
+        nodes.append(helper.make_node("Where", ["mask", "fill", "logits"], ["masked"]))
+    elif where == "keep_where_true":
+        nodes.append(helper.make_node("Where", ["mask", "logits", "fill"], ["masked"]))
+    elif where == "not":  # masked_fill(~mask, -inf): True at tokens
+        nodes += [helper.make_node("Not", ["mask"], ["pad"]), helper.make_node("Where", ["pad", "fill", "logits"], ["masked"])]
+    elif where == "equal_zero":
+        nodes += [helper.make_node("Cast", ["mask"], ["m64"], to=TensorProto.INT64),
+                  helper.make_node("Equal", ["m64", "zero"], ["pad"]),
+                  helper.make_node("Where", ["pad", "fill", "logits"], ["masked"])]
+    elif where == "one_minus":  # (1 - mask) * -big + logits: True at tokens
+        nodes += [helper.make_node("Cast", ["mask"], ["mf"], to=TensorProto.FLOAT),
+                  helper.make_node("Sub", ["one", "mf"], ["inv"]), helper.make_node("Mul", ["inv", "big"], ["add"]),
+                  helper.make_node("Add", ["logits", "add"], ["masked"])]
+    elif where == "both":  # two uses that disagree: the graph does not say
+        nodes += [helper.make_node("Where", ["mask", "fill", "logits"], ["m1"]),
+                  helper.make_node("Where", ["mask", "m1", "fill"], ["masked"])]
+    nodes.append(helper.make_node("Softmax", ["masked"], ["y"], axis=-1))
+    return _model(nodes, [logits, mask], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, meta)
+
+
+@pytest.mark.parametrize("where,true_at", [("fill_where_true", "padding"), ("keep_where_true", "tokens"),
+                                           ("not", "tokens"), ("equal_zero", "tokens"), ("one_minus", "tokens"),
+                                           ("both", None)])
+def test_mask_polarity_from_how_the_graph_uses_it(where, true_at):
+    model = _masked(where)
+    role = next(s.role for s in input_specs(model) if s.name == "mask")
+    assert role["kind"] == "padding_mask" and role.get("true_at") == true_at
+    feeds = make_feeds(model, dims={"seq": 8})
+    keep = kept_tokens(role, feeds["mask"])
+    assert keep[0].all() and keep[1].sum() == 6  # the last row is padded, the first is not
+    if true_at:  # every row keeps its tokens: no row fully masked, no NaN
+        assert np.isfinite(_run(model, feeds)[0]).all()
+
+
+def test_mask_polarity_from_metadata():
+    meta = {"inputs": {"mask": {"kind": "padding_mask", "true_at": "padding"}, "logits": {"kind": "float"}}}
+    model = _masked("both", meta)  # the graph does not say; the metadata does
+    feeds = make_feeds(model)
+    assert not feeds["mask"][0].any() and feeds["mask"][1].sum() == 2  # True only at the last row's padding
+    assert not make_feeds(model, padding=False)["mask"].any()
+
+
+def test_flag_inputs():
+    """A boolean of one element (use_cache_branch of a merged decoder) is a flag: True unless the
+    metadata says otherwise; never a padding mask."""
+    then = helper.make_graph([helper.make_node("Identity", ["a"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["a"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    inputs = [helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+              helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch"])]
+    node = helper.make_node("If", ["use_cache_branch"], ["y"], then_branch=then, else_branch=other)
+    model = _model([node], inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    assert input_specs(model)[0].role == {"kind": "flag"}
+    feeds = make_feeds(model)
+    assert feeds["use_cache_branch"].tolist() == [True]
+    np.testing.assert_array_equal(_run(model, feeds)[0], feeds["a"])
+    meta = {"inputs": {"use_cache_branch": {"kind": "flag", "value": False}, "a": {"kind": "float"}}}
+    off = _model([node], inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], meta=meta)
+    assert make_feeds(off)["use_cache_branch"].tolist() == [False]
+
+
+# ---------------------------------------------------------------- the zoo
+DIMS_ENTRIES = [("wav2vec2", "torchscript"), ("wav2vec2", "dynamo"), ("wav2vec2-sdpa", "dynamo"),
+                ("led", "torchscript"), ("bert-foreign-dims", "torchscript"), ("bert-foreign-dims", "dynamo")]
+
+
+@pytest.mark.parametrize("name,exporter", DIMS_ENTRIES)
+def test_zoo_dims_entries_get_dims_they_run_on(zoo_export, name, exporter):
+    model = onnx.load(zoo_export(name, exporter))
+    fit = fit_dims(model)
+    for seed in (0, 1):  # the verification's inputs
+        outputs = _run(model, make_feeds(model, dims=fit, seed=seed))
+        assert all(o.size and np.isfinite(o).all() for o in outputs if o.dtype.kind == "f")
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_luong_mask_true_at_padding(zoo_export, exporter):
+    """The Luong finding: the mask is True at padding; fed that way, no row is fully masked and
+    the single-query rewrite verifies exactly."""
+    from trtattn.rewrite.fuse import fuse_model
+
+    model = onnx.load(zoo_export("luong-gru", exporter))
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    del stripped.metadata_props[:]  # without metadata, the graph's Where(mask, -inf, logits) says the same
+    assert next(s.role for s in input_specs(stripped) if s.name == "src_key_padding_mask")["true_at"] == "padding"
+    feeds = make_feeds(model)
+    assert feeds["src_key_padding_mask"][-1].any() and not feeds["src_key_padding_mask"][0].any()
+    assert all(np.isfinite(o).all() for o in _run(model, feeds))
+    result = fuse_model(model)
+    assert result.ok and [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
+    assert result.verification["max_abs_err"] <= 1e-5
+
+
+def test_wav2vec2_fuses_on_the_dims_that_fit(zoo_export):
+    from trtattn.rewrite.fuse import fuse_model
+
+    result = fuse_model(onnx.load(zoo_export("wav2vec2", "torchscript")))
+    assert result.ok and len(result.reports) == 2, [r.row() for r in result.reports]

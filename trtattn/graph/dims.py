@@ -1,0 +1,225 @@
+"""Dims the original model runs on, for verification and probing.
+
+The default dims (graph/inputs.py) fit most models. Some exports do not run on them: TorchScript
+bakes the example's length into Reshape targets or padding (LED runs at lengths 7, 11, 15, ...);
+raw audio through strided convolutions needs hundreds of samples (wav2vec2); torch.export gives
+one dim several names. `fit_dims` checks the dims on ONNX Runtime and, when the model does not run
+on them, tries others, cheapest first: lengths the graph bakes in (static dims, Reshape targets),
+lengths next to the default, then lengths grown geometrically to a bound; first one dim at a
+time, then every sequence-like dim together, then the unified dims taken apart. Candidates whose
+output shapes (torch.export writes them as expressions of the input dims) would be empty are
+skipped without a run. When none runs, one line names the node that fails and the `--dims` to give.
+
+Cost: nothing for a model whose metadata (`trtattn.inputs`) declares the dims it was exported at
+and which the user does not override, or with `check=False`; otherwise one ONNX Runtime session
+(graph optimizations off, so it opens fast) and a run per candidate, stopping at the first that
+fits (LED, 6000 nodes: 2 s, most of it opening the session; wav2vec2: 0.2 s for 21 runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..errors import TrtattnError
+from .inputs import (BATCH, DEFAULT_DIM, SEQ, declared_dims, dim_classes, evaluate, input_specs, make_feeds,
+                     resolve_dims)
+from .io import session_source
+
+BOUND = 1 << 16  # the longest sequence tried
+MAX_TRIALS = 64  # runs of the model, at most, before giving up
+_NEAR = 8  # lengths next to the default tried on either side
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ORT_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", re.DOTALL)
+
+
+class DimsDoNotFit(TrtattnError):
+    """The original model runs on none of the dims tried."""
+
+
+class Fit(dict):
+    """Dims (name -> value) the model runs on, with why they are what they are (`reasons`, one
+    sentence each); passing a Fit back to fit_dims returns it as it is."""
+
+    def __init__(self, dims: dict, reasons: list[str] | None = None):
+        super().__init__(dims)
+        self.reasons = list(reasons or [])
+
+
+def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = True,
+             failure: BaseException | None = None, progress=None) -> Fit:
+    """Dims the original `model` runs on: `dims` (the user's) completed by the defaults when the
+    model runs on them, else the first candidate that does. Raises DimsDoNotFit.
+
+    `check=False` trusts the defaults without a run (a flow that runs the original anyway can then
+    call again with `failure=`, the error that run gave, to search from there)."""
+    if isinstance(dims, Fit) and failure is None:
+        return dims
+    user = dict(dims or {})
+    specs = input_specs(model)
+    classes = dim_classes(specs)
+    guess = resolve_dims(model, user, specs=specs)
+    notes = _unified(classes, guess)
+    if failure is None and (not check or (declared_dims(model) and not user)):
+        return _done(Fit(guess, notes), progress)  # trusted, or the model says what it was exported at
+    variables = _variables(specs, classes, user)
+    with _trial(model, specs) as problem:
+        first = _problem(failure) if failure is not None else problem(guess)
+        if first is None:
+            return _done(Fit(guess, notes), progress)
+        hints = _hints(model)
+        tried = 1
+        for change in _candidates(variables, guess, classes, hints):
+            candidate = resolve_dims(model, {**user, **change}, specs=specs)
+            if _empty_output(model, candidate):
+                continue
+            tried += 1
+            if problem(candidate) is None:
+                shown = ", ".join(f"{k}={v}" for k, v in change.items())
+                was = ", ".join(f"{k}={guess.get(k, DEFAULT_DIM)}" for k in change)
+                return _done(Fit(candidate, notes + [f"{shown} (the model does not run at {was}: {first})"]), progress)
+            if tried >= MAX_TRIALS:
+                break
+    names = list(dict.fromkeys([*user, *variables]))
+    raise DimsDoNotFit(f"the model does not run at {_show(guess, names) or 'its static shapes'} (nor at {tried - 1} "
+                       f"other dims tried): {first}; give sizes it runs on with --dims "
+                       f"{','.join(f'{n}=N' for n in names) or 'NAME=VALUE'}")
+
+
+def _done(fit: Fit, progress) -> Fit:
+    if progress is not None and getattr(progress, "enabled", False):
+        for reason in fit.reasons:
+            print(f"[trtattn] dims: {reason}", file=progress.stream, flush=True)
+    return fit
+
+
+def _show(dims: dict, names) -> str:
+    return ", ".join(f"{n}={dims[n]}" for n in names if n in dims)
+
+
+def _unified(classes: dict[str, str], dims: dict) -> list[str]:
+    """One sentence per dim that several names, or an anonymous dim, stand for."""
+    why = {BATCH: "axis 0 of every input", SEQ: "axis 1 of token ids, masks and positions"}
+    members: dict[str, list[str]] = {}
+    for name, label in classes.items():
+        if name != label:
+            members.setdefault(label, []).append(name)
+    return [f"{label}={dims[label]} for {', '.join(names)}" + (f" ({why[label]})" if label in why else "")
+            for label, names in members.items()]
+
+
+def _variables(specs, classes: dict[str, str], user: dict) -> dict[str, bool]:
+    """The dims to search (name -> whether it is a batch dim), lengths first; not those the user gave."""
+    fixed = set(user) | {classes[k] for k in user if k in classes}
+    found: dict[str, bool] = {}
+    for spec in specs:
+        for axis, d in enumerate(spec.shape):
+            if isinstance(d, str):
+                names = [classes.get(d, d)] if d in classes or _IDENTIFIER.match(d) else re.findall(r"[A-Za-z_]\w*", d)
+                for name in names:
+                    found[name] = found.get(name, False) or (axis == 0 and len(names) == 1)
+    return dict(sorted(((n, b) for n, b in found.items() if n not in fixed), key=lambda item: item[1]))
+
+
+def _candidates(variables: dict[str, bool], guess: dict, classes: dict[str, str], hints: list[int]):
+    """Changes to try, cheapest first: one dim at a time, then every length together, then the
+    members of each unified dim apart."""
+    for name, batch in variables.items():
+        for value in _values(guess.get(name, DEFAULT_DIM), hints, batch):
+            yield {name: value}
+    lengths = [name for name, batch in variables.items() if not batch]
+    if len(lengths) > 1:
+        for value in _values(DEFAULT_DIM, hints, False):
+            yield {name: value for name in lengths}
+    for label, batch in variables.items():
+        members = [n for n, l in classes.items() if l == label and n != label]
+        if len(members) > 1:
+            for name in members:
+                for value in _values(guess.get(name, DEFAULT_DIM), hints, batch):
+                    yield {name: value}
+
+
+def _values(start: int, hints: list[int], batch: bool) -> list[int]:
+    """Values for one dim: for a batch, 1 then small hints; for a length, the hints nearest to the
+    start (baked lengths), the lengths next to it, then doubling up to BOUND."""
+    if batch:
+        out = [1] + [h for h in hints if h <= 16]
+    else:
+        near = sorted(hints, key=lambda h: abs(math.log2(h / start)))[:_NEAR]
+        around = [x for k in range(1, _NEAR + 1) for x in (start - k, start + k) if x >= 1]
+        grown = [start << k for k in range(1, 64) if start << k <= BOUND]
+        out = near + around + grown
+    return [v for v in dict.fromkeys(out) if v != start]
+
+
+def _hints(model: onnx.ModelProto) -> list[int]:
+    """Lengths the graph may have baked in: static dims of its tensors and constant Reshape/Expand/Tile targets."""
+    graph = model.graph
+    found = {d.dim_value for vi in list(graph.value_info) + list(graph.output)
+             for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")}
+    inits = {i.name: i for i in graph.initializer if len(i.dims) == 1 and i.dims[0] <= 8}
+    consts = {n.output[0]: n.attribute[0].t for n in graph.node
+              if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    for n in graph.node:
+        if n.op_type in ("Reshape", "Expand", "Tile") and len(n.input) > 1:
+            target = inits.get(n.input[1]) or consts.get(n.input[1])
+            if target is not None and target.data_type == onnx.TensorProto.INT64 and len(target.dims) == 1:
+                found.update(int(x) for x in numpy_helper.to_array(target))
+    return sorted(h for h in found if 1 < h <= BOUND)
+
+
+def _empty_output(model: onnx.ModelProto, dims: dict) -> bool:
+    """Whether a dim the graph writes as an expression of the input dims (torch.export does) would
+    be below 1 at these dims: the run would fail or give an empty output."""
+    for vi in list(model.graph.output) + list(model.graph.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and not _IDENTIFIER.match(d.dim_param):
+                value = evaluate(d.dim_param, dims)
+                if value is not None and value < 1:
+                    return True
+    return False
+
+
+def _problem(error: BaseException) -> str:
+    """ONNX Runtime's error as one clause naming the node: "Conv node '/conv' fails: Invalid input shape: {8}"."""
+    text = str(error)
+    m = _ORT_NODE.search(text)
+    if not m:
+        return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    op, node, message = m.groups()
+    message = message.strip().splitlines()[0]
+    message = re.sub(r"^\S+\.(?:h|cc|cpp):\d+ \S.*?\) ", "", message)  # the C++ source location and function
+    return f"{op} node '{node}' fails: {message}"
+
+
+@contextlib.contextmanager
+def _trial(model: onnx.ModelProto, specs):
+    """One ONNX Runtime session on the original, as `problem(dims)`: it runs the model on the
+    verification's first feeds at those dims and says what went wrong (None: it runs, and no output
+    is empty)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # failing runs are expected here: no error logs
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # opens faster
+    with session_source(model) as source:
+        try:
+            session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # ONNX Runtime's errors have no common public base class
+            raise TrtattnError(f"ONNX Runtime cannot open the model: {_problem(e)}") from None
+        outputs = [o.name for o in session.get_outputs()]
+
+        def problem(dims: dict) -> str | None:
+            try:
+                values = session.run(None, make_feeds(model, dims=dims, specs=specs))
+            except Exception as e:
+                return _problem(e)
+            empty = [name for name, v in zip(outputs, values) if np.size(v) == 0]
+            return f"output '{empty[0]}' is empty" if empty else None
+
+        yield problem
