@@ -65,17 +65,69 @@ class RopeKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class MaskStep:
-    """One op between the first MatMul and the Softmax that changes the logits.
+    """One op between the first product and the Softmax that changes the logits.
 
     op: "add" | "sub" (operand added/subtracted), "where" (Where(cond, logits, fill)),
         "where_not" (Where(cond, fill, logits)), "scale" (multiply by `value`),
-        "reshape" (operand is the target shape tensor), "softcap" (tanh capping by `value`).
+        "reshape" (operand is the target shape tensor), "softcap" (cap * tanh(x / cap), cap in `value`).
     """
 
     op: str
     operand: str | None = None  # tensor name: the bias, condition or shape
-    value: float | None = None  # scale factor or fill value
+    value: float | None = None  # scale factor, fill value or cap
     node: str | None = None  # the node that applied it (for messages)
+    frame: tuple | None = None  # the operand's axes as atoms (see SiteLayout), right-aligned to its rank
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """A per-tensor QuantizeLinear -> DequantizeLinear pair: what an int8/fp8 IAttention takes."""
+
+    dtype: str  # the quantized type ("int8", "uint8", "float8_e4m3fn", ...)
+    scale: float
+    zero_point: int = 0
+
+
+@dataclass(frozen=True)
+class SiteQuant:
+    """The Q/DQ pairs around a quantized attention. The fused op keeps those on Q, K and V outside it;
+    those on the logits and after the softmax it drops (TensorRT re-applies `probs` as IAttention's
+    normalization quantize)."""
+
+    query: QuantParams | None = None
+    key: QuantParams | None = None
+    value: QuantParams | None = None
+    logits: QuantParams | None = None
+    probs: QuantParams | None = None
+
+
+@dataclass(frozen=True)
+class SiteLayout:
+    """How the fused op reads the graph, by what each axis means.
+
+    A frame gives each axis of a tensor the *atoms* it holds, merged row-major: x0, x1, ... batch
+    (x0.1: part of a split x0), q and k query and key positions, d the head dim of Q and K, e V's.
+    The fused op sees Q as [batch, heads, q, d], K as [batch, kv_heads, k, d], V as [batch, kv_heads,
+    k, e] and gives [batch, heads, q, e] in place of `output` (whose frame is `out`).
+    """
+
+    query: str  # the tensors the fused op reads (Q/DQ and layout ops above the products stay outside)
+    key: str
+    value: str
+    q: tuple
+    k: tuple
+    v: tuple
+    out: tuple
+    batch: tuple[str, ...]  # atoms merged into the op's batch axis
+    heads: tuple[str, ...]  # Q's heads atoms (empty: one head per batch row)
+    kv_heads: tuple[str, ...]  # K/V's (a prefix of `heads` under GQA)
+    dims: tuple = ()  # (atom, ("static", n) | ("axis", tensor, axis) | ("part", atom, divisor))
+    shape_reads: tuple = ()  # (a Shape output, frame of the tensor it reads): shapes of tensors that go away
+    scale: float = 1.0  # the op's scale: what multiplies query . key^T as read here
+
+    @property
+    def scores(self) -> tuple:
+        return (self.batch, self.heads, ("q",), ("k",))
 
 
 @dataclass(frozen=True)
@@ -130,6 +182,10 @@ class AttentionSite:
     softmax: str | None = None  # node name of the Softmax (pattern sites)
     dtype: str = "float32"
     notes: tuple[str, ...] = ()
+    layout: SiteLayout | None = None  # pattern sites: the fused op's operands by axis meaning
+    softcap: float | None = None  # logit soft-cap (Attention's softcap; IAttention has none)
+    quant: SiteQuant | None = None  # Q/DQ pairs around a quantized attention
+    graph: str | None = None  # the subgraph holding the site ("" or None: the main graph)
 
     def replace(self, **changes) -> "AttentionSite":
         return dataclasses.replace(self, **changes)
@@ -150,10 +206,11 @@ class Skipped:
 
     name: str
     reason: str
+    node: str | None = None  # the Softmax (or op) it is about
 
 
 @dataclass
 class MatchResult:
     sites: list[AttentionSite] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)  # attention, but cannot be fused (counts as failure)
-    ignored: list[Skipped] = field(default_factory=list)  # softmaxes that are not attention
+    skipped: list[Skipped] = field(default_factory=list)  # attention-like, not fused (counts as failure)
+    ignored: list[Skipped] = field(default_factory=list)  # softmaxes that are not attention-like

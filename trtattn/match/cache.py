@@ -19,11 +19,12 @@ class CacheRole:
     new_value: gs.Tensor | None = None
 
 
-def _concat_parts(view: GraphView, t: gs.Tensor, seq_axis: int, rank: int):
+def _concat_parts(view: GraphView, t: gs.Tensor, seq_axis: int | None):
     n = view.producer(t)
-    if n is None or n.op != "Concat" or len(n.inputs) != 2:
+    if n is None or n.op != "Concat" or len(n.inputs) != 2 or seq_axis is None:
         return None
-    if n.attrs.get("axis", 0) % rank != seq_axis % rank:
+    rank = view.rank(t)
+    if rank is None or n.attrs.get("axis", 0) % rank != seq_axis % rank:
         return None
     return n.inputs[0], n.inputs[1]
 
@@ -32,9 +33,10 @@ def _is_input(view: GraphView, t: gs.Tensor) -> bool:
     return view.skip_passthrough_up(t).name in view.inputs
 
 
-def find_cache(view: GraphView, key: gs.Tensor, value: gs.Tensor, rank: int) -> CacheRole:
-    kparts = _concat_parts(view, key, -2, rank)
-    vparts = _concat_parts(view, value, -2, rank)
+def find_cache(view: GraphView, key: gs.Tensor, value: gs.Tensor, k_axis: int | None, v_axis: int | None) -> CacheRole:
+    """K and V as the fused op reads them, with the axis of their key positions."""
+    kparts = _concat_parts(view, key, k_axis)
+    vparts = _concat_parts(view, value, v_axis)
     if kparts and vparts:  # name the past as the graph has it (exporters wrap inputs in Identity/Concat)
         past_k, past_v = view.skip_passthrough_up(kparts[0]), view.skip_passthrough_up(vparts[0])
         return CacheRole(CacheKind.CONCAT, past_k.name, past_v.name, kparts[1], vparts[1])

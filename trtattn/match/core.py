@@ -1,53 +1,226 @@
-"""The scaled-dot-product core: MatMul(Q, K^T) -> logit ops -> Softmax -> MatMul(P, V).
+"""The scaled-dot-product core: product(Q, K) -> logit ops -> Softmax -> product(P, V), by axis meaning.
 
-Anchored on each Softmax. Upstream, the logits may pass through scale (Mul/Div by a scalar),
-masks and biases (Add, Sub, Where with a -inf-like fill), Reshape (Swin adds its shifted-window
-mask in a 5-D view), Cast and Identity. Downstream, the probabilities may pass through Cast,
-Identity, Dropout and torch's NaN guard (Where(IsNaN(p), 0, p)) before the MatMul with V.
+Anchored on each Softmax. Upstream, the logits may pass through logit ops (scale, masks, biases,
+soft-cap: logit_ops/), layout ops (axes.py: heads merged into the batch around the softmax, the
+Flatten -> Softmax -> Reshape of an opset-12 export, Swin's 5-D view), float Casts and Q/DQ pairs, up
+to a MatMul or Einsum of two activations. Downstream, the probabilities may pass through layout ops,
+Cast, Identity, Dropout, Q/DQ and torch's NaN guard (Where(IsNaN(p), 0, p)) to a product with V.
+Shape nodes may read any tensor on the way (the rewrite recomputes what they read).
 
-A Softmax without that skeleton is not attention (a classifier head, a softmax feeding a
-reduction or a graph output) and is never matched.
+The frames (axes.py) check that this is attention: the Softmax normalises over the key positions,
+the second product contracts exactly them and keeps the query positions, and both products share
+the batch and heads. A Softmax without that skeleton is not attention and is never matched.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
 from ..graph.view import PASSTHROUGH, GraphView
-from ..site import MaskStep
-from . import logit_ops
+from ..site import MaskStep, QuantParams
+from . import axes, contraction, logit_ops
+from .axes import Atoms, Frame, Unfollowable, show
 from .errors import NotAttention, Unsupported
 
 
 @dataclass
 class Core:
     softmax: gs.Node
-    bmm1: gs.Node
-    bmm2: gs.Node
-    steps: list[MaskStep]  # in graph order, from BMM1 to the Softmax
-    probs_nodes: list[gs.Node]  # pass-through nodes between Softmax and BMM2
+    bmm1: contraction.Contraction
+    bmm2: contraction.Contraction
+    steps: list[MaskStep]  # in graph order, from BMM1 to the Softmax (operand frames attached)
+    probs_nodes: list[gs.Node]  # nodes between Softmax and BMM2
+    atoms: Atoms
+    query: str  # the atom of the query positions
+    key: str  # the atom of the key positions
+    batch: list[str]  # batch atoms (heads included), in the order of BMM1's output
+    q_index: int  # which operand of BMM1 is Q
+    q_frame: Frame = ()
+    k_frame: Frame = ()
+    v_frame: Frame = ()
+    out_frame: Frame = ()
+    scores_frame: Frame = ()  # the Softmax input
+    shape_reads: list[tuple[str, Frame]] = field(default_factory=list)  # Shape outputs of chain tensors
     logits_cast: int | None = None  # a float Cast on the logits (softmax computed in another precision)
+    logits_quant: QuantParams | None = None  # a Q/DQ pair on the logits
+    probs_quant: QuantParams | None = None  # a Q/DQ pair on the probabilities
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def q_operand(self) -> gs.Tensor:
+        return self.bmm1.operands[self.q_index]
+
+    @property
+    def k_operand(self) -> gs.Tensor:
+        return self.bmm1.operands[1 - self.q_index]
+
+    @property
+    def v_operand(self) -> gs.Tensor:
+        return self.bmm2.operands[1 - self._p_index]
+
+    _p_index: int = 0
 
 
-def softmax_axis_is_last(view: GraphView, sm: gs.Node) -> bool:
-    rank = view.rank(sm.inputs[0])
+def softmax_axes(view: GraphView, sm: gs.Node, rank: int) -> list[int]:
+    """The axes a Softmax normalises over (opset < 13: every axis from `axis` on)."""
     axis = sm.attrs.get("axis", -1 if view.opset >= 13 else 1)
-    if rank is None:
-        return axis == -1
-    if view.opset < 13:
-        # before opset 13 Softmax flattens from `axis`: equivalent only when axis is the last dim
-        return axis in (-1, rank - 1)
-    return axis % rank == rank - 1
+    if not -rank <= axis < rank:
+        raise Unsupported(f"Softmax {sm.name}: axis {axis} out of range for rank {rank}")
+    axis %= rank
+    return list(range(axis, rank)) if view.opset < 13 else [axis]
 
 
 def find_core(view: GraphView, sm: gs.Node) -> Core:
-    bmm2, probs_nodes = _follow_probabilities(view, sm)
-    bmm1, steps, cast = _walk_logits(view, sm.inputs[0])
-    if not softmax_axis_is_last(view, sm):
-        raise Unsupported(f"Softmax {sm.name} normalises over axis {sm.attrs.get('axis')}, not the key axis")
-    return Core(sm, bmm1, bmm2, steps, probs_nodes, cast)
+    down, bmm2_node, probs_shapes = _follow_probabilities(view, sm)
+    up, bmm1_node, logit_shapes = _walk_logits(view, sm.inputs[0])
+    bmm1 = contraction.read(view, bmm1_node)
+    atoms = Atoms()
+    frame = _product_frame(bmm1, atoms, "the first product")
+    shape_reads: list[tuple[str, Frame]] = []
+    steps: list[MaskStep] = []
+    cast = logits_quant = None
+    t = bmm1_node.outputs[0]
+    shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(t.name, [])]
+    for node, step, carried in reversed(up):  # BMM1 -> Softmax
+        if step is not None:
+            steps.append(_with_frame(view, step, frame, atoms))
+        elif node.op == "Cast" and view.is_float_cast(node) and not view.is_noop_cast(node):
+            cast = cast if cast is not None else node.attrs["to"]
+        elif node.op == "DequantizeLinear":
+            logits_quant = logits_quant or quant_params(view, node)
+        else:
+            frame = axes.forward(view, node, frame, atoms)
+        t = node.outputs[0]
+        shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(t.name, [])]
+    logit_ops.check(steps)
+    scores = frame
+    normalised = softmax_axes(view, sm, len(frame))
+    over = [a for i in normalised for a in atoms.resolve((frame[i],))[0]]
+    if len([a for a in over if atoms.known(a) != 1]) <= 1:  # size-1 atoms normalise nothing
+        over = [a for a in over if atoms.known(a) != 1] or [a for a in over if a in ("m", "n")]
+    m, n = "m", "n"  # the free atoms of the first and second operand
+    if over not in ([m], [n]):
+        raise Unsupported(f"Softmax {sm.name} normalises over {show(tuple(frame[i] for i in normalised))}, "
+                          f"not the key positions of {bmm1_node.name}")
+    key = over[0]
+    query = n if key == m else m
+    # the probabilities: their frame down to the second product
+    probs_quant = None
+    shape_reads += [(s.outputs[0].name, frame) for s in probs_shapes.get(sm.outputs[0].name, [])]
+    for node in down:
+        if node.op == "DequantizeLinear":
+            probs_quant = probs_quant or quant_params(view, node)
+        elif not _is_nan_guard_node(view, node):
+            frame = axes.forward(view, node, frame, atoms)
+        shape_reads += [(s.outputs[0].name, frame) for s in probs_shapes.get(node.outputs[0].name, [])]
+    bmm2 = contraction.read(view, bmm2_node)
+    probs = down[-1].outputs[0] if down else sm.outputs[0]
+    p_index = 0 if bmm2.operands[0] is probs else 1
+    v_frame, out_frame = _second_product(bmm2, p_index, frame, atoms, query, key)
+    q_index = 0 if query == "m" else 1
+    core = Core(sm, bmm1, bmm2, steps, down, atoms, query, key,
+                [a for a in atoms_of_batch(bmm1)], q_index, shape_reads=shape_reads, logits_cast=cast,
+                logits_quant=logits_quant, probs_quant=probs_quant)
+    core._p_index = p_index
+    core.q_frame = _operand_frame(bmm1, q_index)
+    core.k_frame = _operand_frame(bmm1, 1 - q_index)
+    core.v_frame, core.out_frame, core.scores_frame = v_frame, out_frame, scores
+    return core
+
+
+# ---------------------------------------------------------------- frames of the products
+def atoms_of_batch(c: contraction.Contraction) -> list[str]:
+    return [f"x{i}" for i, _ in enumerate(c.batch)]
+
+
+def _atom(c: contraction.Contraction, label: str) -> str:
+    """BMM1's labels as atoms: batch x0, x1, ...; free m (first operand), n (second); contracted c."""
+    if label in c.batch:
+        return f"x{c.batch.index(label)}"
+    if label in c.contracted:
+        return "c"
+    return "m" if label in c.labels[0] else "n"
+
+
+def _product_frame(c: contraction.Contraction, atoms: Atoms, what: str) -> Frame:
+    node = c.node
+    if len(c.contracted) != 1:
+        raise Unsupported(f"{node.op} {node.name} ({what}) contracts {len(c.contracted)} axes, not one head dim")
+    if len(c.free(0)) != 1 or len(c.free(1)) != 1:
+        raise Unsupported(f"{node.op} {node.name} ({what}) does not leave one free axis per operand")
+    if c.summed():
+        raise Unsupported(f"{node.op} {node.name} ({what}) sums over an axis of one operand")
+    for a in ("m", "n", "c", *atoms_of_batch(c)):
+        atoms.new(a)
+    frame = tuple((_atom(c, x),) for x in c.out)
+    for i in (0, 1):
+        atoms.learn(_operand_frame(c, i), view_shape(c, i))
+    return frame
+
+
+def view_shape(c, i):
+    return c.operands[i].shape if c.operands[i].shape is not None else None
+
+
+def _operand_frame(c: contraction.Contraction, i: int) -> Frame:
+    return tuple((_atom(c, x),) for x in c.labels[i])
+
+
+def _second_product(bmm2: contraction.Contraction, p: int, frame: Frame, atoms: Atoms, query: str, key: str):
+    """V's frame and the output's, from the probabilities' frame and BMM2's labels."""
+    node = bmm2.node
+    if len(frame) != len(bmm2.labels[p]):
+        raise Unsupported(f"{node.op} {node.name}: the probabilities reach it with rank {len(frame)}")
+    frame = atoms.resolve(frame)
+    of = dict(zip(bmm2.labels[p], frame))
+    real = lambda g: [a for a in g if atoms.known(a) != 1]  # noqa: E731
+    summed, p_free, v_free = bmm2.contracted, bmm2.free(p), bmm2.free(1 - p)
+    if len(summed) != 1 or real(of[summed[0]]) != real((key,)):
+        got = "*".join(a for s in summed for a in of[s]) or "nothing"
+        raise Unsupported(f"{node.op} {node.name} contracts the probabilities over {got}, not the key positions")
+    if len(p_free) != 1 or real(of[p_free[0]]) != real((query,)):
+        raise Unsupported(f"{node.op} {node.name} does not keep the query positions of the probabilities")
+    if len(v_free) != 1 or bmm2.summed():
+        raise Unsupported(f"{node.op} {node.name}: V does not have one head-dim axis")
+    seen = sorted(a for lab in bmm2.batch for a in real(of[lab]))
+    want = sorted(a for g in frame for a in real(g) if a not in (query, key))
+    if seen != want:
+        raise Unsupported(f"{node.op} {node.name} batches over {seen}, the probabilities over {want}")
+    atoms.new("e")
+    to = {lab: of[lab] for lab in bmm2.batch} | {summed[0]: (key,), p_free[0]: (query,), v_free[0]: ("e",)}
+    return tuple(to[x] for x in bmm2.labels[1 - p]), tuple(to[x] for x in bmm2.out)
+
+
+def _with_frame(view: GraphView, step: MaskStep, frame: Frame, atoms: Atoms) -> MaskStep:
+    """The step with its operand's frame: the chain's at that point, right-aligned to the operand's rank."""
+    if step.operand is None or logit_ops.unit(step).layout:
+        return step
+    t = view.tensors.get(step.operand)
+    rank = view.rank(t) if t is not None else None
+    if rank is None:
+        rank = len(frame)
+    if rank > len(frame):
+        raise Unsupported(f"{step.node}: its operand has rank {rank}, more than the logits' {len(frame)}")
+    own = view.shape(t) if t is not None else None
+    mine = frame[len(frame) - rank:]
+    if own is not None:
+        for g, d in zip(atoms.resolve(mine), own):
+            if isinstance(d, int) and d > 1 and all(atoms.known(a) == 1 for a in g):
+                raise Unsupported(f"{step.node}: its operand ({d}) broadcasts the logits up on an axis of size 1")
+    return MaskStep(step.op, step.operand, step.value, step.node, frame=mine)
+
+
+def quant_params(view: GraphView, dq: gs.Node) -> QuantParams | None:
+    """(type, scale, zero point) of a DequantizeLinear fed by a QuantizeLinear, per tensor."""
+    q = view.producer(dq.inputs[0])
+    scale = view.scalar(dq.inputs[1]) if len(dq.inputs) > 1 else None
+    zero = view.const(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2].name else None
+    if q is None or q.op != "QuantizeLinear" or scale is None:
+        return None
+    dtype = str(zero.dtype) if zero is not None else "uint8"
+    return QuantParams(dtype, float(scale), int(zero.reshape(-1)[0]) if zero is not None and zero.size == 1 else 0)
 
 
 # ---------------------------------------------------------------- downstream
@@ -60,15 +233,23 @@ def _is_nan_guard(view: GraphView, where: gs.Node, t: gs.Tensor) -> bool:
     return cond is not None and cond.op == "IsNaN" and cond.inputs[0] is t and fill == 0.0
 
 
+def _is_nan_guard_node(view: GraphView, n: gs.Node) -> bool:
+    return n.op == "Where" and len(n.inputs) == 3 and _is_nan_guard(view, n, n.inputs[2])
+
+
 def _follow_probabilities(view: GraphView, sm: gs.Node):
+    """Nodes from the Softmax to the product with V, the product, and Shape readers by tensor name."""
     t = sm.outputs[0]
     passed: list[gs.Node] = []
-    for _ in range(8):
+    shapes: dict[str, list[gs.Node]] = {}
+    for _ in range(16):
         if t.name in view.outputs:
-            raise NotAttention(f"the probabilities {t.name} are a graph output")
+            raise Unsupported(f"the probabilities {t.name} are a graph output (the model returns its attention "
+                              "weights): a fused attention cannot return them")
         consumers = view.consumers(t)
+        shapes[t.name] = [c for c in consumers if c.op == "Shape"]
         guards = [c for c in consumers if c.op == "IsNaN"]
-        main = [c for c in consumers if c.op != "IsNaN"]
+        main = [c for c in consumers if c.op not in ("IsNaN", "Shape")]
         if len(main) != 1:
             ops = ", ".join(sorted({c.op for c in main})) or "nothing"
             raise NotAttention(f"the probabilities feed {len(main)} nodes ({ops})")
@@ -76,41 +257,43 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
         for g in guards:  # an IsNaN is allowed only as the condition of the guard below
             if [x for x in g.outputs[0].outputs if x is not c] or not _is_nan_guard(view, c, t):
                 raise NotAttention(f"the probabilities feed IsNaN {g.name} outside a NaN guard")
-        if c.op in PASSTHROUGH or view.is_float_cast(c) or _is_nan_guard(view, c, t):
+        if axes.is_layout(view, c) or _is_nan_guard(view, c, t):
+            if axes.is_layout(view, c) and c.inputs[0] is not t:
+                raise NotAttention(f"the probabilities are the shape operand of {c.op} {c.name}")
             passed.append(c)
             t = c.outputs[0]
             continue
-        if c.op == "MatMul" and c.inputs[0] is t:
-            return c, passed
-        raise NotAttention(f"the probabilities feed {c.op} {c.name}, not a MatMul with V")
+        if c.op in contraction.PRODUCTS and len(c.inputs) == 2:
+            return passed, c, shapes
+        raise NotAttention(f"the probabilities feed {c.op} {c.name}, not a product with V")
     raise NotAttention("the probabilities pass through too many nodes")
 
 
 # ---------------------------------------------------------------- upstream
 def _walk_logits(view: GraphView, t: gs.Tensor):
-    steps: list[MaskStep] = []
-    cast = None
-    for _ in range(24):
+    """From the Softmax input up to the first product: [(node, step or None, tensor it continues from)],
+    nearest the Softmax first, the product, and Shape readers by tensor name."""
+    path: list[tuple[gs.Node, MaskStep | None, gs.Tensor]] = []
+    shapes: dict[str, list[gs.Node]] = {}
+    for _ in range(32):
+        shapes[t.name] = [c for c in view.consumers(t) if c.op == "Shape"]
         n = view.producer(t)
         if n is None:
-            raise NotAttention(f"the Softmax input {t.name} does not come from a MatMul")
-        if n.op == "MatMul":
-            if any(view.const(i) is not None for i in n.inputs):
-                raise NotAttention(f"the logits come from MatMul {n.name} with a constant (a linear layer)")
-            steps.reverse()
-            return n, steps, cast
-        if n.op in PASSTHROUGH or view.is_noop_cast(n):
-            t = n.inputs[0]
-            continue
-        if view.is_float_cast(n):
-            cast = cast if cast is not None else n.attrs["to"]  # the one nearest the Softmax
+            raise NotAttention(f"the Softmax input {t.name} does not come from a product")
+        if n.op in contraction.PRODUCTS:
+            if not contraction.attention_product(view, n):
+                raise NotAttention(f"the logits come from {n.op} {n.name} with weights (a linear layer)")
+            return path, n, shapes
+        if axes.is_layout(view, n):
+            path.append((n, None, n.inputs[0]))
             t = n.inputs[0]
             continue
         found = logit_ops.read(view, n)
         if found is None:
-            if n.op == "Tanh" or n.op == "Softcap":
-                raise Unsupported(f"logit soft-capping ({n.op} {n.name}) is not supported yet")
             raise NotAttention(f"the logits come from {n.op} {n.name}")
         step, t = found
-        steps.append(step)
-    raise NotAttention("too many ops between the MatMul and the Softmax")
+        path.append((n, step, t))
+    raise NotAttention("too many ops between the product and the Softmax")
+
+
+__all__ = ["Core", "find_core", "softmax_axes", "quant_params", "PASSTHROUGH"]

@@ -1,4 +1,5 @@
-"""match(): every Softmax tried as the anchor of an attention core, and every fused attention op read."""
+"""match(): every Softmax tried as the anchor of an attention core, every fused attention op read, and
+every attention-like Softmax that is not fused listed with why (never silent)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,16 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
-from ..site import AttentionSite, CacheKind, CausalKind, MatchResult, ScalePlacement, SiteKind, Skipped
-from . import fused_ops
+from ..site import (AttentionSite, CacheKind, CausalKind, MaskStep, MatchResult, ScalePlacement, SiteKind,
+                    SiteLayout, SiteQuant, Skipped)
+from . import fused_ops, likeness
+from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, projection_source
-from .core import find_core
+from .core import Core, find_core
 from .errors import NotAttention, Unsupported
-from .heads import heads_and_size, layout_of, resolve_key, resolve_value, strip_scale, upstream_scale
-from .logit_ops import kind_of, logit_scale
+from .heads import (candidates, choose, heads_of, kv_heads_in, layout_of, resolve_key, size_of, strip_scale,
+                    target, upstream_scale)
+from .logit_ops import kind_of, logit_scale, softcap
 from .rope import find_rope
 
 
@@ -30,11 +34,11 @@ def match(model: onnx.ModelProto | gs.Graph, view: GraphView | None = None) -> M
                 site = fused_ops.site_from_node(view, node)
             else:
                 continue
-        except NotAttention as e:
-            result.ignored.append(Skipped(node.name, str(e)))
-            continue
-        except Unsupported as e:
-            result.skipped.append(Skipped(_site_name(node.name or node.outputs[0].name, names), str(e)))
+        except (NotAttention, Unsupported) as e:
+            if node.op != "Softmax" or likeness.attention_like(view, node):
+                result.skipped.append(Skipped(_site_name(node.name or node.outputs[0].name, names), str(e), node.name))
+            else:
+                result.ignored.append(Skipped(node.name, str(e), node.name))
             continue
         result.sites.append(site.replace(name=_site_name(site.name or site.output, names)))
     return result
@@ -62,57 +66,88 @@ def _placement(q_scale: float, k_scale: float, logit: float, upstream_q: float) 
     return [ScalePlacement.ON_Q, ScalePlacement.ON_K, ScalePlacement.AFTER_BMM1][on.index(True)]
 
 
+def _operands(view: GraphView, core: Core):
+    """The Q, K and V the fused op reads (candidates.py), the heads, and K/V's heads under GQA."""
+    atoms = core.atoms
+    q_c = candidates(view, core.q_operand, core.q_frame, atoms)
+    k_c = candidates(view, core.k_operand, core.k_frame, atoms, repeats=True)
+    v_c = candidates(view, core.v_operand, core.v_frame, atoms, repeats=True, scales=False)
+    flat = [a for g in atoms.resolve(tuple((b,) for b in core.batch)) for a in g]
+    heads = heads_of(q_c, core.batch, atoms)
+    batch = tuple(a for a in flat if a not in heads)
+    q = choose(q_c, target(batch, heads, core.query, "c"), atoms)
+    if q is None:
+        raise Unsupported(f"cannot read Q of {core.bmm1.node.name} as [batch, heads, seq, dim]")
+    options = sorted({kv for c in k_c if (kv := kv_heads_in(c, heads, atoms)) is not None}, key=len)
+    for kv in options:
+        k = choose([c for c in k_c if kv_heads_in(c, heads, atoms) == kv], target(batch, kv, core.key, "c"), atoms)
+        v = choose([c for c in v_c if kv_heads_in(c, heads, atoms) == kv], target(batch, kv, core.key, "e"), atoms)
+        if k is not None and v is not None:
+            return q, k, v, batch, heads, kv
+    raise Unsupported(f"cannot read K and V of {core.bmm1.node.name} and {core.bmm2.node.name} with the same heads")
+
+
 def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     core = find_core(view, sm)
-    q_in, kt = core.bmm1.inputs
-    rank = view.rank(q_in) or view.rank(kt) or view.rank(core.bmm2.outputs[0])
-    if rank not in (3, 4):
-        raise Unsupported(f"attention MatMuls of rank {rank} (only 3-D [B*N, S, H] and 4-D [B, N, S, H] are supported)")
-    q, q_scale = strip_scale(view, q_in)
-    key = resolve_key(view, kt, rank)
-    value = resolve_value(view, core.bmm2.inputs[1], rank)
-    upstream = upstream_scale(view, q)
+    atoms = core.atoms
+    try:
+        q, k, v, batch, heads, kv = _operands(view, core)
+    except Unfollowable as e:
+        raise Unsupported(str(e)) from None
     logit = logit_scale(core.steps)
+    upstream = upstream_scale(view, q.tensor)
+    rename = {core.query: "q", core.key: "k", "c": "d", "e": "e"}
+    ren = lambda f: tuple(tuple(rename.get(a, a) for a in g) for g in atoms.resolve(f))  # noqa: E731
+    steps = tuple(MaskStep(s.op, s.operand, s.value, s.node, ren(s.frame) if s.frame is not None else None)
+                  for s in core.steps)
+    frames = {"q": ren(q.frame), "k": ren(k.frame), "v": ren(v.frame), "out": ren(core.out_frame)}
+    dims = _dims(atoms, rename, [(q.tensor, q.frame), (k.tensor, k.frame), (v.tensor, v.frame),
+                                 (core.q_operand, core.q_frame), (core.k_operand, core.k_frame),
+                                 (core.v_operand, core.v_frame)])
+    layout = SiteLayout(q.tensor.name, k.tensor.name, v.tensor.name, frames["q"], frames["k"], frames["v"],
+                        frames["out"], batch, heads, kv, dims,
+                        tuple((name, ren(f)) for name, f in core.shape_reads), q.scale * k.scale * logit)
+    q_heads, kv_heads = size_of(heads, atoms) if heads else 1, size_of(kv, atoms) if kv else 1
+    head, v_head = atoms.known("c"), atoms.known("e")
 
-    if key.repeat != value.repeat:  # drop neither: the fused op needs equal K and V head counts
-        key, value = resolve_key(view, kt, rank, strip=False), resolve_value(view, core.bmm2.inputs[1], rank, strip=False)
-    q_heads, head = heads_and_size(view, q, None, rank)
-    kv_heads, k_head = heads_and_size(view, key.tensor, key.perm, rank)
-    _, v_head = heads_and_size(view, value.tensor, value.perm, rank)
-    if head is not None and k_head is not None and head != k_head:
-        raise Unsupported(f"query head size {head} differs from key head size {k_head}")
-    if q_heads and kv_heads and q_heads % kv_heads:
-        raise Unsupported(f"{q_heads} query heads are not a multiple of {kv_heads} key/value heads")
-
-    cache = find_cache(view, key.tensor, value.tensor, rank) if key.perm is None else find_cache(view, kt, kt, rank)
-    q_src = projection_source(view, q)
-    k_src = projection_source(view, cache.new_key if cache.new_key is not None else key.tensor)
+    bmm1 = core.bmm1.node
+    rank = len(core.q_frame)
+    matmul = bmm1.op == "MatMul" and rank in (3, 4) and core.q_index == 0
+    query, _ = strip_scale(view, core.q_operand)
+    key = resolve_key(view, core.k_operand, rank) if matmul else None
+    key_perm = _perm(frames["k"], target(batch, kv, "k", "d"))
+    cache = find_cache(view, k.tensor, v.tensor, _axis_of(frames["k"], "k"), _axis_of(frames["v"], "k"))
+    q_src = projection_source(view, q.tensor)
+    k_src = projection_source(view, cache.new_key if cache.new_key is not None else k.tensor)
     cross = cache.kind == CacheKind.CROSS_STATIC or (q_src is not None and k_src is not None and q_src != k_src)
-    rope = find_rope(view, q, key.tensor if key.perm is None else kt, head) if rank == 4 else None
+    bnsh = frames["q"] == target(batch, heads, "q", "d") and len(frames["q"]) == 4
+    rope = find_rope(view, q.tensor, k.tensor, head) if bnsh else None
 
-    notes = []
+    notes = list(core.notes)
     if upstream != 1.0:
         notes.append(f"query pre-scaled by {upstream:g} before the head split")
-    if key.repeat > 1:
-        notes.append(f"GQA head repeat x{key.repeat} dropped")
+    if kv != heads and q_heads and kv_heads:
+        notes.append(f"GQA head repeat x{q_heads // kv_heads} dropped")
+    if bmm1.op == "Einsum" or core.bmm2.node.op == "Einsum":
+        notes.append("products written as Einsum")
+    quant = SiteQuant(q.quant, k.quant, v.quant, core.logits_quant, core.probs_quant)
     return AttentionSite(
         name=sm.name,
         kind=SiteKind.CROSS if cross else SiteKind.SELF,
-        query=q.name,
-        key=key.tensor.name,
-        value=value.tensor.name,
-        output=core.bmm2.outputs[0].name,
-        k_layout=layout_of(key.perm),
-        v_layout=layout_of(value.perm),
+        query=query.name if matmul else q.tensor.name,
+        key=k.tensor.name,
+        value=v.tensor.name,
+        output=core.bmm2.node.outputs[0].name,
+        k_layout=layout_of(list(key_perm) if key_perm else None),
         q_heads=q_heads,
         kv_heads=kv_heads,
         head_size=head,
         v_head_size=v_head,
-        scale=q_scale * key.scale * logit,
+        scale=layout.scale,
         prescale=upstream,
-        scale_placement=_placement(q_scale, key.scale, logit, upstream),
-        mask=kind_of(core.steps),
-        mask_steps=tuple(core.steps),
+        scale_placement=_placement(q.scale, k.scale, logit, upstream),
+        mask=kind_of(steps),
+        mask_steps=steps,
         causal=CausalKind.NONE,
         cache=cache.kind,
         past_key=cache.past_key,
@@ -123,10 +158,56 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         rank=rank,
         source="pattern",
         softmax=sm.name,
-        dtype=str(view.dtype(q) or "float32"),
-        key_perm=tuple(key.perm) if key.perm else None,
-        key_transposed=key.adjacent.name if key.adjacent is not None else None,
-        key_transposed_scale=key.inner_scale,
+        dtype=str(view.dtype(q.tensor) or view.dtype(core.q_operand) or "float32"),
+        key_perm=key_perm,
+        key_transposed=key.adjacent.name if key is not None else None,
+        key_transposed_scale=key.inner_scale if key is not None else 1.0,
         logits_cast=core.logits_cast,
         notes=tuple(notes),
+        layout=layout,
+        softcap=softcap(steps),
+        quant=quant if any(vars(quant).values()) else None,
     )
+
+
+def _perm(src: tuple, dst: tuple) -> tuple[int, ...] | None:
+    """The Transpose turning a 4-D operand of frame `src` into BNSH (None: it is BNSH or not a permutation)."""
+    if len(src) != 4 or len(dst) != 4 or sorted(src) != sorted(dst) or src == dst or len(set(src)) != 4:
+        return None
+    return tuple(src.index(g) for g in dst)
+
+
+def _axis_of(frame: tuple, atom: str) -> int | None:
+    return next((i for i, g in enumerate(frame) if atom in g), None)
+
+
+def _dims(atoms: Atoms, rename: dict, tensors: list) -> tuple:
+    """How to get each atom's size (and each merged group's) when rewriting: static, a dim of a tensor the
+    fused op reads (or of a layout op between it and the product), or a dim divided by static parts."""
+    ren = lambda a: rename.get(a, a)  # noqa: E731
+    recipes: dict[tuple, tuple] = {}
+    for t, frame in tensors:
+        for i, g in enumerate(atoms.resolve(frame)):
+            key = tuple(ren(a) for a in g)
+            if key and key not in recipes:
+                recipes[key] = ("axis", t.name, i)
+    for a in list(atoms.size):
+        if a in atoms.parts:
+            continue
+        key = (ren(a),)
+        if atoms.known(a) is not None:
+            recipes[key] = ("static", atoms.known(a))
+    for parent, parts in atoms.parts.items():
+        leaves = atoms.resolve(((parent,),))[0]
+        whole = recipes.get(tuple(ren(a) for a in leaves))
+        unknown = [a for a in leaves if atoms.known(a) is None]
+        if whole is not None and len(unknown) == 1 and (ren(unknown[0]),) not in recipes:
+            divisor = 1
+            for a in leaves:
+                if a != unknown[0]:
+                    divisor *= atoms.known(a)
+            recipes[(ren(unknown[0]),)] = ("part", whole, divisor)
+    return tuple(recipes.items())
+
+
+__all__ = ["match", "atoms_of"]

@@ -21,11 +21,12 @@ from ..graph.dims import fit_dims
 from ..graph.shapes import symbolic_shapes, upgrade_opset
 from ..match import analyse, probe_feeds
 from ..match.fused_ops import MICROSOFT_OPS
-from ..match.logit_ops import has_layout_change, materialize
+from ..match import logit_ops
 from ..report import Progress
-from ..site import AttentionSite, CausalKind, MaskKind, SiteKind, Skipped
+from ..site import AttentionSite, CausalKind, SiteKind, Skipped
 from ..verify import compare_models
 from ..version import __version__
+from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
 
 ATTENTION_OPSET = 23
@@ -82,35 +83,57 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         return convert_microsoft(graph, node, f"trtattn/{site.name}")
     if site.source == "onnx:Attention":
         return _retarget_attention(graph, tensors, site)
+    lay = site.layout
+    if lay is None:
+        raise ValueError(f"site {site.name} has no layout to rewrite from")
     emit = Emitter(graph, f"trtattn/{site.name}")
-    dtype = np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.float32
-    q, k, v = tensors[site.query], tensors[site.key], tensors[site.value]
-    if site.key_perm:
-        k = emit("Transpose", [k], {"perm": list(site.key_perm)}, dtype=dtype, name="key_to_bnsh")
-    logits_shape = emit.score_shape(q, k, site.rank, site.rank - 2) if has_layout_change(site.mask_steps) else None
+    dtype = np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.dtype(np.float32)
+    dims = Dims(emit, tensors, lay.dims)
+    q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
+    k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)
+    v = convert(emit, tensors[lay.value], lay.v, (lay.batch, lay.kv_heads, ("k",), ("e",)), dims)
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
                   and not meaning.padding and not meaning.bias)
-    mask, kind = (None, MaskKind.NONE) if use_causal else materialize(
-        graph, tensors, site.mask_steps, f"trtattn/{site.name}/mask", dtype, logits_shape)
-    if site.rank == 3:  # [B*N, S, H] MatMuls: one head per batch row
-        axes = emit.const([1], np.int64)
-        q, k, v = (emit("Unsqueeze", [x, axes], dtype=dtype) for x in (q, k, v))
-        if mask is not None:
-            mask = emit("Unsqueeze", [mask, axes], dtype=mask.dtype)
+    steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
+    mask_emit = Emitter(graph, f"trtattn/{site.name}/mask")
+    built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
+                            lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
+    mask = built.m
     if mask is not None:
         mask = emit.full_query_rows(mask, q)
-    inputs = [q, k, v] + ([mask] if mask is not None else [])
-    attrs = {"scale": float(site.scale), "is_causal": int(use_causal)}
-    y = emit("Attention", inputs, attrs, dtype=dtype, name="Attention")
+    attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
+    if built.softcap:
+        attrs["softcap"] = float(built.softcap)
+    y = emit("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype=dtype, name="Attention")
     attention = graph.nodes[-1]
-    if site.rank == 3:
-        y = emit("Squeeze", [y, emit.const([1], np.int64)], dtype=dtype)
-    # the last node now produces the site's output tensor in place of the MatMul with V
-    out = tensors[site.output]
-    out.inputs.clear()
-    last = graph.nodes[-1]
-    last.outputs = [out]
+    out = convert(emit, y, (lay.batch, lay.heads, ("q",), ("e",)), lay.out, dims)
+    _produce(tensors[site.output], out)
+    for name, frame in lay.shape_reads:  # shapes of tensors that go away, from the sizes that stay
+        _read_shape(emit, dims, tensors[name], frame)
     return attention
+
+
+def _produce(target: gs.Tensor, made: gs.Tensor) -> None:
+    """`target` (a tensor the graph reads) is now computed by the node that made `made`."""
+    node = made.inputs[0]
+    target.inputs.clear()
+    node.outputs = [target if o is made else o for o in node.outputs]
+
+
+def _read_shape(emit: Emitter, dims: Dims, out: gs.Tensor, frame) -> None:
+    """A Shape node of a tensor that goes away: the same shape from the site's sizes."""
+    shape_node = out.inputs[0] if out.inputs else None
+    if shape_node is None or shape_node.op != "Shape":
+        return
+    full = dims.shape(frame)
+    start, end = shape_node.attrs.get("start"), shape_node.attrs.get("end")
+    if start is not None or end is not None:
+        rank = len(frame)
+        lo = (start or 0) % rank if (start or 0) < 0 else (start or 0)
+        hi = rank if end is None else (end % rank if end < 0 else min(end, rank))
+        full = emit("Slice", [full, emit.const([lo], np.int64), emit.const([hi], np.int64)], dtype=np.int64)
+    shape_node.outputs.clear()
+    _produce(out, full)
 
 
 def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:

@@ -17,9 +17,14 @@ from .bias import Add, Sub
 from .boolean import Where, WhereNot
 from .reshape import Reshape
 from .scale import Scale
+from .softcap import Softcap
 
-UNITS: dict[str, LogitOp] = {u.kind: u for u in (Scale(), Add(), Sub(), Where(), WhereNot(), Reshape())}
-_BY_ONNX_OP = {op: u for u in UNITS.values() for op in u.onnx_ops}
+# in the order `read` tries them on a node type (the soft-cap's outer Mul before a plain scale)
+UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), Scale(), Add(), Sub(), Where(), WhereNot(), Reshape())}
+_BY_ONNX_OP: dict[str, list[LogitOp]] = {}
+for _u in UNITS.values():
+    for _op in _u.onnx_ops:
+        _BY_ONNX_OP.setdefault(_op, []).append(_u)
 
 
 def unit(step: MaskStep) -> LogitOp:
@@ -32,8 +37,22 @@ def unit(step: MaskStep) -> LogitOp:
 def read(view, node: gs.Node) -> tuple[MaskStep, gs.Tensor] | None:
     """The step for a node on the logits chain, and the tensor the chain continues from; None when no
     unit reads this node type."""
-    u = _BY_ONNX_OP.get(node.op)
-    return u.read(view, node) if u is not None else None
+    for u in _BY_ONNX_OP.get(node.op, ()):
+        found = u.read(view, node)
+        if found is not None:
+            return found
+    return None
+
+
+def check(steps) -> None:
+    """Each unit's say on where its steps stand (a soft-cap after a mask cannot be lowered)."""
+    for i, s in enumerate(steps):
+        unit(s).check(list(steps), i)
+
+
+def softcap(steps) -> float | None:
+    caps = [s.value for s in steps if s.op == "softcap"]
+    return caps[-1] if caps else None
 
 
 def masking(steps) -> list[MaskStep]:
@@ -72,8 +91,21 @@ def materialize(graph: gs.Graph, tensors: dict, steps, prefix: str, dtype, score
     b = MaskBuilder(graph, tensors, prefix, dtype, score_shape)
     for step in steps:
         unit(step).lower(b, step)
+    if b.softcap is not None:  # M alone cannot carry it: the caller would drop the tanh
+        raise ValueError(f"the logits are soft-capped (cap {b.softcap:g}): that is not a mask")
     return b.m, b.kind
 
 
-__all__ = ["LogitOp", "MaskBuilder", "UNITS", "unit", "read", "masking", "kind_of", "logit_scale",
-           "has_layout_change", "fill_value", "materialize"]
+def build(graph: gs.Graph, tensors: dict, steps, prefix: str, dtype, convert):
+    """M in the attention's score frame, each operand brought there by `convert(tensor, step)`; layout
+    steps are the frames' business. Returns the builder: .m, .kind, .softcap."""
+    b = MaskBuilder(graph, tensors, prefix, dtype)
+    b.convert = convert
+    for step in steps:
+        if not unit(step).layout:
+            unit(step).lower(b, step)
+    return b
+
+
+__all__ = ["LogitOp", "MaskBuilder", "UNITS", "unit", "read", "check", "masking", "kind_of", "logit_scale",
+           "has_layout_change", "fill_value", "softcap", "materialize", "build"]

@@ -3,7 +3,8 @@
 Between the first MatMul and the Softmax the logits pass through ops that scale, mask, bias or
 reshape them. Each kind is one unit (a LogitOp subclass in its own module) that says
 - how it is matched: `read(view, node)` turns an ONNX node on the chain into a MaskStep and names the
-  input that carries the logits on;
+  input that carries the logits on (None: not this unit's node); `check(steps, i)` rejects an order
+  the lowering cannot express;
 - what it is: `scales` (multiplies the logits), `masks` (contributes to the mask/bias M), `boolean`,
   `layout` (changes the logits' layout), `implicit_ok` (TensorRT's implicit fusion accepts it as the one
   masking op between BMM1 and the Softmax), `probe_ok` (the probe can build M through it);
@@ -32,6 +33,8 @@ class MaskBuilder:
         self.m: gs.Tensor | None = None
         self.kind = MaskKind.NONE
         self.shape = shape
+        self.softcap: float | None = None  # set by a soft-cap step: the Attention's softcap attribute
+        self.convert = None  # (tensor, step) -> the tensor in the attention's score frame (fuse sets it)
 
     def to_float(self) -> None:
         """A boolean M becomes additive: 0 where allowed, the dtype's lowest value elsewhere."""
@@ -43,6 +46,8 @@ class MaskBuilder:
 
     def operand(self, step: MaskStep, cast: bool = True) -> gs.Tensor:
         t = self.tensors[step.operand]
+        if self.convert is not None:
+            t = self.convert(t, step)
         return self.emit.cast(t, self.dtype) if cast and t.dtype is not None else t
 
 
@@ -60,6 +65,9 @@ class LogitOp:
     def read(self, view, node: gs.Node) -> tuple[MaskStep, gs.Tensor] | None:
         """(the step, the input carrying the logits on) if this unit takes `node`, else None."""
         raise NotImplementedError
+
+    def check(self, steps: list[MaskStep], i: int) -> None:
+        """Raise Unsupported if steps[i] cannot stand where it is among the others (default: anywhere)."""
 
     def lower(self, b: MaskBuilder, step: MaskStep) -> None:
         raise NotImplementedError

@@ -1,5 +1,10 @@
 """Boolean masks: Where(cond, logits, fill) or Where(cond, fill, logits) with a -inf-like fill.
-M is the condition (True = may attend), or, once M is a float bias, Where(cond, M, fill)."""
+
+With a -inf fill M is the condition (True = may attend), or, once M is a float bias, Where(cond, M, fill).
+A finite fill (HF's finfo.min, -1e4) *replaces* masked logits, so a row masked everywhere is uniform
+(the mean of V); a boolean attn_mask gives 0 there (ONNX Runtime zeroes fully masked rows, and treats
+only -inf and the dtype's lowest value as masked). Such a Where lowers to an additive bias far below any
+logit instead: masked logits vanish as before, and a fully masked row stays uniform, as in the model."""
 
 from __future__ import annotations
 
@@ -9,6 +14,12 @@ from ...site import MaskKind, MaskStep
 from ..errors import MASKED_FILL, Unsupported
 from .base import LogitOp
 from .chain import reaches_matmul
+
+
+def replacing_fill(dtype) -> float:
+    """A bias that swamps any logit yet is not the dtype's lowest value (which means -inf to ONNX Runtime)."""
+    dtype = np.dtype(dtype)
+    return float(np.finfo(dtype).min) / 1024 if dtype.itemsize >= 4 else float(np.finfo(dtype).min) / 2
 
 
 class Where(LogitOp):
@@ -31,10 +42,16 @@ class Where(LogitOp):
         return MaskStep(kind, operand=cond.name, value=fill, node=node.name), keep
 
     def condition(self, b, step):
-        return b.tensors[step.operand]
+        return b.operand(step, cast=False)
 
     def lower(self, b, step):
         c = self.condition(b, step)
+        if np.isfinite(step.value):
+            fill = b.emit.const(replacing_fill(b.dtype), b.dtype)
+            b.to_float()
+            base = b.m if b.m is not None else b.emit.const(0.0, b.dtype)
+            b.m, b.kind = b.emit("Where", [c, base, fill], dtype=b.dtype, name="masked_fill"), MaskKind.ADDITIVE
+            return
         if b.m is None:
             b.m, b.kind = c, MaskKind.BOOLEAN
         elif b.kind == MaskKind.BOOLEAN:
@@ -51,4 +68,4 @@ class WhereNot(Where):
     implicit_ok = False
 
     def condition(self, b, step):
-        return b.emit("Not", [b.tensors[step.operand]], dtype=np.bool_)
+        return b.emit("Not", [b.operand(step, cast=False)], dtype=np.bool_)

@@ -1,0 +1,350 @@
+"""What each axis of a tensor means: the axis-tracking layer the attention matcher stands on.
+
+A *frame* gives, for each axis of a tensor, the *atoms* it holds: the batch, the heads, the query
+and key positions, the head dims. An axis holds one atom, several merged in row-major order (heads
+merged into the batch: ("x0", "h")), or none (a unit axis, `()`). The two contractions of an
+attention label the atoms; the layout ops between them move atoms around, one rule per op:
+
+    Identity, Dropout, float Cast, Q/DQ   the same frame
+    Transpose                             the axes permuted
+    Reshape, Flatten                      atoms regrouped (`regroup`: by static sizes and dim names)
+    Squeeze, Unsqueeze                    unit axes removed / inserted
+    Expand                                only when it expands nothing
+
+`Atoms` is the per-site registry: sizes learned from shapes, atoms split when a Reshape splits a
+merged axis (x0 -> x0.0, x0.1), and where each atom's size can be read at run time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from .errors import Unsupported
+
+Group = tuple  # atoms merged in one axis, row-major ("x0", "h"); () for a unit axis
+Frame = tuple  # one Group per axis
+
+PASS_OPS = {"Identity", "Dropout", "QuantizeLinear", "DequantizeLinear"}
+LAYOUT_OPS = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand"} | PASS_OPS
+
+
+class Unfollowable(Unsupported):
+    """A layout op whose effect on the axes cannot be worked out."""
+
+
+def atoms_of(frame: Frame) -> list[str]:
+    return [a for g in frame for a in g]
+
+
+def show(frame: Frame) -> str:
+    return "[" + ", ".join("*".join(g) if g else "1" for g in frame) + "]"
+
+
+class Atoms:
+    """Sizes, splits and run-time dims of one site's atoms."""
+
+    def __init__(self):
+        self.size: dict[str, int | None] = {}
+        self.symbol: dict[str, str] = {}  # a dim name an inference gave an atom alone on an axis
+        self.parts: dict[str, tuple[str, ...]] = {}  # atom -> the atoms it was split into
+
+    def new(self, name: str, size: int | None = None) -> str:
+        self.size.setdefault(name, size)
+        return name
+
+    def known(self, a: str) -> int | None:
+        return self.size.get(a)
+
+    # ------------------------------------------------------------ splits
+    def resolve(self, frame: Frame) -> Frame:
+        """The frame with every split atom replaced by its parts."""
+        return tuple(tuple(x for a in g for x in self._leaves(a)) for g in frame)
+
+    def _leaves(self, a: str) -> list[str]:
+        if a not in self.parts:
+            return [a]
+        return [x for p in self.parts[a] for x in self._leaves(p)]
+
+    def split(self, a: str, sizes: list[int | None]) -> tuple[str, ...]:
+        parts = tuple(self.new(f"{a}.{i}", s) for i, s in enumerate(sizes))
+        self.parts[a] = parts
+        return parts
+
+    def learn(self, frame: Frame, dims: list | None) -> None:
+        """Sizes and names of atoms alone on an axis, from that axis' dim."""
+        if dims is None or len(dims) != len(frame):
+            return
+        for g, d in zip(self.resolve(frame), dims):
+            unknown = [a for a in g if self.known(a) is None]
+            if isinstance(d, int) and d > 0 and len(unknown) == 1:
+                rest = math.prod(self.known(a) for a in g if a != unknown[0])
+                if rest and d % rest == 0:
+                    self.size[unknown[0]] = d // rest
+            elif isinstance(d, str) and len(g) == 1 and not d.startswith("unk__"):
+                self.symbol.setdefault(g[0], d)
+
+
+# ---------------------------------------------------------------- dims
+def monomial(d) -> tuple[int, tuple[str, ...]] | None:
+    """A dim as (coefficient, names): 8 -> (8, ()), 'batch' -> (1, ('batch',)), '4*batch' ->
+    (4, ('batch',)); None for unknown dims and expressions with + or -."""
+    if isinstance(d, (int, np.integer)) and d > 0:
+        return int(d), ()
+    if not isinstance(d, str) or d.startswith("unk__") or re.search(r"[-+/()]", d):
+        return None
+    coef, names = 1, []
+    for f in d.replace(" ", "").split("*"):
+        if f.isdigit():
+            coef *= int(f)
+        elif f:
+            names.append(f)
+    return coef, tuple(sorted(names))
+
+
+def _run_ok(atoms: Atoms, run: list[str], d) -> tuple[bool, int]:
+    """Can atoms `run` (merged) fill an axis of dim `d`, and how plausible is it (higher is better)."""
+    sizes = [atoms.known(a) for a in run]
+    unknown = [s for s in sizes if s is None]
+    static = math.prod(s for s in sizes if s is not None)
+    if isinstance(d, (int, np.integer)) and d > 0:
+        if d == 1:
+            return (not unknown and static == 1), 0
+        if not unknown:
+            return static == d, 0
+        return (len(unknown) == 1 and d % static == 0), -2  # an atom of unknown size would be d / static
+    if not run:
+        return False, 0
+    m = monomial(d)
+    if m is not None and m[1]:
+        names = [atoms.symbol.get(a) for a in run if atoms.known(a) is None]
+        if None not in names and sorted(names) == list(m[1]) and static == m[0]:
+            return True, 3  # the inference names exactly these atoms
+    if unknown:
+        return True, 0
+    return True, -1  # all static, the inference did not know: possible
+
+
+def _splits(n: int, k: int):
+    """Every way to cut n items into k consecutive (possibly empty) runs: the cut points."""
+    for cuts in itertools.combinations_with_replacement(range(n + 1), k - 1):
+        yield (0, *cuts, n)
+
+
+def _best(atoms: Atoms, seq: list[str], frame: Frame, dims_to: list) -> list[list[str]] | None:
+    bounds = set(itertools.accumulate(len(g) for g in frame))
+    groups = [list(g) for g in frame]
+    best, best_score, tied = None, None, False
+    for cuts in _splits(len(seq), len(dims_to)):
+        runs = [seq[a:b] for a, b in zip(cuts, cuts[1:])]
+        score = 0
+        for run, d, (a, b) in zip(runs, dims_to, zip(cuts, cuts[1:])):
+            ok, s = _run_ok(atoms, run, d)
+            if not ok:
+                break
+            # runs that keep whole axes of the known side are what reshapes usually do
+            score += s + (1 if run and (a == 0 or a in bounds) and b in bounds else 0)
+        else:
+            # and they keep the trailing axes (positions, head dims) as they are, regrouping the batch
+            for run, g in zip(reversed(runs), reversed(groups)):
+                if run != g:
+                    break
+                score += 1
+            if best_score is None or score > best_score:
+                best, best_score, tied = runs, score, False
+            elif score == best_score and not _same_up_to_units(atoms, runs, best):
+                tied = True
+    return None if tied else best
+
+
+def _same_up_to_units(atoms: Atoms, a: list[list[str]], b: list[list[str]]) -> bool:
+    """Two groupings that differ only in where size-1 atoms sit mean the same layout."""
+    strip = lambda runs: [[x for x in r if atoms.known(x) != 1] for r in runs]  # noqa: E731
+    return strip(a) == strip(b)
+
+
+def regroup(atoms: Atoms, frame: Frame, dims_from: list | None, dims_to: list | None, what: str) -> Frame:
+    """The frame of a tensor of dims `dims_to` with the elements, in the same order, of a tensor of
+    frame `frame` and dims `dims_from`: a Reshape read in either direction. Splits an atom of
+    unknown size when a static dim asks for it (B*N -> B, N)."""
+    if dims_to is None:
+        raise Unfollowable(f"{what}: the shape it gives is unknown")
+    atoms.learn(frame, dims_from)
+    frame = atoms.resolve(frame)
+    seq = atoms_of(frame)
+    runs = _best(atoms, seq, frame, dims_to)
+    if runs is None:
+        runs = _refined(atoms, frame, seq, dims_to)
+    if runs is None:
+        raise Unfollowable(f"{what}: cannot tell how {show(frame)} regroups into {list(dims_to)}")
+    out = tuple(tuple(r) for r in runs)
+    atoms.learn(out, dims_to)
+    return out
+
+
+def _refined(atoms: Atoms, frame: Frame, seq: list[str], dims_to: list) -> list[list[str]] | None:
+    """Split one batch atom in two so that a static dim of the other side can be matched: an unknown B*N
+    into (unknown, N) or (N, unknown), static heads 4 into (2, 2) (GQA). The single best split wins;
+    positions and head dims are never split."""
+    statics = sorted({int(d) for d in dims_to if isinstance(d, (int, np.integer)) and d > 1})
+    found = []
+    for a in (x for x in seq if x.startswith("x")):
+        size = atoms.known(a)
+        for d in statics:
+            options = [[None, d], [d, None]] if size is None else \
+                ([[size // d, d]] if size % d == 0 and d < size else [])
+            for sizes in options:
+                trial = Atoms()
+                trial.size, trial.symbol, trial.parts = dict(atoms.size), dict(atoms.symbol), dict(atoms.parts)
+                trial.split(a, sizes)
+                tframe = trial.resolve(frame)
+                runs = _best(trial, atoms_of(tframe), tframe, dims_to)
+                if runs is not None:
+                    score = sum(_run_ok(trial, r, d2)[1] for r, d2 in zip(runs, dims_to))
+                    found.append((score, a, sizes, runs))
+    if not found:
+        return None
+    found.sort(key=lambda f: -f[0])
+    if len(found) > 1 and found[1][0] == found[0][0] and found[1][3] != found[0][3]:
+        return None  # two different splits explain it equally well
+    _, a, sizes, _ = found[0]
+    atoms.split(a, sizes)
+    return _best(atoms, atoms_of(atoms.resolve(frame)), atoms.resolve(frame), dims_to)
+
+
+# ---------------------------------------------------------------- one rule per layout op
+def _axes(view, node: gs.Node) -> list[int] | None:
+    if "axes" in node.attrs:
+        return list(node.attrs["axes"])
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        return view.ints(node.inputs[1])
+    return None
+
+
+def reshape_dims(view, node: gs.Node) -> list | None:
+    """The output dims of a Reshape: its static target where constant, else the inferred shape."""
+    inferred = view.shape(node.outputs[0])
+    target = view.ints(node.inputs[1])
+    if target is None:
+        return inferred
+    src = view.shape(node.inputs[0])
+    allowzero = node.attrs.get("allowzero", 0)
+    out = []
+    for i, t in enumerate(target):
+        if t > 0 or (t == 0 and allowzero):
+            out.append(t)
+        elif t == 0:
+            out.append(src[i] if src is not None and i < len(src) else None)
+        else:
+            out.append(inferred[i] if inferred is not None and len(inferred) == len(target) else None)
+    return out
+
+
+def is_noop_expand(view, node: gs.Node) -> bool:
+    shape = view.ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    src = view.shape(node.inputs[0])
+    if shape is None or src is None or len(shape) > len(src):
+        return False
+    return all(s == 1 or s == d for s, d in zip(shape[::-1], src[::-1]))
+
+
+def _identity(view, node: gs.Node) -> bool:
+    """Ops that leave the frame as it is: pass-throughs, float Casts, a one-input Concat, a no-op Expand."""
+    return (node.op in PASS_OPS or node.op == "Cast" or (node.op == "Concat" and len(node.inputs) == 1)
+            or (node.op == "Expand" and is_noop_expand(view, node)))
+
+
+def is_layout(view, node: gs.Node) -> bool:
+    if node.op == "Concat":
+        return len(node.inputs) == 1
+    if node.op == "Cast":
+        return view.is_noop_cast(node) or view.is_float_cast(node)
+    if node.op == "Expand":
+        return is_noop_expand(view, node)
+    return node.op in LAYOUT_OPS
+
+
+def forward(view, node: gs.Node, frame: Frame, atoms: Atoms) -> Frame:
+    """The frame of node's first output from the frame of its first input."""
+    what = f"{node.op} {node.name}"
+    op = node.op
+    if _identity(view, node):
+        return frame
+    if op == "Transpose":
+        perm = list(node.attrs.get("perm", reversed(range(len(frame)))))
+        return tuple(frame[p] for p in perm)
+    if op == "Reshape":
+        return regroup(atoms, frame, view.shape(node.inputs[0]), reshape_dims(view, node), what)
+    if op == "Flatten":
+        axis = node.attrs.get("axis", 1) % max(len(frame), 1)
+        return (sum(frame[:axis], ()), sum(frame[axis:], ()))
+    if op == "Unsqueeze":
+        axes = _axes(view, node)
+        if axes is None:
+            raise Unfollowable(f"{what}: its axes are computed")
+        rank = len(frame) + len(axes)
+        axes = sorted(a % rank for a in axes)
+        out, rest = [], iter(frame)
+        for i in range(rank):
+            out.append(() if i in axes else next(rest))
+        return tuple(out)
+    if op == "Squeeze":
+        axes = _axes(view, node)
+        if axes is None:
+            shape = view.shape(node.inputs[0])
+            if shape is None or len(shape) != len(frame):
+                raise Unfollowable(f"{what}: which axes it removes is unknown")
+            axes = [i for i, d in enumerate(shape) if d == 1]
+        axes = [a % len(frame) for a in axes]
+        for a in axes:
+            for atom in atoms.resolve((frame[a],))[0]:
+                if atoms.known(atom) not in (1, None):
+                    raise Unfollowable(f"{what} removes an axis of size {atoms.known(atom)}")
+                atoms.size[atom] = 1  # a squeezed axis has size 1
+        return tuple(g for i, g in enumerate(frame) if i not in axes)
+    raise Unfollowable(f"{what} is not a layout op")
+
+
+def backward(view, node: gs.Node, frame: Frame, atoms: Atoms) -> Frame:
+    """The frame of node's first input from the frame of its output."""
+    what = f"{node.op} {node.name}"
+    op = node.op
+    if _identity(view, node):
+        return frame
+    if op == "Transpose":
+        perm = list(node.attrs.get("perm", reversed(range(len(frame)))))
+        out = [None] * len(frame)
+        for i, p in enumerate(perm):
+            out[p] = frame[i]
+        return tuple(out)
+    if op == "Reshape":
+        return regroup(atoms, frame, reshape_dims(view, node), view.shape(node.inputs[0]), what)
+    if op == "Flatten":
+        return regroup(atoms, frame, view.shape(node.outputs[0]), view.shape(node.inputs[0]), what)
+    if op == "Unsqueeze":
+        axes = _axes(view, node)
+        if axes is None:
+            raise Unfollowable(f"{what}: its axes are computed")
+        axes = {a % len(frame) for a in axes}
+        for a in axes:
+            if any(atoms.known(x) not in (1,) for x in atoms.resolve((frame[a],))[0]):
+                raise Unfollowable(f"{what}: the inserted axis holds {show((frame[a],))}")
+        return tuple(g for i, g in enumerate(frame) if i not in axes)
+    if op == "Squeeze":
+        shape = view.shape(node.inputs[0])
+        axes = _axes(view, node)
+        if axes is None and shape is not None:
+            axes = [i for i, d in enumerate(shape) if d == 1]
+        if axes is None:
+            raise Unfollowable(f"{what}: which axes it removes is unknown")
+        rank = len(frame) + len(axes)
+        axes = sorted(a % rank for a in axes)
+        out, rest = [], iter(frame)
+        for i in range(rank):
+            out.append(() if i in axes else next(rest))
+        return tuple(out)
+    raise Unfollowable(f"{what} is not a layout op")
