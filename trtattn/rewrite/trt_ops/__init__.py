@@ -78,7 +78,11 @@ def write_trt_ops(prepared: Prepared) -> onnx.ModelProto:
     for c in plan.cache_updates:
         writer.cache_update(c, capacity)
     model = export_like(graph, form_model)
-    model.opset_import.append(onnx.helper.make_opsetid(schema.DOMAIN, 1))
+    trt = [o for o in model.opset_import if o.domain == schema.DOMAIN]  # onnx-graphsurgeon may have added it
+    if not trt:
+        model.opset_import.append(onnx.helper.make_opsetid(schema.DOMAIN, 1))
+    elif trt[0].version != 1:
+        raise TrtattnError(f"the form model imports the '{schema.DOMAIN}' domain at version {trt[0].version}, not 1")
     left = sorted({n.op_type for n in model.graph.node if n.op_type in ("Attention", "TensorScatter")
                    and n.domain in ("", "ai.onnx")})
     if left:

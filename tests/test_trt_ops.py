@@ -1,0 +1,136 @@
+"""`trtattn fuse --ops trt`: every site of the build form as TensorRT's own ONNX op (trt::TRT_Attention,
+TRT_KVCacheUpdate), exactly as documented (trtattn_plugins.schema), verified on CPU through trtattn_plugins'
+kernels; the sidecar with the trtexec shapes; the CLI. (Every zoo model x form: benchmarks/trt_route.py.)"""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import trtattn_plugins as tp
+from trtattn.cli import main
+from trtattn.errors import TrtattnError
+from trtattn.rewrite.trt_ops import fuse_trt, shape_strings, verify_trt_ops
+from trtattn.trt.profiles import parse_shapes
+
+CASES = [("llama", "torchscript", "padded"), ("bert", "dynamo", "packed"), ("llama-cache", "torchscript", "kv-cache")]
+_results = {}
+
+
+@pytest.fixture
+def written(zoo_export):
+    def get(name, exporter, form):
+        if (name, exporter, form) not in _results:
+            model = onnx.load(str(zoo_export(name, exporter)))
+            _results[name, exporter, form] = (model, fuse_trt(model, name=name, form=form))
+        return _results[name, exporter, form]
+    return get
+
+
+def trt_nodes(model, op=None):
+    return [n for n in model.graph.node if n.domain == "trt" and (op is None or n.op_type == op)]
+
+
+def attrs(node):
+    return {a.name: (v.decode() if isinstance(v := onnx.helper.get_attribute_value(a), bytes) else v)
+            for a in node.attribute}
+
+
+@pytest.mark.parametrize("name,exporter,form", CASES)
+def test_zoo_form_written_as_documented_trt_ops_and_verified(written, name, exporter, form):
+    model, result = written(name, exporter, form)
+    plan, out = result.prepared.plan, result.model
+    assert result.ok and result.verification["max_abs_err"] <= 1e-4, result.verification
+    assert tp.check_model(out) == []
+    assert not [n for n in out.graph.node if n.op_type in ("Attention", "TensorScatter", "ScatterND")]
+    assert [o.domain for o in out.opset_import if o.domain == "trt"] == ["trt"]
+    producers = {o: n for n in out.graph.node for o in n.output}
+    init_values = {i.name: onnx.numpy_helper.to_array(i) for i in out.graph.initializer}
+    attentions = {n.name: n for n in trt_nodes(out, "TRT_Attention")}
+    assert sorted(attentions) == sorted(a.layer for a in plan.native) and len(attentions) == len(plan.attentions)
+    for a in plan.native:
+        node = attentions[a.layer]
+        expect = {"query_form": f"{a.query_form}_" + ("bhnd" if a.query_form == "padded" else "nhd"),
+                  "kv_form": f"{a.kv_form}_" + ("bhnd" if a.kv_form == "padded" else "nhd"),
+                  "causal_kind": a.causal, "TRT_decomposable": 0}
+        assert attrs(node) == expect
+        q = producers[node.input[0]]
+        while q.op_type != "Mul":  # Q is pre-scaled by the softmax scale (then packed, where packed)
+            q = producers[q.input[0]]
+        scale = next(init_values[i] for i in q.input if i in init_values)
+        assert float(scale) == pytest.approx(a.q_scale)
+        lengths = list(node.input[4:6])
+        assert len(set(filter(None, lengths))) == len([x for x in lengths if x])  # never one tensor for both
+    updates = trt_nodes(out, "TRT_KVCacheUpdate")
+    assert len(updates) == len(plan.cache_updates)
+    assert sum(n.op_type == "RotaryEmbedding" for n in out.graph.node) == len(plan.ropes)
+    if form == "kv-cache":
+        assert plan.aliases and updates
+        capacity = plan.limits["max_cache"]
+        declared = {v.name: v.type.tensor_type.shape.dim for v in [*out.graph.input, *out.graph.output]}
+        for c in plan.cache_updates:  # TensorRT's KV-cache layer wants a static capacity
+            assert declared[c.cache][2].dim_value == capacity and declared[c.output][2].dim_value == capacity
+        assert {attrs(n)["update_form"] for n in updates} == {"packed_nhd"}
+
+
+def test_verification_runs_the_trt_ops(written):
+    """A wrong causal kind in the written ops fails the same check (the CPU kernels really run)."""
+    model, result = written("llama", "torchscript", "padded")
+    broken = onnx.ModelProto()
+    broken.CopyFrom(result.model)
+    for node in trt_nodes(broken, "TRT_Attention"):
+        for a in node.attribute:
+            if a.name == "causal_kind":
+                a.s = b"none"
+    outcome = verify_trt_ops(model, broken, result.prepared)
+    assert not outcome["passed"] and outcome["max_abs_err"] > 1e-2
+
+
+def test_sidecar_gives_trtexec_the_profiles(written, tmp_path):
+    _, result = written("llama-cache", "torchscript", "kv-cache")
+    info = result.sidecar(tmp_path / "llama-cache.trt.onnx")
+    plan = result.prepared.plan
+    assert info["route"] == "trtexec" and info["ops"] == ["trt::TRT_Attention", "trt::TRT_KVCacheUpdate"]
+    assert [s["layer"] for s in info["sites"]] == [a.layer for a in plan.attentions]
+    assert info["io"]["aliases"] == plan.aliases
+    (shapes,) = info["trtexec"]["shapes"]
+    for key, flag in (("min", "--minShapes"), ("opt", "--optShapes"), ("max", "--maxShapes")):
+        assert parse_shapes(shapes[flag]) == {n: tuple(row[key]) for n, row in plan.profiles[0].items()}
+        assert f"{flag}={shapes[flag]}" in info["trtexec"]["command"]
+    assert {"--stronglyTyped", "--profilingVerbosity=detailed"} <= set(info["trtexec"]["command"])
+    inputs = {i["name"]: i for i in info["io"]["inputs"]}
+    assert all(inputs[c]["shape"][2] == plan.limits["max_cache"] for c in plan.aliases.values())
+
+
+def test_shape_strings_quote_names_with_separators():
+    profiles = [{"a:0": {"min": [1, 2], "opt": [2, 4], "max": [4, 8]}, "b": {"min": [1], "opt": [1], "max": [3]}}]
+    assert shape_strings(profiles) == [{"--minShapes": "'a:0':1x2,b:1", "--optShapes": "'a:0':2x4,b:1",
+                                        "--maxShapes": "'a:0':4x8,b:3"}]
+
+
+def test_cli_writes_model_and_sidecar_and_verify_reads_it(zoo_export, tmp_path, capsys):
+    src = zoo_export("vit", "torchscript")
+    out = tmp_path / "vit.trt.onnx"
+    assert main(["-q", "fuse", str(src), "-o", str(out), "--ops", "trt"]) == 0
+    printed = capsys.readouterr().out
+    assert "TRT_Attention" in printed and "trtexec --onnx=" in printed
+    info = json.loads((tmp_path / "vit.trt.json").read_text())
+    assert info["verification"]["passed"] and len(info["sites"]) == 2
+    written_model = onnx.load(str(out))
+    assert tp.check_model(written_model) == [] and len(trt_nodes(written_model, "TRT_Attention")) == 2
+    assert main(["-q", "verify", str(out), "--onnx", str(src)]) == 0
+    assert "passed" in capsys.readouterr().out
+
+
+def test_cli_form_needs_ops_trt(zoo_export, tmp_path, capsys):
+    src = zoo_export("vit", "torchscript")
+    assert main(["-q", "fuse", str(src), "-o", str(tmp_path / "x.onnx"), "--form", "packed"]) == 2
+    assert "--ops trt" in capsys.readouterr().err
+
+
+def test_soft_capped_sites_are_named_not_written(zoo_export):
+    model = onnx.load(str(zoo_export("gemma2", "torchscript")))
+    with pytest.raises(TrtattnError, match=r"model/layers\.0/self_attn: its logits are soft-capped.*"
+                                            r"model/layers\.1/self_attn"):
+        fuse_trt(model, name="gemma2")
