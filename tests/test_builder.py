@@ -16,9 +16,9 @@ import pytest
 from graphs import attention_model
 
 from trtattn import zoo
-from trtattn.build import build, prepare
+from trtattn.build import Limits, build, prepare
 from trtattn.trt.network import build_network
-from trtattn.verify import adapter_for
+from trtattn.rewrite.forms import form_adapter
 
 CASES = [  # (zoo model, exporter, form): every site kind the zoo has
     ("bart", "torchscript", "padded"),  # self, causal self, cross; padding masks
@@ -39,9 +39,12 @@ CASES = [  # (zoo model, exporter, form): every site kind the zoo has
 ]
 
 
+LIMITS = Limits(max_batch=4, max_positions=64, max_cache=24)  # the zoo's configs; small caches for numpy
+
+
 def _prepared(zoo_export, name, exporter, form, precision="fp32"):
     model = onnx.load(str(zoo_export(name, exporter)))
-    return model, prepare(model, name=f"{name}_{exporter}", form=form, precision=precision)
+    return model, prepare(model, name=f"{name}_{exporter}", form=form, precision=precision, limits=LIMITS)
 
 
 @pytest.mark.conformance
@@ -110,8 +113,8 @@ def _reference(trt, prepared, original, dims=None, seed=0):
     network = build_network(trt, builder, trt.Logger(trt.Logger.WARNING), prepared.cut, prepared.plan)
     from trtsim.execute import run
 
-    adapter = adapter_for(original, [i["name"] for i in prepared.plan.inputs],
-                          [c.cache for c in prepared.plan.cache_updates])
+    adapter = form_adapter(original, [i["name"] for i in prepared.plan.inputs],
+                           [c.cache for c in prepared.plan.cache_updates], prepared.plan.limits.get("max_cache"))
     feeds = adapter.original_feeds(dims, seed)
     import onnxruntime as ort
 

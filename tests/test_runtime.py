@@ -49,7 +49,7 @@ def llama_models(zoo_dir):
     prepared = prepare(original, name="llama-lm", form="kv-cache")
     fused = prepared.fused.model  # trtattn.fuse.fuse_model(original).model
     assert ops(fused)["Attention"] == 2 and ops(original)["Attention"] == 0
-    assert ops(prepared.form_model)["TensorScatter"] == 4
+    assert ops(prepared.form_model)["ScatterND"] == 4
     return {"original": original, "fused": fused, "kv-cache": prepared.form_model, "plan": prepared.plan}
 
 
@@ -157,9 +157,9 @@ def test_cache_contents_match_between_concat_and_static(llama_models):
     lengths = np.array([5, 2])
     for k, s in sessions.items():
         cache = make_cache(s, 2, capacity=12)
-        s.run({"input_ids": ids, **cache.step_feeds(5, lengths)}, outputs=["logits"], carry=cache.carry())
+        s.run(cache.step_feeds(ids, lengths), outputs=["logits"], carry=cache.carry())
         cache.advance(lengths, 5)
-        s.run({"input_ids": np.array([[30], [31]]), **cache.step_feeds(1)}, outputs=["logits"], carry=cache.carry())
+        s.run(cache.step_feeds(np.array([[30], [31]])), outputs=["logits"], carry=cache.carry())
         cache.advance(None, 1)
         caches[k] = cache
     for row, n in enumerate([6, 3]):
@@ -183,6 +183,15 @@ def test_llama_generation_original_fused_and_kv_cache_form_agree(llama_models):
             alone = generate(OrtSession(llama_models[k]), [prompt], 8)
             assert alone.tokens[0] == ref.tokens[b]
             assert max(float(np.abs(x[0] - y[b]).max()) for x, y in zip(alone.logits, ref.logits)) <= ATOL
+
+
+def test_left_padded_original_and_the_packed_kv_cache_form_agree(llama_models):
+    """Hugging Face pads mixed-length prompts on the left; the kv-cache form packs them (no padding at all):
+    the same tokens, logits within 1e-4, at every step."""
+    left = generate(OrtSession(llama_models["original"]), LLAMA_PROMPTS, 6, padding_side="left")
+    packed = generate(OrtSession(llama_models["kv-cache"]), LLAMA_PROMPTS, 6, capacity=16)
+    assert packed.cache == "static" and len({tuple(t) for t in left.tokens}) == 3
+    _same_generation(left, packed, "kv-cache form vs the left-padded original")
 
 
 def test_kv_cache_form_decodes_after_a_separate_prefill(llama_models):
@@ -307,9 +316,10 @@ def test_cli_run_generate_and_bench(llama_models, tmp_path):
                 "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    ref = generate(OrtSession(llama_models["original"]), LLAMA_PROMPTS[:2], 4)
+    # the original model, as Hugging Face generates: mixed-length prompts padded on the left
+    ref = generate(OrtSession(llama_models["original"]), LLAMA_PROMPTS[:2], 4, padding_side="left")
     assert data["cache"] == "static" and [r["tokens"] for r in data["requests"]] == ref.tokens
-    proc = _cli("run", path, "--dims", "batch=1,seq=2", "--save", tmp_path / "out.npz")
+    proc = _cli("run", path, "--dims", "batch=1,total_tokens=2", "--save", tmp_path / "out.npz")
     assert proc.returncode == 0, proc.stderr
     assert "logits" in proc.stdout and np.load(tmp_path / "out.npz")["logits"].shape == (1, 2, 128)
     proc = _cli("bench", path, "--iterations", 3, "--warmup", 1, "--dims", "batch=2,seq=1")
@@ -646,9 +656,9 @@ def test_stand_in_session_decodes_with_the_cache_in_place(stand_in_trt, llama_mo
     assert s.aliases == llama_models["plan"].aliases
     got, h2d, d2h = _copies(stand_in_trt.device, lambda: generate(s, LLAMA_PROMPTS, 8, capacity=16))
     _same_generation(ref, got, "stand-in session")
-    # per run: input_ids, position_ids and cache_write_index in, logits out; the caches never move
+    # per run: input_ids, position_ids, cu_seqlens and cache_write_index in, logits out; the caches never move
     runs = got.steps + 1
-    assert (h2d, d2h) == (3 * runs, runs)
+    assert (h2d, d2h) == (4 * runs, runs)
     for out, inp in s.aliases.items():
         assert s._bound_addr[out] == s._bound_addr[inp] == s._state[inp].buffer.ptr
         np.testing.assert_allclose(s.get_state(inp), on_ort.get_state(inp), atol=1e-5)  # the whole cache, in place

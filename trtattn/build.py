@@ -1,30 +1,31 @@
 """`trtattn build`: from an exported ONNX model to a TensorRT engine with one IAttention per site.
 
-    prepared = prepare(model, name="llama", form="padded")    # no TensorRT needed
+    prepared = prepare(model, name="llama", form="padded", precision="fp16")   # no TensorRT needed
     print(describe(prepared.plan))
-    engine_path, sidecar_path = build(prepared, trt, "engines")  # TensorRT >= 11
+    engine_path, sidecar_path = build(prepared, trt, "engines")               # TensorRT >= 11
 
-prepare: fuse every site into the standard ONNX op and verify it on ONNX Runtime, derive the
-requested form (trtattn/forms.py), plan the lowering, cut the lowered ops out for the OnnxParser.
+prepare: fuse every site into the standard ONNX op and verify it on ONNX Runtime, derive the requested
+form (rewrite/forms), convert its precision (rewrite/precision.py), plan the lowering (trt/plan.py) with
+profiles from the model (trt/profiles.py), cut the lowered ops out for the OnnxParser (trt/cut.py).
 build: parse, lower, configure (profiles, timing cache, progress), build, write engine + sidecar.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
 from .errors import TrtattnError
-from .graph.inputs import resolve_dims
 from .report import table
 from .rewrite import forms
 from .rewrite.forms import FORMS
 from .rewrite.fuse import FuseResult, fuse_model
-from .trt.config import apply_overrides, default_profile
+from .trt import profiles as profiles_mod
 from .trt.cut import CutModel, cut
 from .trt.plan import BuildPlan, io_contract, make_plan
+
 PRECISIONS = ("fp16", "bf16", "fp32")
 
 
@@ -36,16 +37,20 @@ class Prepared:
     plan: BuildPlan
     cut: CutModel
     source: str = ""
+    verification: dict = field(default_factory=dict)  # the form model against the original
 
 
-def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16",
-            dims: dict | None = None, decomposable: bool = False, shapes: tuple[dict, dict, dict] = ({}, {}, {}),
-            progress=None, source: str = "", mark_sites: bool = False) -> Prepared:
-    if form not in FORMS:
-        raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
-    if precision not in PRECISIONS:
-        raise TrtattnError(f"unknown precision '{precision}' for the attention; choose one of {', '.join(PRECISIONS)}"
-                           " (FP8/INT8 come from `trtattn normalize --quantize`)")
+@dataclass
+class Limits:
+    """What the profiles and the cache capacity run to (trt/profiles.py)."""
+
+    max_batch: int = profiles_mod.DEFAULT_MAX_BATCH
+    max_positions: int | None = None  # None: from the model
+    max_cache: int | None = None  # None: the maximum positions
+
+
+def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None) -> FuseResult:
+    """Every attention as the standard ONNX op, verified; an error naming the sites that are not."""
     fused = fuse_model(model, dims=dims, progress=progress)
     failed = [r for r in fused.reports if r.status != "fused"]
     if failed:
@@ -53,36 +58,77 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
                            f"would not be all-IAttention: " + "; ".join(f"{r.site.name}: {r.reason}" for r in failed[:3]))
     if not fused.reports:
         raise TrtattnError("the model has no attention; nothing for trtattn to build (use trtexec for it)")
+    return fused
+
+
+def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16",
+            dims: dict | None = None, decomposable: bool = False, shapes: tuple[dict, dict, dict] = ({}, {}, {}),
+            limits: Limits | None = None, progress=None, source: str = "", mark_sites: bool = False) -> Prepared:
+    if form not in FORMS:
+        raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
+    if precision not in PRECISIONS:
+        raise TrtattnError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
+    fused = fused_sites(model, dims=dims, progress=progress)
     derived = forms.derive(form, model, fused, dims=dims, progress=progress)
-    form_model, packed_lengths, sites = derived.model, derived.packed_lengths, derived.sites
-    plan = make_plan(form_model, name=name, form=form, precision=precision, sites=sites, causal=derived.causal,
-                     packed_lengths=packed_lengths, decomposable=decomposable)
-    plan.mark_sites = mark_sites
-    cut_model = cut(form_model, plan.lowered())
-    io_contract(form_model, cut_model.inputs, plan)
-    plan.profiles = apply_overrides(default_profile(plan.inputs, resolve_dims(form_model, dims)), *shapes)
+    plan = make_plan(derived.model, name=name, form=form, precision=precision, sites=derived.sites,
+                     lowerings=derived.attentions, cache_lowerings=derived.cache_updates, decomposable=decomposable)
+    plan.mark_sites, plan.right_padded = mark_sites, list(derived.right_padded)
     plan.notes += derived.notes
-    if precision == "fp32":
+    cut_model = plan_engine_io(plan, model, derived.model, limits or Limits(), shapes)
+    if any(a.dtype == "fp32" for a in plan.native) and not decomposable:
         plan.notes.append("fp32 attention has no fused kernel: expect the build to fail unless --decomposable")
-    return Prepared(model, fused, form_model, plan, cut_model, source)
+    return Prepared(model, fused, derived.model, plan, cut_model, source, derived.verification)
+
+
+def plan_engine_io(plan: BuildPlan, original: onnx.ModelProto, form_model: onnx.ModelProto, limits: Limits,
+                   shapes: tuple[dict, dict, dict]) -> CutModel:
+    """Cut the form for TensorRT's parser (caches at a static capacity), and the engine's I/O and profiles."""
+    positions, source = (limits.max_positions, "--max-positions") if limits.max_positions else \
+        profiles_mod.max_positions(original)
+    if positions is None:
+        positions = profiles_mod.DEFAULT_MAX_POSITIONS
+        plan.notes.append(f"the model does not say its maximum positions: profiles run to {positions} "
+                          "(set --max-shapes / --max-cache)")
+    capacity = limits.max_cache or positions
+    plan.limits = {"max_batch": limits.max_batch, "max_positions": positions, "max_positions_from": source,
+                   "max_cache": capacity if plan.cache_updates else None}
+    static = {c.cache: {2: capacity} for c in plan.cache_updates}
+    cut_model = cut(form_model, plan.lowered(), static)
+    io_contract(form_model, cut_model.model, cut_model.inputs, plan)
+    defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": positions, "max_batch": limits.max_batch})
+    plan.profiles = profiles_mod.apply_overrides(defaults, *shapes)
+    return cut_model
 
 
 def describe(plan: BuildPlan) -> str:
-    rows = [{"site": a.site, "layer": a.layer, "form": a.form, "heads": f"{a.q_heads}/{a.kv_heads}",
-             "head": a.head_size, "q_scale": a.q_scale, "causal": a.causal,
-             "mask": a.mask_kind if a.mask else "-", "kv_lengths": a.kv_lengths or "-", "precision": a.precision}
+    rows = [{"site": a.site, "layer": a.layer if a.reason is None else "-",
+             "form": a.query_form if a.query_form == a.kv_form else f"{a.query_form} q / {a.kv_form} kv",
+             "heads": f"{a.q_heads}/{a.kv_heads}", "head": a.head_size, "q_scale": a.q_scale, "causal": a.causal,
+             "mask": a.mask_kind if a.mask else "-", "kv_lengths": a.kv_lengths or "-", "dtype": a.dtype,
+             "nq": a.normalization_quantize_to_type or "-", "reason": a.reason or "-"}
             for a in plan.attentions]
-    lines = [f"build plan for {plan.name}: {len(plan.attentions)} IAttention ({plan.form}, attention in "
-             f"{plan.precision}), {len(plan.ropes)} rotary embedding, {len(plan.cache_updates)} KV-cache update layers",
+    native = plan.native
+    lines = [f"build plan for {plan.name}: {len(native)} IAttention ({plan.form}, {plan.precision}), "
+             f"{len(plan.ropes)} rotary embedding, {len(plan.cache_updates)} KV-cache update layers"
+             + (f", {len(plan.attentions) - len(native)} sites left to TensorRT's own fusion" if len(native) <
+                len(plan.attentions) else ""),
              table(rows, [("site", "site"), ("layer", "IAttention layer"), ("form", "form"), ("heads", "heads q/kv"),
                           ("head", "head"), ("q_scale", "Q scale"), ("causal", "causal"), ("mask", "mask"),
-                          ("kv_lengths", "kv lengths"), ("precision", "precision")])]
+                          ("kv_lengths", "kv lengths"), ("dtype", "dtype"), ("nq", "norm. quantize"),
+                          ("reason", "not native because")])]
+    if plan.precision_table:
+        lines.append("matmul work by dtype: " + ", ".join(f"{k} {v:.1%}" for k, v in
+                                                           sorted(plan.precision_table.items(), key=lambda kv: -kv[1])))
     lines.append("engine inputs:  " + ", ".join(f"{i['name']}{i['shape']}:{i['dtype']}" for i in plan.inputs))
     lines.append("engine outputs: " + ", ".join(f"{o['name']}{o['shape']}:{o['dtype']}" for o in plan.outputs))
     for out, inp in plan.aliases.items():
         lines.append(f"in place:       {out} aliases {inp}")
-    for p in plan.profiles:
-        lines.append(f"profile:        {p['name']} min {p['min']} opt {p['opt']} max {p['max']}")
+    lines += [f"                {line}" if i else f"profiles:       {line}"
+              for i, line in enumerate(profiles_mod.describe(plan.profiles))]
+    if plan.limits:
+        lines.append(f"limits:         batch <= {plan.limits['max_batch']}, positions <= {plan.limits['max_positions']} "
+                     f"(from {plan.limits['max_positions_from']})"
+                     + (f", cache capacity {plan.limits['max_cache']}" if plan.limits.get("max_cache") else ""))
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
 

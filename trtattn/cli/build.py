@@ -1,8 +1,9 @@
 """trtattn build MODEL: a TensorRT engine in which every attention is an IAttention (route 1, the
-network API). Without TensorRT it prints the plan and exits 4."""
+network API). Without TensorRT it prints the plan (and writes it with --plan-json) and exits 4."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..errors import MissingDependencyError
@@ -12,40 +13,55 @@ from .common import exit_without_tensorrt
 
 
 def add_parser(sub) -> None:
+    from ..build import PRECISIONS
+    from ..trt.profiles import DEFAULT_MAX_BATCH
+
     b = sub.add_parser("build", help="build a TensorRT engine in which every attention is an IAttention")
     b.add_argument("model", help="input ONNX model (never modified)")
     b.add_argument("--name", help="engine name (default: the model file's stem)")
     b.add_argument("--out-dir", default="engines", help="where NAME.engine and NAME.json go (default engines/)")
     b.add_argument("--form", default="padded", choices=["padded", "packed", "kv-cache"],
-                   help="padded BHND (default); packed tokens with cumulative lengths; preallocated KV cache")
-    b.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "fp32"],
-                   help="dtype the attention runs in (default fp16; fp32 has no fused kernel)")
+                   help="padded BHND (default); packed tokens with cumulative lengths; packed query over a "
+                        "preallocated KV cache")
+    b.add_argument("--precision", default="fp16", choices=list(PRECISIONS),
+                   help="the model's precision (default fp16); fp32 attention has no fused kernel")
     b.add_argument("--decomposable", action="store_true",
                    help="let TensorRT fall back to unfused attention where no fused kernel fits (default: fail)")
     b.add_argument("--min-shapes", help="trtexec style, e.g. input_ids:1x1,attention_mask:1x1")
     b.add_argument("--opt-shapes")
     b.add_argument("--max-shapes")
+    b.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                   help=f"the profiles' largest batch (default {DEFAULT_MAX_BATCH})")
+    b.add_argument("--max-positions", type=int,
+                   help="the profiles' longest sequence (default: the model's maximum positions)")
+    b.add_argument("--max-cache", type=int,
+                   help="kv-cache form: the caches' static capacity (default: the maximum positions)")
     b.add_argument("--timing-cache", help="read and update this timing cache file")
     b.add_argument("--workspace", type=int, help="workspace limit in MiB")
     b.add_argument("--save-onnx", help="also write the verified form model and the cut model to this folder")
+    b.add_argument("--plan-json", help="write the build plan as JSON here (with or without TensorRT)")
     b.add_argument("--force", action="store_true", help="replace an existing engine")
     b.add_argument("--mark-sites", action="store_true",
                    help="also output every attention's result, for per-site errors in trtattn verify")
-    b.add_argument("--dims", help="symbolic dim values for verification and the profile's opt, e.g. batch=2,seq=16")
+    b.add_argument("--dims", help="symbolic dim values for verification, e.g. batch=2,seq=16")
 
 
 def run(args, progress) -> int:
-    from ..build import build, describe, prepare
+    from ..build import Limits, build, describe, prepare
     from ..trt import compat
-    from ..trt.config import parse_shapes
+    from ..trt.profiles import parse_shapes
 
     model = onnxio.load(args.model)
     name = args.name or Path(args.model).stem
     shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
+    limits = Limits(max_batch=args.max_batch, max_positions=args.max_positions, max_cache=args.max_cache)
     prepared = prepare(model, name=name, form=args.form, precision=args.precision, dims=parse_dims(args.dims),
-                       decomposable=args.decomposable, shapes=shapes, progress=progress, source=str(args.model),
-                       mark_sites=args.mark_sites)
+                       decomposable=args.decomposable, shapes=shapes, limits=limits, progress=progress,
+                       source=str(args.model), mark_sites=args.mark_sites)
     print(describe(prepared.plan))
+    if args.plan_json:
+        onnxio.atomic_write(Path(args.plan_json), (json.dumps(prepared.plan.plan_json(), indent=2) + "\n").encode())
+        print(f"wrote {args.plan_json}")
     if args.save_onnx:
         out = Path(args.save_onnx)
         onnxio.save(prepared.form_model, out / f"{name}.{args.form}.onnx", protect=(args.model,))

@@ -4,15 +4,18 @@ ConcatCache  models whose past grows each step (the original and the fused ONNX 
              built from them): past inputs [B, N, P, H], present outputs [B, N, P+S, H]. The
              presents are carried into the next step's past (on TensorRT the device buffers swap).
              Ragged rows share one slot axis: each row's `valid` slots say which positions hold
-             its tokens, and the step's attention_mask [B, P+S] is exactly that.
+             its tokens, and the step's attention_mask [B, P+S] is exactly that. Prompts are padded
+             on the right, or on the left (`padding_side="left"`, as Hugging Face generates).
 StaticCache  the kv-cache form (and its engine): preallocated [B, N, capacity, H] buffers kept as
-             session state, each row's `cache_write_index` = its length, the present outputs
-             alias the cache inputs (ONNX Runtime: the returned buffer replaces the state;
-             TensorRT: the same device buffer is bound to both, nothing moves).
+             session state; the step's tokens go end to end ([1, T] with cu_seqlens), each row's
+             `cache_write_index` is its length, its positions continue from there; the present
+             outputs alias the cache inputs (ONNX Runtime: the returned buffer replaces the state;
+             TensorRT: the same device buffer is bound to both, nothing moves). No row ever carries
+             padding: a ragged prefill is as exact as each request alone.
 
-Both keep `lengths` [B] (valid tokens per row) and give the positions of the next tokens, so a
-batch of requests with different prompt lengths (right padded) decodes together: a row's padding
-is never attended (masked, or beyond its write index and overwritten by its next token).
+Both keep `lengths` [B] (valid tokens per row). `step_feeds(ids, new)` gives a step's feeds from
+right-padded ids [B, S] of which `new[b]` per row are real; `last(logits, new)` each row's logits
+at its last real token.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TrtattnError
-from ..contract import WRITE_INDEX
+from ..contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_rows
 
 PAST_PREFIXES = ("past_key_values.", "past_key_values_", "past.", "past_")
 PRESENT_PREFIXES = ("present.", "present_", "present_key_values.")
@@ -64,17 +67,17 @@ def _dims(session, name: str) -> tuple[int, int]:
 
 
 def _capacity(session, name: str, requested: int | None) -> int:
+    """A cache's capacity: fixed by the model (an engine's static cache input, or its sidecar's I/O), else
+    the one requested, else DEFAULT_CAPACITY."""
     shape = session.input(name).shape
-    if isinstance(shape[2], int) and shape[2] > 0:
-        if requested and requested != shape[2]:
-            raise TrtattnError(f"{session.name}: {name} has a fixed capacity of {shape[2]}, not {requested}")
-        return shape[2]
-    for p in (session.sidecar or {}).get("profiles") or []:  # an engine's cache capacity is its profile's
-        if p.get("name") == name and p["min"][2] == p["max"][2]:
-            if requested and requested != p["min"][2]:
-                raise TrtattnError(f"{session.name}: the engine's {name} has a capacity of {p['min'][2]}, "
-                                   f"not {requested}")
-            return int(p["min"][2])
+    declared = [io["shape"][2] for io in ((session.sidecar or {}).get("io") or {}).get("inputs", [])
+                if io.get("name") == name and len(io.get("shape") or []) == 4]
+    fixed = shape[2] if isinstance(shape[2], int) and shape[2] > 0 else next(
+        (d for d in declared if isinstance(d, int) and d > 0), None)
+    if fixed:
+        if requested and requested != fixed:
+            raise TrtattnError(f"{session.name}: {name} has a fixed capacity of {fixed}, not {requested}")
+        return int(fixed)
     return int(requested or DEFAULT_CAPACITY)
 
 
@@ -94,7 +97,12 @@ class KVCache:
         """Positions of the next `seq` tokens of every row: [B, seq]."""
         return self.lengths[:, None] + np.arange(seq, dtype=np.int64)[None]
 
-    def step_feeds(self, seq: int, new_lengths=None) -> dict[str, np.ndarray]:
+    def step_feeds(self, ids: np.ndarray, new_lengths=None) -> dict[str, np.ndarray]:
+        """The feeds of a step of right-padded token ids [B, S], `new_lengths` real per row (all S)."""
+        raise NotImplementedError
+
+    def last(self, logits: np.ndarray, new_lengths=None) -> np.ndarray:
+        """Each row's logits at its last real token of the step just run: [B, V]."""
         raise NotImplementedError
 
     def carry(self) -> dict[str, str]:
@@ -129,8 +137,11 @@ class ConcatCache(KVCache):
 
     style = "concat"
 
-    def __init__(self, session, batch: int, pairs: list[tuple[str, str]] | None = None):
+    def __init__(self, session, batch: int, pairs: list[tuple[str, str]] | None = None, padding_side: str = "right"):
         super().__init__(session, pairs if pairs is not None else concat_pairs(session), batch)
+        if padding_side not in ("right", "left"):
+            raise TrtattnError(f"padding_side is 'right' or 'left', not {padding_side!r}")
+        self.padding_side = padding_side
         self.valid = np.zeros((self.batch, 0), bool)
         for past, _ in self.pairs:
             n, h = _dims(session, past)
@@ -140,13 +151,31 @@ class ConcatCache(KVCache):
     def slots(self) -> int:
         return self.valid.shape[1]
 
-    def step_feeds(self, seq, new_lengths=None):
+    def _fresh(self, new: np.ndarray, seq: int) -> np.ndarray:
+        """[B, seq]: which of the step's slots hold real tokens."""
+        if self.padding_side == "left":
+            return np.arange(seq)[None] >= seq - new[:, None]
+        return np.arange(seq)[None] < new[:, None]
+
+    def step_feeds(self, ids, new_lengths=None):
+        ids = np.asarray(ids, np.int64)
+        seq = ids.shape[1]
         new = self._new(new_lengths, seq)
         if (new > seq).any():
             raise TrtattnError(f"a row has more new tokens than the step's {seq}")
-        fresh = np.arange(seq)[None] < new[:, None]
+        fresh = self._fresh(new, seq)
+        if self.padding_side == "left":  # each row's real tokens move to the end of the step
+            ids = np.stack([np.roll(row, seq - n) for row, n in zip(ids, new)])
+            positions = self.lengths[:, None] + np.maximum(np.cumsum(fresh, axis=1) - 1, 0)
+        else:
+            positions = self.positions(seq)
         mask = np.concatenate([self.valid, fresh], axis=1).astype(np.int64)
-        return {"attention_mask": mask, "position_ids": self.positions(seq)}
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+
+    def last(self, logits, new_lengths=None):
+        new = self._new(new_lengths, logits.shape[1])
+        index = np.full_like(new, logits.shape[1] - 1) if self.padding_side == "left" else new - 1
+        return logits[np.arange(logits.shape[0]), index]
 
     def carry(self):
         return {present: past for past, present in self.pairs}
@@ -154,8 +183,7 @@ class ConcatCache(KVCache):
     def advance(self, new_lengths, seq: int | None = None):
         new = self._new(new_lengths, seq)
         seq = seq if seq is not None else int(new.max(initial=0))
-        fresh = np.arange(seq)[None] < new[:, None]
-        self.valid = np.concatenate([self.valid, fresh], axis=1)
+        self.valid = np.concatenate([self.valid, self._fresh(new, seq)], axis=1)
         self.lengths = self.lengths + new
         if any(self.session.state_shape(p)[2] != self.slots for p, _ in self.pairs):
             raise TrtattnError("the carried presents do not have one slot per token fed so far: "
@@ -196,14 +224,21 @@ class StaticCache(KVCache):
             n, h = _dims(session, past)
             session.zeros_state(past, (self.batch, n, self.capacity, h))
 
-    def step_feeds(self, seq, new_lengths=None):
-        new = self._new(new_lengths, seq)
-        if (new > seq).any():
-            raise TrtattnError(f"a row has more new tokens than the step's {seq}")
-        if (self.lengths + seq > self.capacity).any():
+    def step_feeds(self, ids, new_lengths=None):
+        ids = np.asarray(ids, np.int64)
+        new = self._new(new_lengths, ids.shape[1])
+        if (new > ids.shape[1]).any():
+            raise TrtattnError(f"a row has more new tokens than the step's {ids.shape[1]}")
+        if (self.lengths + new > self.capacity).any():
             raise TrtattnError(f"the KV cache is full: a row would write past its capacity of {self.capacity} tokens "
                                "(TensorRT would drop the write silently); give a larger capacity")
-        return {WRITE_INDEX: self.lengths.copy(), "position_ids": self.positions(seq)}
+        self._cu = cu_seqlens(new)
+        return {"input_ids": pack_rows(row[:n] for row, n in zip(ids, new)),
+                "position_ids": pack_rows(self.lengths[b] + np.arange(n) for b, n in enumerate(new)),
+                CU_SEQLENS: self._cu, WRITE_INDEX: self.lengths.copy()}
+
+    def last(self, logits, new_lengths=None):
+        return logits[0, self._cu[1:] - 1]  # [1, T, V]: each row's last token
 
     def advance(self, new_lengths, seq: int | None = None):
         self.lengths = self.lengths + self._new(new_lengths, seq)
@@ -225,8 +260,9 @@ class StaticCache(KVCache):
         return self.session.get_state(past)[row][:, :self.lengths[row]]
 
 
-def make_cache(session, batch: int, *, capacity: int | None = None) -> KVCache:
-    """StaticCache for a kv-cache form (it has cache_write_index), ConcatCache otherwise."""
+def make_cache(session, batch: int, *, capacity: int | None = None, padding_side: str = "right") -> KVCache:
+    """StaticCache for a kv-cache form (it has cache_write_index), ConcatCache otherwise (whose prompts
+    are padded on `padding_side`; a StaticCache packs them: no padding)."""
     if WRITE_INDEX in session.input_names:
         return StaticCache(session, batch, capacity)
-    return ConcatCache(session, batch)
+    return ConcatCache(session, batch, padding_side=padding_side)

@@ -2,9 +2,10 @@
 
 generate(step, prompts, n)                      decoder-only (Llama-style): `step` takes input_ids,
                                                 position_ids and a cache (ConcatCache: attention_mask +
-                                                past_key_values.*; StaticCache: cache_write_index +
-                                                preallocated caches) and returns logits and presents.
-                                                It prefills too, unless a `prefill` model is given.
+                                                past_key_values.*; StaticCache: packed tokens with
+                                                cu_seqlens, cache_write_index and preallocated caches)
+                                                and returns logits and presents. It prefills too,
+                                                unless a `prefill` model is given.
 generate_encoder_decoder(enc, init, step, x, prompts, n)
                                                 Whisper-style: the encoder runs once; the first decoder
                                                 step returns logits, self presents and the cross K/V;
@@ -13,8 +14,10 @@ generate_encoder_decoder(enc, init, step, x, prompts, n)
 run_packed(session, requests)                   a packed-form model: ragged requests end to end,
                                                 [1, T] tokens with cu_seqlens, outputs split back.
 
-Prompts of different lengths are right padded; each row keeps its own length in the cache, so
-rows never see each other's padding. Greedy = argmax of the logits at each row's last real token.
+Prompts of different lengths are padded on the right (or the left: padding_side="left", as Hugging
+Face generates) for a concat cache, and packed without padding for a static one; each row keeps its
+own length in the cache, so rows never see each other's padding. Greedy = argmax of the logits at each
+row's last real token.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def _logits_name(session) -> str:
 
 
 def _last(logits: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Each row's logits at its last real token: [B, V]."""
+    """Each row's logits at its last real token of right-padded rows: [B, V]."""
     return logits[np.arange(logits.shape[0]), lengths - 1]
 
 
@@ -78,36 +81,35 @@ def _decode(step, cache: KVCache, first: np.ndarray, max_new_tokens: int, eos: i
                 done[b] = eos is not None and int(token[b]) == eos
         if done.all() or t == max_new_tokens - 1:
             break
-        feeds = {"input_ids": token[:, None], **cache.step_feeds(1)}
-        result = step.run(feeds, outputs=[name], carry=cache.carry())
+        result = step.run(cache.step_feeds(token[:, None]), outputs=[name], carry=cache.carry())
+        logits = cache.last(result[name])
         cache.advance(None, 1)
         out.steps += 1
-        logits = result[name][:, -1]
     return out
 
 
 def generate(step, prompts, max_new_tokens: int, *, prefill=None, eos_token_id: int | None = None,
-             pad_token_id: int = 0, capacity: int | None = None, record_logits: bool = True) -> Generation:
+             pad_token_id: int = 0, capacity: int | None = None, record_logits: bool = True,
+             padding_side: str = "right") -> Generation:
     """Greedy decoding of a batch of token prompts with a decoder-only step model (see module doc)."""
     if max_new_tokens < 1:
         raise TrtattnError("max_new_tokens must be at least 1")
     ids, lengths = _right_pad(prompts, pad_token_id)
-    cache = make_cache(step, len(prompts), capacity=capacity)
+    cache = make_cache(step, len(prompts), capacity=capacity, padding_side=padding_side)
     name = _logits_name(step)
     seq = ids.shape[1]
     if prefill is None:
-        feeds = {"input_ids": ids, **cache.step_feeds(seq, lengths)}
-        result = step.run(feeds, outputs=[name], carry=cache.carry())
+        result = step.run(cache.step_feeds(ids, lengths), outputs=[name], carry=cache.carry())
+        first = cache.last(result[name], lengths)
         cache.advance(lengths, seq)
-        logits = result[name]
     else:
         mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int64)
         result = prefill.run({"input_ids": ids, "attention_mask": mask,
                               "position_ids": np.broadcast_to(np.arange(seq), ids.shape).copy()})
         presents = {past_name(o, step.input_names): v for o, v in result.items()}
         cache.load({k: v for k, v in presents.items() if k is not None}, lengths)
-        logits = result[_logits_name(prefill)]
-    return _decode(step, cache, _last(logits, lengths), max_new_tokens, eos_token_id, record_logits, lengths)
+        first = _last(result[_logits_name(prefill)], lengths)
+    return _decode(step, cache, first, max_new_tokens, eos_token_id, record_logits, lengths)
 
 
 def generate_encoder_decoder(encoder, decoder_init, decoder_step, features: np.ndarray, prompts, max_new_tokens: int, *,

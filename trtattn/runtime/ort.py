@@ -23,9 +23,12 @@ def numpy_dtype(ort_type: str) -> np.dtype:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(onnx_type))
 
 
+CACHE_WRITES = ("ScatterND", "TensorScatter")  # what the kv-cache form (and older ones) write caches with
+
+
 def graph_aliases(model: onnx.ModelProto) -> dict[str, str]:
-    """Outputs that are a graph input updated in place: TensorScatter(cache input, ...) -> output,
-    through Identity nodes (what the kv-cache form writes, and what TensorRT aliases)."""
+    """Outputs that are a graph input updated in place: ScatterND / TensorScatter(cache input, ...) ->
+    output, through Identity nodes (what the kv-cache form writes, and what TensorRT aliases)."""
     inputs = {i.name for i in model.graph.input}
     outputs = {o.name for o in model.graph.output}
     producer = {o: n for n in model.graph.node for o in n.output}
@@ -34,7 +37,7 @@ def graph_aliases(model: onnx.ModelProto) -> dict[str, str]:
         node = producer.get(name)
         while node is not None and node.op_type == "Identity":
             node = producer.get(node.input[0])
-        if node is not None and node.op_type == "TensorScatter" and node.domain in ("", "ai.onnx") \
+        if node is not None and node.op_type in CACHE_WRITES and node.domain in ("", "ai.onnx") \
                 and node.input[0] in inputs:
             aliases[name] = node.input[0]
     return aliases

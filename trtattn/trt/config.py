@@ -1,7 +1,10 @@
-"""Builder configuration: optimisation profiles, timing cache, progress monitor, layer-info detail.
+"""Builder configuration: optimisation profiles (computed in profiles.py), timing cache, progress monitor,
+layer-info detail.
 
-TensorRT 11 networks are strongly typed: precision comes from tensor types (the attention's is set
-by casts in lower.py, FP8/INT8 by Q/DQ from the quantize pass), not from builder flags.
+TensorRT 11 networks are strongly typed: precision comes from tensor types (the whole-model conversion of
+rewrite/precision.py, FP8/INT8 Q/DQ from rewrite/quantize), not from builder flags. The profiling
+verbosity is DETAILED so that layer info names kernels and carries each IAttention's metadata, which
+`trtattn inspect` reads.
 """
 
 from __future__ import annotations
@@ -9,59 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import TrtattnError
-from ..graph.inputs import dim_value
-
-
-def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
-    """trtexec style: 'input_ids:1x16,attention_mask:1x16' -> {name: (1, 16)}."""
-    out = {}
-    for part in (text or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        name, sep, dims = part.rpartition(":")
-        if not sep or not name:
-            raise TrtattnError(f"bad shape '{part}': expected name:AxBxC")
-        try:
-            out[name] = tuple(int(d) for d in dims.split("x"))
-        except ValueError:
-            raise TrtattnError(f"bad shape '{part}': dimensions must be integers separated by 'x'") from None
-    return out
-
-
-FIXED_DIM = "max_cache"
-DEFAULT_MAX_CACHE = 256
-
-
-def default_profile(inputs: list[dict], dims: dict[str, int], max_factor: int = 4) -> list[dict]:
-    """min/opt/max per input: dynamic dims run from 1 (batch) or 1 (sequence) to max_factor x the
-    verification value; static dims stay. Caches keep their capacity."""
-    rows = []
-    for io in inputs:
-        shape = io["shape"]
-        if all(isinstance(d, int) and d > 0 for d in shape):
-            continue
-        opt = tuple(d if isinstance(d, int) and d > 0 else dim_value(d if isinstance(d, str) else None, dims) for d in shape)
-        fixed = [isinstance(s, int) and s > 0 or s == FIXED_DIM for s in shape]  # a cache's capacity does not vary
-        low = tuple(d if f else 1 for d, f in zip(opt, fixed))
-        high = tuple(d if f else d * max_factor for d, f in zip(opt, fixed))
-        rows.append({"name": io["name"], "min": list(low), "opt": list(opt), "max": list(high)})
-    return rows
-
-
-def apply_overrides(profile: list[dict], minimum: dict, optimum: dict, maximum: dict) -> list[dict]:
-    by_name = {p["name"]: p for p in profile}
-    for key, table in (("min", minimum), ("opt", optimum), ("max", maximum)):
-        for name, shape in table.items():
-            if name not in by_name:
-                raise TrtattnError(f"--{key}-shapes names '{name}', which is not a dynamic engine input "
-                                   f"({', '.join(by_name) or 'none'})")
-            by_name[name][key] = list(shape)
-    for p in profile:
-        if not all(a <= b <= c for a, b, c in zip(p["min"], p["opt"], p["max"])):
-            raise TrtattnError(f"profile for '{p['name']}': min {p['min']} <= opt {p['opt']} <= max {p['max']} does not hold")
-    return profile
+PROFILING_VERBOSITY = "DETAILED"  # the sidecar records it: inspect proves fusion from kernel names
 
 
 def progress_monitor(trt, stream=None):
@@ -93,17 +44,17 @@ def progress_monitor(trt, stream=None):
     return Monitor()
 
 
-def create_config(trt, builder, network, profile: list[dict], *, workspace_mb: int | None = None,
+def create_config(trt, builder, network, profiles: list[dict], *, workspace_mb: int | None = None,
                   timing_cache: Path | None = None, progress: bool = True):
     config = builder.create_builder_config()
-    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # layer info shows kernels and metadata
+    config.profiling_verbosity = getattr(trt.ProfilingVerbosity, PROFILING_VERBOSITY)  # kernels and metadata
     if workspace_mb:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
-    if profile:
-        opt = builder.create_optimization_profile()
-        for p in profile:
-            opt.set_shape(p["name"], tuple(p["min"]), tuple(p["opt"]), tuple(p["max"]))
-        config.add_optimization_profile(opt)
+    for shapes in profiles:
+        profile = builder.create_optimization_profile()
+        for name, row in shapes.items():
+            profile.set_shape(name, tuple(row["min"]), tuple(row["opt"]), tuple(row["max"]))
+        config.add_optimization_profile(profile)
     if timing_cache is not None:
         data = timing_cache.read_bytes() if timing_cache.exists() else b""
         config.set_timing_cache(config.create_timing_cache(data), False)

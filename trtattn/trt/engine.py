@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import TrtattnError
 from ..graph.io import atomic_write
 from ..version import __version__
+from .config import PROFILING_VERBOSITY
 
 
 def gpu_name() -> str:
@@ -41,6 +42,7 @@ def write_engine(engine, sidecar: dict, out_dir: Path, name: str, force: bool = 
 
 
 def sidecar(plan, *, trt_version: str | None, source: str, gpu: str | None = None) -> dict:
+    """NAME.json: what was built, how (profiles, verbosity, decomposable per site) and the I/O contract."""
     return {
         "name": plan.name,
         "source": source,
@@ -50,10 +52,18 @@ def sidecar(plan, *, trt_version: str | None, source: str, gpu: str | None = Non
         "host": platform.node(),
         "form": plan.form,
         "precision": plan.precision,
+        "profiling_verbosity": PROFILING_VERBOSITY,
         "profiles": plan.profiles,
-        "io": {"inputs": plan.inputs, "outputs": plan.outputs, "aliases": plan.aliases},
-        "sites": [{"name": a.site, "layer": a.layer, "onnx_node": a.node, "causal": a.causal, "mask": a.mask_kind,
-                   "form": a.form, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_size": a.head_size}
+        "limits": plan.limits,
+        "precision_table": plan.precision_table,
+        "io": {"inputs": plan.inputs, "outputs": plan.outputs, "aliases": plan.aliases,
+               "right_padded": plan.right_padded},
+        "sites": [{"name": a.site, "layer": a.layer if a.reason is None else None, "onnx_node": a.node,
+                   "dtype": a.dtype, "causal": a.causal, "mask": a.mask_kind if a.mask else "none",
+                   "query_form": a.query_form, "kv_form": a.kv_form, "kv_lengths": a.kv_lengths,
+                   "normalization_quantize_to_type": a.normalization_quantize_to_type,
+                   "decomposable": a.decomposable, "reason": a.reason,
+                   "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_size": a.head_size}
                   for a in plan.attentions],
         "rope": [r.node for r in plan.ropes],
         "kv_cache": [c.node for c in plan.cache_updates],

@@ -1,16 +1,21 @@
 """Each planned op as TensorRT layers. `trt` is the tensorrt module (or a checked stand-in in
 tests), `net` the INetworkDefinition, `get(name)` returns the ITensor carrying an ONNX tensor.
 
-Attention: Q is multiplied by the softmax scale first (IAttention has no scale attribute and
-TensorRT wants the scale on Q); inputs are cast to the attention precision (TensorRT fuses these
-casts: strongly typed networks choose precision by dtype); the mask is 4-D, boolean or in the
-logits' dtype; packed forms reshape [1, N, T, H] <-> [T, N, H] around the layer.
+Attention computes in the form's dtype (strongly typed networks run each layer in its tensors' types;
+the whole-model conversion chose it): Q, K and V enter as they are, nothing is cast that need not be.
+Q is multiplied by the softmax scale first (IAttention has no scale attribute; TensorRT wants it on Q),
+by a constant in Q's dtype: fp32/fp16 constants are numpy arrays, a bf16 one is an fp32 constant cast to
+BF16 (the bindings make Weights only from float32/float16/int/bool arrays; TensorRT folds the cast).
+An additive mask is in the logits' dtype (an fp32 mask feeding fp16 attention is clamped to fp16's range
+first, so finfo(float32).min does not become -inf); packed forms reshape [1, N, T, H] <-> [T, N, H]
+around the layer; a quantized site sets the normalization quantize type and scale of its softmax Q/DQ.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import TrtattnError
 from . import compat
 from .plan import AttentionPlan, CacheUpdatePlan, RopePlan
 
@@ -30,6 +35,15 @@ def _constant(trt, net, value: np.ndarray, name: str):
     return _out(net.add_constant(tuple(value.shape), value), name)
 
 
+def scalar(trt, net, value: float, dtype, name: str, rank: int = 4):
+    """A [1]*rank constant of `dtype` (trt.DataType): float32/float16 directly, bf16 through a cast."""
+    shape = (1,) * rank
+    if dtype == trt.DataType.HALF:
+        return _constant(trt, net, np.full(shape, value, np.float16), name)
+    const = _constant(trt, net, np.full(shape, value, np.float32), name)
+    return _cast(trt, net, const, dtype, f"{name}/cast")
+
+
 def _shuffle(net, t, name, first=None, reshape=None, second=None):
     layer = net.add_shuffle(t)
     if first is not None:
@@ -41,51 +55,68 @@ def _shuffle(net, t, name, first=None, reshape=None, second=None):
     return _out(layer, name)
 
 
+def _packed(net, t, name, heads, head_size):
+    """[1, N, T, H] -> [T, N, H]."""
+    return _shuffle(net, t, name, first=(0, 2, 1, 3), reshape=(-1, heads, head_size))
+
+
+def _lengths(trt, net, t, name):
+    """INT32 lengths in a tensor of their own (TensorRT crashed when one tensor fed both lengths)."""
+    t = _cast(trt, net, t, trt.DataType.INT32, f"{name}_int32")
+    return _out(net.add_identity(t), name)
+
+
 def lower_attention(trt, net, p: AttentionPlan, get):
     base = p.layer
     q, k, v = get(p.query), get(p.key), get(p.value)
-    io_dtype = q.dtype
-    compute = compat.datatype(trt, compat.PRECISION_DTYPES[p.precision]) if p.precision in compat.PRECISION_DTYPES \
-        else io_dtype
+    compute = q.dtype
+    if k.dtype != compute or v.dtype != compute:
+        raise TrtattnError(f"{p.site}: query {q.dtype}, key {k.dtype} and value {v.dtype} must share one dtype "
+                           "(IAttention computes in its query's)")
     if p.rank == 3:  # [B, S, N*H] -> [B, N, S, H]
         q = _shuffle(net, q, f"{base}/q_heads", reshape=(0, 0, p.q_heads, p.head_size), second=(0, 2, 1, 3))
         k = _shuffle(net, k, f"{base}/k_heads", reshape=(0, 0, p.kv_heads, p.head_size), second=(0, 2, 1, 3))
         v = _shuffle(net, v, f"{base}/v_heads", reshape=(0, 0, p.kv_heads, p.head_size), second=(0, 2, 1, 3))
-    q, k, v = (_cast(trt, net, t, compute, f"{base}/{n}_cast") for t, n in ((q, "q"), (k, "k"), (v, "v")))
     if abs(p.q_scale - 1.0) > 1e-12:
-        scale = _constant(trt, net, np.full((1, 1, 1, 1), p.q_scale, dtype=compat.numpy_dtype(trt, compute)), f"{base}/scale")
+        scale = scalar(trt, net, p.q_scale, compute, f"{base}/scale")
         q = _out(net.add_elementwise(q, scale, trt.ElementWiseOperation.PROD), f"{base}/q_scale")
-    if p.form == "packed":  # [1, N, T, H] -> [T, N, H]
-        q, k, v = (_shuffle(net, t, f"{base}/{n}_packed", first=(0, 2, 1, 3), reshape=(-1, heads, p.head_size))
-                   for t, n, heads in ((q, "q", p.q_heads), (k, "k", p.kv_heads), (v, "v", p.kv_heads)))
+    if p.query_form == "packed":
+        q = _packed(net, q, f"{base}/q_packed", p.q_heads, p.head_size)
+    if p.kv_form == "packed":
+        k, v = (_packed(net, t, f"{base}/{n}_packed", p.kv_heads, p.head_size) for t, n in ((k, "k"), (v, "v")))
     attn = compat.add_attention(trt, net, q, k, v, p.causal)
     attn.name = base
     attn.metadata = p.metadata()
     attn.decomposable = p.decomposable
     if p.mask:
-        mask = get(p.mask)
-        if p.mask_kind == "additive":
-            if compute == trt.DataType.HALF and mask.dtype == trt.DataType.FLOAT:
-                # float32's -3.4e38 "masked" values would become -inf in fp16: clamp to fp16's range first
-                floor = _constant(trt, net, np.full((1, 1, 1, 1), np.finfo(np.float16).min, np.float32), f"{base}/mask_floor")
-                mask = _out(net.add_elementwise(mask, floor, trt.ElementWiseOperation.MAX), f"{base}/mask_clamp")
-            mask = _cast(trt, net, mask, compute, f"{base}/mask_cast")
-        attn.mask = mask
-    if p.form == "packed":
+        attn.mask = _mask(trt, net, get(p.mask), p.mask_kind, compute, base)
+    if p.query_form == "packed":
         attn.query_form = trt.AttentionIOForm.PACKED_NHD
+        compat.set_query_lengths(attn, _lengths(trt, net, get(p.q_lengths), f"{base}/q_lengths"))
+    if p.kv_form == "packed":
         attn.key_value_form = trt.AttentionIOForm.PACKED_NHD
-        lengths = _cast(trt, net, get(p.q_lengths), trt.DataType.INT32, f"{base}/lengths")
-        compat.set_query_lengths(attn, lengths)
-        compat.set_key_value_lengths(attn, lengths)
-    elif p.kv_lengths:
-        compat.set_key_value_lengths(attn, _cast(trt, net, get(p.kv_lengths), trt.DataType.INT32, f"{base}/kv_lengths"))
+    if p.kv_lengths:
+        compat.set_key_value_lengths(attn, _lengths(trt, net, get(p.kv_lengths), f"{base}/kv_lengths"))
+    if p.normalization_quantize_to_type:
+        attn.normalization_quantize_to_type = compat.datatype(trt, p.normalization_quantize_to_type)
+        attn.normalization_quantize_scale = _constant(
+            trt, net, np.asarray(p.normalization_quantize_scale, np.float32), f"{base}/normalization_quantize_scale")
     y = attn.get_output(0)
-    if p.form == "packed":  # [T, N, H] -> [1, N, T, H]
+    if p.query_form == "packed":  # [T, N, H] -> [1, N, T, H]
         y = _shuffle(net, y, f"{base}/unpacked", reshape=(1, -1, p.q_heads, p.head_size), second=(0, 2, 1, 3))
-    y = _cast(trt, net, y, io_dtype, f"{base}/out_cast")
     if p.rank == 3:
         y = _shuffle(net, y, f"{base}/merge_heads", first=(0, 2, 1, 3), reshape=(0, 0, -1))
     return y
+
+
+def _mask(trt, net, mask, kind: str, compute, base: str):
+    if kind != "additive" or mask.dtype == compute:
+        return mask
+    if compute == trt.DataType.HALF and mask.dtype == trt.DataType.FLOAT:
+        # float32's -3.4e38 "masked" values would become -inf in fp16: clamp to fp16's range first
+        floor = _constant(trt, net, np.full((1, 1, 1, 1), np.finfo(np.float16).min, np.float32), f"{base}/mask_floor")
+        mask = _out(net.add_elementwise(mask, floor, trt.ElementWiseOperation.MAX), f"{base}/mask_clamp")
+    return _cast(trt, net, mask, compute, f"{base}/mask_cast")
 
 
 def lower_rope(trt, net, p: RopePlan, get):
@@ -96,10 +127,16 @@ def lower_rope(trt, net, p: RopePlan, get):
 
 
 def lower_cache_update(trt, net, p: CacheUpdatePlan, get):
-    indices = get(p.write_indices) if p.write_indices else None
-    if indices is None:
-        raise ValueError(f"TensorScatter {p.node} has no write indices; IKVCacheUpdateLayer needs them")
-    layer = net.add_kv_cache_update(get(p.cache), get(p.update), indices, trt.KVCacheMode.LINEAR)
+    if not p.write_indices:
+        raise TrtattnError(f"cache update {p.node} has no write indices; IKVCacheUpdateLayer needs them")
+    cache, update = get(p.cache), get(p.update)
+    if p.update_form == "packed":  # [1, N, T, H] -> [T, N, H]
+        heads, size = cache.shape[1], cache.shape[3]
+        update = _packed(net, update, f"trtattn/kv_cache/{p.node}/packed", heads, size)
+    layer = net.add_kv_cache_update(cache, update, get(p.write_indices), trt.KVCacheMode.LINEAR)  # INT32 or INT64
+    if p.update_form == "packed":
+        layer.update_form = trt.AttentionIOForm.PACKED_NHD
+        compat.set_update_lengths(layer, _lengths(trt, net, get(p.update_lengths), f"trtattn/kv_cache/{p.node}/lengths"))
     return _out(layer, f"trtattn/kv_cache/{p.node}")
 
 

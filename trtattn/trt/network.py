@@ -70,7 +70,7 @@ def build_network(trt, builder, logger, cut: CutModel, plan: BuildPlan):
         t.name = name
         network.mark_output(t)
     if plan.mark_sites:  # under the ONNX names, so verification lines them up with the original's
-        for a in plan.attentions:
+        for a in plan.native:
             t = produced[a.output]
             if not t.is_network_output:
                 t.name = a.output

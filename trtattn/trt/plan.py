@@ -1,10 +1,21 @@
 """The build plan: what the network builder will lower, computed without TensorRT.
 
-The input is a *form* model: every attention as a standard ONNX op (Attention, and
-RotaryEmbedding / TensorScatter where the form has them; see trtattn/forms.py), already verified
-on ONNX Runtime. Each of those ops becomes one planned TensorRT layer; everything else is parsed
-by TensorRT's OnnxParser. `trtattn build` prints the plan when TensorRT is missing and stores it
-in the engine's sidecar.
+The input is a *form* model (rewrite/forms): every attention as a standard ONNX op (Attention, and
+RotaryEmbedding where the form has them), already verified on ONNX Runtime, plus the form's records of
+what ONNX alone does not say (forms/lowering.py: a packed query, lengths, the cache updates). Each
+becomes one planned TensorRT layer; everything else is parsed by TensorRT's OnnxParser. `trtattn build`
+prints the plan, writes it with --plan-json, and stores it in the engine's sidecar.
+
+AttentionPlan is also the contract with the trtexec route (rewrite/trt_ops.py writes TensorRT's
+TRT_Attention custom ops from it). Its fields:
+
+site, node, layer, query, key, value, output, q_scale, causal ("none"|"upper_left"|"lower_right"),
+mask, mask_kind ("none"|"boolean"|"additive"), query_form and kv_form ("padded"|"packed", independent:
+a packed query over a padded cache), q_lengths (cumulative [B+1]), kv_lengths (per-row [B] when padded,
+cumulative [B+1] when packed), q_heads, kv_heads, head_size, rank, dtype (what the IAttention computes
+in: "fp32"|"fp16"|"bf16"|"fp8"|"int8"), normalization_quantize_to_type (None|"fp8"|"int8"),
+normalization_quantize_scale (float or None), decomposable, reason (why a site is not native, or None),
+region (the ONNX nodes the layer replaces).
 """
 
 from __future__ import annotations
@@ -18,6 +29,9 @@ import onnx
 from ..errors import TrtattnError
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import tensor_types
+
+DTYPE_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16",
+               onnx.TensorProto.FLOAT8E4M3FN: "fp8", onnx.TensorProto.INT8: "int8"}
 
 
 @dataclass
@@ -33,18 +47,32 @@ class AttentionPlan:
     causal: str = "none"  # none | upper_left | lower_right
     mask: str | None = None
     mask_kind: str = "none"  # none | boolean | additive
-    form: str = "padded"  # padded | packed (query and key/value alike)
-    q_lengths: str | None = None  # cumulative [B+1] (packed)
-    kv_lengths: str | None = None  # per row [B] (padded) or cumulative [B+1] (packed)
+    query_form: str = "padded"  # padded | packed
+    kv_form: str = "padded"
+    q_lengths: str | None = None  # cumulative [B+1] (packed query)
+    kv_lengths: str | None = None  # per row [B] (padded key/value) or cumulative [B+1] (packed)
     q_heads: int | None = None
     kv_heads: int | None = None
     head_size: int | None = None
     rank: int = 4
-    precision: str = "fp32"  # the dtype the attention computes in (casts around it otherwise)
+    dtype: str = "fp32"  # what the IAttention computes in: its query's dtype in the form
+    normalization_quantize_to_type: str | None = None  # fp8 | int8: the softmax output's Q/DQ
+    normalization_quantize_scale: float | None = None
     decomposable: bool = False
+    reason: str | None = None  # why the site is not an IAttention (then nothing is lowered for it)
+    region: tuple[str, ...] = ()  # the ONNX nodes the layer replaces
 
     def metadata(self) -> str:
         return f"trtattn site={self.site} onnx={self.node}"
+
+    def reads(self) -> list[str]:
+        return [t for t in (self.query, self.key, self.value, self.mask, self.q_lengths, self.kv_lengths) if t]
+
+    def row(self) -> dict:
+        """The site in the plan JSON (`build --plan-json`)."""
+        return {"name": self.site, "dtype": self.dtype, "causal_kind": self.causal,
+                "mask": self.mask_kind if self.mask else None, "kv_lengths": self.kv_lengths,
+                "normalization_quantize_to_type": self.normalization_quantize_to_type, "reason": self.reason}
 
 
 @dataclass
@@ -58,14 +86,27 @@ class RopePlan:
     interleaved: bool = False
     rotary_dim: int = 0  # 0: the whole head
 
+    @property
+    def region(self) -> tuple[str, ...]:
+        return (self.node,)
+
+    def reads(self) -> list[str]:
+        return [t for t in (self.input, self.cos, self.sin, self.position_ids) if t]
+
 
 @dataclass
 class CacheUpdatePlan:
     node: str
     cache: str  # the engine input holding the cache; the output aliases it
-    update: str
+    update: str  # [B, N, S, H] or packed tokens [1, N, T, H]
     write_indices: str | None
     output: str
+    update_form: str = "padded"  # padded | packed
+    update_lengths: str | None = None  # cumulative [B+1] (packed update)
+    region: tuple[str, ...] = ()
+
+    def reads(self) -> list[str]:
+        return [t for t in (self.cache, self.update, self.write_indices, self.update_lengths) if t]
 
 
 @dataclass
@@ -73,22 +114,37 @@ class BuildPlan:
     name: str
     form: str
     precision: str
-    attentions: list[AttentionPlan] = field(default_factory=list)
+    attentions: list[AttentionPlan] = field(default_factory=list)  # every site; lowered where reason is None
     ropes: list[RopePlan] = field(default_factory=list)
     cache_updates: list[CacheUpdatePlan] = field(default_factory=list)
     order: list[str] = field(default_factory=list)  # lowered ONNX nodes, in graph order
     inputs: list[dict] = field(default_factory=list)  # the engine's I/O contract
     outputs: list[dict] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)  # output -> input whose buffer it updates in place
-    profiles: list[dict] = field(default_factory=list)
+    profiles: list[dict] = field(default_factory=list)  # [{input: {"min", "opt", "max"}}], one per profile
+    limits: dict = field(default_factory=dict)  # what the defaults came from (trt/profiles.py)
+    precision_table: dict[str, float] = field(default_factory=dict)  # share of matmul work per dtype
+    right_padded: list[str] = field(default_factory=list)  # padding masks read as per-row lengths
     notes: list[str] = field(default_factory=list)
     mark_sites: bool = False  # also output each attention's result (per-site verification)
 
+    @property
+    def native(self) -> list[AttentionPlan]:
+        """The sites that become an IAttention."""
+        return [a for a in self.attentions if a.reason is None]
+
     def lowered(self) -> dict:
-        return {p.node: p for p in [*self.attentions, *self.ropes, *self.cache_updates]}
+        return {p.node: p for p in [*self.native, *self.ropes, *self.cache_updates]}
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def plan_json(self) -> dict:
+        """`build --plan-json`: exactly the keys issue 12 lists."""
+        return {"form": self.form, "precision": self.precision,
+                "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in self.inputs],
+                "profiles": self.profiles, "sites": [a.row() for a in self.attentions],
+                "precision_table": self.precision_table}
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -100,111 +156,133 @@ def _opt(node: onnx.NodeProto, i: int) -> str | None:
 
 
 def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: str, sites: dict,
-              causal: dict[str, str] | None = None, packed_lengths: str | None = None,
-              decomposable: bool = False) -> BuildPlan:
+              lowerings: dict | None = None, cache_lowerings=(), decomposable: bool = False,
+              quantized: dict | None = None) -> BuildPlan:
     """Plan every standard attention-related op of `form_model`.
 
     sites: ONNX Attention node -> its AttentionSite (names the layer, gives heads and head size);
-    causal: node -> alignment for is_causal; packed_lengths: the cumulative-lengths input when the
-    attentions run on packed tokens.
+    lowerings: Attention node -> its forms.lowering.AttentionLowering, where the form says more than the
+    op; cache_lowerings: the form's forms.lowering.CacheLowering records; quantized: Attention node ->
+    (normalization_quantize_to_type, scale) from the site's softmax Q/DQ.
     """
     types = tensor_types(form_model)
     plan = BuildPlan(name=name, form=form, precision=precision)
+    lowerings, quantized = lowerings or {}, quantized or {}
+    by_scatter = {c.node: c for c in cache_lowerings}
     for node in form_model.graph.node:
         if node.domain not in STANDARD:
             continue
         if node.op_type == "Attention":
-            plan.attentions.append(_attention(node, types, sites, causal or {}, packed_lengths, precision,
-                                              decomposable))
+            a = _attention(node, types, sites, lowerings.get(node.name), decomposable)
+            if node.name in quantized:
+                a.normalization_quantize_to_type, a.normalization_quantize_scale = quantized[node.name]
+                a.dtype = a.normalization_quantize_to_type
+            plan.attentions.append(a)
+            if a.reason is not None:
+                continue
         elif node.op_type == "RotaryEmbedding":
             a = _attrs(node)
             plan.ropes.append(RopePlan(node.name, node.input[0], node.input[1], node.input[2], node.output[0],
                                        _opt(node, 3), bool(a.get("interleaved", 0)),
                                        int(a.get("rotary_embedding_dim", 0))))
         elif node.op_type == "TensorScatter":
-            a = _attrs(node)
-            mode = a.get("mode", "linear")
-            if (mode.decode() if isinstance(mode, bytes) else mode) != "linear":
-                raise TrtattnError(f"TensorScatter {node.name}: only the linear cache mode maps to IKVCacheUpdateLayer")
-            shape = types.get(node.input[0], (None, None))[1] or [None] * 4
-            if int(a.get("axis", -2)) % len(shape) != len(shape) - 2:
-                raise TrtattnError(f"TensorScatter {node.name}: the cache's sequence axis must be the second last")
-            plan.cache_updates.append(CacheUpdatePlan(node.name, node.input[0], node.input[1], _opt(node, 2),
-                                                      node.output[0]))
+            plan.cache_updates.append(_tensor_scatter(node, types))
+        elif node.name in by_scatter:
+            c = by_scatter[node.name]
+            plan.cache_updates.append(CacheUpdatePlan(c.node, c.cache, c.update, c.write_indices, c.output,
+                                                      c.update_form, c.update_lengths, tuple(c.region)))
         else:
             continue
         plan.order.append(node.name)
+    missing = set(by_scatter) - {c.node for c in plan.cache_updates}
+    if missing:
+        raise TrtattnError(f"the form's cache updates {sorted(missing)} are not in its graph")
     return plan
 
 
-def _attention(node, types, sites, causal, packed_lengths, precision, decomposable) -> AttentionPlan:
+def _tensor_scatter(node, types) -> CacheUpdatePlan:
+    a = _attrs(node)
+    mode = a.get("mode", "linear")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "linear":
+        raise TrtattnError(f"TensorScatter {node.name}: only the linear cache mode maps to IKVCacheUpdateLayer")
+    shape = types.get(node.input[0], (None, None))[1] or [None] * 4
+    if int(a.get("axis", -2)) % len(shape) != len(shape) - 2:
+        raise TrtattnError(f"TensorScatter {node.name}: the cache's sequence axis must be the second last")
+    return CacheUpdatePlan(node.name, node.input[0], node.input[1], _opt(node, 2), node.output[0], region=(node.name,))
+
+
+def _static(shape, i):
+    try:
+        d = shape[i]
+    except (IndexError, TypeError):
+        return None
+    return d if isinstance(d, int) and d > 0 else None
+
+
+def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
     a = _attrs(node)
     q, k, v = node.input[:3]
     mask, past_key, nonpad = _opt(node, 3), _opt(node, 4), _opt(node, 6)
+    record = sites.get(node.name)
+    site = record.name if record is not None else node.name
     if past_key:
         raise TrtattnError(f"Attention {node.name} concatenates a past cache inside the op; "
                            "build the kv-cache form (--form kv-cache) instead")
-    if a.get("softcap"):
-        raise TrtattnError(f"Attention {node.name} soft-caps its logits, which IAttention cannot do")
-    q_shape = types.get(q, (None, None))[1] or []
-    k_shape = types.get(k, (None, None))[1] or []
+    q_type, q_shape = types.get(q, (None, None))
+    q_shape, k_shape = q_shape or [], types.get(k, (None, None))[1] or []
     rank = len(q_shape) or 4
-
-    def static(shape, i):
-        try:
-            d = shape[i]
-        except IndexError:
-            return None
-        return d if isinstance(d, int) and d > 0 else None
-
     if rank == 4:
-        q_heads, kv_heads, head = static(q_shape, 1), static(k_shape, 1), static(q_shape, -1)
+        q_heads, kv_heads, head = _static(q_shape, 1), _static(k_shape, 1), _static(q_shape, -1)
     else:  # [B, S, N*H] with the head counts as attributes
         q_heads, kv_heads = a.get("q_num_heads"), a.get("kv_num_heads")
-        hidden = static(q_shape, -1)
+        hidden = _static(q_shape, -1)
         head = hidden // q_heads if hidden and q_heads else None
+    if record is not None:  # the matcher's record knows the heads even where shape inference does not
+        q_heads, kv_heads, head = record.q_heads or q_heads, record.kv_heads or kv_heads, record.head_size or head
     scale = a.get("scale")
     if scale is None:
         if head is None:
             raise TrtattnError(f"Attention {node.name}: the head size is unknown, so is its default scale")
         scale = 1.0 / math.sqrt(head)
-    alignment = "none"
-    if a.get("is_causal", 0):  # bottom-right (offset-aware) in ONNX: upper-left unless a cache length says otherwise
-        alignment = causal.get(node.name, "lower_right" if nonpad else "upper_left")
-    mask_kind = "none"
+    plan = AttentionPlan(site=site, node=node.name, layer=f"trtattn/attn/{site}", query=q, key=k, value=v,
+                         output=node.output[0], q_scale=float(scale), q_heads=q_heads, kv_heads=kv_heads, head_size=head,
+                         rank=rank, dtype=DTYPE_NAMES.get(q_type, "fp32"), decomposable=decomposable,
+                         region=(node.name,))
+    if a.get("softcap"):
+        plan.reason = ("its logits are soft-capped (tanh), which IAttention cannot do: kept in TensorRT's implicit "
+                       "form (MatMul, Tanh, Softmax, MatMul) for its own fusion")
+        return plan
+    if lowering is not None:  # the form's record: lengths, forms, causal kind; its mask says the same
+        plan.query, plan.output = lowering.query or q, lowering.output or node.output[0]
+        plan.causal, plan.q_lengths, plan.kv_lengths = lowering.causal, lowering.q_lengths, lowering.kv_lengths
+        plan.query_form, plan.kv_form, plan.region = lowering.query_form, lowering.kv_form, tuple(lowering.region)
+        return plan
+    if nonpad:
+        raise TrtattnError(f"Attention {node.name} reads nonpad_kv_seqlen without a form record saying how its "
+                           "causal mask aligns (ONNX's is_causal is bottom-right, TensorRT's parser reads upper-left)")
+    if a.get("is_causal", 0):  # Q and K have one length here (fuse writes is_causal only then): upper-left
+        if mask:
+            raise TrtattnError(f"Attention {node.name} has a mask and is_causal: IAttention takes one or the other")
+        plan.causal = "upper_left"
     if mask:
         elem = types.get(mask, (None, None))[0]
-        mask_kind = "boolean" if elem == onnx.TensorProto.BOOL else "additive"
-        if alignment != "none":
-            raise TrtattnError(f"Attention {node.name} has a mask and is_causal: IAttention takes one or the other")
-    record = sites.get(node.name)
-    if record is not None:  # the matcher's record knows the heads even where shape inference does not
-        q_heads, kv_heads, head = record.q_heads or q_heads, record.kv_heads or kv_heads, record.head_size or head
-    site = record.name if record is not None else node.name
-    plan = AttentionPlan(site=site, node=node.name, layer=f"trtattn/attn/{site}", query=q, key=k, value=v,
-                         output=node.output[0], q_scale=float(scale), causal=alignment, mask=mask, mask_kind=mask_kind,
-                         kv_lengths=nonpad, q_heads=q_heads, kv_heads=kv_heads, head_size=head, rank=rank,
-                         precision=precision, decomposable=decomposable)
-    if packed_lengths:
-        # the packed form's mask is block-diagonal by sequence (and causal within it): the lengths and
-        # the causal flag say the same to IAttention
-        plan.form, plan.q_lengths, plan.kv_lengths = "packed", packed_lengths, packed_lengths
-        plan.mask, plan.mask_kind = None, "none"
-        plan.causal = causal.get(node.name, "none")
+        plan.mask, plan.mask_kind = mask, "boolean" if elem == onnx.TensorProto.BOOL else "additive"
     return plan
 
 
-def io_contract(form_model: onnx.ModelProto, cut_inputs: list[str], plan: BuildPlan) -> None:
-    """The engine's inputs (the cut model's, minus placeholders), outputs (the form model's) and aliases."""
+def describe_io(types: dict, name: str) -> dict:
+    elem, shape = types.get(name, (onnx.TensorProto.FLOAT, None))
+    return {"name": name, "dtype": np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name,
+            "shape": [d if isinstance(d, int) else (d or f"{name}_dim{i}") for i, d in enumerate(shape or [])]}
+
+
+def io_contract(form_model: onnx.ModelProto, cut_model: onnx.ModelProto, cut_inputs: list[str], plan: BuildPlan) -> None:
+    """The engine's inputs (the cut model's, minus placeholders: static cache capacities included),
+    outputs (the form model's) and aliases. Dynamic dims keep their names."""
+    plan.inputs = [describe_io(tensor_types(cut_model), n) for n in cut_inputs]
     types = tensor_types(form_model)
-
-    def describe(name):
-        elem, shape = types.get(name, (onnx.TensorProto.FLOAT, None))
-        return {"name": name, "dtype": np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name,
-                "shape": [d if isinstance(d, int) else (d or -1) for d in (shape or [])]}
-
-    plan.inputs = [describe(n) for n in cut_inputs]
-    plan.outputs = [describe(o.name) for o in form_model.graph.output]
+    plan.outputs = [describe_io(types, o.name) for o in form_model.graph.output]
     if plan.mark_sites:
-        plan.outputs += [describe(a.output) for a in plan.attentions]
-    plan.aliases = {cu.output: cu.cache for cu in plan.cache_updates if cu.output in {o["name"] for o in plan.outputs}}
+        plan.outputs += [describe_io(types, a.output) for a in plan.native]
+    outputs = {o["name"] for o in plan.outputs}
+    plan.aliases = {cu.output: cu.cache for cu in plan.cache_updates if cu.output in outputs}

@@ -1,61 +1,78 @@
 """Forms of a fused model, each still standard ONNX and verified on ONNX Runtime before TensorRT
-sees it. The network builder lowers their ops one to one (trt/plan.py, trt/lower.py).
+sees it. The network builder lowers their ops one to one (trt/plan.py, trt/lower.py), following the
+records a form leaves where ONNX alone does not say what TensorRT should do (lowering.py).
 
 padded    the fused model, with every rotate-half RoPE rewritten into the ONNX RotaryEmbedding op
-          (cos/sin tables taken from the graph) so that it becomes an IRotaryEmbeddingLayer.
-kv-cache  decoders whose K/V were concatenated with a past cache read a preallocated cache
-          instead: TensorScatter (opset 24) writes the new K/V at each row's `cache_write_index`,
-          Attention reads the whole cache with nonpad_kv_seqlen = write index + new tokens and
-          is_causal (offset-aware: lower-right). The cache outputs alias the cache inputs. Each row
-          keeps its own length, so there is no padding mask: the attention_mask input goes.
+          (rope.py) and causal-plus-padding masks as a causal kind plus per-row lengths (padded.py).
+kv-cache  decoders: a packed query over a preallocated, padded cache (kv_cache.py): ScatterND writes
+          the new K/V at each row's `cache_write_index`, attention reads each row's cache up to its
+          length, lower-right causal. The cache outputs alias the cache inputs.
 packed    encoders and cacheless decoders run on packed tokens [1, T] with `cu_seqlens` [B+1]
-          instead of a padding mask; positions restart per sequence; attention sees a block-
-          diagonal mask, which IAttention expresses as PACKED_NHD with cumulative lengths.
+          instead of a padding mask; positions restart per sequence (packed.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass, field
 
 import onnx
+import onnx_graphsurgeon as gs
 
-from ...contract import CU_SEQLENS, cache_inputs
+from ...contract import CU_SEQLENS, WRITE_INDEX, cache_inputs
 from ...errors import TrtattnError
+from ...graph.emit import export_like
 from ...report import Progress
 from ...verify import adapter_for, compare_models, compare_runners, onnx_runner
 from .kv_cache import kv_cache_form
+from .lowering import AttentionLowering, CacheLowering
 from .packed import packed_form
+from .padded import padding_to_lengths
 from .rope import rope_to_ops
+from .rows import PackedCacheAdapter
 
 FORMS = ("padded", "packed", "kv-cache")
+FORM_METADATA = "trtattn.form"  # {"form": ..., "right_padded": [inputs read as per-row lengths]}
 
 
 @dataclass
 class Derived:
     model: onnx.ModelProto
     sites: dict = field(default_factory=dict)  # Attention node -> AttentionSite
-    packed_lengths: str | None = None
-    causal: dict = field(default_factory=dict)  # Attention node -> alignment, where the form's op does not say
+    attentions: dict[str, AttentionLowering] = field(default_factory=dict)  # Attention node -> its lowering
+    cache_updates: list[CacheLowering] = field(default_factory=list)
+    right_padded: list[str] = field(default_factory=list)  # padding masks the form reads as per-row lengths
     verification: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
 def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=None) -> Derived:
+    if form not in FORMS:
+        raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
     progress = progress or Progress(enabled=False)
     reports = [r for r in fused.reports if r.status == "fused"]
     sites = {r.attention_node: r.site for r in reports}
     with progress.step("rewriting RoPE into RotaryEmbedding ops"):
         model, ropes = rope_to_ops(fused.model, [r.site for r in reports])
     derived = Derived(model, sites, notes=[f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else [])
+    lowerings: list[AttentionLowering] = []
     if form == "kv-cache":
-        with progress.step("deriving the KV-cache form (TensorScatter + Attention with cache lengths)"):
-            derived.model = kv_cache_form(derived.model, reports)
+        with progress.step("deriving the KV-cache form (packed query over a preallocated cache)"):
+            derived.model, lowerings, derived.cache_updates = kv_cache_form(derived.model, reports)
     elif form == "packed":
         with progress.step("deriving the packed form (cu_seqlens, restarting positions)"):
-            derived.model, derived.causal = packed_form(derived.model, reports)
-            derived.packed_lengths = CU_SEQLENS
-    if form == "padded" and not ropes:  # the fused model itself, verified by fuse already
+            derived.model, lowerings = packed_form(derived.model, reports)
+    else:
+        graph = gs.import_onnx(derived.model)
+        lowerings, derived.right_padded = padding_to_lengths(graph, derived.model, reports)
+        if lowerings:
+            derived.model = export_like(graph, derived.model)
+            derived.notes.append(f"{len(lowerings)} causal/padding masks as key/value lengths: "
+                                 f"{', '.join(derived.right_padded)} must be right-padded (a prefix of ones per row)")
+    derived.attentions = {lw.node: lw for lw in lowerings}
+    _record(derived.model, form, derived.right_padded)
+    if form == "padded" and not ropes and not lowerings:  # the fused model itself, verified by fuse already
         derived.verification = fused.verification
         return derived
     with progress.step(f"verifying the {form} form against the original on ONNX Runtime"):
@@ -66,11 +83,38 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
     return derived
 
 
+def _record(model: onnx.ModelProto, form: str, right_padded: list[str]) -> None:
+    for i, p in enumerate(model.metadata_props):
+        if p.key == FORM_METADATA:
+            del model.metadata_props[i]
+            break
+    model.metadata_props.add(key=FORM_METADATA, value=json.dumps({"form": form, "right_padded": right_padded}))
+
+
+def form_record(model: onnx.ModelProto) -> dict:
+    """What a form model says about itself (FORM_METADATA), or {} for any other model."""
+    for p in model.metadata_props:
+        if p.key == FORM_METADATA:
+            try:
+                return json.loads(p.value)
+            except ValueError:
+                return {}
+    return {}
+
+
+def form_adapter(original: onnx.ModelProto, inputs: list[str], caches: list[str], capacity: int | None = None):
+    """How a form (or its engine, whose caches have a static `capacity`) with these inputs takes the
+    original's feeds (verify/adapters.py)."""
+    if WRITE_INDEX in inputs and CU_SEQLENS in inputs:
+        return PackedCacheAdapter(original, inputs, caches, capacity)
+    return adapter_for(original, inputs, caches)
+
+
 def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, sites, *, dims=None) -> dict:
     """The form model against the original, both on ONNX Runtime through Polygraphy."""
     if form == "padded":
         return compare_models(original, derived, sites, dims=dims).summary()
-    adapter = adapter_for(original, [i.name for i in derived.graph.input], cache_inputs(derived))
+    adapter = form_adapter(original, [i.name for i in derived.graph.input], cache_inputs(derived))
     with contextlib.ExitStack() as stack:
         runners = [onnx_runner(stack, original, name="original"), onnx_runner(stack, derived, name=form)]
         return compare_runners(*runners, adapter, dims=dims).summary()

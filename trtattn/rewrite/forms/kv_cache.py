@@ -1,7 +1,18 @@
-"""kv-cache form: decoders whose K/V were concatenated with a past cache read a preallocated cache
-instead. TensorScatter (opset 24) writes the new K/V at each row's `cache_write_index`; Attention reads
-the whole cache with nonpad_kv_seqlen = write index + new tokens and is_causal (offset-aware:
-lower-right). The cache outputs alias the cache inputs."""
+"""kv-cache form: decoders read and write a preallocated cache, the LLM pattern of TensorRT's
+documentation: a packed query over a padded cache.
+
+Tokens of every row go end to end ([1, T] with cu_seqlens [B+1], forms/tokens.py); each row's new K/V
+are written into its cache [B, N_kv, capacity, H] from its `cache_write_index` on; its attention reads
+the cache up to write index + new tokens, lower-right causal within that length. A prefill of ragged
+prompts and a decode step ([1, B], one token per row) are the same program, and no padding is ever
+computed or attended. The cache outputs alias the cache inputs.
+
+In ONNX (what ONNX Runtime verifies): ScatterND writes the packed K/V into the cache; the query is
+gathered into padded rows, Attention reads the whole cache with a boolean mask built from the write
+indices and lengths, and the rows are packed again. TensorRT gets the same as IKVCacheUpdateLayer
+(packed update) and IAttention (packed query, padded key/value, per-row lengths, LOWER_RIGHT): the
+records are in forms/lowering.py.
+"""
 
 from __future__ import annotations
 
@@ -11,62 +22,169 @@ import onnx_graphsurgeon as gs
 
 from ...contract import MAX_CACHE, WRITE_INDEX
 from ...errors import TrtattnError
-from ...graph.emit import Emitter
-from ...graph.shapes import upgrade_opset
+from ...graph.emit import Emitter, export_like
 from ...site import CacheKind, CausalKind
-from ...graph.emit import export_like
+from .lowering import AttentionLowering, CacheLowering
+from .tokens import Tokens, batch_from_tokens, pack_tokens, per_token_outputs
 
 
-def kv_cache_form(model: onnx.ModelProto, reports) -> onnx.ModelProto:
-    cached = [r for r in reports if r.site.cache == CacheKind.CONCAT]
-    if not cached:
+def _check(reports) -> None:
+    if not any(r.site.cache == CacheKind.CONCAT for r in reports):
         raise TrtattnError("the kv-cache form needs a model whose K/V are concatenated with a past cache "
                            "(past_key_values inputs); this one has none")
-    for r in cached:
-        if r.bias or r.site.window or r.pattern not in ("causal",) or r.site.causal not in (CausalKind.LOWER_RIGHT,
-                                                                                             CausalKind.UPPER_LEFT):
-            raise TrtattnError(f"site {r.site.name}: the kv-cache form needs a causal mask (with padding at most); "
-                               f"this one is {r.pattern}" + (" with a bias" if r.bias else "")
-                               + (f" with window {r.site.window}" if r.site.window else ""))
-    model = upgrade_opset(model, 24)
+    for r in reports:
+        site = r.site
+        if site.rank != 4:
+            raise TrtattnError(f"site {site.name}: the kv-cache form takes [B, N, S, H] attention, not rank {site.rank}")
+        if site.cache == CacheKind.CONCAT:
+            if r.bias or site.window or r.pattern != "causal" or site.causal not in (CausalKind.LOWER_RIGHT,
+                                                                                      CausalKind.UPPER_LEFT):
+                raise TrtattnError(f"site {site.name}: the kv-cache form needs a causal mask (with padding at most); "
+                                   f"this one is {r.pattern}" + (" with a bias" if r.bias else "")
+                                   + (f" with window {site.window}" if site.window else ""))
+        elif site.cache == CacheKind.CROSS_STATIC:
+            if r.bias or site.mask.value != "none":
+                raise TrtattnError(f"site {site.name}: cross-attention over static K/V takes no mask in the kv-cache "
+                                   f"form (an encoder padding mask has no lengths input there); this one has one")
+        else:
+            raise TrtattnError(f"site {site.name}: attention without a cache in a decoder step; the kv-cache form "
+                               "takes self-attention over a past cache and cross-attention over static K/V")
+
+
+class _Rows:
+    """Index tensors shared by every site: padded rows of the packed tokens and back."""
+
+    def __init__(self, emit: Emitter, tokens: Tokens, write_index: gs.Tensor):
+        self.emit, self.tokens, self.write_index = emit, tokens, write_index
+        i64 = np.int64
+        self.kv_lengths = emit("Add", [write_index, tokens.lengths], dtype=i64, name="kv_lengths")  # [B]
+        # the cache slot each token is written to: its row's write index + its index in the row
+        self.slot = emit("Add", [emit("Gather", [write_index, tokens.row], {"axis": 0}, dtype=i64), tokens.index],
+                         dtype=i64, name="slot")
+        longest = emit("ReduceMax", [tokens.lengths], {"keepdims": 1}, dtype=i64, name="longest")  # [1]
+        self.positions = emit("Range", [emit.const(0, i64), emit("Squeeze", [longest], dtype=i64), emit.const(1, i64)],
+                              dtype=i64, name="query_positions")  # [Smax]
+        last = emit("Sub", [emit.dim(tokens.ids, 1), emit.const(1, i64)], dtype=i64)
+        starts = emit("Slice", [tokens.cu64, emit.const([0], i64), emit.const([-1], i64)], dtype=i64)
+        grid = emit("Add", [emit("Unsqueeze", [starts, emit.const([1], i64)], dtype=i64),
+                            emit("Unsqueeze", [self.positions, emit.const([0], i64)], dtype=i64)], dtype=i64)
+        self.padded_index = emit("Min", [grid, last], dtype=i64, name="padded_index")  # [B, Smax] into the tokens
+        self.packed_index = emit("Add", [emit("Mul", [tokens.row, longest], dtype=i64), tokens.index], dtype=i64,
+                                 name="packed_index")  # [T] into the flattened [B * Smax] rows
+        self._scatter: dict[int, gs.Tensor] = {}
+
+    def scatter_indices(self, heads: int) -> gs.Tensor:
+        """[T, heads, 3]: (row, head, slot) of every token's K or V in a [B, heads, capacity, H] cache."""
+        if heads not in self._scatter:
+            e, i64 = self.emit, np.int64
+            total = e("Unsqueeze", [e.dim(self.tokens.ids, 1), e.const([0], i64)], dtype=i64)
+            shape = e("Concat", [total, e.const([heads, 1], i64)], {"axis": 0}, dtype=i64)
+            row = e("Expand", [e("Unsqueeze", [self.tokens.row, e.const([1, 2], i64)], dtype=i64), shape], dtype=i64)
+            head = e("Expand", [e.const(np.arange(heads).reshape(1, heads, 1), i64), shape], dtype=i64)
+            slot = e("Expand", [e("Unsqueeze", [self.slot, e.const([1, 2], i64)], dtype=i64), shape], dtype=i64)
+            self._scatter[heads] = e("Concat", [row, head, slot], {"axis": 2}, dtype=i64, name="scatter_indices")
+        return self._scatter[heads]
+
+    def causal_mask(self, key: gs.Tensor) -> gs.Tensor:
+        """[B, 1, Smax, capacity]: query s of row b sees key j when j <= s + write index (lower-right
+        within the row's length) and j < its length."""
+        e, i64 = self.emit, np.int64
+        keys = e("Range", [e.const(0, i64), e.dim(key, 2), e.const(1, i64)], dtype=i64, name="key_positions")
+        j = e("Unsqueeze", [keys, e.const([0, 1, 2], i64)], dtype=i64)  # [1, 1, 1, C]
+        s = e("Unsqueeze", [self.positions, e.const([0, 1, 3], i64)], dtype=i64)  # [1, 1, Smax, 1]
+        start = e("Unsqueeze", [self.write_index, e.const([1, 2, 3], i64)], dtype=i64)  # [B, 1, 1, 1]
+        length = e("Unsqueeze", [self.kv_lengths, e.const([1, 2, 3], i64)], dtype=i64)
+        causal = e("LessOrEqual", [j, e("Add", [s, start], dtype=i64)], dtype=np.bool_)
+        return e("And", [causal, e("Less", [j, length], dtype=np.bool_)], dtype=np.bool_, name="cache_mask")
+
+    def to_padded(self, x: gs.Tensor, dtype) -> gs.Tensor:
+        """[1, N, T, H] packed tokens -> [B, N, Smax, H] rows."""
+        e, i64 = self.emit, np.int64
+        g = e("Gather", [x, self.padded_index], {"axis": 2}, dtype=dtype)  # [1, N, B, Smax, H]
+        return e("Transpose", [e("Squeeze", [g, e.const([0], i64)], dtype=dtype)], {"perm": [1, 0, 2, 3]}, dtype=dtype,
+                 name="query_rows")
+
+    def to_packed(self, y: gs.Tensor, out: gs.Tensor, dtype) -> list[str]:
+        """[B, N, Smax, H] rows -> `out` [1, N, T, H]; the names of the nodes that do it."""
+        e, i64 = self.emit, np.int64
+        first = len(e.graph.nodes)
+        heads_first = e("Transpose", [y], {"perm": [1, 0, 2, 3]}, dtype=dtype)
+        target = e("Concat", [e.shape_slice(heads_first, 0, 1), e.const([-1], i64), e.shape_slice(heads_first, 3, 4)],
+                   {"axis": 0}, dtype=i64)
+        flat = e("Reshape", [heads_first, target], dtype=dtype)  # [N, B * Smax, H]
+        tokens = e("Gather", [flat, self.packed_index], {"axis": 1}, dtype=dtype)
+        e("Unsqueeze", [tokens, e.const([0], i64)], dtype=dtype, name="packed_output")
+        e.graph.nodes[-1].outputs = [out]
+        return [n.name for n in e.graph.nodes[first:]]
+
+
+def kv_cache_form(model: onnx.ModelProto, reports) -> tuple[onnx.ModelProto, list[AttentionLowering],
+                                                            list[CacheLowering]]:
+    _check(reports)
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
     nodes = {n.name: n for n in graph.nodes}
+    emit = Emitter(graph, "trtattn/kv")
+    tokens = pack_tokens(graph, model, emit, "kv-cache")
+    if tokens.positions is None:
+        raise TrtattnError("the kv-cache form needs position_ids as an input: in it a cache's length is its capacity, "
+                           "so positions cannot come from the cache's shape")
+    batch_from_tokens(graph, tokens, emit)
     write_index = gs.Variable(WRITE_INDEX, dtype=np.int64, shape=["batch"])
     graph.inputs.append(write_index)
-    for r in cached:
+    rows = _Rows(emit, tokens, write_index)
+    attentions, updates, caches = [], [], set()
+    for r in reports:
         site, attn = r.site, nodes[r.attention_node]
-        emit = Emitter(graph, f"trtattn/kv/{site.name}")
-        for past, new in ((site.past_key, site.new_key), (site.past_value, site.new_value)):
-            cache_in = tensors[past]
-            # the past input becomes the preallocated cache: [B, N_kv, max_cache, H]
-            if cache_in.shape is not None and len(cache_in.shape) == 4:
-                cache_in.shape = [cache_in.shape[0], cache_in.shape[1], MAX_CACHE, cache_in.shape[3]]
-            concat_out = _concat_output(graph, cache_in, tensors[new])
-            concat_out.inputs.clear()
-            # the concat's output (what the Attention and the present output read) is now the updated cache
-            graph.nodes.append(gs.Node("TensorScatter", f"trtattn/kv/{site.name}/update_{'k' if past == site.past_key else 'v'}",
-                                       {"axis": 2, "mode": "linear"}, inputs=[cache_in, tensors[new], write_index],
-                                       outputs=[concat_out]))
-            if concat_out.shape is not None and len(concat_out.shape) == 4:
-                concat_out.shape = [concat_out.shape[0], concat_out.shape[1], MAX_CACHE, concat_out.shape[3]]
-        q = attn.inputs[0]
-        new_len = emit("Gather", [emit("Shape", [q], dtype=np.int64), emit.const(2, np.int64)], {"axis": 0},
-                       dtype=np.int64)
-        lengths = emit("Add", [write_index, new_len], dtype=np.int64, name="kv_lengths")
-        # no mask: each row's length and the offset-aware causal alignment say it all
-        while len(attn.inputs) > 3:  # drop the mask (gs keeps producer/consumer links: pop, don't slice)
+        if site.cache == CacheKind.CONCAT:
+            for past, new, tag in ((site.past_key, site.new_key, "k"), (site.past_value, site.new_value, "v")):
+                updates.append(_scatter(graph, rows, tensors[past], tensors[new], site, tag))
+                caches.add(past)
+        dtype = attn.outputs[0].dtype or np.float32
+        query = attn.inputs[0]
+        attn.inputs[0] = rows.to_padded(query, dtype)
+        while len(attn.inputs) > 3:  # the model's mask and cache lengths: the rows' lengths say it now
             attn.inputs.pop()
-        attn.inputs.extend([gs.Variable.empty(), gs.Variable.empty(), gs.Variable.empty(), lengths])
-        attn.attrs["is_causal"] = 1
+        if site.cache == CacheKind.CONCAT:
+            attn.inputs.append(rows.causal_mask(attn.inputs[1]))
+        attn.attrs["is_causal"] = 0
+        out = attn.outputs[0]
+        padded_out = gs.Variable(f"{out.name}/rows", dtype=dtype)
+        attn.outputs = [padded_out]
+        region = (attn.name, *rows.to_packed(padded_out, out, dtype))
+        cached = site.cache == CacheKind.CONCAT
+        attentions.append(AttentionLowering(attn.name, region, "lower_right" if cached else "none", query=query.name,
+                                            output=out.name, q_lengths=tokens.cu.name,
+                                            kv_lengths=rows.kv_lengths.name if cached else None, query_form="packed"))
     graph.cleanup(remove_unused_graph_inputs=True)
-    caches = {r.site.past_key for r in cached} | {r.site.past_value for r in cached}
     for n in graph.nodes:  # the cache's length is its capacity now, not the number of past tokens
         if n.op == "Shape" and n.inputs[0].name in caches and _reads_sequence_axis(n):
             raise TrtattnError(f"node {n.name} reads the length of the past cache {n.inputs[0].name} (positions or "
                                "masks derived from it); in the kv-cache form that is the capacity: give the model "
                                "position_ids (and cache positions) as inputs instead")
-    return export_like(graph, model, 24)
+    per_token_outputs(graph, skip={u.output for u in updates})
+    return export_like(graph, model), attentions, updates
+
+
+def _scatter(graph: gs.Graph, rows: _Rows, cache: gs.Tensor, new: gs.Tensor, site, tag: str) -> CacheLowering:
+    """The Concat(past, new) becomes ScatterND(cache, indices, new tokens) into the preallocated cache."""
+    e, i64 = rows.emit, np.int64
+    if cache.shape is not None and len(cache.shape) == 4:  # the past input becomes the cache [B, N_kv, capacity, H]
+        cache.shape = [cache.shape[0], cache.shape[1], MAX_CACHE, cache.shape[3]]
+    heads = site.kv_heads or (cache.shape[1] if cache.shape and isinstance(cache.shape[1], int) else None)
+    if not heads:
+        raise TrtattnError(f"site {site.name}: the number of key/value heads of {cache.name} is unknown")
+    concat_out = _concat_output(graph, cache, new)
+    concat_out.inputs.clear()
+    dtype = new.dtype or cache.dtype
+    tokens = e("Transpose", [e("Squeeze", [new, e.const([0], i64)], dtype=dtype)], {"perm": [1, 0, 2]}, dtype=dtype)
+    name = f"trtattn/kv/{site.name}/update_{tag}"
+    graph.nodes.append(gs.Node("ScatterND", name, inputs=[cache, rows.scatter_indices(heads), tokens],
+                               outputs=[concat_out]))
+    if concat_out.shape is not None and len(concat_out.shape) == 4:
+        concat_out.shape = [concat_out.shape[0], concat_out.shape[1], MAX_CACHE, concat_out.shape[3]]
+    return CacheLowering(name, (name,), cache.name, new.name, rows.write_index.name, concat_out.name,
+                         update_form="packed", update_lengths=rows.tokens.cu.name)
 
 
 def _reads_sequence_axis(shape: gs.Node, axis: int = 2, rank: int = 4) -> bool:

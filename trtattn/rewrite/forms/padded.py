@@ -1,0 +1,90 @@
+"""padded form: where a site's mask is causal (or nothing) plus padding, IAttention gets a causal kind and
+per-row key/value lengths instead of a dense mask, so the fused kernel can skip what is masked.
+
+The lengths are the padding mask's row sums, so the padding mask is read as right padding (each row's
+valid tokens first): the form says exactly that in ONNX, a boolean mask built from the lengths, which ONNX
+Runtime verifies against the original; the engine does the same through IAttention's key_value_lengths
+and causal kind (forms/lowering.py). Sites whose padding mask is declared left-padded, or whose mask
+depends on anything else, keep their dense mask. The form model records the inputs it reads as lengths
+(metadata `trtattn.form`), so that runtimes refuse a left-padded mask instead of answering wrongly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ...graph.emit import Emitter
+from ...graph.shapes import tensor_types
+from ...site import CacheKind
+from .lowering import AttentionLowering
+
+
+def value_inputs(tensor: gs.Tensor, graph_inputs: set[str]) -> set[str]:
+    """The graph inputs whose values (not only shapes) reach `tensor`."""
+    seen, stack, found = set(), [tensor], set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.name in graph_inputs:
+            found.add(t.name)
+        for n in t.inputs:
+            if n.op != "Shape":
+                stack.extend(n.inputs)
+    return found
+
+
+def padding_to_lengths(graph: gs.Graph, model: onnx.ModelProto, reports) -> tuple[list[AttentionLowering], list[str]]:
+    """Rewrite the masks of the sites that qualify (see module doc). Returns their lowerings and the
+    padding-mask inputs now read as lengths."""
+    from ...graph.inputs import input_specs
+
+    specs = {s.name: s for s in input_specs(model)}
+    right_padded = {n for n, s in specs.items() if s.role.get("kind") == "padding_mask" and s.role.get("side") != "left"
+                    and len(s.shape) == 2}
+    ranks = {name: len(shape) for name, (_, shape) in tensor_types(model).items() if shape is not None}
+    inputs = {t.name for t in graph.inputs}
+    nodes = {n.name: n for n in graph.nodes}
+    emit = Emitter(graph, "trtattn/padded")
+    lengths: dict[str, gs.Tensor] = {}
+    lowerings = []
+    for r in reports:
+        site, attn = r.site, nodes[r.attention_node]
+        if not (r.padding and r.pattern in ("none", "causal") and not r.bias and not site.window
+                and site.cache == CacheKind.NONE and len(attn.inputs) > 3 and attn.inputs[3].name
+                and not attn.attrs.get("is_causal", 0)):
+            continue
+        q, k = attn.inputs[0], attn.inputs[1]
+        if ranks.get(q.name) != 4 or ranks.get(k.name) != 4:
+            continue
+        sources = value_inputs(attn.inputs[3], inputs)
+        if len(sources) != 1 or not sources <= right_padded:
+            continue
+        (mask_input,) = sources
+        if mask_input not in lengths:
+            mask = next(t for t in graph.inputs if t.name == mask_input)
+            lengths[mask_input] = emit("ReduceSum", [emit.cast(mask, np.int64), emit.const([1], np.int64)],
+                                       {"keepdims": 0}, dtype=np.int64, name="lengths")
+            lengths[mask_input].name = f"{mask_input}/lengths"  # what the plan and the sidecar show
+        causal = r.pattern == "causal"
+        attn.inputs[3] = emit.full_query_rows(_allowed(emit, q, k, lengths[mask_input], causal), q)
+        lowerings.append(AttentionLowering(attn.name, (attn.name,), "upper_left" if causal else "none",
+                                           kv_lengths=lengths[mask_input].name))
+    return lowerings, sorted({s for s in lengths})
+
+
+def _allowed(emit: Emitter, q: gs.Tensor, k: gs.Tensor, lengths: gs.Tensor, causal: bool) -> gs.Tensor:
+    """[B, 1, Sq | 1, Skv] booleans: key j < the row's length (and j <= i when causal, upper-left)."""
+    i64 = np.int64
+    j = emit("Range", [emit.const(0, i64), emit.dim(k, 2), emit.const(1, i64)], dtype=i64, name="key_positions")
+    j = emit("Unsqueeze", [j, emit.const([0, 1, 2], i64)], dtype=i64)  # [1, 1, 1, Skv]
+    n = emit("Unsqueeze", [lengths, emit.const([1, 2, 3], i64)], dtype=i64)  # [B, 1, 1, 1]
+    allowed = emit("Less", [j, n], dtype=np.bool_, name="within_length")
+    if causal:
+        i = emit("Range", [emit.const(0, i64), emit.dim(q, 2), emit.const(1, i64)], dtype=i64, name="query_positions")
+        i = emit("Unsqueeze", [i, emit.const([0, 1, 3], i64)], dtype=i64)  # [1, 1, Sq, 1]
+        allowed = emit("And", [allowed, emit("LessOrEqual", [j, i], dtype=np.bool_)], dtype=np.bool_, name="causal")
+    return allowed
