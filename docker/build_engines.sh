@@ -9,11 +9,20 @@
 #   2. trtattn build MODEL_X.onnx --name MODEL_X --force  -> engines/MODEL_X.engine + engines/MODEL_X.json
 #   3. trtattn inspect engines/MODEL_X.engine --sites engines/MODEL_X.json --require-fused
 #   4. trtattn verify engines/MODEL_X.engine --onnx MODEL_X.onnx
+# Then the trtexec route (route 2, see trtexec_route below) for the same models:
+#   1. trtattn fuse MODEL_X.onnx -o MODEL_X.trt.onnx --ops trt  -> TensorRT's own ONNX ops, verified on CPU,
+#      and MODEL_X.trt.json (the engine's sidecar with the trtexec shapes)
+#   2. trtexec --onnx=MODEL_X.trt.onnx --stronglyTyped --profilingVerbosity=detailed --exportLayerInfo=...
+#      with the sidecar's --minShapes/--optShapes/--maxShapes -> engines/MODEL_X.trtexec.engine
+#   3. trtattn inspect engines/MODEL_X.trtexec.layers.json --sites MODEL_X.trt.json --require-fused
+#   4. trtattn verify engines/MODEL_X.trtexec.engine --onnx MODEL_X.onnx --sidecar MODEL_X.trt.json
 # A failed step skips the later steps of that model only; every model is tried. Then `pytest -m trt`.
-# Prints one row per model and exporter, and exits 1 if anything failed.
+# Prints one row per model and exporter and route, and exits 1 if anything failed.
 #
 # Environment: WORK_DIR (ONNX files and logs, default out/build_engines), EXPORTERS (default: every
-# exporter a model supports), SKIP_TESTS=1 (no pytest -m trt).
+# exporter a model supports), SKIP_TESTS=1 (no pytest -m trt), TRTEXEC_ROUTE=0 (no trtexec route),
+# TRTEXEC (the trtexec binary; default: on PATH or in the image's TensorRT folders), TRT_FORM (the form
+# the trtexec route writes: padded (default), packed or kv-cache).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -101,6 +110,82 @@ while read -r model exporter; do
     unset status
 done <<<"$pairs"
 
+# ---------------------------------------------------------------- route 2: trtexec on TensorRT's own ONNX ops
+TRT_STEPS=(fuse trtexec inspect verify)
+declare -a trtexec_rows=()
+
+find_trtexec() {
+    local candidate
+    for candidate in "${TRTEXEC:-}" "$(command -v trtexec || true)" /usr/src/tensorrt/bin/trtexec \
+        /opt/tensorrt/bin/trtexec /workspace/tensorrt/bin/trtexec; do
+        if [[ -n "$candidate" && -x "$candidate" ]]; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# trtexec_route MODEL EXPORTER: fuse --ops trt, trtexec with the sidecar's shapes, inspect, verify; one row
+trtexec_route() {
+    local model=$1 exporter=$2
+    local name="${model}_${exporter}"
+    local onnx="$WORK_DIR/$name.onnx" ops="$WORK_DIR/$name.trt.onnx" sidecar="$WORK_DIR/$name.trt.json"
+    local engine="$ENGINES_DIR/$name.trtexec.engine" layers="$ENGINES_DIR/$name.trtexec.layers.json"
+    local log="$LOG_DIR/$name.trtexec.log" failed="" s
+    local -a cmd shape_flags
+    local -A status=()
+    : >"$log"
+    for s in "${TRT_STEPS[@]}"; do status[$s]="-"; done
+    echo "== $name (trtexec route)"
+    if [[ ! -f "$onnx" ]] && ! run_step "$log" trtattn zoo export "$model" --exporter "$exporter" -o "$onnx" --force; then
+        failed=export
+    fi
+    for s in "${TRT_STEPS[@]}"; do
+        [[ -n "$failed" ]] && break
+        case $s in
+            fuse) cmd=(trtattn fuse "$onnx" -o "$ops" --ops trt --form "${TRT_FORM:-padded}" --force) ;;
+            trtexec)
+                # the sidecar's shapes: one --minShapes/--optShapes/--maxShapes triple per profile
+                mapfile -t shape_flags < <(python3 -c 'import json, sys
+for profile in json.load(open(sys.argv[1]))["trtexec"]["shapes"]:
+    for flag, value in profile.items():
+        print(f"{flag}={value}")' "$sidecar")
+                cmd=("$TRTEXEC_BIN" --onnx="$ops" --stronglyTyped --profilingVerbosity=detailed --saveEngine="$engine"
+                     --exportLayerInfo="$layers" --skipInference "${shape_flags[@]}") ;;
+            inspect) cmd=(trtattn inspect "$layers" --sites "$sidecar" --require-fused) ;;
+            verify) cmd=(trtattn verify "$engine" --onnx "$onnx" --sidecar "$sidecar") ;;
+        esac
+        if run_step "$log" "${cmd[@]}"; then
+            status[$s]=ok
+        else
+            status[$s]=FAIL
+            failed=$s
+        fi
+    done
+    local result=ok
+    if [[ -n "$failed" ]]; then
+        failures=$((failures + 1))
+        result="FAIL ($failed)"
+        echo "   $failed failed; last lines of $log:"
+        tail -n 15 "$log" | sed 's/^/   | /'
+    fi
+    trtexec_rows+=("$(printf '%-28s %-12s %-7s %-7s %-7s %-7s %s' "$model" "$exporter" \
+        "${status[fuse]}" "${status[trtexec]}" "${status[inspect]}" "${status[verify]}" "$result")")
+}
+
+if [[ "${TRTEXEC_ROUTE:-1}" != 0 ]]; then
+    if ! TRTEXEC_BIN=$(find_trtexec); then
+        echo "build_engines: no trtexec (set TRTEXEC=/path/to/trtexec, or TRTEXEC_ROUTE=0 to skip the route)" >&2
+        trtexec_rows+=("trtexec not found: route not run")
+        failures=$((failures + 1))
+    else
+        while read -r model exporter; do
+            trtexec_route "$model" "$exporter"
+        done <<<"$pairs"
+    fi
+fi
+
 tests="skipped (SKIP_TESTS=1)"
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
     echo "== pytest -m trt"
@@ -129,6 +214,12 @@ echo
 echo "== summary (logs in $LOG_DIR)"
 printf '%-28s %-12s %-7s %-7s %-7s %-7s %s\n' model exporter export build inspect verify result
 for row in "${rows[@]}"; do echo "$row"; done
+if ((${#trtexec_rows[@]})); then
+    echo
+    echo "trtexec route (fuse --ops trt, form ${TRT_FORM:-padded}):"
+    printf '%-28s %-12s %-7s %-7s %-7s %-7s %s\n' model exporter fuse trtexec inspect verify result
+    for row in "${trtexec_rows[@]}"; do echo "$row"; done
+fi
 echo "pytest -m trt: $tests"
 if ((failures > 0)); then
     echo "$failures failure(s)"
