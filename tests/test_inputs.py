@@ -238,8 +238,14 @@ def test_luong_mask_true_at_padding(zoo_export, exporter):
     assert result.verification["max_abs_err"] <= 1e-5
 
 
-def test_wav2vec2_fuses_on_the_dims_that_fit(zoo_export):
+def test_wav2vec2_fuses_and_verifies_on_the_dims_that_fit(zoo_export, tmp_path):
+    """`fuse` and `verify` feed the original on dims it runs on (512 samples), without --dims."""
+    from trtattn.cli import main
     from trtattn.rewrite.fuse import fuse_model
 
-    result = fuse_model(onnx.load(zoo_export("wav2vec2", "torchscript")))
+    original = zoo_export("wav2vec2", "torchscript")
+    result = fuse_model(onnx.load(original))
     assert result.ok and len(result.reports) == 2, [r.row() for r in result.reports]
+    fused = tmp_path / "fused.onnx"
+    onnx.save(result.model, fused)
+    assert main(["-q", "verify", str(fused), "--onnx", str(original)]) == 0

@@ -10,10 +10,10 @@ time, then every sequence-like dim together, then the unified dims taken apart. 
 output shapes (torch.export writes them as expressions of the input dims) would be empty are
 skipped without a run. When none runs, one line names the node that fails and the `--dims` to give.
 
-Cost: nothing for a model whose metadata (`trtattn.inputs`) declares the dims it was exported at
-and which the user does not override, or with `check=False`; otherwise one ONNX Runtime session
-(graph optimizations off, so it opens fast) and a run per candidate, stopping at the first that
-fits (LED, 6000 nodes: 2 s, most of it opening the session; wav2vec2: 0.2 s for 21 runs).
+Cost: nothing for a model whose metadata (`trtattn.inputs`, written by the zoo and kept by trtattn's
+outputs) declares the dims it was exported at, nor with `check=False`; otherwise one ONNX Runtime
+session (graph optimizations off, so it opens fast) and a run per candidate, stopping at the first
+that fits (LED, 6000 nodes: 2 s, most of it opening the session; wav2vec2: 0.2 s for 21 runs).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
     classes = dim_classes(specs)
     guess = resolve_dims(model, user, specs=specs)
     notes = _unified(classes, guess)
-    if failure is None and (not check or (declared_dims(model) and not user)):
-        return _done(Fit(guess, notes), progress)  # trusted, or the model says what it was exported at
+    if failure is None and (not check or declared_dims(model)):
+        return _done(Fit(guess, notes), progress)  # trusted, or the model says it is dynamic in its dims
     variables = _variables(specs, classes, user)
     with _trial(model, specs) as problem:
         first = _problem(failure) if failure is not None else problem(guess)

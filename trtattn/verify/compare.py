@@ -17,6 +17,7 @@ import onnx
 
 from ..errors import VerificationError
 from ..graph import inputs as inputs_mod
+from ..graph.dims import fit_dims
 from .adapters import Adapter
 from .runners import onnx_runner, quiet_polygraphy
 
@@ -42,6 +43,7 @@ class Outcome:
 
 
 def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
+    dims = fit_dims(model, dims)  # dims the model runs on (graph/dims.py); nothing to do once fitted
     return [inputs_mod.make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)]
 
 
@@ -98,6 +100,7 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
     from polygraphy.exception import PolygraphyException
 
     quiet_polygraphy()
+    dims = fit_dims(adapter.original, dims)  # dims the original runs on (graph/dims.py)
     original_feeds = [adapter.original_feeds(dims, seed + i) for i in range(iterations)]
     candidate_feeds = [adapter.feeds(f) for f in original_feeds]
     try:
