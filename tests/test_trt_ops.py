@@ -134,3 +134,64 @@ def test_soft_capped_sites_are_named_not_written(zoo_export):
     with pytest.raises(TrtattnError, match=r"model/layers\.0/self_attn: its logits are soft-capped.*"
                                             r"model/layers\.1/self_attn"):
         fuse_trt(model, name="gemma2")
+
+
+def _qdq(name, scale, dtype=onnx.TensorProto.INT8):
+    zero = onnx.helper.make_tensor(f"{name}_zero", dtype, [], [0])
+    s = onnx.helper.make_tensor(f"{name}_scale", onnx.TensorProto.FLOAT, [], [scale])
+    nodes = [onnx.helper.make_node("QuantizeLinear", [name, s.name, zero.name], [f"{name}_q"]),
+             onnx.helper.make_node("DequantizeLinear", [f"{name}_q", s.name, zero.name], [f"{name}_dq"])]
+    return nodes, [zero, s]
+
+
+def test_quantized_softmax_becomes_trt_quantized_attention():
+    """A plan that quantizes the softmax output (int8) writes TRT_QuantizedAttention with Attention-23's scale
+    (Q/DQ on Q, K, V stay ordinary nodes right in front) and matches the same math in standard ONNX ops."""
+    from types import SimpleNamespace
+
+    from onnx import TensorProto, helper
+
+    from trtattn.rewrite.trt_ops import write_trt_ops
+    from trtattn.trt.plan import AttentionPlan, BuildPlan
+
+    b, n, s, h, p_scale = 2, 2, 5, 16, 1 / 127
+    io = [helper.make_tensor_value_info(x, TensorProto.FLOAT, [b, n, s, h]) for x in "qkv"]
+    nodes, inits = [], []
+    for x in "qkv":
+        more, c = _qdq(x, 0.05)
+        nodes += more
+        inits += c
+    nodes.append(helper.make_node("Attention", ["q_dq", "k_dq", "v_dq"], ["y"], name="attn", scale=0.25))
+    form = helper.make_model(helper.make_graph(nodes, "g", io, [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                                               [b, n, s, h])], inits),
+                             opset_imports=[helper.make_opsetid("", 23)])
+    plan = BuildPlan("x", "padded", "int8", attentions=[AttentionPlan(
+        "site", "attn", "trtattn/attn/site", "q_dq", "k_dq", "v_dq", "y", 0.25, causal="upper_left", q_heads=n,
+        kv_heads=n, head_size=h, dtype="int8", normalization_quantize_to_type="int8",
+        normalization_quantize_scale=p_scale, region=("attn",))])
+    written = write_trt_ops(SimpleNamespace(plan=plan, form_model=form))
+    (node,) = trt_nodes(written)
+    assert node.op_type == "TRT_QuantizedAttention" and list(node.input[:3]) == ["q_dq", "k_dq", "v_dq"]
+    assert attrs(node) == {"query_form": "padded_bhnd", "kv_form": "padded_bhnd", "is_causal": 1, "scale": 0.25,
+                           "normalization_quantize_to_type": TensorProto.INT8, "TRT_decomposable": 0}
+    assert tp.check_model(written) == []
+    # the same in standard ops: causal softmax(Q K^T * 0.25), its int8 Q/DQ, then P V
+    ref_nodes = nodes[:-1] + [
+        helper.make_node("Transpose", ["k_dq"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q_dq", "kt"], ["qk"]), helper.make_node("Mul", ["qk", "quarter"], ["logits"]),
+        helper.make_node("Add", ["logits", "causal"], ["masked"]), helper.make_node("Softmax", ["masked"], ["p"]),
+        *_qdq("p", p_scale)[0], helper.make_node("MatMul", ["p_dq", "v_dq"], ["y"])]
+    causal = np.triu(np.full((s, s), -np.inf, np.float32), 1)
+    ref_inits = inits + _qdq("p", p_scale)[1] + [onnx.numpy_helper.from_array(np.float32(0.25), "quarter"),
+                                                 onnx.numpy_helper.from_array(causal, "causal")]
+    ref = helper.make_model(helper.make_graph(ref_nodes, "r", io, list(form.graph.output), ref_inits),
+                            opset_imports=[helper.make_opsetid("", 21)])
+    rng = np.random.default_rng(0)
+    feeds = {x: rng.standard_normal((b, n, s, h)).astype(np.float32) for x in "qkv"}
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep its Q/DQ where they are
+    want = ort.InferenceSession(ref.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = tp.Session(written).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, atol=1e-5)

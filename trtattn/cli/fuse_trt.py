@@ -57,6 +57,8 @@ def run(args, progress) -> int:
     print(f"{len(rows)} attention sites as TensorRT ops ({plan.form} form), {len(plan.ropes)} RotaryEmbedding, "
           f"{len(plan.cache_updates)} TRT_KVCacheUpdate; verification on CPU (trtattn_plugins): "
           + (f"FAILED: {v['error']}" if v.get("error") else verdict(v)))
+    for note in plan.notes:
+        print(f"note: {note}")
     written = None
     if result.ok:
         with progress.step(f"writing {args.output}"):
