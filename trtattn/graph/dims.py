@@ -86,9 +86,10 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
             if tried >= MAX_TRIALS:
                 break
     names = list(dict.fromkeys([*user, *variables]))
-    raise DimsDoNotFit(f"the model does not run at {_show(guess, names) or 'its static shapes'} (nor at {tried - 1} "
-                       f"other dims tried): {first}; give sizes it runs on with --dims "
-                       f"{','.join(f'{n}=N' for n in names) or 'NAME=VALUE'}")
+    if not names:
+        raise DimsDoNotFit(f"the model does not run on ONNX Runtime at its static shapes: {first}")
+    raise DimsDoNotFit(f"the model does not run at {_show(guess, names)} (nor at {tried - 1} other dims tried): "
+                       f"{first}; give sizes it runs on with --dims {','.join(f'{n}=N' for n in names)}")
 
 
 def _done(fit: Fit, progress) -> Fit:
