@@ -2,8 +2,11 @@
 
 - Loading checks the file before protobuf sees it, so every bad input gives one clear sentence.
 - External data must live next to the model (no absolute paths, no `..` escapes).
-- Saving is atomic (temporary file + rename) and refuses to write over the input model.
-- Models over 2 GB are saved with external data automatically.
+- `load(path, load_external_data=False)` leaves the weights on disk (graph/external.py): the model
+  stays small whatever its size, and every trtattn step reads the weights from their files.
+- Saving is atomic (temporary files + rename) and refuses to write over the input model or its data.
+- A model whose weights are on disk, or which is over 2 GB, is saved with one external data file
+  PATH.data, written by copying byte ranges file to file.
 - Every file trtattn writes (models, reports, engines, sidecars) goes through atomic_write.
 """
 
@@ -19,6 +22,8 @@ import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from ..errors import ModelLoadError, TrtattnError
+from . import external
+from .external import all_tensors, data_dir, materialize  # noqa: F401  (part of this module's API)
 
 PROTOBUF_LIMIT = 2**31 - 1
 
@@ -56,26 +61,6 @@ def refuse_overwrite(path, protect=(), force: bool = True) -> None:
         raise TrtattnError(f"{path} exists; pass --force to replace it")
 
 
-def all_tensors(model: onnx.ModelProto):
-    """Every TensorProto a model holds: initializers and tensor attributes, subgraphs included."""
-
-    def of_graph(g: onnx.GraphProto):
-        yield from g.initializer
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.TENSOR:
-                    yield a.t
-                elif a.type == onnx.AttributeProto.TENSORS:
-                    yield from a.tensors
-                elif a.type == onnx.AttributeProto.GRAPH:
-                    yield from of_graph(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for sub in a.graphs:
-                        yield from of_graph(sub)
-
-    yield from of_graph(model.graph)
-
-
 def _external_locations(model: onnx.ModelProto):
     for tensor in all_tensors(model):
         if uses_external_data(tensor):
@@ -83,7 +68,10 @@ def _external_locations(model: onnx.ModelProto):
 
 
 def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.ModelProto:
-    """Load an ONNX model, raising ModelLoadError with one sentence on any problem."""
+    """Load an ONNX model, raising ModelLoadError with one sentence on any problem. With
+    load_external_data=False the weights stay in their files (external.py): tensors up to
+    external.INLINE_LIMIT bytes are read, the rest are read by whatever needs them, from the folder
+    the model records."""
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file")
@@ -97,6 +85,7 @@ def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.Model
         raise ModelLoadError(f"{path}: not a valid ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot parse'})") from None
     if not model.graph.node and not model.graph.input and not model.graph.output:
         raise ModelLoadError(f"{path}: not a valid ONNX model (no graph)")
+    external.set_data_dir(model, None)  # a folder recorded by someone else means nothing here
     base = path.parent.resolve()
     for name, info in _external_locations(model):
         location = Path(info.location)
@@ -108,12 +97,16 @@ def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.Model
         needed = (info.offset or 0) + (info.length or 0)
         if info.length and target.stat().st_size < needed:
             raise ModelLoadError(f"{path}: external data file '{info.location}' is truncated (tensor '{name}' needs {needed} bytes)")
-    if load_external_data:
-        try:
+    try:
+        if load_external_data:
             onnx.load_external_data_for_model(model, str(base))
-        except Exception as e:
-            raise ModelLoadError(f"{path}: cannot read external data ({e})") from None
-        _strip_external(model)  # the data is in the proto now: nothing may look for the files again
+            _strip_external(model)  # the data is in the proto now: nothing may look for the files again
+        else:
+            external.read_small(model, base)
+            if any(uses_external_data(t) for t in all_tensors(model)):
+                external.set_data_dir(model, base)
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot read external data ({e})") from None
     return model
 
 
@@ -125,51 +118,67 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 
 def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = (), external_data: bool | None = None) -> Path:
-    """Write `model` atomically. Never writes over any path in `protect` (the inputs). With external
-    data (automatic past 2 GB) the weights go to PATH.data, written before the model that names it."""
+    """Write `model` atomically. Never writes over any path in `protect` (the inputs) or over a data file
+    the model reads. With external data (the default for a model whose weights are on disk, and past
+    2 GB) every tensor over 1 KB goes to PATH.data, written before the model that names it; weights on
+    disk are copied file to file. The model is left as it was."""
     path = Path(path)
     refuse_overwrite(path, protect)
     if external_data is None:
-        external_data = is_large(model)
+        external_data = data_dir(model) is not None or is_large(model)
     if not external_data:
-        return atomic_write(path, model.SerializeToString())
+        with _materialized_copy_if_needed(model) as whole:
+            return atomic_write(path, whole.SerializeToString())
     data_name = path.name + ".data"
+    data_path = path.parent / data_name
+    for src in external.source_files(model) | {Path(str(p) + ".data") for p in protect if p is not None}:
+        if same_file(src, data_path):
+            raise TrtattnError(f"refusing to write {data_path}: the input's weights are in it; choose another output path")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as scratch:
-        tmp = os.path.join(scratch, path.name)
-        onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_name, size_threshold=1024)
-        # saving moved the weights out of the caller's model: read them back in
-        onnx.load_external_data_for_model(model, scratch)
-        _strip_external(model)
+        with external.externalized(model, scratch, data_name):
+            with open(os.path.join(scratch, path.name), "wb") as f:
+                f.write(model.SerializeToString())
         for name in (data_name, path.name):
             os.chmod(os.path.join(scratch, name), 0o666 & ~_umask())
             os.replace(os.path.join(scratch, name), path.parent / name)
     return path
 
 
+@contextlib.contextmanager
+def _materialized_copy_if_needed(model: onnx.ModelProto):
+    """The model with all its data in the proto: itself, or a copy whose weights were read in."""
+    if data_dir(model) is None:
+        yield model
+        return
+    whole = onnx.ModelProto()
+    whole.CopyFrom(model)
+    yield materialize(whole)
+
+
 def copy_model(src: str | os.PathLike, dst: str | os.PathLike, model: onnx.ModelProto) -> Path:
     """The output of a command that changed nothing: the input itself, with its external data."""
-    if any(uses_external_data(t) for t in all_tensors(model)) or is_large(model):
+    if data_dir(model) is not None or any(uses_external_data(t) for t in all_tensors(model)) or is_large(model):
         return save(model, dst, protect=(src,))
     refuse_overwrite(dst, (src,))
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.copyfile(src, tmp)
+    os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, dst)
     return dst
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of initializer data held in the proto (what pushes a model past protobuf's 2 GB).
-    Cheap, unlike ByteSize(), which walks the whole model (14 s on a 2 GB one)."""
-    total = 0
-    for t in all_tensors(model):
-        if not uses_external_data(t):
-            total += len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (
-                len(t.int64_data) + len(t.double_data))
-    return total
+    """Bytes of tensor data held in the proto (what pushes a model past protobuf's 2 GB), from dims and
+    types: cheap, unlike ByteSize(), which walks the whole model (14 s on a 2 GB one)."""
+    return sum(external.nbytes(t) for t in all_tensors(model) if not uses_external_data(t))
+
+
+def weights_size(model: onnx.ModelProto) -> int:
+    """Bytes of all the model's weights, in the proto or on disk."""
+    return weight_bytes(model) + external.external_bytes(model)
 
 
 def is_large(model: onnx.ModelProto, margin: int = 64 << 20) -> bool:
@@ -186,21 +195,34 @@ def _strip_external(model: onnx.ModelProto) -> None:
 
 @contextlib.contextmanager
 def session_source(model: onnx.ModelProto):
-    """What an ONNX Runtime session (or Polygraphy's SessionFromOnnx) can open: the serialized
-    model, or for a model over 2 GB a temporary file with external data. The model is left as
-    it was."""
-    if not is_large(model):
+    """What an ONNX Runtime session, Polygraphy's SessionFromOnnx or TensorRT's parser can open: the
+    serialized model, or a path in a temporary folder. A model whose weights are on disk gets hard links
+    to its data files there (or, across file systems, a copy); a model over 2 GB is written with
+    external data. The model is left as it was."""
+    folder = data_dir(model)
+    if folder is None and not is_large(model):
         yield model.SerializeToString()
         return
     with tempfile.TemporaryDirectory(prefix="trtattn-") as scratch:
         path = os.path.join(scratch, "model.onnx")
-        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location="model.onnx.data", size_threshold=1024)
-        try:
-            yield path
-        finally:
-            onnx.load_external_data_for_model(model, scratch)
-            _strip_external(model)
+        if folder is not None and not is_large(model) and _link_data(model, folder, Path(scratch)):
+            with open(path, "wb") as f:
+                f.write(model.SerializeToString())
+        else:
+            save(model, path, external_data=True)
+        yield path
+
+
+def _link_data(model: onnx.ModelProto, folder: Path, scratch: Path) -> bool:
+    """Hard links in `scratch` to every data file the model reads; False if the file system refuses."""
+    try:
+        for location in {ExternalDataInfo(t).location for t in all_tensors(model) if uses_external_data(t)}:
+            link = scratch / location
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.link(folder / location, link)
+        return True
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

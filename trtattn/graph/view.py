@@ -3,6 +3,9 @@
 The matcher reads structure from the graph as exported and values from a constant-folded copy
 (so a scale written as Div(1, Sqrt(Cast(Shape(q)[-1]))) reads as 0.125), without changing
 the graph it will later rewrite.
+
+Weights are never read to build the view: `import_graph` gives weights that stay on disk
+(graph/external.py) memory-mapped values, and the folded copy treats them as unknown.
 """
 
 from __future__ import annotations
@@ -10,12 +13,68 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
+from . import external
 from .shapes import DEFAULT_OPSET, known_shapes
 
 # Ops that never change values on the attention paths (dropout is inactive at inference).
 PASSTHROUGH = {"Identity", "Dropout"}
 FLOAT_TYPES = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)}
+
+
+def import_graph(model: onnx.ModelProto) -> gs.Graph:
+    """onnx-graphsurgeon's import; the weights a lazily loaded model (io.load(..., load_external_data=False))
+    left on disk get memory-mapped values: reading them reads the file, nothing else does."""
+    graph = gs.import_onnx(model)
+    folder = external.data_dir(model)
+    if folder is not None:
+        protos = {t.name: t for t in external.all_tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL}
+        for constant in _constants(graph):
+            proto = protos.get(constant.name) if constant.data_location == onnx.TensorProto.EXTERNAL else None
+            if proto is not None:
+                values = external.mapped(proto, folder)
+                if isinstance(values, np.memmap):
+                    values.source = proto  # how export_graph finds the file's bytes again
+                    constant.values = values
+    return graph
+
+
+def export_graph(graph: gs.Graph, like: onnx.ModelProto, do_type_check: bool = True) -> onnx.ModelProto:
+    """onnx-graphsurgeon's export of a graph from import_graph(like): a weight whose values are still its
+    file's bytes is written as the reference to them (onnx-graphsurgeon would copy them into the proto), a
+    weight given new values goes in the proto. The result records where the weights are, as `like` does."""
+    mapped = []
+    if external.data_dir(like) is not None:
+        for constant in _constants(graph):
+            if constant.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            try:
+                values = constant.values
+            except OSError:  # imported without import_graph: onnx-graphsurgeon exports the reference itself
+                continue
+            source = getattr(values, "source", None)
+            if isinstance(values, np.memmap) and source is not None and values.shape == tuple(source.dims):
+                constant.values = LazyValues(source)
+                mapped.append((constant, values))
+            else:
+                constant.data_location = None  # new values: they go in the proto
+    model = gs.export_onnx(graph, do_type_check=do_type_check)
+    for constant, values in mapped:  # the graph as it was
+        constant.values = values
+    external.set_data_dir(model, external.data_dir(like))
+    return model
+
+
+def _constants(graph: gs.Graph):
+    """Every Constant of a graph and of its subgraphs."""
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Constant):
+            yield t
+    for node in graph.nodes:
+        for attr in node.attrs.values():
+            if isinstance(attr, gs.Graph):
+                yield from _constants(attr)
 
 
 class GraphView:
@@ -35,11 +94,14 @@ class GraphView:
         import onnxruntime
 
         onnxruntime.set_default_logger_severity(3)  # folding is best effort: no optimizer chatter
-        # fold a copy that knows the inferred shapes, so Shape -> Gather of static dims folds too
+        # fold a copy that knows the inferred shapes, so Shape -> Gather of static dims folds too; weights
+        # on disk are unknowns there, so folding never reads them
         folded = self.graph.copy()
         for name, t in folded.tensors().items():
             if isinstance(t, gs.Variable) and name in self._shapes:
                 t.shape = self.shape(t)
+            elif isinstance(t, gs.Constant) and t.data_location == onnx.TensorProto.EXTERNAL:
+                t.to_variable(dtype=t.dtype, shape=list(t.shape))
         level = gs.logger.G_LOGGER.severity
         gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
         try:
@@ -110,7 +172,7 @@ class GraphView:
     def shape(self, t: gs.Tensor) -> list | None:
         """The most static shape known: the graph's own or the inferred one."""
         if isinstance(t, gs.Constant):
-            return list(t.values.shape)
+            return list(t.shape)  # from the proto's dims: never loads the values
         own = list(t.shape) if t.shape is not None else None
         inferred = self._shapes.get(t.name)
         if inferred is None or (own is not None and _static(own) > _static(inferred)):
@@ -129,9 +191,7 @@ class GraphView:
         return d if isinstance(d, int) and d > 0 else None
 
     def dtype(self, t: gs.Tensor):
-        if isinstance(t, gs.Constant):
-            return t.values.dtype
-        return t.dtype
+        return t.dtype  # a Constant's dtype comes from its proto: the values are not loaded
 
 
 def _static(shape: list) -> int:

@@ -3,9 +3,9 @@
 Two questions, answered two ways:
 - Does the mask depend on input *values* (a padding mask, position ids)? Structurally: walk the
   mask's ancestors; a path to a graph input that does not pass through Shape means yes.
-- What pattern does it have? Numerically: build the mask (mask.materialize) on a scratch copy of
-  the graph, run only the nodes it needs with ONNX Runtime on inputs without padding, and compare
-  the allowed positions with causal and banded patterns.
+- What pattern does it have? Numerically: build the mask (logit_ops.materialize) in the graph for a
+  moment, run only the nodes it needs with ONNX Runtime (one session for every probe) on inputs
+  without padding, and compare the allowed positions with causal and banded patterns.
 The verification of the fused model then checks every conclusion drawn here.
 """
 
@@ -18,7 +18,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..graph import inputs as inputs_mod
-from ..graph.view import GraphView
+from ..graph.evaluate import evaluator
+from ..graph.view import GraphView, import_graph
 from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
 from . import logit_ops
 from .errors import MASKED_FILL
@@ -94,53 +95,62 @@ def classify_pattern(allowed: np.ndarray) -> tuple[str, CausalKind, int | None]:
     return "custom", CausalKind.NONE, None
 
 
-def probe_masks(model: onnx.ModelProto, sites: list[AttentionSite], feeds: dict[str, np.ndarray]) -> dict[str, MaskMeaning]:
-    """MaskMeaning per site name (sites without a mask, or whose mask cannot be probed, are absent)."""
-    import onnxruntime as ort
-
-    graph = gs.import_onnx(model)
+def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSite],
+                feeds_list: list[dict[str, np.ndarray]]) -> list[dict[str, MaskMeaning]]:
+    """MaskMeaning per site name, one dict per feed dict (sites without a mask, or whose mask cannot be
+    probed, are absent). The masks are built in `graph` for the duration (then removed again) and run on
+    one ONNX Runtime session over just the nodes they need."""
     tensors = graph.tensors()
     inputs = {t.name for t in graph.inputs}
     wanted: dict[str, gs.Tensor] = {}
-    meanings: dict[str, MaskMeaning] = {}
-    for site in sites:
-        steps = logit_ops.masking(site.mask_steps)
-        if not steps or not all(logit_ops.unit(s).probe_ok for s in steps):
-            continue
-        try:
-            m, kind = logit_ops.materialize(graph, tensors, steps, f"probe/{site.name}", _dtype(site.dtype))
-        except (KeyError, ValueError):
-            continue
-        meanings[site.name] = MaskMeaning(padding=depends_on_input_values(m, inputs))
-        out = gs.Variable(f"probe_out/{site.name}", dtype=np.bool_ if kind == MaskKind.BOOLEAN else _dtype(site.dtype))
-        graph.nodes.append(gs.Node("Identity", f"probe_id/{site.name}", inputs=[m], outputs=[out]))
-        wanted[site.name] = out
-    if not wanted:
-        return meanings
-    graph.outputs = list(wanted.values())
-    graph.cleanup(remove_unused_graph_inputs=False)
-    probe = gs.export_onnx(graph)
-    probe.ir_version = model.ir_version
+    padding: dict[str, bool] = {}
+    mark = len(graph.nodes)
     try:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3  # a probe that cannot run is dropped, not logged
-        sess = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        needed = {i.name for i in sess.get_inputs()}
-        values = sess.run([t.name for t in wanted.values()], {k: v for k, v in feeds.items() if k in needed})
-    except Exception:
-        return {}
-    for (name, _), value in zip(wanted.items(), values):
-        meaning = meanings[name]
-        value = np.asarray(value)
-        if value.ndim < 2:
-            meaning.pattern = "custom"
-            continue
-        allowed = value if value.dtype == np.bool_ else value > MASKED_FILL
-        if value.dtype != np.bool_:
-            meaning.bias = bool(np.any(value[allowed] != 0))
-        meaning.pattern, meaning.causal, meaning.window = classify_pattern(allowed)
-        meaning.allowed = allowed
-    return meanings
+        for site in sites:
+            steps = logit_ops.masking(site.mask_steps)
+            if not steps or not all(logit_ops.unit(s).probe_ok for s in steps):
+                continue
+            try:
+                m, kind = logit_ops.materialize(graph, tensors, steps, f"probe/{site.name}", _dtype(site.dtype))
+            except (KeyError, ValueError):
+                continue
+            padding[site.name] = depends_on_input_values(m, inputs)
+            out = gs.Variable(f"probe_out/{site.name}", dtype=np.bool_ if kind == MaskKind.BOOLEAN else _dtype(site.dtype))
+            graph.nodes.append(gs.Node("Identity", f"probe_id/{site.name}", inputs=[m], outputs=[out]))
+            wanted[site.name] = out
+        if not wanted:
+            return [{} for _ in feeds_list]
+        try:  # a probe that cannot run is dropped
+            run = evaluator(graph, list(wanted.values()), model)
+        except Exception:
+            return [{} for _ in feeds_list]
+        results = []
+        for feeds in feeds_list:
+            try:
+                values = run(feeds)
+            except Exception:
+                results.append({})
+                continue
+            results.append({name: _meaning(np.asarray(v), padding[name]) for name, v in zip(wanted, values)})
+        return results
+    finally:
+        for node in graph.nodes[mark:]:  # the analysis graph is rewritten next: leave it as it was
+            node.inputs.clear()
+            node.outputs.clear()
+        del graph.nodes[mark:]
+
+
+def _meaning(value: np.ndarray, padding: bool) -> MaskMeaning:
+    meaning = MaskMeaning(padding=padding)
+    if value.ndim < 2:
+        meaning.pattern = "custom"
+        return meaning
+    allowed = value if value.dtype == np.bool_ else value > MASKED_FILL
+    if value.dtype != np.bool_:
+        meaning.bias = bool(np.any(value[allowed] != 0))
+    meaning.pattern, meaning.causal, meaning.window = classify_pattern(allowed)
+    meaning.allowed = allowed
+    return meaning
 
 
 def _dtype(name: str):
@@ -152,16 +162,16 @@ def _dtype(name: str):
 
 # ---------------------------------------------------------------- match + probe
 def analyse(model: onnx.ModelProto, feeds=None) -> tuple[gs.Graph, MatchResult, dict]:
-    """Match sites and probe what their masks mean. Returns (graph, match result, meanings)."""
-    graph = gs.import_onnx(model)
+    """Match sites and probe what their masks mean. Returns (graph, match result, meanings): the graph is
+    imported once (weights left on disk stay there) and comes back unchanged, ready to be rewritten."""
+    graph = import_graph(model)
     view = GraphView(graph, model)
     result = match(graph, view)
     meanings = {}
     if result.sites:
         if feeds is None:
             feeds = [inputs_mod.make_feeds(model, padding=False)]
-        probes = [probe_masks(model, result.sites, f) for f in feeds]
-        meanings = _agree(probes)
+        meanings = _agree(probe_masks(graph, model, result.sites, feeds))
         result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
     return graph, result, meanings
 

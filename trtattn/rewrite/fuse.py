@@ -19,23 +19,25 @@ from ..errors import TrtattnError
 from ..graph.emit import Emitter
 from ..graph.dims import fit_dims
 from ..graph.shapes import symbolic_shapes, upgrade_opset
+from ..graph.view import export_graph, import_graph
 from ..match import analyse, probe_feeds
 from ..match.fused_ops import MICROSOFT_OPS
-from ..match import logit_ops
+from ..match import logit_ops, subgraphs
 from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, Skipped
-from ..verify import compare_models
+from ..verify import compare_models, tolerance_for
 from ..version import __version__
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
 
 ATTENTION_OPSET = 23
+NOT_FUSED = "not fused"  # the status of an attention the output keeps as it was (the reason says why)
 
 
 @dataclass
 class SiteReport:
     site: AttentionSite
-    status: str = "fused"  # fused | skipped
+    status: str = "fused"  # fused | not fused
     reason: str = ""
     max_abs_err: float | None = None
     pattern: str = "none"  # what the probe saw in the mask
@@ -70,9 +72,9 @@ class FuseResult:
 
 
 def has_candidates(model: onnx.ModelProto) -> bool:
-    """Anything the matcher could take: a Softmax or an attention op."""
+    """Anything the matcher could take: a Softmax or an attention op, also in an If branch or a loop body."""
     return any(n.op_type in ("Softmax", "Attention") or (n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS)
-               for n in model.graph.node)
+               for n in model.graph.node) or subgraphs.has_subgraph_softmax(model.graph)
 
 
 # ---------------------------------------------------------------- rewriting
@@ -120,11 +122,11 @@ def _produce(target: gs.Tensor, made: gs.Tensor) -> None:
     node.outputs = [target if o is made else o for o in node.outputs]
 
 
-def _read_shape(emit: Emitter, dims: Dims, out: gs.Tensor, frame) -> None:
-    """A Shape node of a tensor that goes away: the same shape from the site's sizes."""
+def _shape_read(emit: Emitter, dims: Dims, out: gs.Tensor, frame) -> gs.Tensor | None:
+    """What a Shape node of a tensor that goes away reads, from the site's sizes."""
     shape_node = out.inputs[0] if out.inputs else None
     if shape_node is None or shape_node.op != "Shape":
-        return
+        return None
     full = dims.shape(frame)
     start, end = shape_node.attrs.get("start"), shape_node.attrs.get("end")
     if start is not None or end is not None:
@@ -132,8 +134,7 @@ def _read_shape(emit: Emitter, dims: Dims, out: gs.Tensor, frame) -> None:
         lo = (start or 0) % rank if (start or 0) < 0 else (start or 0)
         hi = rank if end is None else (end % rank if end < 0 else min(end, rank))
         full = emit("Slice", [full, emit.const([lo], np.int64), emit.const([hi], np.int64)], dtype=np.int64)
-    shape_node.outputs.clear()
-    _produce(out, full)
+    return full
 
 
 def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:

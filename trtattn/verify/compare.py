@@ -13,6 +13,7 @@ import io
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 from ..errors import VerificationError
@@ -24,6 +25,35 @@ from .runners import onnx_runner, quiet_polygraphy
 # Tolerances by precision (absolute, relative) for engine-vs-ONNX-Runtime checks.
 TOLERANCES = {"fp32": (1e-4, 1e-4), "tf32": (1e-3, 1e-3), "fp16": (2e-2, 2e-2), "bf16": (6e-2, 6e-2),
               "fp8": (2e-1, 2e-1), "int8": (2e-1, 2e-1)}
+# Tolerances of a rewrite checked on ONNX Runtime against the original, by the precision the model
+# computes in: the same arithmetic in another order, rounded to the model's dtype at different points.
+REWRITE_TOLERANCES = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (6e-2, 6e-2)}
+_PRECISION_OF = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.DOUBLE: "fp32", onnx.TensorProto.FLOAT16: "fp16",
+                 onnx.TensorProto.BFLOAT16: "bf16"}
+
+
+def model_precision(model: onnx.ModelProto) -> str:
+    """The float type most of a model's weights are in (its graph outputs' when it has none):
+    fp32, fp16 or bf16."""
+    from ..graph.external import all_tensors, nbytes
+
+    weight: dict[str, int] = {}
+    for t in all_tensors(model):
+        if t.data_type in _PRECISION_OF:
+            weight[_PRECISION_OF[t.data_type]] = weight.get(_PRECISION_OF[t.data_type], 0) + nbytes(t)
+    if not weight:
+        for o in model.graph.output:
+            p = _PRECISION_OF.get(o.type.tensor_type.elem_type)
+            if p:
+                weight[p] = weight.get(p, 0) + 1
+    return max(weight, key=weight.get) if weight else "fp32"
+
+
+def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
+    """(atol, rtol) for checking a rewrite of `model` on ONNX Runtime: the given ones, else those of the
+    precision it computes in (REWRITE_TOLERANCES)."""
+    default_atol, default_rtol = REWRITE_TOLERANCES[model_precision(model)]
+    return (default_atol if atol is None else atol), (default_rtol if rtol is None else rtol)
 
 
 @dataclass
@@ -53,7 +83,9 @@ def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outco
     from polygraphy.comparator import Comparator, CompareFunc
 
     with contextlib.redirect_stdout(io.StringIO()):
-        accuracy = Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+        # numpy scalars: Polygraphy asks of a Python float whether it is a torch tensor, importing torch (4-6 s)
+        compare = CompareFunc.simple(atol=np.float64(atol), rtol=np.float64(rtol))
+        accuracy = Comparator.compare_accuracy(results, compare_func=compare)
     outcome = Outcome(passed=bool(accuracy), iterations=iterations, atol=atol, rtol=rtol)
     errors: dict[str, float] = {}
     for per_pair in accuracy:  # one AccuracyResult per comparison function: {runner pair: [iteration]}

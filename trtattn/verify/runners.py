@@ -8,11 +8,21 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
+import time
+from collections import OrderedDict
 from pathlib import Path
 
 import onnx
 
-from ..graph.io import extra_outputs, session_source
+from ..graph.evaluate import ort_session
+from ..graph.io import extra_outputs
+
+# Polygraphy asks of every run's outputs whether they are torch tensors unless arrays may be swapped to disk
+# (its documented POLYGRAPHY_ARRAY_SWAP_THRESHOLD_MB); asking imports torch (4-6 s here). A threshold no
+# output reaches keeps arrays in memory, as the default does, without the question.
+os.environ.setdefault("POLYGRAPHY_ARRAY_SWAP_THRESHOLD_MB", str(1 << 30))
 
 
 def quiet_polygraphy() -> None:
@@ -21,15 +31,30 @@ def quiet_polygraphy() -> None:
     G_LOGGER.module_severity = G_LOGGER.ERROR
 
 
-def onnx_runner(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(), name: str | None = None):
+def onnx_runner(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(), name: str | None = None,
+                level: str = "basic"):
     """A Polygraphy ONNX Runtime runner for `model` that also outputs `outputs`, valid while `stack` is
-    open. Past 2 GB the model goes to a temporary file with external data; the session is made when
-    Polygraphy activates the runner, so only one model is in ONNX Runtime at a time."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-
+    open. The session is made when Polygraphy activates the runner and freed when it deactivates it, so
+    only one model is in ONNX Runtime at a time; weights left on disk are memory-mapped, never copied.
+    `level`: ONNX Runtime's graph optimization level ("basic" by default; see graph.evaluate)."""
     stack.enter_context(extra_outputs(model, outputs))
-    source = stack.enter_context(session_source(model))
-    return OnnxrtRunner(SessionFromOnnx(source, providers=["cpu"]), name=name)
+    return numpy_onnxrt_runner()(lambda: ort_session(model, level=level), name=name)
+
+
+@functools.cache
+def numpy_onnxrt_runner():
+    """Polygraphy's OnnxrtRunner for numpy feeds: its own infer asks of every feed whether it is a torch
+    tensor, which imports torch (4-6 s) where torch is installed."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+
+    class NumpyOnnxrtRunner(OnnxrtRunner):
+        def infer_impl(self, feed_dict):
+            start = time.perf_counter()
+            values = self.sess.run(None, dict(feed_dict))
+            self.inference_time = time.perf_counter() - start
+            return OrderedDict(zip((o.name for o in self.sess.get_outputs()), values))
+
+    return NumpyOnnxrtRunner
 
 
 def engine_runner(engine: Path, sidecar: dict | None = None):
