@@ -258,12 +258,7 @@ def _feeds(model: onnx.ModelProto, entry, **kwargs) -> dict:
     """The inputs verification feeds (trtattn.graph.inputs), and the shapes a user gives "dims" entries."""
     from trtattn.graph.inputs import make_feeds
 
-    feeds = make_feeds(model, shapes=entry.user_shapes or None, **kwargs)
-    roles = json.loads({p.key: p.value for p in model.metadata_props}.get("trtattn.inputs", "{}")).get("inputs", {})
-    for name, role in roles.items():
-        if role.get("true_at") == "padding":  # TODO(graph/inputs.py): honour "true_at"; its masks are True to keep
-            feeds[name] = ~feeds[name]
-    return feeds
+    return make_feeds(model, shapes=entry.user_shapes or None, **kwargs)
 
 
 def _run(path, feeds) -> list:
