@@ -56,6 +56,30 @@ def site_table(rows: list[dict]) -> str:
     return table(site_rows(rows), SITE_COLUMNS)
 
 
+def counts(rows: list[dict], ignored=()) -> dict:
+    """Attention-like softmaxes (and attention ops already in the model), fused and not, and the softmaxes
+    that are not attention."""
+    fused = sum(r["status"] == "fused" for r in rows)
+    ops = sum(r.get("source", "pattern") != "pattern" for r in rows)
+    return {"attention": len(rows), "softmaxes": len(rows) - ops, "attention_ops": ops, "fused": fused,
+            "not_fused": len(rows) - fused, "not_attention": len(ignored)}
+
+
+def summary_line(rows: list[dict], ignored=()) -> str:
+    """'3 attention-like softmaxes: 2 fused, 1 not fused' (+ attention ops, + softmaxes that are not attention)."""
+    c = counts(rows, ignored)
+    if not rows:
+        head = "no attention found"
+    else:
+        what = f"{c['softmaxes']} attention-like softmax{'es' if c['softmaxes'] != 1 else ''}"
+        if c["attention_ops"]:
+            what += f" and {c['attention_ops']} attention op{'s' if c['attention_ops'] != 1 else ''}"
+        head = f"{what}: {c['fused']} fused, {c['not_fused']} not fused"
+    if c["not_attention"]:
+        head += f" ({c['not_attention']} other softmax{'es' if c['not_attention'] != 1 else ''}: not attention)"
+    return head
+
+
 def write_json(data: dict, path: str | Path, protect=()) -> None:
     refuse_overwrite(path, protect)
     atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")

@@ -185,7 +185,7 @@ class AttentionSite:
     layout: SiteLayout | None = None  # pattern sites: the fused op's operands by axis meaning
     softcap: float | None = None  # logit soft-cap (Attention's softcap; IAttention has none)
     quant: SiteQuant | None = None  # Q/DQ pairs around a quantized attention
-    graph: str | None = None  # the subgraph holding the site ("" or None: the main graph)
+    graph: tuple = ()  # the subgraph holding the site: ((node output, attribute), ...); () the main graph
 
     def replace(self, **changes) -> "AttentionSite":
         return dataclasses.replace(self, **changes)

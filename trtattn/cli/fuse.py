@@ -1,10 +1,15 @@
-"""trtattn fuse MODEL -o OUT: every attention -> the standard ONNX Attention op, verified."""
+"""trtattn fuse MODEL -o OUT: every attention -> the standard ONNX Attention op, verified.
+
+Exit 0 when every attention-like softmax (and attention op) fused and verified, or the model has none
+(the output is the input); 1 when one is not fused (listed with why) or the verification fails, and
+then nothing is written, unless --allow-partial: the fused sites only, verified, and exit 0.
+"""
 
 from __future__ import annotations
 
 from ..graph import io as onnxio
 from ..graph.inputs import parse_dims
-from ..report import site_table, write_json
+from ..report import counts, site_table, summary_line, write_json
 from ..version import __version__
 from . import fuse_trt
 from .common import add_model_out, add_verify_opts, check_output, verdict
@@ -14,6 +19,9 @@ def add_parser(sub) -> None:
     f = sub.add_parser("fuse", help="rewrite every attention into the standard ONNX Attention op, verified")
     add_model_out(f)
     add_verify_opts(f)
+    f.add_argument("--allow-partial", action="store_true",
+                   help="write the sites that fused and verified and exit 0 even if some attention is not fused "
+                        "(those are still listed)")
     fuse_trt.add_options(f)  # --ops trt: TensorRT's own ops (cli/fuse_trt.py)
 
 
@@ -25,31 +33,30 @@ def run(args, progress) -> int:
     check_output(args.model, args.output, args.force)
     model = onnxio.load(args.model)  # bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress)
-    return report(result, model, args.model, args.output, args.report, progress)
+    return report(result, model, args.model, args.output, args.report, progress, allow_partial=args.allow_partial)
 
 
-def report(result, model, model_path, output, report_path, progress) -> int:
-    """The per-site table, the output (only when every site fused and verified) and the report."""
+def report(result, model, model_path, output, report_path, progress, allow_partial: bool = False) -> int:
+    """The per-site table, the summary line, the output (only when every site fused and verified, or
+    with allow_partial the verified part) and the report; the exit code."""
     rows = [r.row() for r in result.reports]
-    fused = sum(r["status"] == "fused" for r in rows)
     if rows:
         print(site_table(rows))
-    print(f"{len(rows)} attention sites, {fused} fused, {len(rows) - fused} skipped; "
-          f"verification: {verdict(result.verification)}")
+    print(f"{summary_line(rows, result.ignored)}; verification: {verdict(result.verification)}")
+    partial = allow_partial and not result.ok and result.verification.get("passed") is not False
     written = None
-    if result.ok:
-        if not result.changed:  # nothing to fuse: the output is the input, unchanged
+    if result.ok or partial:
+        if not result.changed:  # nothing fused: the output is the input, unchanged
             written = onnxio.copy_model(model_path, output, model)
         else:
             with progress.step(f"writing {output}"):
                 written = onnxio.save(result.model, output, protect=(model_path,))
-        print(f"wrote {written}")
+        print(f"wrote {written}" + (" (the sites that fused; --allow-partial)" if partial else ""))
     else:
-        print(f"not written: {output} (every site must fuse and verify)")
+        print(f"not written: {output} (every attention must fuse and verify; --allow-partial writes the sites that did)")
     if report_path:
         write_json({"trtattn_version": __version__, "input": str(model_path), "output": str(written) if written else None,
                     "sites": rows, "ignored": [{"name": i.name, "reason": i.reason} for i in result.ignored],
-                    "verification": result.verification,
-                    "counts": {"sites": len(rows), "fused": fused, "skipped": len(rows) - fused}},
+                    "verification": result.verification, "counts": counts(rows, result.ignored)},
                    report_path, protect=(model_path, output))
-    return 0 if result.ok else 1
+    return 0 if result.ok or partial else 1

@@ -370,6 +370,9 @@ def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, se
         else:
             shape = [d if isinstance(d, int) else dim_value(d, dims) for d in spec.shape]
         feeds[spec.name] = _value(spec, shape, rng, padding, dims)
+        if spec.role.get("kind") == "flag" and "value" not in spec.role:
+            # an If condition alternates with the seed, so that feeds of two seeds run both branches
+            feeds[spec.name] = np.full(shape, seed % 2 == 0, dtype=spec.dtype)
     return feeds
 
 

@@ -225,17 +225,81 @@ def _axes(view, node: gs.Node) -> list[int] | None:
     return None
 
 
+def partial_ints(view, t: gs.Tensor, budget: int = 8) -> list | None:
+    """A 1-D int tensor's values where constant, None where computed: a Reshape target written
+    Concat(Unsqueeze(Gather(Shape(x), 0)), [-1], [16]) reads [None, -1, 16]."""
+    values = view.ints(t)
+    if values is not None:
+        return values
+    n = view.producer(t)
+    if n is None or budget == 0:
+        return None
+    if n.op == "Concat":
+        out = []
+        for i in n.inputs:
+            part = partial_ints(view, i, budget - 1)
+            if part is None:
+                shape = view.shape(i)
+                if shape is None or len(shape) != 1 or not isinstance(shape[0], int) or shape[0] < 0:
+                    return None
+                part = [None] * shape[0]
+            out += part
+        return out
+    if n.op in ("Unsqueeze", "Reshape") and view.shape(t) == [1]:
+        return [None]
+    if n.op in ("Cast", "Identity"):
+        return partial_ints(view, n.inputs[0], budget - 1)
+    return None
+
+
+def rank_of(view, t: gs.Tensor, budget: int = 48) -> int | None:
+    """A tensor's rank: inferred, else worked out from the ops that make it (shape inference gives up
+    on dims written -1 or '?')."""
+    r = view.rank(t)
+    if r is not None or budget == 0:
+        return r
+    n = view.producer(t)
+    if n is None:
+        return None
+    ins = [i for i in n.inputs if i.name]
+    if n.op == "Reshape":
+        target = partial_ints(view, n.inputs[1])
+        return len(target) if target is not None else None
+    if n.op == "Transpose" and "perm" in n.attrs:
+        return len(n.attrs["perm"])
+    if n.op == "Flatten":
+        return 2
+    if n.op == "Einsum":
+        eq = str(n.attrs.get("equation", "")).replace(" ", "")
+        return len(eq.split("->")[1]) if "->" in eq and "..." not in eq else None
+    if n.op in ("Unsqueeze", "Squeeze"):
+        axes = list(n.attrs["axes"]) if "axes" in n.attrs else (view.ints(n.inputs[1]) if len(n.inputs) > 1 else None)
+        inner = rank_of(view, n.inputs[0], budget - 1)
+        if axes is None or inner is None:
+            return None
+        return inner + len(axes) if n.op == "Unsqueeze" else inner - len(axes)
+    if n.op in ("Concat", "Softmax", "Identity", "Dropout", "Cast", "QuantizeLinear", "DequantizeLinear", "Neg",
+                "Tanh", "Sqrt", "Exp", "Erf", "Relu", "LayerNormalization", "Add", "Sub", "Mul", "Div", "Where",
+                "MatMul", "Pow", "Max", "Min", "Expand"):
+        ranks = [rank_of(view, i, budget - 1) for i in (ins[:1] if n.op == "Concat" else ins)]
+        if n.op == "Expand":
+            shape = view.shape(n.inputs[1])
+            ranks.append(shape[0] if shape and isinstance(shape[0], int) else None)
+        return None if not ranks or None in ranks else max(ranks)
+    return None
+
+
 def reshape_dims(view, node: gs.Node) -> list | None:
     """The output dims of a Reshape: its static target where constant, else the inferred shape."""
     inferred = view.shape(node.outputs[0])
-    target = view.ints(node.inputs[1])
+    target = partial_ints(view, node.inputs[1])
     if target is None:
         return inferred
     src = view.shape(node.inputs[0])
     allowzero = node.attrs.get("allowzero", 0)
     out = []
     for i, t in enumerate(target):
-        if t > 0 or (t == 0 and allowzero):
+        if t is not None and (t > 0 or (t == 0 and allowzero)):
             out.append(t)
         elif t == 0:
             out.append(src[i] if src is not None and i < len(src) else None)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
+from .axes import rank_of
 from .errors import Unsupported
 
 PRODUCTS = {"MatMul", "Einsum"}
@@ -50,7 +51,7 @@ def read(view, node: gs.Node) -> Contraction:
     """The labelled contraction of a two-operand MatMul or Einsum; Unsupported when it is not one."""
     if node.op == "MatMul":
         a, b = node.inputs[:2]
-        ra, rb = view.rank(a), view.rank(b)
+        ra, rb = rank_of(view, a), rank_of(view, b)
         if ra is None or rb is None:
             raise Unsupported(f"MatMul {node.name}: the ranks of its operands are unknown")
         if ra < 2 or rb < 2:
@@ -67,7 +68,7 @@ def read(view, node: gs.Node) -> Contraction:
         terms = lhs.split(",")
         if len(terms) != 2:
             raise Unsupported(f"Einsum {node.name} is not a product of two operands")
-        ranks = [view.rank(t) for t in node.inputs]
+        ranks = [rank_of(view, t) for t in node.inputs]
         labels = [_expand(t, r, node) for t, r in zip(terms, ranks)]
         ell = max((r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t and r is not None),
                   default=0)
@@ -92,9 +93,10 @@ def _expand(term: str, rank: int | None, node) -> list[str]:
 class Activations:
     """Which tensors depend on the values of a graph input (or, in a subgraph, of anything outside it)."""
 
-    def __init__(self, graph: gs.Graph, sources: set[str]):
+    def __init__(self, graph: gs.Graph, sources: set[str], constants: set[str] = frozenset()):
         self.graph = graph
         self.sources = sources
+        self.constants = constants  # tensors from outside that hold weights, not values (a subgraph's)
         self._memo: dict[str, bool] = {}
 
     def __call__(self, t: gs.Tensor) -> bool:
@@ -120,7 +122,7 @@ class Activations:
             return True
         n = x.inputs[0] if x.inputs else None
         if n is None:
-            return True  # a value from outside this graph (a subgraph's outer scope)
+            return x.name not in self.constants  # from outside this graph: a value unless known weights
         if n.op in SHAPE_ONLY or n.op == "Constant":
             return False
         if n.op in ("Loop", "If", "Scan"):
@@ -131,15 +133,17 @@ class Activations:
 _ACTIVATIONS = None  # view -> Activations, weakly keyed
 
 
-def activations(view) -> Activations:
-    """The activation test of a view's graph (built once per view)."""
+def activations(view, constants: set[str] | None = None) -> Activations:
+    """The activation test of a view's graph (built once per view; `constants` on the first call: inputs
+    that hold weights, as the outer scope's initializers a subgraph reads)."""
     global _ACTIVATIONS
     import weakref
 
     if _ACTIVATIONS is None:
         _ACTIVATIONS = weakref.WeakKeyDictionary()
     if view not in _ACTIVATIONS:
-        _ACTIVATIONS[view] = Activations(view.graph, set(view.inputs))
+        constants = set(constants or ())
+        _ACTIVATIONS[view] = Activations(view.graph, set(view.inputs) - constants, constants)
     return _ACTIVATIONS[view]
 
 

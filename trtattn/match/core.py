@@ -77,7 +77,7 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
     up, bmm1_node, logit_shapes = _walk_logits(view, sm.inputs[0])
     bmm1 = contraction.read(view, bmm1_node)
     atoms = Atoms()
-    frame = _product_frame(bmm1, atoms, "the first product")
+    frame = _product_frame(view, bmm1, atoms, "the first product")
     shape_reads: list[tuple[str, Frame]] = []
     steps: list[MaskStep] = []
     cast = logits_quant = None
@@ -144,7 +144,7 @@ def _atom(c: contraction.Contraction, label: str) -> str:
     return "m" if label in c.labels[0] else "n"
 
 
-def _product_frame(c: contraction.Contraction, atoms: Atoms, what: str) -> Frame:
+def _product_frame(view: GraphView, c: contraction.Contraction, atoms: Atoms, what: str) -> Frame:
     node = c.node
     if len(c.contracted) != 1:
         raise Unsupported(f"{node.op} {node.name} ({what}) contracts {len(c.contracted)} axes, not one head dim")
@@ -156,12 +156,9 @@ def _product_frame(c: contraction.Contraction, atoms: Atoms, what: str) -> Frame
         atoms.new(a)
     frame = tuple((_atom(c, x),) for x in c.out)
     for i in (0, 1):
-        atoms.learn(_operand_frame(c, i), view_shape(c, i))
+        atoms.learn(_operand_frame(c, i), view.shape(c.operands[i]))
+    atoms.learn(frame, view.shape(node.outputs[0]))
     return frame
-
-
-def view_shape(c, i):
-    return c.operands[i].shape if c.operands[i].shape is not None else None
 
 
 def _operand_frame(c: contraction.Contraction, i: int) -> Frame:
@@ -198,7 +195,7 @@ def _with_frame(view: GraphView, step: MaskStep, frame: Frame, atoms: Atoms) -> 
     if step.operand is None or logit_ops.unit(step).layout:
         return step
     t = view.tensors.get(step.operand)
-    rank = view.rank(t) if t is not None else None
+    rank = axes.rank_of(view, t) if t is not None else None
     if rank is None:
         rank = len(frame)
     if rank > len(frame):

@@ -9,7 +9,8 @@ import onnx_graphsurgeon as gs
 from ..graph.view import GraphView
 from ..site import (AttentionSite, CacheKind, CausalKind, MaskStep, MatchResult, ScalePlacement, SiteKind,
                     SiteLayout, SiteQuant, Skipped)
-from . import fused_ops, likeness
+from . import fused_ops, likeness, subgraphs
+from . import contraction
 from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, projection_source
 from .core import Core, find_core
@@ -25,7 +26,12 @@ def match(model: onnx.ModelProto | gs.Graph, view: GraphView | None = None) -> M
         graph = gs.import_onnx(model) if isinstance(model, onnx.ModelProto) else model
         view = GraphView(graph, model if isinstance(model, onnx.ModelProto) else None)
     result = MatchResult()
-    names: dict[str, int] = {}
+    _match_graph(view, result, {}, ())
+    return result
+
+
+def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], path: tuple) -> None:
+    """The sites of one graph, then of the subgraphs of its control-flow nodes (subgraphs.py)."""
     for node in list(view.graph.nodes):
         try:
             if node.op == "Softmax":
@@ -35,13 +41,29 @@ def match(model: onnx.ModelProto | gs.Graph, view: GraphView | None = None) -> M
             else:
                 continue
         except (NotAttention, Unsupported) as e:
+            where = f" (in {_where(path)})" if path else ""
             if node.op != "Softmax" or likeness.attention_like(view, node):
-                result.skipped.append(Skipped(_site_name(node.name or node.outputs[0].name, names), str(e), node.name))
+                name = _site_name(node.name or node.outputs[0].name, names)
+                result.skipped.append(Skipped(name, str(e) + where, node.name))
             else:
-                result.ignored.append(Skipped(node.name, str(e), node.name))
+                result.ignored.append(Skipped(node.name, str(e) + where, node.name))
             continue
-        result.sites.append(site.replace(name=_site_name(site.name or site.output, names)))
-    return result
+        result.sites.append(site.replace(name=_site_name(site.name or site.output, names), graph=path))
+    for node, attr, sub in subgraphs.subgraphs(view.graph):
+        inner = path + ((node.outputs[0].name, attr),)
+        try:
+            sub_view, weights = subgraphs.view_of(view, sub)
+            contraction.activations(sub_view, weights)
+        except Exception as e:  # a subgraph that cannot be read on its own: its softmaxes are listed
+            for sm in (n for n in sub.nodes if n.op == "Softmax"):
+                result.skipped.append(Skipped(_site_name(sm.name or sm.outputs[0].name, names),
+                                              f"in {_where(inner)}, which cannot be analysed on its own: {e}", sm.name))
+            continue
+        _match_graph(sub_view, result, names, inner)
+
+
+def _where(path: tuple) -> str:
+    return " > ".join(f"{attr} of the node making {out}" for out, attr in path)
 
 
 def _site_name(name: str, used: dict[str, int]) -> str:

@@ -184,6 +184,7 @@ def candidates(view: GraphView, t: gs.Tensor, frame: Frame, atoms: Atoms, repeat
     (K and V), also through a broadcast that repeats heads (Expand/Tile of a unit axis)."""
     from .core import quant_params
 
+    atoms.learn(frame, view.shape(t))
     out = [Candidate(t, frame, 1.0)]
     scale = 1.0
     for _ in range(24):
@@ -215,6 +216,7 @@ def candidates(view: GraphView, t: gs.Tensor, frame: Frame, atoms: Atoms, repeat
         except Unfollowable:
             break
         t = n.inputs[0]
+        atoms.learn(frame, view.shape(t))
         out.append(Candidate(t, frame, scale))
     return out
 

@@ -88,6 +88,11 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     lay = site.layout
     if lay is None:
         raise ValueError(f"site {site.name} has no layout to rewrite from")
+    logits_q = site.quant.logits if site.quant else None
+    if logits_q is not None:
+        raise ValueError(f"its logits are quantized inside the attention ({logits_q.dtype}, scale {logits_q.scale:.3g}): "
+                         "a fused attention (and TensorRT's IAttention) computes them unquantized, so it would not "
+                         "compute what this model computes")
     emit = Emitter(graph, f"trtattn/{site.name}")
     dtype = np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.dtype(np.float32)
     dims = Dims(emit, tensors, lay.dims)
@@ -109,9 +114,14 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     y = emit("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype=dtype, name="Attention")
     attention = graph.nodes[-1]
     out = convert(emit, y, (lay.batch, lay.heads, ("q",), ("e",)), lay.out, dims)
+    shapes = [(tensors[name], _shape_read(emit, dims, tensors[name], frame)) for name, frame in lay.shape_reads]
+    # nothing above changed the graph but add nodes; now the site's output and the shapes read from the
+    # tensors that go away are made by the new nodes
     _produce(tensors[site.output], out)
-    for name, frame in lay.shape_reads:  # shapes of tensors that go away, from the sizes that stay
-        _read_shape(emit, dims, tensors[name], frame)
+    for read, shape in shapes:
+        if shape is not None:
+            read.inputs[0].outputs.clear()
+            _produce(read, shape)
     return attention
 
 
@@ -146,9 +156,13 @@ def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
 
 
 def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None = None, seed: int = 0,
-               atol: float = 1e-4, rtol: float = 1e-4, progress=None) -> FuseResult:
-    """Fuse every site of `model` (not modified) and verify the result on ONNX Runtime."""
+               atol: float | None = None, rtol: float | None = None, progress=None) -> FuseResult:
+    """Fuse every site of `model` (not modified) and verify the result on ONNX Runtime, within the
+    tolerance of the precision the model computes in unless atol/rtol are given (verify.tolerance_for).
+    A model loaded with its weights left on disk (graph.io.load(..., load_external_data=False)) is
+    analysed, rewritten and verified without ever holding them."""
     progress = progress or Progress(enabled=False)
+    atol, rtol = tolerance_for(model, atol, rtol)
     if not has_candidates(model):
         return FuseResult(model, [], [], {"passed": True, "note": "no attention found"})
     dims = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py)
@@ -160,26 +174,54 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     reports = [SiteReport(s, pattern=getattr(meanings.get(s.name), "pattern", "none"),
                           padding=getattr(meanings.get(s.name), "padding", False),
                           bias=getattr(meanings.get(s.name), "bias", False)) for s in result.sites]
-    reports += [SiteReport(_placeholder(sk), status="skipped", reason=sk.reason) for sk in result.skipped]
+    reports += [SiteReport(_placeholder(sk), status=NOT_FUSED, reason=sk.reason) for sk in result.skipped]
     while True:
         active = [r for r in reports if r.status == "fused"]
         with progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
-            fused = _rewrite(working, active, meanings)  # marks sites it cannot rewrite as skipped
+            fused = _rewrite(working, active, meanings, graph)  # marks sites it cannot rewrite as skipped
+        graph = None  # rewritten: a second pass starts from the model again
         active = [r for r in active if r.status == "fused"]
         if not verify:
             return FuseResult(fused, reports, result.ignored, {"passed": None}, bool(active))
         if not active:
             return FuseResult(model, reports, result.ignored, {"passed": True, "note": "no site fused"}, False)
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
-            outcome = compare_models(model, fused, [r.site for r in active], dims=dims, seed=seed, atol=atol, rtol=rtol)
+            try:
+                outcome = compare_models(model, fused, [r.site for r in active if not r.site.graph], dims=dims,
+                                         seed=seed, atol=atol, rtol=rtol)
+            except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
+                for r in _blame(e, active):
+                    r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"
+                continue
         for r in active:
-            r.max_abs_err = outcome.site_errors.get(r.site.output)
+            r.max_abs_err = _site_error(r, outcome)
         bad = [r for r in active if r.max_abs_err is None or not r.max_abs_err <= atol]
         if not bad:
             return FuseResult(fused if outcome.passed else model, reports, result.ignored, outcome.summary(),
                               outcome.passed)
         for r in bad:  # leave the failing sites as they were and verify the others again
-            r.status, r.reason = "skipped", _verify_reason(r)
+            r.status, r.reason = NOT_FUSED, _verify_reason(r)
+
+
+def _site_error(r: SiteReport, outcome) -> float | None:
+    """A site's max abs error: of its output, or for a site inside a subgraph (whose tensors are not model
+    outputs) of the model's outputs, which it feeds."""
+    if r.site.graph:
+        return max(outcome.output_errors.values(), default=None)
+    return outcome.site_errors.get(r.site.output)
+
+
+def _blame(error: Exception, active: list[SiteReport]) -> list[SiteReport]:
+    """The sites whose nodes (named trtattn/SITE/...) an ONNX Runtime error names; all of them if none."""
+    text = str(error)
+    named = [r for r in active if f"trtattn/{r.site.name}/" in text]
+    return named or active
+
+
+def _first_line(e: Exception) -> str:
+    lines = [x for x in str(e).splitlines() if x.strip()]
+    text = lines[0] if lines else type(e).__name__
+    return text if len(text) < 300 else text[:300] + "..."
 
 
 def _verify_reason(r: SiteReport) -> str:
@@ -192,18 +234,29 @@ def _placeholder(sk: Skipped) -> AttentionSite:
     return AttentionSite(name=sk.name, kind=SiteKind.SELF, query="", key="", value="", output="")
 
 
-def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict) -> onnx.ModelProto:
-    graph = gs.import_onnx(_with_contrib_shapes(working))
-    tensors = graph.tensors()
+def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict,
+             graph: gs.Graph | None = None) -> onnx.ModelProto:
+    """The sites rewritten in `graph` (the analysis graph, used up) or in a fresh import of `working`."""
+    if graph is None or any(n.domain == "com.microsoft" for n in working.graph.node):
+        graph = import_graph(_with_contrib_shapes(working))
+    scopes: dict[tuple, tuple] = {}  # subgraph path -> (graph, its tensors)
     for r in reports:
-        mark = len(graph.nodes)
         try:
-            r.attention_node = rewrite_site(graph, tensors, r.site, meanings.get(r.site.name)).name
+            if r.site.graph not in scopes:
+                sub = subgraphs.find(graph, r.site.graph)
+                scopes[r.site.graph] = (sub, sub.tensors())
+        except KeyError as e:
+            r.status, r.reason = NOT_FUSED, str(e)
+            continue
+        scope, tensors = scopes[r.site.graph]
+        mark = len(scope.nodes)
+        try:
+            r.attention_node = rewrite_site(scope, tensors, r.site, meanings.get(r.site.name)).name
         except (TrtattnError, KeyError, ValueError, StopIteration) as e:
-            del graph.nodes[mark:]
-            r.status, r.reason = "skipped", str(e) or type(e).__name__
+            del scope.nodes[mark:]
+            r.status, r.reason = NOT_FUSED, str(e) or type(e).__name__
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    fused = gs.export_onnx(graph)
+    fused = export_graph(graph, working)
     fused.ir_version = working.ir_version
     del fused.metadata_props[:]
     fused.metadata_props.extend(copy.deepcopy(list(working.metadata_props)))

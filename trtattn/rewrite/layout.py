@@ -64,10 +64,26 @@ class Dims:
 
 
 def convert(emit: Emitter, t: gs.Tensor, src, dst, dims: Dims, *, broadcast: bool = False) -> gs.Tensor:
-    """`t`, whose axes hold the atoms of frame `src`, as a tensor of frame `dst`."""
+    """`t`, whose axes hold the atoms of frame `src`, as a tensor of frame `dst`. A tensor a per-tensor
+    DequantizeLinear makes is converted quantized and dequantized after: the Q/DQ stays right before its
+    consumer (TensorRT's rule; ONNX Runtime's QDQ propagation also breaks on a Transpose after a DQ)."""
     src, dst = tuple(map(tuple, src)), tuple(map(tuple, dst))
     if src == dst:
         return t
+    dq = t.inputs[0] if t.inputs else None
+    if dq is not None and dq.op == "DequantizeLinear" and _per_tensor(dq):
+        moved = _convert(emit, dq.inputs[0], src, dst, dims, broadcast)
+        return emit("DequantizeLinear", [moved, *dq.inputs[1:]], dict(dq.attrs), dtype=t.dtype, name="dequantize")
+    return _convert(emit, t, src, dst, dims, broadcast)
+
+
+def _per_tensor(dq: gs.Node) -> bool:
+    scale = dq.inputs[1] if len(dq.inputs) > 1 else None
+    shape = scale.shape if scale is not None else None
+    return shape is not None and int(np.prod(shape)) == 1 and "axis" not in dq.attrs
+
+
+def _convert(emit: Emitter, t: gs.Tensor, src, dst, dims: Dims, broadcast: bool) -> gs.Tensor:
     dtype = t.dtype
     one = emit.const([1], I64)
     if len(src) == len(dst) and all(len(g) <= 1 for g in src) and all(len(g) <= 1 for g in dst):

@@ -22,6 +22,32 @@ from ...graph.emit import Emitter
 from ...site import MaskKind, MaskStep
 
 
+def scalar(view, t: gs.Tensor) -> float | None:
+    """A scalar constant, also through a DequantizeLinear of a quantized constant or of a QuantizeLinear of
+    one (a statically quantized model quantizes its constants too): the value the model computes with."""
+    v = view.scalar(t)
+    if v is not None:
+        return v
+    dq = view.producer(t)
+    if dq is None or dq.op != "DequantizeLinear":
+        return None
+    s_dq = view.scalar(dq.inputs[1])
+    zero = view.const(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2].name else None
+    zp = int(zero.reshape(-1)[0]) if zero is not None and zero.size == 1 else 0
+    stored = view.const(dq.inputs[0])
+    if s_dq is not None and stored is not None and stored.size == 1:
+        return float((int(stored.reshape(())) - zp) * s_dq)
+    q = view.producer(dq.inputs[0])
+    if q is None or q.op != "QuantizeLinear" or s_dq is None:
+        return None
+    x, s_q = view.scalar(q.inputs[0]), view.scalar(q.inputs[1])
+    if x is None or s_q is None or s_q == 0:
+        return None
+    info = np.iinfo(zero.dtype) if zero is not None and zero.dtype.kind in "iu" else np.iinfo(np.uint8)
+    quantized = min(max(int(np.rint(x / s_q)) + zp, info.min), info.max)
+    return float((quantized - zp) * s_dq)
+
+
 class MaskBuilder:
     """M under construction: a tensor (or None) and its kind; `shape` is the logits' shape at the
     current step where a layout op needs it."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...site import MaskKind, MaskStep
 from ..errors import MASKED_FILL, Unsupported
-from .base import LogitOp
+from .base import LogitOp, scalar
 from .chain import reaches_matmul
 
 
@@ -31,10 +31,10 @@ class Where(LogitOp):
 
     def read(self, view, node):
         cond, a, b = node.inputs
-        if reaches_matmul(view, a) and view.scalar(b) is not None:
-            keep, fill, kind = a, view.scalar(b), "where"
-        elif reaches_matmul(view, b) and view.scalar(a) is not None:
-            keep, fill, kind = b, view.scalar(a), "where_not"
+        if reaches_matmul(view, a) and scalar(view, b) is not None:
+            keep, fill, kind = a, scalar(view, b), "where"
+        elif reaches_matmul(view, b) and scalar(view, a) is not None:
+            keep, fill, kind = b, scalar(view, a), "where_not"
         else:
             raise Unsupported(f"Where {node.name} selects between two computed tensors")
         if fill > MASKED_FILL:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...site import MaskKind, MaskStep
 from ..errors import Unsupported
-from .base import LogitOp
+from .base import LogitOp, scalar
 from .chain import split
 
 
@@ -15,7 +15,7 @@ class Scale(LogitOp):
 
     def read(self, view, node):
         chain, other = split(view, node)
-        value = view.scalar(other)
+        value = scalar(view, other)
         if value is None:
             raise Unsupported(f"{node.op} {node.name} multiplies the logits by a tensor, not a scalar")
         if node.op == "Div":

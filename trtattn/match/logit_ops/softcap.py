@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...site import MaskStep
 from ..errors import Unsupported
-from .base import LogitOp
+from .base import LogitOp, scalar
 
 _TOL = 1e-5
 
@@ -18,7 +18,7 @@ class Softcap(LogitOp):
 
     def read(self, view, node):
         for tanh_at in (0, 1):
-            cap = view.scalar(node.inputs[1 - tanh_at])
+            cap = scalar(view, node.inputs[1 - tanh_at])
             inner = view.producer(node.inputs[tanh_at])
             if cap is None or cap <= 0 or inner is None or inner.op != "Tanh":
                 continue
@@ -26,7 +26,7 @@ class Softcap(LogitOp):
             if div is None or div.op not in ("Div", "Mul"):
                 continue
             for x_at in (0, 1) if div.op == "Mul" else (0,):
-                s = view.scalar(div.inputs[1 - x_at])
+                s = scalar(view, div.inputs[1 - x_at])
                 if s is None or s == 0:
                     continue
                 inv = 1.0 / s if div.op == "Div" else s
