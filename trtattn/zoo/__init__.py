@@ -243,7 +243,7 @@ def export(name: str, exporter: str, path, *, opset: int | None = None, force: b
     if entry.derived:
         from .derived import export_derived
 
-        return export_derived(entry, exporter, path, force=force)
+        return export_derived(entry, get(entry.base), exporter, path, force=force)
     from .torch_export import export_entry
 
     return export_entry(entry, exporter, path, opset=opset, force=force)

@@ -33,10 +33,9 @@ from .torch_export import ExportError, export_entry
 CALIBRATION_SAMPLES = 8
 
 
-def export_derived(entry, exporter: str, path, *, force: bool = False) -> Path:
-    """Export `entry.base` with `exporter`, apply the entry's tool, save with the entry's metadata."""
-    from . import get
-
+def export_derived(entry, base, exporter: str, path, *, force: bool = False) -> Path:
+    """Export `base` (the entry's base zoo entry) with `exporter`, apply the entry's tool, save with the
+    entry's metadata."""
     if exporter not in ("torchscript", "dynamo"):
         raise TrtattnError(f"unknown exporter '{exporter}'; use torchscript or dynamo")
     if exporter in entry.unsupported:
@@ -45,7 +44,7 @@ def export_derived(entry, exporter: str, path, *, force: bool = False) -> Path:
     if path.exists() and not force:
         raise TrtattnError(f"{path} exists; pass --force to overwrite it")
     with tempfile.TemporaryDirectory() as tmp:
-        model = globals()[entry.builder](get(entry.base), exporter, Path(tmp))
+        model = globals()[entry.builder](base, exporter, Path(tmp))
     meta = _metadata(model)
     meta.update(zoo=entry.name, expected_sites=entry.expected_sites, classes=list(entry.classes_for(exporter)))
     del model.metadata_props[:]
