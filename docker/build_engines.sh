@@ -6,7 +6,8 @@
 #
 # For each model (all of `trtattn zoo list --json`, or the MODELs given) and each exporter it supports:
 #   1. trtattn zoo export MODEL --exporter X -o out/build_engines/MODEL_X.onnx
-#   2. trtattn build MODEL_X.onnx --name MODEL_X --force  -> engines/MODEL_X.engine + engines/MODEL_X.json
+#   2. trtattn build MODEL_X.onnx --name MODEL_X --precision fp16 --force  -> engines/MODEL_X.engine + .json
+#      (the whole model in fp16, never --decomposable: a site without a fused kernel fails the build)
 #   3. trtattn inspect engines/MODEL_X.engine --sites engines/MODEL_X.json --require-fused
 #   4. trtattn verify engines/MODEL_X.engine --onnx MODEL_X.onnx
 # Then the trtexec route (route 2, see trtexec_route below) for the same models:
@@ -83,7 +84,7 @@ while read -r model exporter; do
     for s in "${STEPS[@]}"; do
         case $s in
             export) cmd=(trtattn zoo export "$model" --exporter "$exporter" -o "$onnx" --force) ;;
-            build) cmd=(trtattn build "$onnx" --name "$name" --out-dir "$ENGINES_DIR" --force) ;;
+            build) cmd=(trtattn build "$onnx" --name "$name" --out-dir "$ENGINES_DIR" --precision fp16 --force) ;;
             inspect) cmd=(trtattn inspect "$engine" --sites "$sidecar" --require-fused) ;;
             verify) cmd=(trtattn verify "$engine" --onnx "$onnx") ;;
         esac

@@ -5,53 +5,62 @@ conformance: the whole build path (parse, lower, reconnect, config, profiles, pr
     method, property, enum member and argument list against the REAL TensorRT 11 bindings and
     records them. Nothing is built: build_serialized_network returns trtsim's NotAnEngine.
 reference: the recorded network runs in trtsim's numpy executor (TensorRT's documented layer
-    semantics; the parsed ONNX part on ONNX Runtime) and must equal ONNX Runtime on the original
-    model, in padded, packed and KV-cache forms. This is a reference model of the layers, never a
-    TensorRT result.
+    semantics; the parsed ONNX part on ONNX Runtime, or onnx's reference evaluator for bf16) and must
+    equal ONNX Runtime on the original model, in padded, packed and KV-cache forms, in fp32 and in the
+    fp16/bf16 whole-model conversions. This is a reference model of the layers, never a TensorRT result.
+(Each build setting has its own test in test_build_settings.py.)
 """
 
-import onnx
 import numpy as np
+import onnx
 import pytest
 from graphs import attention_model
 
 from trtattn import zoo
 from trtattn.build import Limits, build, prepare
-from trtattn.trt.network import build_network
 from trtattn.rewrite.forms import form_adapter
+from trtattn.rewrite.precision import TOLERANCE, cpu_runner
+from trtattn.trt.network import build_network
 
 CASES = [  # (zoo model, exporter, form): every site kind the zoo has
-    ("bart", "torchscript", "padded"),  # self, causal self, cross; padding masks
+    ("bart", "torchscript", "padded"),  # self, causal self, cross; padding masks -> lengths
     ("bart-sdpa", "dynamo", "padded"),  # ONNX Attention ops from the exporter
     ("t5", "torchscript", "padded"),  # relative position bias, unscaled
     ("swin", "torchscript", "padded"),  # window attention, bias + shift mask
     ("vit", "dynamo", "padded"),
-    ("llama", "torchscript", "padded"),  # GQA, RoPE -> add_rotary_embedding, causal + padding
+    ("llama", "torchscript", "padded"),  # GQA, RoPE -> add_rotary_embedding, causal + padding -> lengths
     ("llama", "dynamo", "padded"),  # the exporter's RotaryEmbedding ops
-    ("gemma3", "torchscript", "padded"),  # head size 256, sliding window
+    ("gemma3", "torchscript", "padded"),  # head size 256, sliding window (a dense mask)
     ("whisper", "torchscript", "padded"),  # Q pre-scaled before the head split
-    ("llama-cache", "torchscript", "kv-cache"),  # add_kv_cache_update, lower-right, kv lengths
+    ("llama-cache", "torchscript", "kv-cache"),  # packed query over a padded cache, lower-right, kv lengths
     ("llama-cache", "dynamo", "kv-cache"),
-    ("whisper-decoder-cache", "torchscript", "kv-cache"),  # + static cross-attention cache
+    ("whisper-decoder-cache", "torchscript", "kv-cache"),  # + static cross-attention K/V
     ("bert", "torchscript", "packed"),  # PACKED_NHD with cumulative lengths
     ("gpt2", "torchscript", "packed"),  # packed causal
     ("llama", "torchscript", "packed"),  # packed + RoPE with position ids
 ]
-
-
+PRECISION_CASES = [  # the whole model in fp16 / bf16 (ModelOpt AutoCast), each form once
+    ("llama", "torchscript", "padded", "fp16"),
+    ("llama", "torchscript", "padded", "bf16"),
+    ("t5", "torchscript", "padded", "fp16"),  # a float bias mask in fp16
+    ("llama-cache", "torchscript", "kv-cache", "fp16"),  # fp16 caches, updated in place
+    ("whisper-decoder-cache", "torchscript", "kv-cache", "bf16"),
+    ("bert", "torchscript", "packed", "fp16"),
+]
 LIMITS = Limits(max_batch=4, max_positions=64, max_cache=24)  # the zoo's configs; small caches for numpy
+_PREPARED: dict = {}
 
 
 def _prepared(zoo_export, name, exporter, form, precision="fp32"):
-    model = onnx.load(str(zoo_export(name, exporter)))
-    return model, prepare(model, name=f"{name}_{exporter}", form=form, precision=precision, limits=LIMITS)
+    """Each (model, form, precision) prepared once per session: conformance and reference share it."""
+    key = (name, exporter, form, precision)
+    if key not in _PREPARED:
+        model = onnx.load(str(zoo_export(name, exporter)))
+        _PREPARED[key] = model, prepare(model, name=f"{name}_{exporter}", form=form, precision=precision, limits=LIMITS)
+    return _PREPARED[key]
 
 
-@pytest.mark.conformance
-@pytest.mark.parametrize("name,exporter,form", CASES)
-def test_build_path_conforms_to_the_real_bindings(checked_trt, zoo_export, tmp_path, name, exporter, form):
-    trt = checked_trt
-    _, prepared = _prepared(zoo_export, name, exporter, form, precision="fp16")
+def _conforms(trt, prepared, tmp_path, name):
     blob, sidecar = build(prepared, trt, tmp_path, write=False, timing_cache=None, progress=True)
     assert type(blob).__name__ == "NotAnEngine"  # recorded, never built
     assert not trt.sim.problems, trt.sim.problems
@@ -61,24 +70,42 @@ def test_build_path_conforms_to_the_real_bindings(checked_trt, zoo_export, tmp_p
     assert len(attentions) == zoo.get(name).expected_sites
     names = [c.args["value"] for c in trt.sim.log if c.owner == "IAttention" and c.member == "name" and c.kind == "set"]
     assert sorted(names) == sorted(s["layer"] for s in sidecar["sites"])
+    return used
+
+
+@pytest.mark.conformance
+@pytest.mark.parametrize("name,exporter,form", CASES)
+def test_build_path_conforms_to_the_real_bindings(checked_trt, zoo_export, tmp_path, name, exporter, form):
+    _, prepared = _prepared(zoo_export, name, exporter, form)
+    used = _conforms(checked_trt, prepared, tmp_path, name)
     if form == "kv-cache":
-        assert "INetworkDefinition.add_kv_cache_update" in used and "IAttention.key_value_lengths" in used
-    if form == "packed":
+        assert {"INetworkDefinition.add_kv_cache_update", "IAttention.key_value_lengths",
+                "IKVCacheUpdateLayer.update_form", "IKVCacheUpdateLayer.update_lengths"} <= used
+    if form in ("kv-cache", "packed"):
         assert "IAttention.query_lengths" in used and "IAttention.query_form" in used
     if prepared.plan.ropes:
         assert "INetworkDefinition.add_rotary_embedding" in used
 
 
 @pytest.mark.conformance
+@pytest.mark.parametrize("name,exporter,form,precision", PRECISION_CASES)
+def test_fp16_and_bf16_networks_conform(checked_trt, zoo_export, tmp_path, name, exporter, form, precision):
+    _, prepared = _prepared(zoo_export, name, exporter, form, precision)
+    _conforms(checked_trt, prepared, tmp_path, name)
+    assert all(a.dtype == precision for a in prepared.plan.native)
+    assert prepared.plan.precision_table.get(precision, 0) >= 0.95, prepared.plan.precision_table
+
+
+@pytest.mark.conformance
 def test_every_tensorrt_api_the_builder_uses(checked_trt, zoo_export, tmp_path):
     """The union over the zoo cases: each name exists in the real bindings (the checker raised
     otherwise). Printed for the record."""
-    used = set()
-    for name, exporter, form in CASES:
-        from trtsim.checked import checked
+    from trtsim.checked import checked
 
+    used = set()
+    for name, exporter, form, *precision in CASES + PRECISION_CASES:
         trt = checked(checked_trt.sim.real)
-        _, prepared = _prepared(zoo_export, name, exporter, form, precision="fp16")
+        _, prepared = _prepared(zoo_export, name, exporter, form, *precision)
         build(prepared, trt, tmp_path, write=False)
         used |= set(trt.sim.used())
     print("\nTensorRT APIs used by the builder:\n  " + "\n  ".join(sorted(used)))
@@ -86,8 +113,9 @@ def test_every_tensorrt_api_the_builder_uses(checked_trt, zoo_export, tmp_path):
                 "INetworkDefinition.add_kv_cache_update", "IAttention.mask", "IAttention.key_value_lengths",
                 "IAttention.query_lengths", "IAttention.query_form", "IAttention.key_value_form",
                 "IAttention.decomposable", "IAttention.metadata", "IRotaryEmbeddingLayer.name",
-                "IBuilderConfig.add_optimization_profile", "IOptimizationProfile.set_shape",
-                "IBuilderConfig.progress_monitor", "INetworkDefinition.remove_tensor", "OnnxParser.parse"]:
+                "IKVCacheUpdateLayer.update_form", "IBuilderConfig.add_optimization_profile",
+                "IOptimizationProfile.set_shape", "IBuilderConfig.progress_monitor",
+                "IBuilderConfig.profiling_verbosity", "INetworkDefinition.remove_tensor", "OnnxParser.parse"]:
         assert api in used, api
 
 
@@ -108,7 +136,9 @@ def test_a_method_the_bindings_lack_is_caught(checked_trt):
         attn.set_query_lengths(lengths)
 
 
-def _reference(trt, prepared, original, dims=None, seed=0):
+def reference_errors(trt, prepared, original, dims=None, seed=0) -> dict[str, tuple[float, float]]:
+    """The recorded network on trtsim's executor against the original on ONNX Runtime:
+    {output: (max abs error, that over the output's largest value)}."""
     builder = trt.Builder(trt.Logger(trt.Logger.WARNING))
     network = build_network(trt, builder, trt.Logger(trt.Logger.WARNING), prepared.cut, prepared.plan)
     from trtsim.execute import run
@@ -116,37 +146,42 @@ def _reference(trt, prepared, original, dims=None, seed=0):
     adapter = form_adapter(original, [i["name"] for i in prepared.plan.inputs],
                            [c.cache for c in prepared.plan.cache_updates], prepared.plan.limits.get("max_cache"))
     feeds = adapter.original_feeds(dims, seed)
-    import onnxruntime as ort
+    ref = cpu_runner(original)[0](feeds)
+    types = {t._name: t._dtype for t in network._inputs}
+    from trtsim.dtypes import to_numpy
 
-    sess = ort.InferenceSession(original.SerializeToString(), providers=["CPUExecutionProvider"])
-    ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-    out = run(network, adapter.feeds(feeds))
+    out = run(network, {k: np.asarray(v).astype(to_numpy(types[k])) for k, v in adapter.feeds(feeds).items()})
     ref, out = adapter.line_up(feeds, ref, out)
-    return {k: max_abs_error(ref[k], out[k]) for k in ref if k in out}
+    return {k: _errors(ref[k], out[k]) for k in ref if k in out}
 
 
-def max_abs_error(a, b) -> float:
+def _errors(a, b) -> tuple[float, float]:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape or (np.isnan(a) != np.isnan(b)).any():
-        return float("inf")
-    return float(np.nan_to_num(np.abs(a - b)).max()) if a.size else 0.0
+        return float("inf"), float("inf")
+    if not a.size:
+        return 0.0, 0.0
+    err = float(np.nan_to_num(np.abs(a - b)).max())
+    return err, err / max(float(np.abs(np.nan_to_num(a)).max()), 1e-12)
 
 
 @pytest.mark.reference
 @pytest.mark.parametrize("name,exporter,form", CASES)
 def test_lowered_network_equals_onnx_runtime(checked_trt, zoo_export, name, exporter, form):
-    original, prepared = _prepared(zoo_export, name, exporter, form, precision="fp32")
-    errors = _reference(checked_trt, prepared, original)
-    assert errors and max(errors.values()) <= 1e-4, errors
+    original, prepared = _prepared(zoo_export, name, exporter, form)
+    errors = reference_errors(checked_trt, prepared, original)
+    assert errors and max(e for e, _ in errors.values()) <= 1e-4, errors
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("name,exporter,form", [("llama", "torchscript", "padded"), ("bert", "torchscript", "packed")])
-def test_fp16_attention_casts(checked_trt, zoo_export, name, exporter, form):
-    """Attention in fp16 inside an fp32 network: casts around it, errors at fp16's size."""
-    original, prepared = _prepared(zoo_export, name, exporter, form, precision="fp16")
-    errors = _reference(checked_trt, prepared, original)
-    assert errors and max(errors.values()) <= 2e-2, errors
+@pytest.mark.parametrize("name,exporter,form,precision", PRECISION_CASES)
+def test_fp16_and_bf16_networks_match_the_fp32_original(checked_trt, zoo_export, name, exporter, form, precision):
+    """The converted model's network, attention in fp16/bf16, against the fp32 original: within the
+    precision's tolerance (relative to each output's largest value)."""
+    original, prepared = _prepared(zoo_export, name, exporter, form, precision)
+    errors = reference_errors(checked_trt, prepared, original)
+    worst = max(r for _, r in errors.values())
+    assert errors and worst <= TOLERANCE[precision]["rel"], errors
 
 
 @pytest.mark.reference
@@ -155,5 +190,5 @@ def test_fp16_attention_casts(checked_trt, zoo_export, name, exporter, form):
 def test_hand_built_edge_cases(checked_trt, kwargs):
     original = attention_model(**kwargs)
     prepared = prepare(original, name="edge", precision="fp32")
-    errors = _reference(checked_trt, prepared, original)
-    assert errors and max(errors.values()) <= 1e-4, errors
+    errors = reference_errors(checked_trt, prepared, original)
+    assert errors and max(e for e, _ in errors.values()) <= 1e-4, errors

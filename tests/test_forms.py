@@ -34,7 +34,7 @@ def run(model, feeds):
                                            ("llama-cache", "torchscript")])
 def test_padded_form_turns_rope_into_rotary_embedding_ops(zoo_export, name, exporter):
     model = onnx.load(str(zoo_export(name, exporter)))
-    prepared = prepare(model, name=name)
+    prepared = prepare(model, name=name, precision="fp32")
     assert ops(prepared.form_model)["RotaryEmbedding"] == 4  # Q and K of both layers
     assert len(prepared.plan.ropes) == 4 and len(prepared.plan.attentions) == 2
     assert not any(n.op_type == "Neg" for n in prepared.cut.model.graph.node)  # rotate_half is gone
@@ -45,7 +45,7 @@ def test_padded_form_turns_rope_into_rotary_embedding_ops(zoo_export, name, expo
                                            ("whisper-decoder-cache", "dynamo")])
 def test_kv_cache_form_is_a_packed_query_over_a_padded_cache(zoo_export, name, exporter):
     model = onnx.load(str(zoo_export(name, exporter)))
-    prepared = prepare(model, name=name, form="kv-cache")
+    prepared = prepare(model, name=name, form="kv-cache", precision="fp32")
     form, plan = prepared.form_model, prepared.plan
     assert ops(form)["ScatterND"] == 4 and "TensorScatter" not in ops(form)  # the caches' writes
     assert len(plan.cache_updates) == 4
@@ -73,7 +73,7 @@ def test_kv_cache_form_ragged_rows_match_the_original_row_by_row(zoo_export):
     """Rows with different cache lengths and new tokens, packed in one batch: each equals the original run
     on that row alone, and nothing is written past a row's new tokens."""
     model = onnx.load(str(zoo_export("llama-cache", "torchscript")))
-    form = prepare(model, name="x", form="kv-cache").form_model
+    form = prepare(model, name="x", form="kv-cache", precision="fp32").form_model
     caches = forms.cache_inputs(form)
     pasts, seqs, capacity = [6, 3], [4, 2], 16
     rows = []
@@ -101,7 +101,7 @@ def test_kv_cache_form_takes_left_padded_rows_of_the_original(zoo_export):
     """The zoo feeds llama-cache a left-padded attention_mask (over past and new tokens): the form, fed each
     row's valid tokens only, gives the original's outputs and presents on them."""
     model = onnx.load(str(zoo_export("llama-cache", "torchscript")))
-    form = prepare(model, name="x", form="kv-cache").form_model
+    form = prepare(model, name="x", form="kv-cache", precision="fp32").form_model
     adapter = forms_mod.form_adapter(model, [i.name for i in form.graph.input], forms.cache_inputs(form))
     feeds = adapter.original_feeds({"batch": 3, "past": 5, "seq": 6}, 1)
     mask = feeds["attention_mask"]
@@ -117,7 +117,7 @@ def test_kv_cache_form_takes_left_padded_rows_of_the_original(zoo_export):
                                            ("llama", "torchscript"), ("llama-sdpa", "dynamo"), ("bert-sdpa", "dynamo")])
 def test_packed_form_matches_the_padded_model_token_for_token(zoo_export, name, exporter):
     model = onnx.load(str(zoo_export(name, exporter)))
-    prepared = prepare(model, name=name, form="packed")
+    prepared = prepare(model, name=name, form="packed", precision="fp32")
     form = prepared.form_model
     assert forms.CU_SEQLENS in {i.name for i in form.graph.input}
     assert "attention_mask" not in {i.name for i in form.graph.input}
@@ -142,7 +142,7 @@ def test_packed_form_matches_the_padded_model_token_for_token(zoo_export, name, 
 def test_forms_refuse_what_they_cannot_express(zoo_export, name, form, message):
     model = onnx.load(str(zoo_export(name, "torchscript")))
     with pytest.raises(TrtattnError, match=message):
-        prepare(model, name=name, form=form)
+        prepare(model, name=name, form=form, precision="fp32")
 
 
 def test_build_without_tensorrt_prints_the_plan_and_one_sentence(zoo_export, tmp_path):
@@ -177,7 +177,7 @@ def test_verify_command_compares_a_form_model_with_the_original(zoo_export, tmp_
     from trtattn.cli import main
 
     src = zoo_export(name, "torchscript")
-    prepared = prepare(onnx.load(str(src)), name=name, form=form)
+    prepared = prepare(onnx.load(str(src)), name=name, form=form, precision="fp32")
     candidate = onnxio.save(prepared.form_model, tmp_path / f"{name}.{form}.onnx")
     import contextlib
     import io
@@ -198,7 +198,7 @@ def test_verify_a_broken_candidate_fails(zoo_export, tmp_path):
     from trtattn.cli import main
 
     src = zoo_export("bert", "torchscript")
-    model = prepare(onnx.load(str(src)), name="bert").form_model
+    model = prepare(onnx.load(str(src)), name="bert", precision="fp32").form_model
     for node in model.graph.node:
         if node.op_type == "Attention":
             for a in node.attribute:

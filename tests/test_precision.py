@@ -30,7 +30,7 @@ except ImportError:  # before the package restructure (issue 14)
 def autocast():
     """ModelOpt's AutoCast, imported once (it imports torch: seconds), or the test skips saying why."""
     try:
-        return P._autocast()
+        return P.load_autocast()
     except MissingDependencyError as e:
         pytest.skip(str(e))
 

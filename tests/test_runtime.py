@@ -46,7 +46,7 @@ def llama_models(zoo_dir):
 
     path = generation.export_family("llama", zoo_dir)["llama-lm"]
     original = onnx.load(str(path))
-    prepared = prepare(original, name="llama-lm", form="kv-cache")
+    prepared = prepare(original, name="llama-lm", form="kv-cache", precision="fp32")
     fused = prepared.fused.model  # trtattn.fuse.fuse_model(original).model
     assert ops(fused)["Attention"] == 2 and ops(original)["Attention"] == 0
     assert ops(prepared.form_model)["ScatterND"] == 4
@@ -60,7 +60,8 @@ def whisper_models(zoo_dir):
 
     paths = generation.export_family("whisper", zoo_dir)
     original = {k: onnx.load(str(v)) for k, v in paths.items()}
-    prepared = prepare(original["whisper-decoder-step"], name="whisper-decoder-step", form="kv-cache")
+    prepared = prepare(original["whisper-decoder-step"], name="whisper-decoder-step", form="kv-cache",
+                       precision="fp32")
     fused = {k: fuse_model(v).model for k, v in original.items() if k != "whisper-decoder-step"}
     fused["whisper-decoder-step"] = prepared.fused.model
     assert all(ops(m)["Attention"] for m in fused.values())
@@ -239,7 +240,7 @@ def test_whisper_cross_kv_is_state_set_once(whisper_models):
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_packed_ragged_batch_matches_the_padded_run_row_by_row(zoo_export, name):
     model = onnx.load(str(zoo_export(name, "torchscript")))
-    packed = OrtSession(prepare(model, name=name, form="packed").form_model, name=f"{name}-packed")
+    packed = OrtSession(prepare(model, name=name, form="packed", precision="fp32").form_model, name=f"{name}-packed")
     lengths = [9, 3, 6]
     feeds = make_feeds(model, dims={"batch": 3, "seq": 9}, seed=5)
     feeds["attention_mask"] = (np.arange(9)[None] < np.asarray(lengths)[:, None]).astype(np.int64)
@@ -259,7 +260,7 @@ def test_packing_needs_a_packed_model(llama_models):
 
 def test_generated_packed_feeds_split_the_tokens_and_restart_positions(zoo_export):
     model = onnx.load(str(zoo_export("llama", "torchscript")))
-    packed = OrtSession(prepare(model, name="llama", form="packed").form_model, name="llama-packed")
+    packed = OrtSession(prepare(model, name="llama", form="packed", precision="fp32").form_model, name="llama-packed")
     feeds = synthesize_feeds(packed, dims={"batch": 3, "seq": 8})
     cu, total = feeds[contract.CU_SEQLENS], feeds["input_ids"].shape[1]
     assert cu.dtype == np.int32 and cu[0] == 0 and cu[-1] == total and (np.diff(cu) > 0).all()

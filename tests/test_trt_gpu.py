@@ -36,8 +36,12 @@ def _build_and_check(tmp_path, zoo_export, name, exporter, form):
 
     src = zoo_export(name, exporter)
     model = onnx.load(str(src))
-    prepared = prepare(model, name=f"{name}_{exporter}_{form}", form=form, precision="fp16", mark_sites=form == "padded")
+    # the whole model in fp16, no unfused fallback: a site without a fused kernel fails the build
+    prepared = prepare(model, name=f"{name}_{exporter}_{form}", form=form, precision="fp16", decomposable=False,
+                       mark_sites=form == "padded")
+    assert all(a.dtype == "fp16" and not a.decomposable for a in prepared.plan.native)
     engine, sidecar = build(prepared, trt, tmp_path, progress=False)
+    assert all(s["decomposable"] is False for s in json.loads(sidecar.read_text())["sites"])
     report = classify(read_engine(engine), load_sites(sidecar))
     attention = report["attention"]
     assert len(attention) == zoo.get(name).expected_sites, attention

@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from .errors import TrtattnError
-from .report import table
+from .report import Progress, table
 from .rewrite import forms
 from .rewrite.forms import FORMS
 from .rewrite.fuse import FuseResult, fuse_model
@@ -27,6 +27,7 @@ from .trt.cut import CutModel, cut
 from .trt.plan import BuildPlan, io_contract, make_plan
 
 PRECISIONS = ("fp16", "bf16", "fp32")
+VERIFY_SEEDS = (0, 1)  # the feeds a precision conversion is calibrated and checked on
 
 
 @dataclass
@@ -37,7 +38,8 @@ class Prepared:
     plan: BuildPlan
     cut: CutModel
     source: str = ""
-    verification: dict = field(default_factory=dict)  # the form model against the original
+    verification: dict = field(default_factory=dict)  # the fp32 form against the original
+    precision_check: dict = field(default_factory=dict)  # the converted form against the fp32 form
 
 
 @dataclass
@@ -62,22 +64,48 @@ def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None) -> FuseResu
 
 
 def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16",
-            dims: dict | None = None, decomposable: bool = False, shapes: tuple[dict, dict, dict] = ({}, {}, {}),
-            limits: Limits | None = None, progress=None, source: str = "", mark_sites: bool = False) -> Prepared:
+            io_dtype: str | None = None, dims: dict | None = None, decomposable: bool = False,
+            shapes: tuple[dict, dict, dict] = ({}, {}, {}), limits: Limits | None = None, progress=None,
+            source: str = "", mark_sites: bool = False) -> Prepared:
+    """The verified form in `precision` (IO types kept unless io_dtype is the precision), its plan and
+    the model TensorRT's parser gets."""
     if form not in FORMS:
         raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
     if precision not in PRECISIONS:
         raise TrtattnError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
+    if io_dtype not in (None, precision):
+        raise TrtattnError(f"--io-dtype {io_dtype} with --precision {precision}: the IO is kept as the model has it, "
+                           f"or converted to the precision")
     fused = fused_sites(model, dims=dims, progress=progress)
     derived = forms.derive(form, model, fused, dims=dims, progress=progress)
-    plan = make_plan(derived.model, name=name, form=form, precision=precision, sites=derived.sites,
+    form_model, table, check, notes = form_in_precision(derived, model, precision, io_dtype=io_dtype, dims=dims,
+                                                        progress=progress)
+    plan = make_plan(form_model, name=name, form=form, precision=precision, sites=derived.sites,
                      lowerings=derived.attentions, cache_lowerings=derived.cache_updates, decomposable=decomposable)
-    plan.mark_sites, plan.right_padded = mark_sites, list(derived.right_padded)
-    plan.notes += derived.notes
-    cut_model = plan_engine_io(plan, model, derived.model, limits or Limits(), shapes)
+    plan.mark_sites, plan.right_padded, plan.precision_table = mark_sites, list(derived.right_padded), table
+    plan.notes += derived.notes + notes
+    cut_model = plan_engine_io(plan, model, form_model, limits or Limits(), shapes)
     if any(a.dtype == "fp32" for a in plan.native) and not decomposable:
         plan.notes.append("fp32 attention has no fused kernel: expect the build to fail unless --decomposable")
-    return Prepared(model, fused, derived.model, plan, cut_model, source, derived.verification)
+    return Prepared(model, fused, form_model, plan, cut_model, source, derived.verification, check)
+
+
+def form_in_precision(derived, original: onnx.ModelProto, precision: str, *, io_dtype=None, dims=None,
+                      progress=None) -> tuple[onnx.ModelProto, dict, dict, list[str]]:
+    """(the form in `precision`, its matmul work per dtype, its check against the fp32 form, notes).
+    Calibrated and checked on the original's realistic feeds as the form takes them."""
+    from .contract import cache_inputs
+    from .rewrite import precision as precision_mod
+
+    adapter = forms.form_adapter(original, [i.name for i in derived.model.graph.input], cache_inputs(derived.model))
+    feeds = [adapter.feeds(adapter.original_feeds(dims, seed)) for seed in VERIFY_SEEDS]
+    if precision == "fp32":
+        return derived.model, precision_mod.precision_table(derived.model, feeds[0]), {}, []
+    progress = progress or Progress(enabled=False)
+    with progress.step(f"converting the {derived.form} form to {precision} (ModelOpt AutoCast) and checking it"):
+        result = precision_mod.convert_form(derived.model, precision, feeds, caches=derived.cache_updates,
+                                            keep_io_types=io_dtype is None)
+    return result.model, result.table, result.summary(), result.notes
 
 
 def plan_engine_io(plan: BuildPlan, original: onnx.ModelProto, form_model: onnx.ModelProto, limits: Limits,

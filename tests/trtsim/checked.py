@@ -1217,8 +1217,9 @@ class Simulation:
             if isinstance(value, SimWeights):
                 return None
             if isinstance(value, np.ndarray):
-                if dtypes.from_numpy(self.real, value.dtype) is None:
-                    return f"numpy dtype {value.dtype} cannot become Weights (TensorRT has no such type)"
+                if value.dtype not in dtypes.WEIGHTS:
+                    return (f"numpy dtype {value.dtype} cannot become Weights (the bindings take float32, float16, "
+                            f"int64, int32, int8, bool and uint8 arrays; make a float32 constant and cast it)")
                 return None
             return f"got {type(value).__name__} where Weights or a numpy array is expected"
         if t in ("ILogger", "Logger", "typing_extensions.CapsuleType"):
@@ -1483,6 +1484,9 @@ class CheckedTensorRT:
     def _weights(self, sig, **bound):
         sim = self.sim
         if "a" in bound:
+            if np.asarray(bound["a"]).dtype not in dtypes.WEIGHTS:
+                raise ArgumentError(f"Weights({np.asarray(bound['a']).dtype} array): the bindings convert only float32, "
+                                    "float16, int64, int32, int8, bool and uint8 arrays")
             return SimWeights(sim, bound["a"])
         if "ptr" in bound:
             raise NotEmulatedError("Weights(type, ptr, count) reads raw memory; pass a numpy array instead")

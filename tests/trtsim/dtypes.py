@@ -36,6 +36,10 @@ ONNX = {
 
 FLOATING = {"FLOAT", "HALF", "BF16"}
 
+# The numpy dtypes the bindings turn into Weights (python/src/utils.cpp, `type(py::dtype)`: f4, f2, i8, i4,
+# i1, b1, u1): anything else, bfloat16 and float8 from ml_dtypes included, is a ValueError there.
+WEIGHTS = {np.dtype(t) for t in (np.float32, np.float16, np.int64, np.int32, np.int8, np.bool_, np.uint8)}
+
 
 def to_numpy(dtype) -> np.dtype:
     return NUMPY[dtype.name]

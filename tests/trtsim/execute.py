@@ -89,7 +89,8 @@ def _check_value(tensor, value: np.ndarray, what: str) -> np.ndarray:
 
 
 def _run_onnx(st, outputs: list[int], values: dict) -> dict[int, np.ndarray]:
-    import onnxruntime as ort
+    """ONNX Runtime's CPU provider, or onnx's reference evaluator where it has no kernel (bf16)."""
+    from trtattn.rewrite.precision import cpu_runner
 
     part = st.onnx
     feeds = {name: values[id(t)] for name, t in zip(part.inputs, st.inputs) if t is not None and id(t) in values}
@@ -105,11 +106,9 @@ def _run_onnx(st, outputs: list[int], values: dict) -> dict[int, np.ndarray]:
             model = part.model
         else:
             model = _extract(part, needed, wanted)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        sessions[key] = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    results = sessions[key].run(wanted, {name: feeds[name] for name in needed})
-    return dict(zip(outputs, results))
+        sessions[key] = cpu_runner(model)[0]
+    results = sessions[key]({name: feeds[name] for name in needed})
+    return {j: results[name] for j, name in zip(outputs, wanted)}
 
 
 def _extract(part, inputs: list[str], outputs: list[str]):

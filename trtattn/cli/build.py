@@ -24,7 +24,11 @@ def add_parser(sub) -> None:
                    help="padded BHND (default); packed tokens with cumulative lengths; packed query over a "
                         "preallocated KV cache")
     b.add_argument("--precision", default="fp16", choices=list(PRECISIONS),
-                   help="the model's precision (default fp16); fp32 attention has no fused kernel")
+                   help="the whole model's precision (default fp16: ModelOpt AutoCast keeps what is numerically "
+                        "sensitive in fp32); fp32 attention has no fused kernel")
+    b.add_argument("--io-dtype", choices=["fp16", "bf16"],
+                   help="convert the model's float inputs and outputs to the precision too (default: kept as they "
+                        "are; a kv-cache form's caches always take the attention's dtype)")
     b.add_argument("--decomposable", action="store_true",
                    help="let TensorRT fall back to unfused attention where no fused kernel fits (default: fail)")
     b.add_argument("--min-shapes", help="trtexec style, e.g. input_ids:1x1,attention_mask:1x1")
@@ -55,7 +59,8 @@ def run(args, progress) -> int:
     name = args.name or Path(args.model).stem
     shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
     limits = Limits(max_batch=args.max_batch, max_positions=args.max_positions, max_cache=args.max_cache)
-    prepared = prepare(model, name=name, form=args.form, precision=args.precision, dims=parse_dims(args.dims),
+    prepared = prepare(model, name=name, form=args.form, precision=args.precision, io_dtype=args.io_dtype,
+                       dims=parse_dims(args.dims),
                        decomposable=args.decomposable, shapes=shapes, limits=limits, progress=progress,
                        source=str(args.model), mark_sites=args.mark_sites)
     print(describe(prepared.plan))

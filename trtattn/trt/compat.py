@@ -89,5 +89,3 @@ def numpy_dtype(trt, datatype) -> np.dtype:
             return np.dtype(name)
     raise TrtattnError(f"no numpy dtype for TensorRT's {datatype}")
 
-
-PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

@@ -19,6 +19,8 @@ from ..errors import TrtattnError
 from . import compat
 from .plan import AttentionPlan, CacheUpdatePlan, RopePlan
 
+FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
 
 def _out(layer, name: str):
     layer.name = name
@@ -69,10 +71,13 @@ def _lengths(trt, net, t, name):
 def lower_attention(trt, net, p: AttentionPlan, get):
     base = p.layer
     q, k, v = get(p.query), get(p.key), get(p.value)
-    compute = q.dtype
-    if k.dtype != compute or v.dtype != compute:
-        raise TrtattnError(f"{p.site}: query {q.dtype}, key {k.dtype} and value {v.dtype} must share one dtype "
-                           "(IAttention computes in its query's)")
+    # the dtype the form's Attention computes in; a quantized site computes in its dequantized inputs' type
+    compute = q.dtype if p.normalization_quantize_to_type else compat.datatype(trt, FLOAT_DTYPES[p.dtype])
+    if p.normalization_quantize_to_type and (k.dtype != compute or v.dtype != compute):
+        raise TrtattnError(f"{p.site}: quantized query {q.dtype}, key {k.dtype} and value {v.dtype} must share one "
+                           "dtype (IAttention computes in its query's)")
+    # a boundary tensor of another dtype (fp32 caches of an fp16 model) is cast, as the form's Attention reads it
+    q, k, v = (_cast(trt, net, t, compute, f"{base}/{n}_{p.dtype}") for t, n in ((q, "q"), (k, "k"), (v, "v")))
     if p.rank == 3:  # [B, S, N*H] -> [B, N, S, H]
         q = _shuffle(net, q, f"{base}/q_heads", reshape=(0, 0, p.q_heads, p.head_size), second=(0, 2, 1, 3))
         k = _shuffle(net, k, f"{base}/k_heads", reshape=(0, 0, p.kv_heads, p.head_size), second=(0, 2, 1, 3))

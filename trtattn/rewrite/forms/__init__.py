@@ -39,6 +39,7 @@ FORM_METADATA = "trtattn.form"  # {"form": ..., "right_padded": [inputs read as 
 @dataclass
 class Derived:
     model: onnx.ModelProto
+    form: str = "padded"
     sites: dict = field(default_factory=dict)  # Attention node -> AttentionSite
     attentions: dict[str, AttentionLowering] = field(default_factory=dict)  # Attention node -> its lowering
     cache_updates: list[CacheLowering] = field(default_factory=list)
@@ -55,7 +56,7 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
     sites = {r.attention_node: r.site for r in reports}
     with progress.step("rewriting RoPE into RotaryEmbedding ops"):
         model, ropes = rope_to_ops(fused.model, [r.site for r in reports])
-    derived = Derived(model, sites, notes=[f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else [])
+    derived = Derived(model, form, sites, notes=[f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else [])
     lowerings: list[AttentionLowering] = []
     if form == "kv-cache":
         with progress.step("deriving the KV-cache form (packed query over a preallocated cache)"):
@@ -71,7 +72,8 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
             derived.notes.append(f"{len(lowerings)} causal/padding masks as key/value lengths: "
                                  f"{', '.join(derived.right_padded)} must be right-padded (a prefix of ones per row)")
     derived.attentions = {lw.node: lw for lw in lowerings}
-    _record(derived.model, form, derived.right_padded)
+    if form != "padded" or derived.right_padded:  # (the fused model itself needs no record)
+        _record(derived.model, form, derived.right_padded)
     if form == "padded" and not ropes and not lowerings:  # the fused model itself, verified by fuse already
         derived.verification = fused.verification
         return derived

@@ -58,6 +58,7 @@ class _Rows:
         self.emit, self.tokens, self.write_index = emit, tokens, write_index
         i64 = np.int64
         self.kv_lengths = emit("Add", [write_index, tokens.lengths], dtype=i64, name="kv_lengths")  # [B]
+        self.kv_lengths.name = "kv_lengths"  # what the plan and the sidecar show
         # the cache slot each token is written to: its row's write index + its index in the row
         self.slot = emit("Add", [emit("Gather", [write_index, tokens.row], {"axis": 0}, dtype=i64), tokens.index],
                          dtype=i64, name="slot")

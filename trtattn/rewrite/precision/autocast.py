@@ -1,0 +1,236 @@
+"""Whole-model FP16 / BF16 by NVIDIA ModelOpt's AutoCast (see the package doc for what is added to it)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import io
+import logging
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from ...errors import MissingDependencyError, TrtattnError, require
+from .common import (
+    FLOATS,
+    INSTALL,
+    LARGE,
+    NO_MATH,
+    ONNX_DOMAINS,
+    PRECISIONS,
+    PrecisionError,
+    declared_types,
+)
+from .work import count_work, declared_dtypes, infer_static, shares
+
+
+@dataclass
+class Converted:
+    model: onnx.ModelProto
+    precision: str
+    kept_fp32: dict[str, str]  # node -> why it computes in fp32 (AutoCast's log, or this module's rule)
+    table: dict[str, float]  # share of matmul work per dtype, at the first calibration feed's shapes
+    log: str = field(default="", repr=False)  # AutoCast's log, for --debug
+
+
+def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_io_types: bool = True,
+            keep_fp32: Sequence[str] = (), calibration_feeds: Mapping | Sequence[Mapping] | None = None) -> Converted:
+    """`model` (a ModelProto, not modified, or a path: only its graph is loaded here) in fp16 or bf16.
+    keep_fp32: node names that stay fp32. calibration_feeds: a feed dict or a list of them, AutoCast's
+    classifier reads every tensor's range on them (None: AutoCast's own uniform [-1, 1] inputs with
+    dynamic dims 1, which say little about masks); the table is counted at the first one's shapes."""
+    if precision not in PRECISIONS:
+        raise TrtattnError(f"unknown precision '{precision}'; choose one of: {', '.join(PRECISIONS)}")
+    autocast = load_autocast()
+    feeds = [calibration_feeds] if isinstance(calibration_feeds, Mapping) else list(calibration_feeds or [])
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trtattn-autocast-")))
+        if isinstance(model, onnx.ModelProto):
+            work, src_dir = copy.deepcopy(model), None
+        elif Path(model).is_file():
+            work, src_dir = onnx.load(str(model), load_external_data=False), Path(model).parent
+        else:
+            raise TrtattnError(f"{model}: no such model file")
+        _refuse_foreign_ops(work)
+        _name_nodes(work)
+        missing = sorted(set(keep_fp32) - {n.name for n in work.graph.node})
+        if missing:
+            raise TrtattnError(f"keep_fp32 names no node of the model: {', '.join(missing)}")
+        types = infer_static(work)[0]
+        ours = {n: "asked (keep_fp32)" for n in keep_fp32}
+        for n in _rotary_angles(work, types):
+            ours[n] = "rotary angle: fp16/bf16 cannot hold position x frequency"
+        if precision == "fp16":
+            for n in _clamp_masks(work, types):
+                ours[n] = "clamps an attention mask to fp16's range before its Cast"
+        attentions = [n.name for n in work.graph.node if n.op_type == "Attention" and n.domain in ONNX_DOMAINS]
+        props = list(work.metadata_props)
+        path = _stage(work, tmp, src_dir, stack)
+        # counted on the fp32 model, which ONNX Runtime runs if the shapes need a run (bf16 it cannot)
+        external = any(i.data_location == TensorProto.EXTERNAL for i in work.graph.initializer)
+        work_done = count_work(work, feeds[0] if feeds else None, None, None, path.parent if external else None)
+        del work
+        calib = tmp / "calibration"
+        for i, f in enumerate(feeds):  # one .npz per batch: AutoCast aggregates the ranges
+            calib.mkdir(exist_ok=True)
+            np.savez(calib / f"{i:04d}.npz", **{k: np.asarray(v) for k, v in f.items()})
+        log = io.StringIO()
+        try:
+            with _captured(log):
+                out = autocast.convert_to_mixed_precision(
+                    str(path), low_precision_type=precision, keep_io_types=keep_io_types,
+                    nodes_to_exclude=[re.escape(n) + "$" for n in sorted(ours)],
+                    nodes_to_include=[re.escape(n) + "$" for n in attentions] or None,
+                    calibration_data=str(calib) if feeds else None, providers=["cpu"])
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            error = PrecisionError(f"AutoCast {precision} conversion failed: {type(e).__name__}: {first}")
+            error.log = log.getvalue()
+            raise error from None
+    if not out.metadata_props:
+        out.metadata_props.extend(props)
+    dtypes = {w.node: w.dtype for w in declared_dtypes(out)}
+    table = shares([dataclasses.replace(w, dtype=dtypes.get(w.node, w.dtype)) for w in work_done])
+    return Converted(out, precision, _kept_fp32(out, log.getvalue(), ours), table, log.getvalue())
+
+
+def load_autocast():
+    """modelopt.onnx.autocast, imported lazily and quietly (it imports torch: seconds)."""
+    with _captured(io.StringIO()):
+        try:
+            return require("modelopt.onnx.autocast", "fp16/bf16 conversion (NVIDIA ModelOpt's AutoCast)", INSTALL)
+        except MissingDependencyError:
+            raise
+        except Exception as e:  # ModelOpt is there but its ONNX side cannot import
+            raise MissingDependencyError(f"fp16/bf16 conversion needs NVIDIA ModelOpt's AutoCast ({e}); "
+                                         f"install it with: {INSTALL}") from None
+
+
+def _stage(work: onnx.ModelProto, tmp: Path, src_dir: Path | None, stack: contextlib.ExitStack) -> Path:
+    """The file AutoCast reads. A model loaded from a path keeps its weights where they are: the copy
+    is written beside the original under a hidden name and removed afterwards (onnx refuses external
+    data reached through a symbolic or hard link)."""
+    if src_dir is None:
+        path, large = tmp / "model.onnx", work.ByteSize() > LARGE
+        onnx.save_model(work, str(path), save_as_external_data=large, all_tensors_to_one_file=True,
+                        location="model.onnx.data" if large else None)
+        return path
+    path = src_dir / f".trtattn-autocast-{tmp.name}.onnx"
+    stack.callback(path.unlink, missing_ok=True)
+    try:
+        onnx.save_model(work, str(path))
+    except OSError as e:
+        raise TrtattnError(f"cannot write AutoCast's copy of the model beside its weights ({e}): "
+                           "pass the model loaded (a ModelProto) instead") from None
+    return path
+
+
+def _refuse_foreign_ops(model: onnx.ModelProto) -> None:
+    foreign = [f"{n.name or n.op_type} ({n.domain}:{n.op_type})" for n in model.graph.node
+               if n.domain not in ONNX_DOMAINS]
+    if foreign:
+        raise PrecisionError(
+            f"AutoCast cannot convert ops outside the ONNX domain: {', '.join(foreign[:6])}"
+            f"{' ...' if len(foreign) > 6 else ''}. It reads them as TensorRT plugins (it needs TensorRT for that) "
+            "and moves com.microsoft ops named like an ONNX op (Attention, RotaryEmbedding) into the ONNX domain, "
+            "whose inputs differ; convert them to standard ONNX ops first (trtattn fuse)")
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    """A unique name for every node: AutoCast's rules and its log go by name."""
+    used: set[str] = set()
+    for i, n in enumerate(model.graph.node):
+        base, k = n.name or f"trtattn/{n.op_type}_{i}", 0
+        while n.name in used or not n.name:
+            n.name, k = f"{base}_{k}", k + 1
+        used.add(n.name)
+
+
+def _clamp_masks(model: onnx.ModelProto, types: dict[str, int]) -> list[str]:
+    """Max(mask, finfo(fp16).min) in fp32 on every float attn_mask of an Attention: the nodes added."""
+    clamped: dict[str, str] = {}
+    floor, position = "trtattn/fp16_mask_floor", 0
+    while position < len(model.graph.node):
+        node = model.graph.node[position]
+        mask = node.input[3] if node.op_type == "Attention" and len(node.input) > 3 else ""
+        if mask and types.get(mask) == TensorProto.FLOAT:
+            if mask not in clamped:
+                clamped[mask] = f"{mask}/fp16_clamped"
+                model.graph.node.insert(position, onnx.helper.make_node(
+                    "Max", [mask, floor], [clamped[mask]], name=f"{node.name}/fp16_mask_clamp"))
+                position += 1
+            node.input[3] = clamped[mask]
+        position += 1
+    if clamped:
+        lowest = np.array(np.finfo(np.float16).min, np.float32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(lowest, floor))
+    return [n.name for n in model.graph.node if n.name.endswith("/fp16_mask_clamp")]
+
+
+def _rotary_angles(model: onnx.ModelProto, types: dict[str, int]) -> list[str]:
+    """Sin/Cos of angles computed from positions alone, and the float nodes computing the angles.
+    "From positions alone": from weights, constants and integer tensors only; a Sin/Cos of an
+    activation is no rotary angle and is left to AutoCast."""
+    derived = {i.name for i in model.graph.initializer} | {t for t, ty in types.items() if ty not in FLOATS}
+    for n in model.graph.node:  # topological order
+        if all(t in derived for t in n.input if t):
+            derived.update(n.output)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    keep: list[str] = []
+    frontier = [n for n in model.graph.node if n.op_type in ("Sin", "Cos") and n.output[0] in derived]
+    while frontier:
+        node = frontier.pop()
+        if node.name in keep:
+            continue
+        if any(types.get(t) in FLOATS for t in node.output):
+            keep.append(node.name)
+        frontier += [producer[t] for t in node.input if t in producer and t in derived and types.get(t) in FLOATS]
+    return keep
+
+
+def _kept_fp32(model: onnx.ModelProto, log: str, ours: dict[str, str]) -> dict[str, str]:
+    """Every node computing in fp32 in the converted model, with the reason AutoCast logged or ours."""
+    skipped = re.finditer(r"Skipping node (.+?): (.+)$", log, re.M)  # the first rule that matched
+    reasons = {m.group(1): m.group(2).strip() for m in reversed(list(skipped))}
+    unsupported = re.search(r"ops are not supported in '(\w+)' in opset (\d+).*?(\{.*\})", log)
+    types = declared_types(model)
+    kept = {}
+    for n in model.graph.node:
+        if n.op_type in NO_MATH or TensorProto.FLOAT not in {types.get(t) for t in [*n.input, *n.output] if t}:
+            continue
+        why = ours.get(n.name) or reasons.get(n.name)
+        if why is None and unsupported and f"'{n.op_type}'" in unsupported.group(3):
+            why = f"{n.op_type} has no {unsupported.group(1)} in ONNX opset {unsupported.group(2)}"
+        kept[n.name] = why or "fp32 by AutoCast (no reason logged)"
+    return kept
+
+
+@contextlib.contextmanager
+def _captured(buffer: io.StringIO):
+    """AutoCast's log (its own stdout handler, ModelOpt's root-logger warnings, stdout) into `buffer`."""
+    root, autocast = logging.getLogger(), logging.getLogger("modelopt.onnx.autocast")
+    saved = root.handlers[:], root.level, autocast.handlers[:], autocast.level, autocast.propagate
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logging.Formatter("%(levelname)s - %(message)s"))
+    root.handlers[:], autocast.handlers[:], autocast.propagate = [handler], [], True
+    autocast.setLevel(logging.INFO)
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.handlers[:], level, autocast.handlers[:], autocast_level, autocast.propagate = saved
+        root.setLevel(level)
+        autocast.setLevel(autocast_level)

@@ -1,0 +1,140 @@
+"""Checking a converted model on CPU: ONNX Runtime's CPU provider, or onnx's reference evaluator for bf16."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from ...errors import TrtattnError, VerificationError
+from .common import LARGE, TOLERANCE, NotRunnableOnCpu, declared_types
+
+
+@dataclass
+class OutputError:
+    max_abs: float  # over the elements finite in both
+    rel: float  # max_abs / max |reference|
+    rel_l2: float  # ||new - ref|| / ||ref||
+    nonfinite: int  # elements NaN/inf in one model and not the same in the other
+    ref_max: float
+
+
+def compare(original: onnx.ModelProto | str | os.PathLike, converted: onnx.ModelProto,
+            feeds: Sequence[Mapping[str, np.ndarray]]) -> tuple[dict[str, OutputError], str]:
+    """Every float output of `converted` against `original` (fp32 on ONNX Runtime CPU) over `feeds`,
+    the worst per output; and what ran the converted model."""
+    reference, _ = cpu_runner(original)
+    candidate, runner = cpu_runner(converted)
+    errors: dict[str, OutputError] = {}
+    for f in feeds:
+        want, got = reference(f), candidate(f)
+        for name, ref in want.items():
+            if name not in got:
+                raise VerificationError(f"the converted model has no output '{name}'")
+            if np.issubdtype(np.asarray(ref).dtype, np.floating):
+                e, old = _error(np.asarray(ref, np.float64), np.asarray(got[name]).astype(np.float64)), errors.get(name)
+                errors[name] = e if old is None else OutputError(
+                    max(old.max_abs, e.max_abs), max(old.rel, e.rel), max(old.rel_l2, e.rel_l2),
+                    old.nonfinite + e.nonfinite, max(old.ref_max, e.ref_max))
+    return errors, runner
+
+
+def verify(original: onnx.ModelProto | str | os.PathLike, converted: onnx.ModelProto,
+           feeds: Sequence[Mapping[str, np.ndarray]], *, precision: str | None = None,
+           tolerance: Mapping[str, float] | None = None) -> dict[str, OutputError]:
+    """compare(), then a VerificationError naming the output with a NaN/inf where the original has a
+    number (or the reverse), or the worst output past TOLERANCE[precision] (updated by `tolerance`)."""
+    if precision is None:
+        types = {i.data_type for i in converted.graph.initializer}
+        precision = "bf16" if TensorProto.BFLOAT16 in types | set(declared_types(converted).values()) else "fp16"
+    limit = {**TOLERANCE[precision], **(tolerance or {})}
+    errors, runner = compare(original, converted, feeds)
+    for name, e in sorted(errors.items(), key=lambda kv: (-kv[1].nonfinite, -kv[1].rel)):
+        if e.nonfinite:
+            raise VerificationError(f"{precision} output '{name}' has {e.nonfinite} NaN/inf values where the fp32 "
+                                    f"original has numbers (or the reverse), on {runner}")
+        if e.rel > limit["rel"] or e.rel_l2 > limit["rel_l2"]:
+            raise VerificationError(f"{precision} output '{name}' is off by {e.max_abs:.3g} ({e.rel:.3g} of its "
+                                    f"largest value {e.ref_max:.3g}, relative L2 {e.rel_l2:.3g}; tolerance "
+                                    f"{limit['rel']} / {limit['rel_l2']}) on {runner}")
+    return errors
+
+
+def _error(ref: np.ndarray, new: np.ndarray) -> OutputError:
+    if ref.shape != new.shape:
+        raise VerificationError(f"output shape {list(new.shape)} differs from the original's {list(ref.shape)}")
+    finite = np.isfinite(ref) & np.isfinite(new)
+    same = (ref == new) | (np.isnan(ref) & np.isnan(new))  # inf == inf, NaN where the original has NaN
+    diff, ref_f = np.abs(ref - new)[finite], ref[finite]
+    ref_max = float(np.abs(ref_f).max()) if ref_f.size else 0.0
+    max_abs = float(diff.max()) if diff.size else 0.0
+    rel_l2 = float(np.linalg.norm(diff) / max(np.linalg.norm(ref_f), 1e-12))
+    return OutputError(max_abs, max_abs / max(ref_max, 1e-12), rel_l2, int((~finite & ~same).sum()), ref_max)
+
+
+def ort_support(model: onnx.ModelProto | str | os.PathLike) -> str | None:
+    """None when ONNX Runtime's CPU provider can run `model`, else its one-line reason."""
+    try:
+        _session(model)
+    except Exception as e:
+        return " ".join(str(e).split())[:300]
+    return None
+
+
+def _session(model):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if isinstance(model, onnx.ModelProto) and model.ByteSize() > LARGE:
+        raise TrtattnError("a model over 2 GB runs from its path: pass the path, not the ModelProto")
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def cpu_runner(model: onnx.ModelProto | str | os.PathLike):
+    """(run(feeds) -> {output: array}, what runs it): ONNX Runtime's CPU provider, or onnx's reference
+    evaluator where ORT has no kernel (bf16). Float inputs the model takes in fp16/bf16 are cast."""
+    try:
+        session = _session(model)
+    except TrtattnError:
+        raise
+    except Exception as e:
+        why = " ".join(str(e).split())[:300]
+        if "NOT_IMPLEMENTED" not in why or not isinstance(model, onnx.ModelProto):
+            raise NotRunnableOnCpu(f"ONNX Runtime cannot load the model: {why}") from None
+        return _reference_runner(model, why)
+    names = [o.name for o in session.get_outputs()]
+    casts = {i.name: np.float16 for i in session.get_inputs() if i.type == "tensor(float16)"}
+    return (lambda feeds: dict(zip(names, session.run(names, _cast(feeds, casts)))), "ONNX Runtime (CPU)")
+
+
+def _reference_runner(model: onnx.ModelProto, why: str):
+    from onnx.reference import ReferenceEvaluator
+
+    failed = (f"ONNX Runtime has no CPU kernel for the model ({why}) and onnx's reference evaluator "
+              "failed on it")
+    try:
+        evaluator = ReferenceEvaluator(model)
+    except Exception as e:
+        raise NotRunnableOnCpu(f"{failed}: {type(e).__name__}: {e}") from None
+    names = [o.name for o in model.graph.output]
+    casts = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in model.graph.input
+             if i.type.tensor_type.elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)}
+
+    def run(feeds):
+        try:
+            with np.errstate(all="ignore"):  # a Cast of finfo(float32).min overflows to -inf, as on ORT
+                return dict(zip(names, evaluator.run(names, _cast(feeds, casts))))
+        except Exception as e:
+            raise NotRunnableOnCpu(f"{failed}: {type(e).__name__}: {e}") from None
+
+    return run, f"onnx's reference evaluator (ONNX Runtime: {why.split(':')[-1].strip()})"
+
+
+def _cast(feeds: Mapping[str, np.ndarray], casts: dict[str, np.dtype]) -> dict[str, np.ndarray]:
+    return {k: (np.asarray(v).astype(casts[k]) if k in casts else v) for k, v in feeds.items()}
