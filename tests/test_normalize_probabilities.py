@@ -129,3 +129,19 @@ def test_sdpa_torchscript_exports_end_in_the_documented_pattern(zoo_export, name
     assert result.ok and result.verification["passed"]
     assert documented_pattern_violations(result.model) == []
     assert all(r.probabilities == "NaN guard moved after BMM2" and r.after["implicit"] for r in result.sites)
+
+
+def test_heads_merged_into_the_batch_get_the_core_in_the_pattern():
+    """[B*N, S, H] products (older exports, bmm): the core is re-emitted on [B, N, S, H] so that MatMul ->
+    Softmax -> MatMul hold the documented pattern, with the scale on Q."""
+    model = attention_model(rank=3, scale_style="div_after", head=16)
+    assert documented_pattern_violations(model)  # Div between the first MatMul and the Softmax
+    result = normalize_model(model)
+    assert result.ok and result.verification["passed"] and result.verification["max_abs_err"] <= 1e-5
+    (row,) = result.sites
+    assert row.action == "rewritten" and "core re-emitted" in row.mask_form and row.scale_to == "q"
+    assert not row.before["implicit"] and "reshaped" in row.before["implicit_why"]
+    assert row.after["implicit"], row.after
+    assert documented_pattern_violations(result.model) == []
+    softmax = next(n for n in result.model.graph.node if n.op_type == "Softmax")
+    assert softmax.name == "attn/Softmax"  # the site keeps its name

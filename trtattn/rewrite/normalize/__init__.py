@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from ...graph.dims import fit_dims
+from ...graph import external
 from ...graph.emit import Emitter, export_like
 from ...match import analyse, logit_ops, probe_feeds
 from ...report import Progress
 from ...site import MaskKind, ScalePlacement
-from ...verify import compare_models
+from ...verify import compare_models, tolerance_for
+from . import canonical
 from .cleanup import cleanup
 from .fusability import verdict
 from .mask_form import MaskCache, masked_logits
@@ -71,11 +74,16 @@ def already_normal(site) -> bool:
 
 
 def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False, precision: str = "fp16",
-                    verify: bool = True, dims: dict | None = None, seed: int = 0, atol: float = 1e-4,
-                    rtol: float = 1e-4, progress=None) -> NormalizeResult:
+                    verify: bool = True, dims: dict | None = None, seed: int = 0, atol: float | None = None,
+                    rtol: float | None = None, progress=None) -> NormalizeResult:
+    """`model` normalised and verified (within the tolerance of the precision it computes in unless
+    atol/rtol are given); a model whose weights were left on disk is worked on without reading them."""
     progress = progress or Progress(enabled=False)
+    atol, rtol = tolerance_for(model, atol, rtol)
+    dims = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py), as fuse does
     with progress.step("cleanup: constant folding, no-op removal"):
         cleaned, stats = cleanup(model)
+        external.set_data_dir(cleaned, external.data_dir(model))  # weights on disk: still where they were
     with progress.step("matching attention sites and probing masks"):
         graph, result, meanings = analyse(cleaned, probe_feeds(cleaned, dims))
     tensors = graph.tensors()
@@ -94,27 +102,34 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
             continue
         pure_causal = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding \
             and not meaning.bias
-        logits_normal = already_normal(site) and not (fold_scale_into_weights and site.scale != 1.0) and not \
-            (pure_causal and site.mask == MaskKind.ADDITIVE)
+        reemit = canonical.needed(site)  # logits change layout on the way to the Softmax
+        logits_normal = not reemit and already_normal(site) and not \
+            (fold_scale_into_weights and site.scale != 1.0) and not (pure_causal and site.mask == MaskKind.ADDITIVE)
         if logits_normal and not not_documented(probs):
             continue
         mark = len(graph.nodes)
         try:
-            if not logits_normal:
-                logits, row.scale_to = prescaled_logits(graph, tensors, site, fold_weights=fold_scale_into_weights)
-                shape = None
-                if logit_ops.has_layout_change(site.mask_steps):
-                    shape = Emitter(graph, f"trtattn/{site.name}/shape").score_shape(
-                        tensors[site.query], tensors[site.key_transposed], site.rank, site.rank - 1)
-                x, row.mask_form = masked_logits(graph, tensors, site, meaning, logits, cache, shape)
-                nodes[site.softmax].inputs[0] = x
-                row.action = "rewritten"
-            if move_nan_guard(graph, nodes[site.softmax], f"trtattn/{site.name}"):
-                row.probabilities, row.action = "NaN guard moved after BMM2", "rewritten"
-            elif not_documented(probs):
-                row.probabilities = f"{', '.join(probs)} left (not TensorRT's form)"
-                if logits_normal:
-                    row.action = f"kept: {', '.join(not_documented(probs))} between the Softmax and BMM2"
+            if reemit:
+                guard = "IsNaN" in (probs or [])
+                row.mask_form = canonical.canonical_core(graph, tensors, site, nodes[site.softmax], guard=guard)
+                row.scale_to, row.action = "q", "rewritten"
+                row.probabilities = "NaN guard moved after BMM2" if guard else "-"
+            else:
+                if not logits_normal:
+                    logits, row.scale_to = prescaled_logits(graph, tensors, site, fold_weights=fold_scale_into_weights)
+                    shape = None
+                    if logit_ops.has_layout_change(site.mask_steps):
+                        shape = Emitter(graph, f"trtattn/{site.name}/shape").score_shape(
+                            tensors[site.query], tensors[site.key_transposed], site.rank, site.rank - 1)
+                    x, row.mask_form = masked_logits(graph, tensors, site, meaning, logits, cache, shape)
+                    nodes[site.softmax].inputs[0] = x
+                    row.action = "rewritten"
+                if move_nan_guard(graph, nodes[site.softmax], f"trtattn/{site.name}"):
+                    row.probabilities, row.action = "NaN guard moved after BMM2", "rewritten"
+                elif not_documented(probs):
+                    row.probabilities = f"{', '.join(probs)} left (not TensorRT's form)"
+                    if logits_normal:
+                        row.action = f"kept: {', '.join(not_documented(probs))} between the Softmax and BMM2"
             rewritten += row.action == "rewritten"
         except (KeyError, ValueError) as e:
             del graph.nodes[mark:]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ...match import logit_ops
 from ...site import AttentionSite, MaskKind, ScalePlacement
+from .canonical import needed as needs_reemit
 from .probabilities import not_documented
 
 FUSED_PRECISIONS = ("fp16", "bf16", "fp8", "int8")
@@ -87,8 +88,9 @@ def verdict(site: AttentionSite, *, precision: str = "fp16", meaning=None, max_s
             implicit.append("a Mul/Div sits between the first MatMul and the Softmax")
         if len(ops) > 1:
             implicit.append(f"{len(ops)} ops between the first MatMul and the Softmax ({', '.join(ops)}); one Where/Add allowed")
-        if logit_ops.has_layout_change(site.mask_steps):
-            implicit.append("the logits are reshaped between the first MatMul and the Softmax")
+        if logit_ops.has_layout_change(site.mask_steps) or needs_reemit(site):
+            implicit.append("the logits are reshaped between the first MatMul and the Softmax (or the products are "
+                            "not MatMuls on [batch, heads, seq, dim])")
         if softcap:
             implicit.append("logit soft-capping between the MatMul and the Softmax")
         extra = not_documented(probs_ops)
