@@ -60,6 +60,12 @@ class _G:
             return self.op("Split", [x, self.ints([d, d, d])], outputs=3, axis=-1)
         return self.op("Split", [x], outputs=3, axis=-1, split=[d, d, d])
 
+    def tail_shape(self, x, head: list, start: int):
+        """Concat(head, Shape(x)[start:]): a Reshape target that follows the sequence length, as exporters
+        write it (a hard-coded length would make the graph mean something else at other lengths)."""
+        return self.op("Concat", [self.ints(head), self.op("Slice", [self.op("Shape", [x]), self.ints([start]),
+                                                                     self.ints([2 ** 62])])], axis=0)
+
     def slice_last(self, x, start, end):
         if self.opset >= 10:
             return self.op("Slice", [x, self.ints([start]), self.ints([end]), self.ints([-1])])
@@ -68,7 +74,12 @@ class _G:
 
 def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8, scale_style="div_after",
                     mask_style=None, k_style="bnsh", qkv_style="separate", rank=4, noise=False, seed=0,
-                    window=3, extra_softmax=None, dtype=np.float32, cast_softmax=False) -> onnx.ModelProto:
+                    window=3, extra_softmax=None, dtype=np.float32, cast_softmax=False, products="matmul",
+                    softmax_style=None, shape_reader=False, softcap=None, qdq=None) -> onnx.ModelProto:
+    """products: "matmul" | "einsum" (both products); softmax_style: None | "flatten" (Flatten -> Softmax ->
+    Reshape(Shape(logits)), the version converter's opset-12 form) | "merged" (heads merged into the batch
+    around the softmax); shape_reader: the output's head merge reads the batch from Shape(probs);
+    softcap: cap * tanh(logits / cap) after the scale; qdq: "qkv" | "probs" | "logits" Q/DQ pairs (int8/uint8)."""
     rng = np.random.default_rng(seed)
     g = _G(opset)
     kv_heads = kv_heads or heads
@@ -121,9 +132,7 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
         vh = repeat(vh)
 
     if rank == 3:  # [B*N, S, H] batched matmuls (older exports)
-        qh = g.op("Reshape", [qh, g.ints([-1, seq, head])])
-        vh = g.op("Reshape", [vh, g.ints([-1, seq, head])])
-        kh = g.op("Reshape", [kh, g.ints([-1, seq, head])])
+        qh, vh, kh = (g.op("Reshape", [t, g.tail_shape(t, [-1], 2)]) for t in (qh, vh, kh))
         kt = g.op("Transpose", [kh], perm=[0, 2, 1])
     elif kt is None:
         kt = g.op("Transpose", [kh], perm=[0, 1, 3, 2])
@@ -137,26 +146,51 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
         kt = g.op("Mul", [kt, g.scalar(np.sqrt(scale))])
     if noise:
         qh = g.op("Identity", [qh])
-    s = g.op("MatMul", [qh, kt])
+    if qdq == "qkv":
+        qh, kt, vh = (_qdq(g, t, 0.05) for t in (qh, kt, vh))
+    g.query, g.head = qh, head
+    if products == "einsum":  # K^T as BMM1 reads it: [.., H, S]
+        eq1, eq2 = ("bnid,bndj->bnij", "bnij,bnjd->bnid") if rank == 4 else ("bid,bdj->bij", "bij,bjd->bid")
+        s = g.op("Einsum", [qh, kt], equation=eq1)
+    else:
+        s = g.op("MatMul", [qh, kt])
     if noise:
         s = g.op("Cast", [g.op("Identity", [s])], to=TensorProto.FLOAT)
     if scale_style == "div_after":
         s = g.op("Div", [s, g.op("Sqrt", [g.scalar(float(head))])])
     elif scale_style == "mul_after":
         s = g.op("Mul", [s, g.scalar(scale)])
+    if softcap is not None:  # Gemma 2: after the scale, before the mask
+        s = g.op("Mul", [g.op("Tanh", [g.op("Div", [s, g.scalar(softcap)])]), g.scalar(softcap)])
+    if qdq == "logits":
+        s = _qdq(g, s, 0.1)
 
     # ---- masks
     s = _mask(g, s, mask_style, seq=seq, heads=heads, rank=rank, window=window, rng=rng)
     if cast_softmax:
         s = g.op("Cast", [s], to=TensorProto.FLOAT)
     axis = -1 if opset >= 13 else (3 if rank == 4 else 2)
-    p = g.op("Softmax", [s], axis=axis, name="attn/Softmax")
+    if softmax_style == "flatten":  # what ONNX's version converter writes for an opset-12 Softmax
+        flat = g.op("Flatten", [s], axis=rank - 1)
+        p = g.op("Reshape", [g.op("Softmax", [flat], axis=-1, name="attn/Softmax"), g.op("Shape", [s])])
+    elif softmax_style == "merged":  # [B, N, S, S] -> [B*N, S, S] around the softmax, back after
+        merged = g.op("Reshape", [s, g.tail_shape(s, [-1], 2)])
+        probs = g.op("Softmax", [merged], axis=-1, name="attn/Softmax")
+        p = g.op("Reshape", [probs, g.tail_shape(merged, [-1, heads], 1)])
+    else:
+        p = g.op("Softmax", [s], axis=axis, name="attn/Softmax")
     if noise:
         p = g.op("Dropout", [p])
-    o = g.op("MatMul", [p, vh])
+    if qdq == "probs":
+        p = _qdq(g, p, 1.0 / 255, np.uint8(0))
+    o = g.op("Einsum", [p, vh], equation=eq2) if products == "einsum" else g.op("MatMul", [p, vh])
     if rank == 3:
-        o = g.op("Reshape", [o, g.ints([-1, heads, seq, head])])
-    o = g.op("Reshape", [g.op("Transpose", [o], perm=[0, 2, 1, 3]), g.ints([0, 0, d])])
+        o = g.op("Reshape", [o, g.tail_shape(o, [-1, heads], 1)])
+    if shape_reader:  # the batch for the head merge read from the probabilities' shape
+        target = g.op("Concat", [g.op("Slice", [g.op("Shape", [p]), g.ints([0]), g.ints([1])]), g.ints([-1, d])], axis=0)
+    else:
+        target = g.ints([0, 0, d])
+    o = g.op("Reshape", [g.op("Transpose", [o], perm=[0, 2, 1, 3]), target])
     out = g.op("MatMul", [o, g.init(w(d, d))])
     outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)]
 
@@ -183,9 +217,32 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
     return model
 
 
+def _qdq(g: _G, t, scale, zero=np.int8(0)):
+    """A per-tensor QuantizeLinear -> DequantizeLinear pair, as ONNX Runtime's static quantization writes."""
+    sc, zp = g.scalar(scale), g.init(np.asarray(zero), "zp")
+    return g.op("DequantizeLinear", [g.op("QuantizeLinear", [t, sc, zp]), sc, zp])
+
+
 def _mask(g: _G, s, style, *, seq, heads, rank, window, rng):
     if style is None:
         return s
+    if style == "alibi":
+        # ALiBi computed in the graph: -slope_h * |i - j| from Range over the scores' length (BLOOM, MPT)
+        n = g.op("Squeeze", [g.op("Slice", [g.op("Shape", [s]), g.ints([-1]), g.ints([2 ** 62])]), g.ints([0])])
+        idx = g.op("Cast", [g.op("Range", [g.init(np.asarray(0, np.int64), "zero"), n,
+                                            g.init(np.asarray(1, np.int64), "one")])], to=TensorProto.FLOAT)
+        dist = g.op("Abs", [g.op("Sub", [g.unsqueeze(idx, [1]), g.unsqueeze(idx, [0])])])
+        slopes = g.init((-(2.0 ** (-8.0 * (np.arange(heads) + 1) / heads))).astype(np.float32).reshape(heads, 1, 1), "slopes")
+        return g.op("Add", [s, g.op("Mul", [dist, slopes])])
+    if style == "c2p":
+        # DeBERTa's content-to-position term: Q times position keys projected from a table (weights only),
+        # cut to the key length: a product of one activation with weights is a bias, not the logits
+        table = g.init((rng.standard_normal((16, heads * g.head)) * 0.3).astype(np.float32), "rel_table")
+        pos_k = g.op("Transpose", [g.op("Reshape", [table, g.ints([16, heads, g.head])])], perm=[1, 2, 0])  # [N, H, 16]
+        c2p = g.op("MatMul", [g.query, pos_k])  # [B, N, S, 16]
+        length = g.op("Slice", [g.op("Shape", [s]), g.ints([-1]), g.ints([2 ** 62])])
+        c2p = g.op("Slice", [c2p, g.ints([0]), length, g.ints([-1])])
+        return g.op("Add", [s, c2p])
     if style in ("additive_input", "tf_additive"):
         # tf2onnx / old BERT: (1 - mask) * -10000 added to the scores, mask [B, S] from an input
         g.inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", "seq"]))
@@ -243,3 +300,101 @@ def _mask(g: _G, s, style, *, seq, heads, rank, window, rng):
         s = _mask(g, s, "bias_gather", seq=seq, heads=heads, rank=rank, window=window, rng=rng)
         return _mask(g, s, "additive_input", seq=seq, heads=heads, rank=rank, window=window, rng=rng)
     raise ValueError(style)
+
+
+def luong_model(*, batch=2, seq=7, hidden=16, fill=float("-inf"), opset=17, seed=0) -> onnx.ModelProto:
+    """One step of a recurrent decoder with Luong's general attention: one query position, no scale, a
+    boolean mask True at padding used as masked_fill (Where(mask, fill, scores))."""
+    rng = np.random.default_rng(seed)
+    g = _G(opset)
+    g.inputs += [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["batch", 1, hidden]),
+                 helper.make_tensor_value_info("encoder_outputs", TensorProto.FLOAT, ["batch", "seq", hidden]),
+                 helper.make_tensor_value_info("src_key_padding_mask", TensorProto.BOOL, ["batch", "seq"])]
+    w = g.init((rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32))
+    keys = g.op("Transpose", [g.op("MatMul", ["encoder_outputs", w])], perm=[0, 2, 1])
+    scores = g.op("MatMul", ["h", keys])  # [B, 1, S]
+    scores = g.op("Where", [g.unsqueeze("src_key_padding_mask", [1]), g.scalar(fill), scores])
+    p = g.op("Softmax", [scores], axis=-1, name="attn/Softmax")
+    context = g.op("MatMul", [p, "encoder_outputs"])  # [B, 1, H]
+    out = g.op("Tanh", [g.op("Concat", ["h", context], axis=-1)])
+    graph = helper.make_graph(g.nodes, "luong", g.inputs, [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+                              g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
+    model.ir_version = 8
+    meta = {"inputs": {"h": {"kind": "float"}, "encoder_outputs": {"kind": "float"},
+                       "src_key_padding_mask": {"kind": "padding_mask", "true_at": "padding"}},
+            "dims": {"batch": batch, "seq": seq}}
+    model.metadata_props.add(key="trtattn.inputs", value=json.dumps(meta))
+    return model
+
+
+def control_flow_model(kind: str = "if", **kwargs) -> onnx.ModelProto:
+    """attention_model's block inside control flow: kind "if" puts it in both branches of an If on a flag
+    input (the else branch without the bias of the projection: a different attention), "loop" in the body
+    of a Loop that runs it twice (a scan output of the results)."""
+    inner = attention_model(**kwargs)
+    body = onnx.GraphProto()
+    body.CopyFrom(inner.graph)
+    out = body.output[0].name
+    del body.input[:]  # x is read from the outer scope
+    meta = json.loads(next(p.value for p in inner.metadata_props if p.key == "trtattn.inputs"))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", inner.graph.input[0].type.tensor_type.shape.dim[2].dim_value])
+    if kind == "if":
+        other = onnx.GraphProto()
+        other.CopyFrom(body)
+        other.name = "else"
+        for n in other.node:  # a different attention in the other branch: its output scaled by 2
+            if n.output[0] == out:
+                n.output[0] = out + "_pre"
+        two = numpy_helper.from_array(np.asarray(2.0, np.float32), "two_else")
+        other.initializer.append(two)
+        other.node.append(helper.make_node("Mul", [out + "_pre", "two_else"], [out], name="else/scale"))
+        body.name = "then"
+        node = helper.make_node("If", ["flag"], ["y"], name="branch", then_branch=body, else_branch=other)
+        inputs = [x, helper.make_tensor_value_info("flag", TensorProto.BOOL, [])]
+        meta["inputs"]["flag"] = {"kind": "flag"}
+        outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+        nodes = [node]
+        inits = []
+    else:
+        body.name = "body"
+        body.input.extend([helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                           helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])])
+        body.node.append(helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body/cond"))
+        body.output.insert(0, helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []))
+        trip = numpy_helper.from_array(np.asarray(2, np.int64), "trip")
+        cond = numpy_helper.from_array(np.asarray(True), "cond")
+        nodes = [helper.make_node("Loop", ["trip", "cond"], ["y"], name="loop", body=body)]
+        inputs, inits = [x], [trip, cond]
+        outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    graph = helper.make_graph(nodes, f"attention_in_{kind}", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=list(inner.opset_import), producer_name="tests")
+    model.ir_version = inner.ir_version
+    model.metadata_props.add(key="trtattn.inputs", value=json.dumps(meta))
+    return model
+
+
+def two_attentions(second: dict | None = None, **first) -> onnx.ModelProto:
+    """Two attention blocks in a row (attention_model's): the second reads the first's output as its x.
+    `second` gives the second block's keyword arguments (a site that cannot fuse, say)."""
+    a, b = attention_model(**first), attention_model(seed=1, **(second or {}))
+    x_b = a.graph.output[0].name
+    rename = lambda n: x_b if n == "x" else (f"b2/{n}" if n else n)  # noqa: E731
+    for n in b.graph.node:
+        n.input[:] = [rename(i) for i in n.input]
+        n.output[:] = [rename(o) for o in n.output]
+        n.name = f"b2/{n.name}"
+    for t in list(b.graph.initializer):
+        t.name = rename(t.name)
+    for o in b.graph.output:
+        o.name = rename(o.name)
+    extra = [i for i in b.graph.input if i.name != "x" and i.name not in {j.name for j in a.graph.input}]
+    for i in extra:
+        i.name = rename(i.name)
+    graph = helper.make_graph(list(a.graph.node) + list(b.graph.node), "two_attentions",
+                              list(a.graph.input) + extra, list(b.graph.output),
+                              list(a.graph.initializer) + list(b.graph.initializer))
+    model = helper.make_model(graph, opset_imports=list(a.opset_import), producer_name="tests")
+    model.ir_version = a.ir_version
+    model.metadata_props.extend(a.metadata_props)
+    return model

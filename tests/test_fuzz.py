@@ -23,17 +23,11 @@ from fuzz.sources import QUICK_SOURCES  # noqa: E402
 
 SEED, CASES, JOBS = 0, 300, 2
 
-# Meaning-preserving kinds trtattn fuses in >= 99% of the slice's cases today.
-PASSING = {"baseline", "identity", "cast_roundtrip", "scale_move", "div_mul", "scale_shape", "commute",
-           "dropout", "softmax_axis_sign", "transpose_split", "mask_expand", "mask_form", "opset"}
-# The others, with what the matcher does with them today (issue 10's classes).
-NOT_YET = {
-    "einsum": "attention written with Einsum is not matched (issue 10, class 5)",
-    "heads_3d": "heads merged into the batch around the softmax or the MatMuls (class 1); 3-D MatMuls crash "
-                "the rewrite's verification",
-    "flatten_softmax": "Flatten -> Softmax -> Reshape is not matched (class 1)",
-    "shape_consumer": "a Shape consumer of the probabilities stops the match (class 2)",
-}
+# Meaning-preserving kinds trtattn fuses in >= 99% of the slice's cases: all of them since the matcher reads
+# attention by axis meaning (Einsum, heads merged into the batch, Flatten -> Softmax -> Reshape, Shape readers).
+PASSING = {k for k, v in KINDS.items() if v.preserving}
+# Kinds not fused yet, with what the matcher does with them (strict xfails): none.
+NOT_YET: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +46,10 @@ def test_every_kind_ran(results):
     assert all(n >= 3 for n in ran.values()), ran
 
 
-# trtattn bugs the fuzzer finds today, by (outcome, kind): strict, so a fix says to drop the entry.
-KNOWN_BUGS = {
-    ("crashed", "heads_3d"): "3-D (heads-in-batch) MatMuls: the rewrite writes an Attention whose V is not 3-D/4-D "
-                             "and ONNX Runtime rejects it inside fuse's own verification",
-    ("wrong", "value_mask"): "a Where(mask, finfo.min, scores) mask lowered to a boolean attn_mask differs where "
-                             "every key of a row is masked (the original averages V uniformly)",
-}
+# trtattn bugs the fuzzer finds today, by (outcome, kind): strict xfails, so a fix says to drop the entry.
+# None left: 3-D products are read by frames (heads_3d), and a finite-fill mask keeps a fully masked row's
+# mean of V (value_mask; rewrite docstring of match/logit_ops/boolean.py).
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 def _per_kind(outcome):

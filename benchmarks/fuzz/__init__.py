@@ -4,10 +4,10 @@ hand-built graphs, each kind declaring whether it keeps the meaning, and an orac
 case was fused, listed as not fused, missed, crashed or written wrong.
 
     sources    the models (zoo exports, tests/graphs.py builders), their inputs, ONNX Runtime helpers
-    sites      an independent locator of attention-like softmaxes and the anchors mutations work on
-    graphops   small onnx-graphsurgeon helpers shared by the mutations
-    preserving meaning-preserving mutations        changing  meaning-changing mutations
-    registry   the kind registry (one decorated function per kind)
+    sites      an independent locator of attention-like softmaxes, the anchors mutations work on, and
+               what the source computes there (shapes, small constants)
+    graphops   the kind registry (one decorated function per kind) and the onnx-graphsurgeon helpers
+    preserving meaning-preserving kinds            changing  meaning-changing kinds
     oracle     one case: mutate, validate, fuse under a guard, classify
-    runner     planning, parallel jobs, the table; benchmarks/fuzz_attention.py is the command
+    runner     planning, parallel jobs, the tables; benchmarks/fuzz_attention.py is the command
 """

@@ -103,7 +103,7 @@ class Ctx:
 
     def path_nodes(self) -> list[gs.Node]:
         s = self.site
-        return [n for n in [*s.pre, s.softmax, *s.post, s.bmm2] if n.outputs or n is s.bmm2]
+        return [*s.pre, s.softmax, *s.post, s.bmm2]
 
     def edge(self, name: str) -> tuple[gs.Node, gs.Tensor]:
         """(consumer, tensor) of one edge of the site: q, k (K as bmm1 reads it), v, logits (bmm1's
@@ -136,10 +136,8 @@ class Ctx:
             replace_input(c, out, src)
         node.inputs.clear()
         node.outputs.clear()
-        if node in self.site.pre:
-            self.site.pre.remove(node)
-        if node in self.site.post:
-            self.site.post.remove(node)
+        self.site.pre[:] = [n for n in self.site.pre if n is not node]
+        self.site.post[:] = [n for n in self.site.post if n is not node]
 
     def path_operand(self, node: gs.Node) -> int:
         """Which input of a node between bmm1 and the softmax carries the logits."""

@@ -51,6 +51,8 @@ class Atoms:
     def __init__(self):
         self.size: dict[str, int | None] = {}
         self.symbol: dict[str, str] = {}  # a dim name an inference gave an atom alone on an axis
+        self.dynamic: set[str] = set()  # atoms seen alone on an axis of a symbolic (or -1) dim
+        self.hard_coded: dict[str, tuple[int, str]] = {}  # atom -> (size, Reshape) a constant target gives it
         self.parts: dict[str, tuple[str, ...]] = {}  # atom -> the atoms it was split into
 
     def new(self, name: str, size: int | None = None) -> str:
@@ -87,6 +89,13 @@ class Atoms:
                     self.size[unknown[0]] = d // rest
             elif isinstance(d, str) and len(g) == 1 and not d.startswith("unk__"):
                 self.symbol.setdefault(g[0], d)
+            if len(g) == 1 and (isinstance(d, str) or (isinstance(d, int) and d < 0)):
+                self.dynamic.add(g[0])
+
+    def baked(self, atoms: tuple[str, ...]) -> list[tuple[str, int, str]]:
+        """(atom, size, Reshape) for each of `atoms` a constant Reshape target fixes although it is a
+        symbolic dim elsewhere: the graph means something else at other lengths."""
+        return [(a, *self.hard_coded[a]) for a in atoms if a in self.hard_coded and a in self.dynamic]
 
 
 # ---------------------------------------------------------------- dims
@@ -308,6 +317,16 @@ def reshape_dims(view, node: gs.Node) -> list | None:
     return out
 
 
+def _note_constants(view, node: gs.Node, out_frame: Frame, atoms: Atoms) -> None:
+    """The atoms a Reshape's constant target gives a size of their own (a length written into the graph)."""
+    target = partial_ints(view, node.inputs[1])
+    if target is None or len(target) != len(out_frame):
+        return
+    for g, t in zip(atoms.resolve(out_frame), target):
+        if len(g) == 1 and t is not None and t > 0:
+            atoms.hard_coded.setdefault(g[0], (t, node.name))
+
+
 def is_noop_expand(view, node: gs.Node) -> bool:
     shape = view.ints(node.inputs[1]) if len(node.inputs) > 1 else None
     src = view.shape(node.inputs[0])
@@ -342,7 +361,9 @@ def forward(view, node: gs.Node, frame: Frame, atoms: Atoms) -> Frame:
         perm = list(node.attrs.get("perm", reversed(range(len(frame)))))
         return tuple(frame[p] for p in perm)
     if op == "Reshape":
-        return regroup(atoms, frame, view.shape(node.inputs[0]), reshape_dims(view, node), what)
+        out = regroup(atoms, frame, view.shape(node.inputs[0]), reshape_dims(view, node), what)
+        _note_constants(view, node, out, atoms)
+        return out
     if op == "Flatten":
         axis = node.attrs.get("axis", 1) % max(len(frame), 1)
         return (sum(frame[:axis], ()), sum(frame[axis:], ()))
@@ -386,6 +407,7 @@ def backward(view, node: gs.Node, frame: Frame, atoms: Atoms) -> Frame:
             out[p] = frame[i]
         return tuple(out)
     if op == "Reshape":
+        _note_constants(view, node, frame, atoms)
         return regroup(atoms, frame, reshape_dims(view, node), view.shape(node.inputs[0]), what)
     if op == "Flatten":
         return regroup(atoms, frame, view.shape(node.outputs[0]), view.shape(node.inputs[0]), what)

@@ -116,6 +116,11 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         q, k, v, batch, heads, kv = _operands(view, core)
     except Unfollowable as e:
         raise Unsupported(str(e)) from None
+    for atom, size, node in atoms.baked((core.query, core.key)):
+        what = "query" if atom == core.query else "key"
+        raise Unsupported(f"Reshape {node} writes the {what} length {size} into the graph where the model's length "
+                          "is symbolic: at other lengths it attends within blocks of that length, which no fused "
+                          "attention computes")
     logit = logit_scale(core.steps)
     upstream = upstream_scale(view, q.tensor)
     rename = {core.query: "q", core.key: "k", "c": "d", "e": "e"}

@@ -32,6 +32,10 @@ from .microsoft import convert as convert_microsoft
 
 ATTENTION_OPSET = 23
 NOT_FUSED = "not fused"  # the status of an attention the output keeps as it was (the reason says why)
+# A site whose softmax output the model quantizes (Q/DQ between the Softmax and the product with V) loses
+# that rounding in the fused op: each probability moves by up to half a step. Measured on the fuzzer's
+# uint8 (1/255) cases: 2.3-3.2 steps on the attention output. Such a site is verified within 8 steps.
+QUANT_STEPS = 8
 
 
 @dataclass
@@ -54,7 +58,7 @@ class SiteReport:
             "mask": s.mask.value, "causal": s.causal.value, "window": s.window, "padding": self.padding,
             "bias": self.bias, "cache": s.cache.value, "rope": s.rope.kind.value if s.rope else "none",
             "status": self.status, "reason": self.reason, "max_abs_err": self.max_abs_err,
-            "notes": list(s.notes),
+            "tolerance": quant_tolerance(s) or None, "notes": list(s.notes),
         }
 
 
@@ -69,6 +73,12 @@ class FuseResult:
     @property
     def ok(self) -> bool:
         return all(r.status == "fused" for r in self.reports) and self.verification.get("passed", True)
+
+
+def quant_tolerance(site: AttentionSite) -> float:
+    """The quantization tolerance a site is verified within (0: none, the model's own tolerance)."""
+    probs = site.quant.probs if site.quant else None
+    return QUANT_STEPS * probs.scale if probs is not None else 0.0
 
 
 def has_candidates(model: onnx.ModelProto) -> bool:
@@ -102,7 +112,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
                   and not meaning.padding and not meaning.bias)
     steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
-    mask_emit = Emitter(graph, f"trtattn/{site.name}/mask")
+    mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
     built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
     mask = built.m
@@ -188,14 +198,15 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
             try:
                 outcome = compare_models(model, fused, [r.site for r in active if not r.site.graph], dims=dims,
-                                         seed=seed, atol=atol, rtol=rtol)
+                                         seed=seed, atol=max([atol] + [quant_tolerance(r.site) for r in active]),
+                                         rtol=rtol)
             except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
                 for r in _blame(e, active):
                     r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"
                 continue
         for r in active:
             r.max_abs_err = _site_error(r, outcome)
-        bad = [r for r in active if r.max_abs_err is None or not r.max_abs_err <= atol]
+        bad = [r for r in active if r.max_abs_err is None or not r.max_abs_err <= max(atol, quant_tolerance(r.site))]
         if not bad:
             return FuseResult(fused if outcome.passed else model, reports, result.ignored, outcome.summary(),
                               outcome.passed)

@@ -9,6 +9,7 @@ Adding a kind is one module with a LogitOp subclass, registered in UNITS below, 
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from ...site import MaskKind, MaskStep
@@ -104,7 +105,22 @@ def build(graph: gs.Graph, tensors: dict, steps, prefix: str, dtype, convert):
     for step in steps:
         if not unit(step).layout:
             unit(step).lower(b, step)
+    if b.kind == MaskKind.ADDITIVE and any(s.op in ("add", "sub") for s in steps):
+        b.m = _finite_floor(b)
     return b
+
+
+def _finite_floor(b: MaskBuilder) -> gs.Tensor:
+    """A bias that masks with the dtype's lowest value: a row it masks everywhere is uniform in the model
+    (every logit equal), while ONNX Runtime's Attention reads the lowest value as -inf and zeroes such a
+    row. Finite values below the replacing fill go up to it (nothing else changes: those logits vanish as
+    before); -inf stays -inf (a fully masked row is then 0, as under torch's NaN guard)."""
+    from .boolean import replacing_fill
+
+    e, m = b.emit, b.m
+    floor = e("Max", [m, e.const(replacing_fill(b.dtype), b.dtype)], dtype=b.dtype, name="mask_floor")
+    return e("Where", [e("IsInf", [m], {"detect_positive": 0}, dtype=np.bool_), m, floor], dtype=b.dtype,
+             name="keep_minus_inf")
 
 
 __all__ = ["LogitOp", "MaskBuilder", "UNITS", "unit", "read", "check", "masking", "kind_of", "logit_scale",
