@@ -12,7 +12,7 @@ from ..graph.inputs import parse_dims
 from ..report import counts, site_table, summary_line, write_json
 from ..version import __version__
 from . import fuse_trt
-from .common import add_model_out, add_verify_opts, check_output, verdict
+from .common import add_model_out, add_verify_opts, check_output, load_model, verdict
 
 
 def add_parser(sub) -> None:
@@ -31,7 +31,7 @@ def run(args, progress) -> int:
     if fuse_trt.wanted(args):
         return fuse_trt.run(args, progress)
     check_output(args.model, args.output, args.force)
-    model = onnxio.load(args.model)  # bad input: one line, before any progress output
+    model = load_model(args.model)  # weights stay on disk; bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress)
     return report(result, model, args.model, args.output, args.report, progress, allow_partial=args.allow_partial)
 

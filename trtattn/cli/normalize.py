@@ -8,7 +8,7 @@ from ..graph import io as onnxio
 from ..graph.inputs import make_feeds, parse_dims
 from ..report import table, write_json
 from ..version import __version__
-from .common import add_model_out, add_verify_opts, check_output, verdict
+from .common import add_model_out, add_verify_opts, check_output, load_model, verdict
 
 COLUMNS = [("name", "site"), ("heads", "heads q/kv"), ("head_size", "head"), ("scale", "scale"),
            ("scale_before", "scale was"), ("scale_to", "scale to"), ("mask_form", "mask form"),
@@ -33,7 +33,7 @@ def run(args, progress) -> int:
     from ..rewrite.normalize import normalize_model
 
     check_output(args.model, args.output, args.force)
-    model = onnxio.load(args.model)
+    model = load_model(args.model)
     if args.quantize and not args.calib:
         raise TrtattnError("--quantize needs calibration data: --calib DATA.npz (arrays keyed by input name)")
     if args.quantize:
@@ -54,6 +54,8 @@ def run(args, progress) -> int:
         from ..rewrite.quantize import QUANT_COLUMNS, load_calibration, quantize_checked
 
         feeds = [make_feeds(model, dims=dims, seed=args.seed + i, padding=False) for i in range(2)]
+        onnxio.materialize(model)  # ModelOpt calibrates with the weights in memory
+        onnxio.materialize(result.model)
         quantized, summary, passed = quantize_checked(model, result.model, args.quantize,
                                                       load_calibration(args.calib), feeds, progress)
         print(table(summary["sites"], QUANT_COLUMNS))

@@ -7,6 +7,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from .view import export_graph
+
 
 def onnx_dtype(dtype) -> int:
     """numpy dtype -> ONNX TensorProto data type."""
@@ -67,7 +69,7 @@ def export_like(graph: gs.Graph, like: onnx.ModelProto, opset: int | None = None
     """The rewritten graph as a model with the original's IR version and metadata (dead nodes removed,
     sorted), its default-domain opset raised to `opset` if given."""
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    model = gs.export_onnx(graph)
+    model = export_graph(graph, like)  # weights left on disk stay references (view.import_graph)
     model.ir_version = like.ir_version
     del model.metadata_props[:]
     model.metadata_props.extend(list(like.metadata_props))

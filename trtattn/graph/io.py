@@ -101,10 +101,9 @@ def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.Model
         if load_external_data:
             onnx.load_external_data_for_model(model, str(base))
             _strip_external(model)  # the data is in the proto now: nothing may look for the files again
-        else:
+        elif any(uses_external_data(t) for t in all_tensors(model)):
+            external.set_data_dir(model, base)  # also when every tensor is small: its outputs keep external data
             external.read_small(model, base)
-            if any(uses_external_data(t) for t in all_tensors(model)):
-                external.set_data_dir(model, base)
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot read external data ({e})") from None
     return model

@@ -10,6 +10,8 @@ Weights are never read to build the view: `import_graph` gives weights that stay
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -23,9 +25,42 @@ PASSTHROUGH = {"Identity", "Dropout"}
 FLOAT_TYPES = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)}
 
 
+class MappedValues(LazyValues):
+    """Values of a weight left on disk: memory-mapped from its file the first time something reads them
+    (nothing is read before), and exported as the original TensorProto, which names those bytes."""
+
+    def __init__(self, tensor: onnx.TensorProto, folder):
+        super().__init__(tensor)
+        self.folder = folder
+        self.array = None
+
+    def load(self):
+        if self.array is None:
+            self.array = external.mapped(self.tensor, self.folder)
+        return self.array
+
+
+class _Mapped:
+    """The MappedValues import_graph gave each constant, by the constant's identity (entries go with it)."""
+
+    def __init__(self):
+        self.items: dict[int, tuple] = {}
+
+    def add(self, constant: gs.Constant, values: MappedValues) -> None:
+        key = id(constant)
+        self.items[key] = (weakref.ref(constant, lambda _, k=key: self.items.pop(k, None)), values)
+
+    def get(self, constant: gs.Constant) -> MappedValues | None:
+        item = self.items.get(id(constant))
+        return item[1] if item is not None and item[0]() is constant else None
+
+
+_MAPPED = _Mapped()
+
+
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """onnx-graphsurgeon's import; the weights a lazily loaded model (io.load(..., load_external_data=False))
-    left on disk get memory-mapped values: reading them reads the file, nothing else does."""
+    left on disk are read from their files only if something uses their values (MappedValues)."""
     graph = gs.import_onnx(model)
     folder = external.data_dir(model)
     if folder is not None:
@@ -33,35 +68,26 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
         for constant in _constants(graph):
             proto = protos.get(constant.name) if constant.data_location == onnx.TensorProto.EXTERNAL else None
             if proto is not None:
-                values = external.mapped(proto, folder)
-                if isinstance(values, np.memmap):
-                    values.source = proto  # how export_graph finds the file's bytes again
-                    constant.values = values
+                values = MappedValues(proto, folder)
+                constant.values = values
+                _MAPPED.add(constant, values)
     return graph
 
 
 def export_graph(graph: gs.Graph, like: onnx.ModelProto, do_type_check: bool = True) -> onnx.ModelProto:
-    """onnx-graphsurgeon's export of a graph from import_graph(like): a weight whose values are still its
-    file's bytes is written as the reference to them (onnx-graphsurgeon would copy them into the proto), a
-    weight given new values goes in the proto. The result records where the weights are, as `like` does."""
-    mapped = []
-    if external.data_dir(like) is not None:
-        for constant in _constants(graph):
-            if constant.data_location != onnx.TensorProto.EXTERNAL:
-                continue
-            try:
-                values = constant.values
-            except OSError:  # imported without import_graph: onnx-graphsurgeon exports the reference itself
-                continue
-            source = getattr(values, "source", None)
-            if isinstance(values, np.memmap) and source is not None and values.shape == tuple(source.dims):
-                constant.values = LazyValues(source)
-                mapped.append((constant, values))
-            else:
-                constant.data_location = None  # new values: they go in the proto
+    """onnx-graphsurgeon's export of a graph from import_graph(like): a weight left on disk is written as the
+    reference to its bytes, even after something read it (onnx-graphsurgeon would copy the values it loaded
+    into the proto); a weight given new values goes in the proto. The result records where the weights are,
+    as `like` does."""
+    for constant in _constants(graph):
+        values = _MAPPED.get(constant)
+        if values is None or values.array is None:
+            continue  # never read: onnx-graphsurgeon exports the reference itself
+        if constant.values is values.array:
+            constant.values = values  # read, not changed: the reference again
+        else:
+            constant.data_location = None  # new values: they go in the proto
     model = gs.export_onnx(graph, do_type_check=do_type_check)
-    for constant, values in mapped:  # the graph as it was
-        constant.values = values
     external.set_data_dir(model, external.data_dir(like))
     return model
 

@@ -206,7 +206,8 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
                 continue
         for r in active:
             r.max_abs_err = _site_error(r, outcome)
-        bad = [r for r in active if r.max_abs_err is None or not r.max_abs_err <= max(atol, quant_tolerance(r.site))]
+        bad = [r for r in active if r.max_abs_err is None
+               or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, atol), quant_tolerance(r.site))]
         if not bad:
             return FuseResult(fused if outcome.passed else model, reports, result.ignored, outcome.summary(),
                               outcome.passed)

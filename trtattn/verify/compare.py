@@ -65,11 +65,18 @@ class Outcome:
     atol: float = 0.0
     rtol: float = 0.0
     nan_mismatch: list[str] = field(default_factory=list)
+    bounds: dict[str, float] = field(default_factory=dict)  # name -> the max abs error allowed (atol + rtol * max|ref|)
+    slices: int = 0  # > 0: the largest model ran in this many slices of layers (verify/slices.py)
+
+    def within(self, name: str, error: float | None) -> bool:
+        """Whether `error` (a max abs error of output or site `name`) is within its bound."""
+        return error is not None and error <= self.bounds.get(name, self.atol)
 
     def summary(self) -> dict:
         return {"passed": self.passed, "iterations": self.iterations, "atol": self.atol, "rtol": self.rtol,
                 "max_abs_err": max(self.output_errors.values(), default=0.0),
-                "outputs": self.output_errors, "nan_mismatch": self.nan_mismatch}
+                "outputs": self.output_errors, "nan_mismatch": self.nan_mismatch,
+                **({"slices": self.slices} if self.slices else {})}
 
 
 def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
@@ -79,7 +86,9 @@ def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iteration
 
 def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outcome, dict[str, float]]:
     """Polygraphy's verdict on the first two runners' results and each output's worst max abs error
-    over the iterations (NaN in an error: inf, and the output is listed as a NaN mismatch)."""
+    over the iterations (NaN in an error: inf, and the output is listed as a NaN mismatch). Each output's
+    max abs error must also be within atol + rtol * its largest reference magnitude (the bound numpy's
+    allclose gives at the reference's largest element: fp16 rounds an output of 30 to steps of 1/64)."""
     from polygraphy.comparator import Comparator, CompareFunc
 
     with contextlib.redirect_stdout(io.StringIO()):
@@ -97,8 +106,13 @@ def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outco
                     if name not in outcome.nan_mismatch:
                         outcome.nan_mismatch.append(name)
                 errors[name] = max(errors.get(name, 0.0), err)
-    # Polygraphy's verdict (elementwise atol or rtol) and a strict bound on the max abs error
-    outcome.passed = outcome.passed and bool(errors) and all(e <= atol for e in errors.values())
+    for iteration in results[0][1]:  # the reference's magnitudes
+        for name, value in iteration.items():
+            scale = float(np.max(np.abs(value), initial=0.0)) if np.size(value) else 0.0
+            bound = atol + rtol * (scale if math.isfinite(scale) else 0.0)
+            outcome.bounds[name] = max(outcome.bounds.get(name, atol), bound)
+    # Polygraphy's verdict (elementwise atol or rtol) and the bound on each max abs error
+    outcome.passed = outcome.passed and bool(errors) and all(outcome.within(k, e) for k, e in errors.items())
     return outcome, errors
 
 
@@ -116,10 +130,11 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
         with contextlib.redirect_stdout(io.StringIO()):
             results = Comparator.run(runners, data_loader=feeds)
     outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds))
+    outcome.slices = max(len(getattr(r, "slices", ())) for r in runners)
     graph_outputs = {o.name for o in original.graph.output}
     outcome.output_errors = {k: v for k, v in errors.items() if k in graph_outputs}
     outcome.site_errors = {k: v for k, v in errors.items() if k in site_outputs}  # a site may be an output too
-    outcome.passed = outcome.passed and all(e <= atol for e in outcome.output_errors.values())
+    outcome.passed = outcome.passed and all(outcome.within(k, e) for k, e in outcome.output_errors.items())
     return outcome
 
 
@@ -154,4 +169,5 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
     lined.append(("candidate", new_iters))
     outcome, errors = _judge(lined, atol=atol, rtol=rtol, iterations=iterations)
     outcome.output_errors = errors
+    outcome.slices = max(len(getattr(r, "slices", ())) for r in (reference, candidate))
     return outcome

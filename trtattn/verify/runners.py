@@ -18,6 +18,7 @@ import onnx
 
 from ..graph.evaluate import ort_session
 from ..graph.io import extra_outputs
+from .slices import slice_budget, sliced_runner
 
 # Polygraphy asks of every run's outputs whether they are torch tensors unless arrays may be swapped to disk
 # (its documented POLYGRAPHY_ARRAY_SWAP_THRESHOLD_MB); asking imports torch (4-6 s here). A threshold no
@@ -35,8 +36,11 @@ def onnx_runner(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(),
                 level: str = "basic"):
     """A Polygraphy ONNX Runtime runner for `model` that also outputs `outputs`, valid while `stack` is
     open. The session is made when Polygraphy activates the runner and freed when it deactivates it, so
-    only one model is in ONNX Runtime at a time; weights left on disk are memory-mapped, never copied.
+    only one model is in ONNX Runtime at a time; weights left on disk are memory-mapped, never copied; a
+    model whose weights are over half the memory available runs in slices of layers (slices.py).
     `level`: ONNX Runtime's graph optimization level ("basic" by default; see graph.evaluate)."""
+    if slice_budget(model) is not None:  # weights over half the memory available: one slice of layers at a time
+        return sliced_runner(model, outputs, name, level)
     stack.enter_context(extra_outputs(model, outputs))
     return numpy_onnxrt_runner()(lambda: ort_session(model, level=level), name=name)
 
