@@ -37,11 +37,12 @@ class Core:
     key: str  # the atom of the key positions
     batch: list[str]  # batch atoms (heads included), in the order of BMM1's output
     q_index: int  # which operand of BMM1 is Q
-    q_frame: Frame = ()
-    k_frame: Frame = ()
-    v_frame: Frame = ()
-    out_frame: Frame = ()
-    scores_frame: Frame = ()  # the Softmax input
+    p_index: int  # which operand of BMM2 the probabilities are
+    q_frame: Frame  # of BMM1's Q operand
+    k_frame: Frame  # of BMM1's K operand
+    v_frame: Frame  # of BMM2's V operand
+    out_frame: Frame  # of BMM2's output
+    scores_frame: Frame  # of the Softmax input
     shape_reads: list[tuple[str, Frame]] = field(default_factory=list)  # Shape outputs of chain tensors
     logits_cast: int | None = None  # a float Cast on the logits (softmax computed in another precision)
     logits_quant: QuantParams | None = None  # a Q/DQ pair on the logits
@@ -58,9 +59,7 @@ class Core:
 
     @property
     def v_operand(self) -> gs.Tensor:
-        return self.bmm2.operands[1 - self._p_index]
-
-    _p_index: int = 0
+        return self.bmm2.operands[1 - self.p_index]
 
 
 def softmax_axes(view: GraphView, sm: gs.Node, rank: int) -> list[int]:
@@ -81,9 +80,8 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
     shape_reads: list[tuple[str, Frame]] = []
     steps: list[MaskStep] = []
     cast = logits_quant = None
-    t = bmm1_node.outputs[0]
-    shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(t.name, [])]
-    for node, step, carried in reversed(up):  # BMM1 -> Softmax
+    shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(bmm1_node.outputs[0].name, [])]
+    for node, step in reversed(up):  # BMM1 -> Softmax
         if step is not None:
             steps.append(_with_frame(view, step, frame, atoms))
         elif node.op == "Cast" and view.is_float_cast(node) and not view.is_noop_cast(node):
@@ -92,20 +90,19 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
             logits_quant = logits_quant or quant_params(view, node)
         else:
             frame = axes.forward(view, node, frame, atoms)
-        t = node.outputs[0]
-        shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(t.name, [])]
+        shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(node.outputs[0].name, [])]
     logit_ops.check(steps)
     scores = frame
     normalised = softmax_axes(view, sm, len(frame))
     over = [a for i in normalised for a in atoms.resolve((frame[i],))[0]]
     if len([a for a in over if atoms.known(a) != 1]) <= 1:  # size-1 atoms normalise nothing
         over = [a for a in over if atoms.known(a) != 1] or [a for a in over if a in ("m", "n")]
-    m, n = "m", "n"  # the free atoms of the first and second operand
-    if over not in ([m], [n]):
-        raise Unsupported(f"Softmax {sm.name} normalises over {show(tuple(frame[i] for i in normalised))}, "
-                          f"not the key positions of {bmm1_node.name}")
+    if over not in (["m"], ["n"]):  # the free atoms of BMM1's first and second operand
+        what = "the batch or heads" if over and all(a.startswith("x") for a in over) else "several axes"
+        raise Unsupported(f"Softmax {sm.name} normalises over {what} ({show(tuple(frame[i] for i in normalised))}), "
+                          f"not over the positions of one operand of {bmm1_node.name}")
     key = over[0]
-    query = n if key == m else m
+    query = "n" if key == "m" else "m"
     # the probabilities: their frame down to the second product
     probs_quant = None
     shape_reads += [(s.outputs[0].name, frame) for s in probs_shapes.get(sm.outputs[0].name, [])]
@@ -120,14 +117,9 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
     p_index = 0 if bmm2.operands[0] is probs else 1
     v_frame, out_frame = _second_product(bmm2, p_index, frame, atoms, query, key)
     q_index = 0 if query == "m" else 1
-    core = Core(sm, bmm1, bmm2, steps, down, atoms, query, key,
-                [a for a in atoms_of_batch(bmm1)], q_index, shape_reads=shape_reads, logits_cast=cast,
-                logits_quant=logits_quant, probs_quant=probs_quant)
-    core._p_index = p_index
-    core.q_frame = _operand_frame(bmm1, q_index)
-    core.k_frame = _operand_frame(bmm1, 1 - q_index)
-    core.v_frame, core.out_frame, core.scores_frame = v_frame, out_frame, scores
-    return core
+    return Core(sm, bmm1, bmm2, steps, down, atoms, query, key, atoms_of_batch(bmm1), q_index, p_index,
+                _operand_frame(bmm1, q_index), _operand_frame(bmm1, 1 - q_index), v_frame, out_frame, scores,
+                shape_reads, cast, logits_quant, probs_quant)
 
 
 # ---------------------------------------------------------------- frames of the products
@@ -268,9 +260,9 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
 
 # ---------------------------------------------------------------- upstream
 def _walk_logits(view: GraphView, t: gs.Tensor):
-    """From the Softmax input up to the first product: [(node, step or None, tensor it continues from)],
+    """From the Softmax input up to the first product: [(node, its logit step or None for a layout op)],
     nearest the Softmax first, the product, and Shape readers by tensor name."""
-    path: list[tuple[gs.Node, MaskStep | None, gs.Tensor]] = []
+    path: list[tuple[gs.Node, MaskStep | None]] = []
     shapes: dict[str, list[gs.Node]] = {}
     for _ in range(32):
         shapes[t.name] = [c for c in view.consumers(t) if c.op == "Shape"]
@@ -282,14 +274,14 @@ def _walk_logits(view: GraphView, t: gs.Tensor):
                 raise NotAttention(f"the logits come from {n.op} {n.name} with weights (a linear layer)")
             return path, n, shapes
         if axes.is_layout(view, n):
-            path.append((n, None, n.inputs[0]))
+            path.append((n, None))
             t = n.inputs[0]
             continue
         found = logit_ops.read(view, n)
         if found is None:
             raise NotAttention(f"the logits come from {n.op} {n.name}")
         step, t = found
-        path.append((n, step, t))
+        path.append((n, step))
     raise NotAttention("too many ops between the product and the Softmax")
 
 

@@ -40,7 +40,9 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
                 site = fused_ops.site_from_node(view, node)
             else:
                 continue
-        except (NotAttention, Unsupported) as e:
+        except Exception as e:  # NotAttention, Unsupported: listed or ignored with the reason
+            if not isinstance(e, (NotAttention, Unsupported)):  # a matcher bug must not take the run down
+                e = Unsupported(f"the matcher failed on it ({type(e).__name__}: {e}; a trtattn bug, please report it)")
             where = f" (in {_where(path)})" if path else ""
             if node.op != "Softmax" or likeness.attention_like(view, node):
                 name = _site_name(node.name or node.outputs[0].name, names)

@@ -52,7 +52,7 @@ class SiteReport:
     def row(self) -> dict:
         s = self.site
         return {
-            "name": s.name, "kind": s.kind.value, "source": s.source,
+            "name": s.name, "node": s.softmax, "kind": s.kind.value, "source": s.source,
             "q_heads": s.q_heads, "kv_heads": s.kv_heads, "head_size": s.head_size,
             "scale": s.softmax_scale, "scale_placement": s.scale_placement.value,
             "mask": s.mask.value, "causal": s.causal.value, "window": s.window, "padding": self.padding,
@@ -243,7 +243,7 @@ def _verify_reason(r: SiteReport) -> str:
 
 
 def _placeholder(sk: Skipped) -> AttentionSite:
-    return AttentionSite(name=sk.name, kind=SiteKind.SELF, query="", key="", value="", output="")
+    return AttentionSite(name=sk.name, kind=SiteKind.SELF, query="", key="", value="", output="", softmax=sk.node)
 
 
 def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict,
@@ -264,9 +264,11 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
         mark = len(scope.nodes)
         try:
             r.attention_node = rewrite_site(scope, tensors, r.site, meanings.get(r.site.name)).name
-        except (TrtattnError, KeyError, ValueError, StopIteration) as e:
+        except Exception as e:  # the site stays as it was, with why
             del scope.nodes[mark:]
-            r.status, r.reason = NOT_FUSED, str(e) or type(e).__name__
+            expected = isinstance(e, (TrtattnError, KeyError, ValueError, StopIteration))
+            r.status, r.reason = NOT_FUSED, (str(e) or type(e).__name__) if expected else \
+                f"the rewrite failed ({type(e).__name__}: {e}; a trtattn bug, please report it)"
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     fused = export_graph(graph, working)
     fused.ir_version = working.ir_version

@@ -47,8 +47,10 @@ def read(view, node: gs.Node) -> tuple[MaskStep, gs.Tensor] | None:
 
 def check(steps) -> None:
     """Each unit's say on where its steps stand (a soft-cap after a mask cannot be lowered)."""
-    for i, s in enumerate(steps):
-        unit(s).check(list(steps), i)
+    steps = list(steps)
+    units = [unit(s) for s in steps]
+    for i, u in enumerate(units):
+        u.check(steps, i, units)
 
 
 def softcap(steps) -> float | None:

@@ -3,7 +3,7 @@
 Between the first MatMul and the Softmax the logits pass through ops that scale, mask, bias or
 reshape them. Each kind is one unit (a LogitOp subclass in its own module) that says
 - how it is matched: `read(view, node)` turns an ONNX node on the chain into a MaskStep and names the
-  input that carries the logits on (None: not this unit's node); `check(steps, i)` rejects an order
+  input that carries the logits on (None: not this unit's node); `check(steps, i, units)` rejects an order
   the lowering cannot express;
 - what it is: `scales` (multiplies the logits), `masks` (contributes to the mask/bias M), `boolean`,
   `layout` (changes the logits' layout), `implicit_ok` (TensorRT's implicit fusion accepts it as the one
@@ -92,8 +92,9 @@ class LogitOp:
         """(the step, the input carrying the logits on) if this unit takes `node`, else None."""
         raise NotImplementedError
 
-    def check(self, steps: list[MaskStep], i: int) -> None:
-        """Raise Unsupported if steps[i] cannot stand where it is among the others (default: anywhere)."""
+    def check(self, steps: list[MaskStep], i: int, units: list["LogitOp"]) -> None:
+        """Raise Unsupported if steps[i] cannot stand where it is among the others (their units: `units`);
+        by default a step may stand anywhere."""
 
     def lower(self, b: MaskBuilder, step: MaskStep) -> None:
         raise NotImplementedError

@@ -36,12 +36,10 @@ class Softcap(LogitOp):
                               f"than the {cap:g} it multiplies by")
         return None
 
-    def check(self, steps, i):
-        from . import unit
-
-        if any(unit(s).masks or unit(s).layout for s in steps[:i]):
+    def check(self, steps, i, units):
+        if any(u.masks or u.layout for u in units[:i]):
             raise Unsupported(f"the soft-cap at {steps[i].node} comes after a mask or bias (Attention caps first)")
-        if any(unit(s).scales or unit(s).kind == self.kind for s in steps[i + 1:]):
+        if any(u.scales or u.kind == self.kind for u in units[i + 1:]):
             raise Unsupported(f"the logits are scaled again after the soft-cap at {steps[i].node}")
 
     def lower(self, b, step):
