@@ -31,7 +31,7 @@ def candidates(kind: str, sources: list[str], sites: dict[str, int], seed: int) 
     return [ids[i] for i in order]
 
 
-def draw(stripe: list[str], cli: bool) -> CaseResult:
+def draw(kind: str, stripe: list[str], cli: bool) -> CaseResult:
     """The first case of a slot's stripe of candidates that applies to its site."""
     last, unusable = None, []
     for cid in stripe[:MAX_DRAWS]:
@@ -43,16 +43,21 @@ def draw(stripe: list[str], cli: bool) -> CaseResult:
         if last.outcome != "n/a":
             last.notes += unusable
             return last
-    kind = stripe[0].split("/")[2] if stripe else "?"
     if last is None:
-        last = CaseResult(f"-/-/{kind}/-", "-", "-", kind, "-", KINDS[kind].preserving, reason="no usable source")
+        last = CaseResult(f"-/-/{kind}/-", "-", "-", kind, "-", KINDS[kind].preserving,
+                          reason="no candidate left" if not stripe else "no usable source")
     last.outcome, last.notes = "n/a", last.notes + unusable
     last.reason = f"no applicable case in {min(len(stripe), MAX_DRAWS)} draws (last: {last.reason})"
     return last
 
 
 def _draw_slot(args) -> CaseResult:
-    return draw(*args)
+    try:
+        return draw(*args)
+    except Exception as e:  # a fuzzer bug must not cost the run: it is reported as an invalid case
+        kind, stripe, _ = args
+        return CaseResult(stripe[0] if stripe else f"-/-/{kind}/-", "-", "-", kind, "-", KINDS[kind].preserving,
+                          outcome="invalid", reason=f"the fuzzer raised {type(e).__name__}: {e}")
 
 
 def site_counts(sources: list[str]) -> dict[str, int]:
@@ -82,7 +87,7 @@ def plan(cases: int, seed: int, sources: list[str], cli_every: int = 10, kinds=N
             pool = candidates(k, sources, sites, seed)
             for j, i in enumerate(slots):
                 stripes[i] = pool[j::len(slots)]
-    return [(stripes[i], cli_every > 0 and i % cli_every == 0) for i in range(cases)]
+    return [(kinds[i % len(kinds)], stripes[i], cli_every > 0 and i % cli_every == 0) for i in range(cases)]
 
 
 def run(cases: int, seed: int, jobs: int, sources: list[str], cli_every: int = 10, progress=None,
