@@ -59,10 +59,12 @@ class NormalizeResult:
     verification: dict
     ignored: list = field(default_factory=list)
     quantization: dict | None = None
+    skipped: list = field(default_factory=list)  # attentions the matcher could not take (Skipped: name, reason)
 
     @property
     def ok(self) -> bool:
-        return self.verification.get("passed") is not False and not any(s.action.startswith("skipped") for s in self.sites)
+        return self.verification.get("passed") is not False and not self.skipped and \
+            not any(s.action.startswith("skipped") for s in self.sites)
 
 
 def already_normal(site) -> bool:
@@ -99,6 +101,10 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         rows.append(row)
         if site.source != "pattern":
             row.action = f"kept: already a fused op ({site.source})"
+            continue
+        if site.quant is not None and site.quant.logits is not None:
+            row.action = ("skipped: its logits are quantized (Q/DQ between the first MatMul and the Softmax), which "
+                          "TensorRT's fused attention does not compute")
             continue
         pure_causal = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding \
             and not meaning.bias
@@ -139,7 +145,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         for r in rows:
             r.after = r.before
         return NormalizeResult(model, rows, False, stats, {"passed": True, "note": "nothing to improve"},
-                               result.ignored)
+                               result.ignored, skipped=list(result.skipped))
     out = export_like(graph, model)
     verification = {"passed": None}
     if verify:
@@ -156,7 +162,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         if s2 is not None:
             r.after = verdict(s2, precision=precision, meaning=after_meanings.get(s2.name),
                               mask_ops=_mask_ops(out, s2), probs_ops=between(out, s2.softmax)).row()
-    return NormalizeResult(out, rows, True, stats, verification, result.ignored)
+    return NormalizeResult(out, rows, True, stats, verification, result.ignored, skipped=list(result.skipped))
 
 
 def _mask_ops(model: onnx.ModelProto, site) -> set[str]:

@@ -1,0 +1,167 @@
+"""The trtexec route over the whole zoo (issue 13): every zoo model x exporter in every form, written with
+TensorRT's own ONNX ops (`trtattn fuse --ops trt`) and verified on CPU through trtattn_plugins; and `trtattn
+normalize` on each, with every attention Softmax checked against TensorRT's documented pattern.
+
+    python benchmarks/trt_route.py                       # everything (about 25 min on 2 cores, exports cached)
+    python benchmarks/trt_route.py --models llama,bert --forms padded --skip-normalize
+    python benchmarks/trt_route.py --json out/bench/trt_route.json
+
+Exports come from TRTATTN_ZOO_CACHE (or --work-dir) and are reused. Prints one table per part: for each
+row the outcome (written + verified; a form the model does not have, with why; sites TensorRT's ops cannot
+express, named) and the time; then the totals. Exits 1 if a written model failed its verification or a
+normalized site is outside the pattern without a reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the pattern check of the tests
+
+from test_normalize_probabilities import documented_pattern_violations  # noqa: E402
+
+from trtattn import zoo  # noqa: E402
+from trtattn.errors import TrtattnError  # noqa: E402
+from trtattn.report import table  # noqa: E402
+
+FORMS = ("padded", "packed", "kv-cache")
+
+
+def export(name: str, exporter: str, work: Path) -> Path:
+    path = work / f"{name}.{exporter}.onnx"
+    if not path.exists():
+        zoo.export(name, exporter, path)
+    return path
+
+
+def one_line(error: BaseException) -> str:
+    return str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+
+
+def trt_row(model: onnx.ModelProto, name: str, exporter: str, form: str) -> dict:
+    from trtattn.rewrite.trt_ops import fuse_trt
+
+    row = {"model": name, "exporter": exporter, "form": form}
+    start = time.perf_counter()
+    try:
+        result = fuse_trt(model, name=name, form=form)
+    except TrtattnError as e:
+        text = one_line(e)
+        row["outcome"] = ("refused: " if "TensorRT plugin" in text else "no form: ") + text
+        row["seconds"] = time.perf_counter() - start
+        return row
+    except Exception as e:  # an internal error is a finding too
+        row["outcome"] = f"ERROR {type(e).__name__}: {one_line(e)}"
+        row["trace"] = traceback.format_exc(limit=3)
+        row["seconds"] = time.perf_counter() - start
+        return row
+    row["seconds"] = time.perf_counter() - start
+    ops = collections.Counter(n.op_type for n in result.model.graph.node if n.domain == "trt")
+    row["ops"] = ", ".join(f"{v} {k}" for k, v in sorted(ops.items()))
+    row["rope"] = sum(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
+    row["max_abs_err"] = result.verification.get("max_abs_err")
+    row["outcome"] = "verified" if result.ok else f"FAILED: {result.verification.get('error') or 'mismatch'}"
+    return row
+
+
+def normalize_row(model: onnx.ModelProto, name: str, exporter: str) -> dict:
+    from trtattn.rewrite.normalize import normalize_model
+
+    row = {"model": name, "exporter": exporter}
+    start = time.perf_counter()
+    try:
+        result = normalize_model(model)
+    except Exception as e:
+        row.update(outcome=f"ERROR {type(e).__name__}: {one_line(e)}", seconds=time.perf_counter() - start)
+        return row
+    row["seconds"] = time.perf_counter() - start
+    row["sites"] = len(result.sites) + len(result.skipped)
+    row["guards_moved"] = sum(r.probabilities == "NaN guard moved after BMM2" for r in result.sites)
+    bad = dict(documented_pattern_violations(result.model))  # softmax -> what is in the way
+    by_softmax = {r.site.softmax: r for r in result.sites}
+    claims = ("rewritten", "kept: already in TensorRT's form")  # what normalize says is now TensorRT's form
+    claimed = [s for s in bad if s in by_softmax and by_softmax[s].action in claims
+               and "not TensorRT's form" not in by_softmax[s].probabilities]
+    row["in_pattern"] = sum(r.site.softmax not in bad for r in result.sites if r.site.softmax)
+    row["implicit"] = sum(bool(r.after.get("implicit")) for r in result.sites)
+    row["fused_ops"] = sum(r.action.startswith("kept: already a fused op") for r in result.sites)
+    reasons = [f"{r.site.name}: {r.action}" for r in result.sites if r.action.startswith(("skipped", "kept: "))
+               and r.action != "kept: already in TensorRT's form" and not r.action.startswith("kept: already a fused")]
+    reasons += [f"{s.name}: skipped by the matcher: {s.reason}" for s in result.skipped]
+    if claimed:  # normalize says these are in TensorRT's form, and they are not
+        row["outcome"] = "OUTSIDE: " + "; ".join(f"{s}: {bad[s]}" for s in claimed[:2])
+    elif not result.verification.get("passed", True):
+        row["outcome"] = f"FAILED verification (max abs error {result.verification.get('max_abs_err')})"
+    else:
+        row["outcome"] = "ok" if not reasons else "reported: " + "; ".join(reasons)[:200]
+    why = sorted({r.after.get("implicit_why") for r in result.sites if not r.after.get("implicit")} - {None, "-"})
+    row["why_not_implicit"] = "; ".join(why)[:160] or "-"
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", help="comma-separated zoo names (default: all)")
+    ap.add_argument("--exporters", help="comma-separated (default: each entry's)")
+    ap.add_argument("--forms", default=",".join(FORMS))
+    ap.add_argument("--skip-normalize", action="store_true")
+    ap.add_argument("--skip-trt", action="store_true")
+    ap.add_argument("--work-dir", default=os.environ.get("TRTATTN_ZOO_CACHE", "out/bench/models"))
+    ap.add_argument("--json", help="write every row here")
+    args = ap.parse_args(argv)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    names = args.models.split(",") if args.models else list(zoo.ZOO)
+    exporters = set(args.exporters.split(",")) if args.exporters else None
+    forms = [f for f in args.forms.split(",") if f]
+    trt_rows, norm_rows = [], []
+    for name in names:
+        for exporter in zoo.get(name).exporters:
+            if exporters and exporter not in exporters:
+                continue
+            model = onnx.load(str(export(name, exporter, work)))
+            if not args.skip_normalize:
+                norm_rows.append(normalize_row(model, name, exporter))
+                print(f"normalize {name} {exporter}: {norm_rows[-1]['outcome']} ({norm_rows[-1]['seconds']:.1f}s)",
+                      file=sys.stderr, flush=True)
+            for form in [] if args.skip_trt else forms:
+                trt_rows.append(trt_row(model, name, exporter, form))
+                print(f"--ops trt {name} {exporter} {form}: {trt_rows[-1]['outcome']} "
+                      f"({trt_rows[-1]['seconds']:.1f}s)", file=sys.stderr, flush=True)
+    failed = 0
+    if trt_rows:
+        print(table(trt_rows, [("model", "model"), ("exporter", "exporter"), ("form", "form"), ("ops", "TensorRT ops"),
+                               ("rope", "RoPE"), ("max_abs_err", "max abs err"), ("seconds", "s"), ("outcome", "outcome")]))
+        counts = collections.Counter(r["outcome"].split(":")[0].split(" ")[0] for r in trt_rows)
+        print("fuse --ops trt: " + ", ".join(f"{v} {k}" for k, v in counts.most_common())
+              + f"; {sum(r['seconds'] for r in trt_rows):.0f} s in all\n")
+        failed += sum(r["outcome"].startswith(("FAILED", "ERROR")) for r in trt_rows)
+    if norm_rows:
+        print(table(norm_rows, [("model", "model"), ("exporter", "exporter"), ("sites", "sites"),
+                                ("guards_moved", "NaN guards moved"), ("in_pattern", "in pattern"),
+                                ("fused_ops", "ONNX Attention ops"),
+                                ("implicit", "implicit (fp16)"), ("seconds", "s"), ("outcome", "outcome"),
+                                ("why_not_implicit", "why not implicit")]))
+        sites = sum(r.get("sites", 0) for r in norm_rows)
+        print(f"normalize: {sites} sites, {sum(r.get('in_pattern', 0) for r in norm_rows)} in TensorRT's documented "
+              f"pattern, {sum(r.get('fused_ops', 0) for r in norm_rows)} already ONNX Attention ops (the parser maps "
+              f"them to IAttention), {sum(r.get('guards_moved', 0) for r in norm_rows)} NaN guards moved; "
+              f"{sum(r['seconds'] for r in norm_rows):.0f} s in all")
+        failed += sum(r["outcome"].startswith(("OUTSIDE", "ERROR", "FAILED")) for r in norm_rows)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"trt": trt_rows, "normalize": norm_rows}, indent=1, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
