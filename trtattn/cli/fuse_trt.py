@@ -26,15 +26,18 @@ def add_options(p) -> None:
                         "TRT_KVCacheUpdate ops in the form `trtattn build` lowers, for trtexec --onnx (writes OUT.json)")
     p.add_argument("--form", choices=["padded", "packed", "kv-cache"],
                    help="with --ops trt: padded BHND (default), packed tokens with cu_seqlens, or a preallocated KV cache")
-    p.add_argument("--precision", choices=["fp16", "bf16", "fp32"], help="with --ops trt: as `trtattn build` (default fp16)")
+    p.add_argument("--precision", choices=["fp16", "bf16", "fp32", "fp8", "int8"],
+                   help="with --ops trt: what the attention computes in, as `trtattn build` (default fp16)")
+    p.add_argument("--calib", help="with --ops trt --precision fp8/int8: calibration data, an .npz of arrays keyed by "
+                                   "input name (samples along axis 0), unless the model has its Q/DQ")
 
 
 def wanted(args) -> bool:
     """Does this `fuse` run write TensorRT's ops? (--form/--precision without --ops trt is an error.)"""
     if args.ops == "trt":
         return True
-    if args.form or args.precision:
-        raise TrtattnError("--form and --precision choose what `--ops trt` writes; add --ops trt")
+    if args.form or args.precision or args.calib:
+        raise TrtattnError("--form, --precision and --calib choose what `--ops trt` writes; add --ops trt")
     return False
 
 
@@ -49,7 +52,7 @@ def run(args, progress) -> int:
     check_output(args.model, sidecar_path(args.output), args.force)
     model = onnxio.load(args.model)
     result = fuse_trt(model, name=Path(args.output).stem, form=args.form or "padded", precision=args.precision or "fp16",
-                      dims=parse_dims(args.dims), progress=progress, source=str(args.model))
+                      calib=args.calib, dims=parse_dims(args.dims), progress=progress, source=str(args.model))
     rows = result.rows()
     print(table(rows, COLUMNS))
     plan = result.prepared.plan

@@ -24,6 +24,7 @@ from ...errors import TrtattnError
 from ...graph.emit import export_like
 from ...graph.shapes import tensor_types
 from ...report import Progress
+from ...verify import TOLERANCES
 from .. import forms
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
@@ -107,25 +108,30 @@ def _symbolic_caches(written: onnx.ModelProto, form_model: onnx.ModelProto, cach
     return copy
 
 
-def verify_trt_ops(original: onnx.ModelProto, written: onnx.ModelProto, prepared: Prepared, *, dims=None) -> dict:
-    """The written model (its trt ops on trtattn_plugins' CPU kernels) against the original on ONNX Runtime,
-    as the form is verified; a kernel's refusal of its inputs is a failed verification naming the node."""
+def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -> dict:
+    """The written model (its trt ops on trtattn_plugins' CPU kernels) against the model it came from on ONNX
+    Runtime (the original; when quantized, the Q/DQ model the engine computes), as the form is verified, within
+    the tolerance of the plan's precision; a kernel's refusal of its inputs is a failed verification naming the
+    node."""
+    reference = prepared.source_model or prepared.model
+    atol, rtol = TOLERANCES[prepared.plan.precision]
     sites = [r.site for r in prepared.fused.reports if r.status == "fused"]
     caches = {c.cache for c in prepared.plan.cache_updates} | {c.output for c in prepared.plan.cache_updates}
     model = _symbolic_caches(written, prepared.form_model, caches)
     try:
-        return forms.verify_form(prepared.plan.form, original, model, sites, dims=dims)
+        return forms.verify_form(prepared.plan.form, reference, model, sites, dims=dims, atol=atol, rtol=rtol)
     except TrtOpError as e:
         return {"passed": False, "error": str(e)}
 
 
-def fuse_trt(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16", dims=None,
-             decomposable: bool = False, progress=None, source: str = "") -> TrtOpsResult:
+def fuse_trt(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16", calib=None,
+             dims=None, decomposable: bool = False, progress=None, source: str = "") -> TrtOpsResult:
+    """prepare (build.py: the verified form in `precision`, its plan), write its TensorRT ops, verify them."""
     progress = progress or Progress(enabled=False)
-    prepared = prepare(model, name=name, form=form, precision=precision, dims=dims, decomposable=decomposable,
-                       progress=progress, source=source)
+    prepared = prepare(model, name=name, form=form, precision=precision, calib=calib, dims=dims,
+                       decomposable=decomposable, progress=progress, source=source)
     with progress.step("writing every site as TensorRT's TRT_Attention / TRT_KVCacheUpdate ops"):
         written = write_trt_ops(prepared)
     with progress.step("verifying the TensorRT ops against the original on ONNX Runtime (trtattn_plugins)"):
-        verification = verify_trt_ops(model, written, prepared, dims=dims)
+        verification = verify_trt_ops(written, prepared, dims=dims)
     return TrtOpsResult(prepared, written, verification)
