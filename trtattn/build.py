@@ -26,7 +26,8 @@ from .trt import profiles as profiles_mod
 from .trt.cut import CutModel, cut
 from .trt.plan import BuildPlan, io_contract, make_plan
 
-PRECISIONS = ("fp16", "bf16", "fp32")
+PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8")
+QUANTIZED = ("fp8", "int8")
 VERIFY_SEEDS = (0, 1)  # the feeds a precision conversion is calibrated and checked on
 
 
@@ -40,6 +41,8 @@ class Prepared:
     source: str = ""
     verification: dict = field(default_factory=dict)  # the fp32 form against the original
     precision_check: dict = field(default_factory=dict)  # the converted form against the fp32 form
+    quantization: dict = field(default_factory=dict)  # fp8/int8: where the Q/DQ model came from, its accuracy
+    source_model: onnx.ModelProto | None = None  # what the engine computes: the Q/DQ model when quantized
 
 
 @dataclass
@@ -51,9 +54,9 @@ class Limits:
     max_cache: int | None = None  # None: the maximum positions
 
 
-def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None) -> FuseResult:
+def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None, atol: float | None = None) -> FuseResult:
     """Every attention as the standard ONNX op, verified; an error naming the sites that are not."""
-    fused = fuse_model(model, dims=dims, progress=progress)
+    fused = fuse_model(model, dims=dims, progress=progress, atol=atol)
     failed = [r for r in fused.reports if r.status != "fused"]
     if failed:
         raise TrtattnError(f"{len(failed)} of {len(fused.reports)} attention sites cannot be fused, so the engine "
@@ -64,30 +67,59 @@ def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None) -> FuseResu
 
 
 def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16",
-            io_dtype: str | None = None, dims: dict | None = None, decomposable: bool = False,
+            io_dtype: str | None = None, calib=None, dims: dict | None = None, decomposable: bool = False,
             shapes: tuple[dict, dict, dict] = ({}, {}, {}), limits: Limits | None = None, progress=None,
             source: str = "", mark_sites: bool = False) -> Prepared:
-    """The verified form in `precision` (IO types kept unless io_dtype is the precision), its plan and
-    the model TensorRT's parser gets."""
+    """The verified form in `precision` (IO types kept unless io_dtype is the precision; fp8/int8: the model
+    ModelOpt quantized on `calib`, or the model's own Q/DQ), its plan and the model TensorRT's parser gets."""
     if form not in FORMS:
         raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
     if precision not in PRECISIONS:
         raise TrtattnError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
-    if io_dtype not in (None, precision):
+    if io_dtype not in (None, precision) or io_dtype and precision in QUANTIZED:
         raise TrtattnError(f"--io-dtype {io_dtype} with --precision {precision}: the IO is kept as the model has it, "
-                           f"or converted to the precision")
-    fused = fused_sites(model, dims=dims, progress=progress)
-    derived = forms.derive(form, model, fused, dims=dims, progress=progress)
-    form_model, table, check, notes = form_in_precision(derived, model, precision, io_dtype=io_dtype, dims=dims,
-                                                        progress=progress)
+                           f"or converted to the (fp16/bf16) precision")
+    limits = limits or Limits()
+    start, quantization, atol = model, {}, None
+    if precision in QUANTIZED:
+        start, quantization, atol = quantized_start(model, precision, calib, dims=dims, progress=progress)
+    fused = fused_sites(start, dims=dims, progress=progress, atol=atol)
+    derived = forms.derive(form, start, fused, dims=dims, progress=progress)
+    quantized, notes = {}, []
+    if precision in QUANTIZED:
+        from .rewrite.quantize.source import normalization_quantize
+
+        quantized, notes = normalization_quantize([r for r in fused.reports if r.status == "fused"], precision,
+                                                  max_sequence=limits.max_positions or max_positions_of(start))
+    form_model, table, check, more = form_in_precision(derived, start, precision, io_dtype=io_dtype, dims=dims,
+                                                       progress=progress)
     plan = make_plan(form_model, name=name, form=form, precision=precision, sites=derived.sites,
-                     lowerings=derived.attentions, cache_lowerings=derived.cache_updates, decomposable=decomposable)
+                     lowerings=derived.attentions, cache_lowerings=derived.cache_updates, decomposable=decomposable,
+                     quantized=quantized)
     plan.mark_sites, plan.right_padded, plan.precision_table = mark_sites, list(derived.right_padded), table
-    plan.notes += derived.notes + notes
-    cut_model = plan_engine_io(plan, model, form_model, limits or Limits(), shapes)
+    plan.notes += derived.notes + notes + more
+    cut_model = plan_engine_io(plan, start, form_model, limits, shapes)
     if any(a.dtype == "fp32" for a in plan.native) and not decomposable:
         plan.notes.append("fp32 attention has no fused kernel: expect the build to fail unless --decomposable")
-    return Prepared(model, fused, form_model, plan, cut_model, source, derived.verification, check)
+    return Prepared(model, fused, form_model, plan, cut_model, source, derived.verification, check, quantization,
+                    start)
+
+
+def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, progress=None):
+    """(the Q/DQ model, what was done, the tolerance its fused form is verified within)."""
+    from .graph.inputs import make_feeds
+    from .rewrite.quantize.source import fuse_tolerance, quantized_model
+
+    progress = progress or Progress(enabled=False)
+    with progress.step(f"quantizing to {mode} (ModelOpt PTQ) unless the model has its Q/DQ"):
+        start, info = quantized_model(model, mode, calib, dims=dims, progress=progress)
+    feeds = [make_feeds(start, dims=dims, seed=seed) for seed in VERIFY_SEEDS]
+    return start, info, fuse_tolerance(start, mode, feeds)
+
+
+def max_positions_of(model: onnx.ModelProto) -> int:
+    positions, _ = profiles_mod.max_positions(model)
+    return positions or profiles_mod.DEFAULT_MAX_POSITIONS
 
 
 def form_in_precision(derived, original: onnx.ModelProto, precision: str, *, io_dtype=None, dims=None,
@@ -99,7 +131,7 @@ def form_in_precision(derived, original: onnx.ModelProto, precision: str, *, io_
 
     adapter = forms.form_adapter(original, [i.name for i in derived.model.graph.input], cache_inputs(derived.model))
     feeds = [adapter.feeds(adapter.original_feeds(dims, seed)) for seed in VERIFY_SEEDS]
-    if precision == "fp32":
+    if precision in ("fp32", *QUANTIZED):  # a Q/DQ model's types are ModelOpt's (its high precision: fp16)
         return derived.model, precision_mod.precision_table(derived.model, feeds[0]), {}, []
     progress = progress or Progress(enabled=False)
     with progress.step(f"converting the {derived.form} form to {precision} (ModelOpt AutoCast) and checking it"):

@@ -23,3 +23,7 @@ class ShapeError(NetworkError):
 
 class BuildValidationError(RuntimeError):
     """build_serialized_network found problems a real build would fail on."""
+
+
+class ExecutionError(RuntimeError):
+    """The network cannot be evaluated with these inputs (TensorRT would fail or the result is undefined)."""

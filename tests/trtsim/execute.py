@@ -7,7 +7,9 @@ and the opaque ONNX subgraph layers with ONNX Runtime (CPU). An ONNX layer is ev
 available, TensorRT layers consume them, and later stages compute the outputs that needed those
 values (placeholders).
 
-Choices where TensorRT leaves behaviour open, made visible:
+IAttention and IKVCacheUpdateLayer follow trtattn_plugins.reference (plugins/), the one numpy home of what
+TensorRT's attention ops mean; trtsim only maps the layers' properties onto it. Choices where TensorRT leaves
+behaviour open, made visible:
 - IAttention rows whose every key is masked give zeros (as the ONNX Attention op and ONNX Runtime
   do) and raise a FullyMaskedRowsWarning with the count.
 - IKVCacheUpdateLayer drops each write at or past max_S (NvInfer.h: "Out-of-bound updates will be
@@ -21,13 +23,9 @@ import warnings
 
 import numpy as np
 
-from . import dtypes
-from .errors import NotEmulatedError
+from . import dtypes, qdq
+from .errors import ExecutionError, NotEmulatedError
 from .graph import plan
-
-
-class ExecutionError(RuntimeError):
-    """The network cannot be evaluated with these inputs (TensorRT would fail or the result is undefined)."""
 
 
 class FullyMaskedRowsWarning(UserWarning):
@@ -327,100 +325,27 @@ def _squeeze(st, inputs, real):
 # --------------------------------------------------------------------------- quantization
 
 
-def _expand_scale(st, scale: np.ndarray, shape) -> np.ndarray:
-    """Per-tensor (scalar), per-axis (1-D along `axis`) or block (same rank, repeated per block)."""
-    scale = scale.astype(np.float64)
-    if scale.size == 1:
-        return scale.reshape(())
-    if scale.ndim == 1:
-        axis = st.props.get("axis")
-        if axis is None:
-            raise NotEmulatedError(f"{st.kind} '{st.name}': a 1-D scale needs the `axis` property set")
-        view = [1] * len(shape)
-        view[axis] = scale.size
-        return scale.reshape(view)
-    if scale.ndim == len(shape):
-        for d, (n, s) in enumerate(zip(shape, scale.shape)):
-            if s != n:
-                scale = np.repeat(scale, n // s, axis=d)
-        return scale
-    raise ExecutionError(f"{st.kind} '{st.name}': scale of shape {scale.shape} does not fit input {tuple(shape)}")
+# IAttention and IKVCacheUpdateLayer mean what TensorRT's own ONNX ops TRT_Attention, TRT_QuantizedAttention and
+# TRT_KVCacheUpdate mean: plugins/trtattn_plugins/reference.py is the one home of that meaning. trtsim maps the
+# layers' properties onto it and gives rows that attend to no key zeros (as the ONNX Attention op does), with a
+# warning, where TensorRT documents nothing.
+FORMS = {"PADDED_BHND": "padded_bhnd", "PACKED_NHD": "packed_nhd"}
+QUANTIZE_TO = {"FP8": 17, "INT8": 3}  # normalization_quantize_to_type as the reference takes it (ONNX types)
 
 
-# IQuantizeLayer: output = clamp(round(input / scale)), ties to even; clamp ranges from NvInfer.h.
-QUANT_RANGE = {"INT8": (-128, 127, True), "FP8": (-448, 448, False), "INT4": (-8, 7, True), "FP4": (-6, 6, False)}
+def _reference(call, name: str, **kwargs):
+    from trtattn_plugins import reference
 
-
-def quantize(x: np.ndarray, scale: np.ndarray, to_type: str) -> np.ndarray:
-    lo, hi, integer = QUANT_RANGE[to_type]
-    y = x.astype(np.float64) / scale
-    if integer:
-        y = np.rint(y)
-    return np.clip(y, lo, hi).astype(dtypes.NUMPY[to_type])
-
-
-def _quantize(st, inputs, real):
-    x, scale = inputs[0], inputs[1]
-    if len(inputs) > 2 and inputs[2] is not None and np.any(inputs[2].astype(np.float64) != 0):
-        raise ExecutionError(f"IQuantizeLayer '{st.name}': only zero zero-points are supported (symmetric quantization)")
-    return [quantize(x, _expand_scale(st, scale, x.shape), st.props["to_type"].name)]
-
-
-def _dequantize(st, inputs, real):
-    x, scale = inputs[0], inputs[1]
-    y = x.astype(np.float64) * _expand_scale(st, scale, x.shape)
-    return [y.astype(_np(st.props["to_type"]))]
-
-
-# --------------------------------------------------------------------------- attention
-
-
-def _cumulative(lengths: np.ndarray, total: int, what: str) -> np.ndarray:
-    cu = np.asarray(lengths).astype(np.int64).reshape(-1)
-    if cu.size < 1 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] > total:
-        raise ExecutionError(f"{what} {cu.tolist()} must start at 0, not decrease and end at most at {total} "
-                             f"(NvInfer.h: cumulative [B+1])")
-    return cu
-
-
-def sdpa(q, k, v, causal: str, mask=None, probs_qdq=None):
-    """Attention for one batch element: q [Nq, Sq, H], k/v [Nkv, Skv, H], mask broadcastable to
-    [Nq, Sq, Skv] (bool: True = attend; float: added). No scale: TensorRT needs Q pre-scaled.
-    Query head h uses key/value head h // (Nq / Nkv). Returns (out [Nq, Sq, H], fully masked rows)."""
-    nq, sq, _ = q.shape
-    nkv, skv, _ = k.shape
-    if nq % nkv:
-        raise ExecutionError(f"IAttention: {nq} query heads are not a multiple of {nkv} key/value heads")
-    k = np.repeat(k, nq // nkv, axis=0)
-    v = np.repeat(v, nq // nkv, axis=0)
-    logits = q @ k.transpose(0, 2, 1)
-    allowed = np.ones(logits.shape, dtype=bool)
-    i = np.arange(sq)[:, None]
-    j = np.arange(skv)[None, :]
-    if causal == "UPPER_LEFT":
-        allowed &= j <= i  # NvInfer.h CausalMaskKind: diagonal anchored at the top-left corner
-    elif causal == "LOWER_RIGHT":
-        allowed &= j <= i + (skv - sq)  # anchored at the bottom-right: j <= i + (s_kv - s_q)
-    if mask is not None:
-        if mask.dtype == np.bool_:
-            allowed &= mask
-        else:
-            logits = logits + mask.astype(np.float64)
-    logits = np.where(allowed, logits, -np.inf)
-    if skv == 0:
-        return np.zeros(q.shape[:2] + (v.shape[2],)), nq * sq
-    top = logits.max(axis=-1, keepdims=True)
-    dead = ~np.isfinite(top)
-    weights = np.exp(logits - np.where(dead, 0.0, top))
-    total = weights.sum(axis=-1, keepdims=True)
-    probs = np.where(dead, 0.0, weights / np.where(dead, 1.0, total))
-    if probs_qdq is not None:
-        probs = probs_qdq(probs)
-    return probs @ v, int(dead.sum())
+    notes: list[str] = []
+    try:
+        return getattr(reference, call)(**kwargs, notes=notes), notes
+    except reference.TrtOpError as error:
+        raise ExecutionError(f"{name}: {error}") from None
 
 
 def _attention(st, inputs, real):
-    """IAttention (NvInfer.h): softmax(Q K^T (+ mask)) V with forms, lengths, causal kinds and GQA."""
+    """IAttention (NvInfer.h): softmax(Q K^T (+ mask)) V with forms, lengths, causal kinds, GQA and the
+    normalization quantize of its softmax output."""
     attention = st.attention
     props = attention._props
     q, k, v, mask, norm_scale, q_lengths, kv_lengths = (list(inputs) + [None] * 7)[:7]
@@ -429,69 +354,24 @@ def _attention(st, inputs, real):
     causal = props["causal_kind"].name
     if mask is not None and causal != "NONE":
         raise ExecutionError(f"IAttention '{attention._name}': a mask together with causal_kind {causal} fails validation")
-    q_packed = props["query_form"].name == "PACKED_NHD"
-    kv_packed = props["key_value_form"].name == "PACKED_NHD"
-    if mask is not None and (q_packed or kv_packed):
+    forms = {"query_form": FORMS[props["query_form"].name], "kv_form": FORMS[props["key_value_form"].name]}
+    if mask is not None and "packed_nhd" in forms.values():
         raise NotEmulatedError("IAttention masks with PACKED_NHD forms (the mask layout is not documented)")
-    probs_qdq = None
-    if norm_scale is not None:
-        # Softmax output quantized to normalization_quantize_to_type and back, as the fused kernel would.
-        to_type = props["normalization_quantize_to_type"].name
-        s = float(norm_scale.astype(np.float64).reshape(-1)[0])
-        probs_qdq = lambda p: quantize(p, s, to_type).astype(np.float64) * s  # noqa: E731
-
-    wide = [a.astype(np.float64) for a in (q, k, v)]
-    if q_packed:
-        if q_lengths is None:
-            raise ExecutionError(f"IAttention '{attention._name}': PACKED_NHD query needs query_lengths")
-        cu_q = _cumulative(q_lengths, q.shape[0], "query_lengths")
-        queries = [wide[0][cu_q[b]:cu_q[b + 1]].transpose(1, 0, 2) for b in range(len(cu_q) - 1)]
-    else:
-        queries = list(wide[0])
-    batch = len(queries)
-    if kv_packed:
-        if kv_lengths is None:
-            raise ExecutionError(f"IAttention '{attention._name}': PACKED_NHD key/value need key_value_lengths")
-        cu = _cumulative(kv_lengths, k.shape[0], "key_value_lengths")
-        if len(cu) != batch + 1:
-            raise ExecutionError(f"key_value_lengths has {len(cu) - 1} sequences, the query {batch}")
-        keys = [wide[1][cu[b]:cu[b + 1]].transpose(1, 0, 2) for b in range(batch)]
-        values = [wide[2][cu[b]:cu[b + 1]].transpose(1, 0, 2) for b in range(batch)]
-    else:
-        if k.shape[0] != batch:
-            raise ExecutionError(f"key/value batch {k.shape[0]} differs from the query's {batch}")
-        lengths = [k.shape[2]] * batch
-        if kv_lengths is not None:
-            # Padded: per-batch lengths [B]; keys beyond the length are ignored.
-            lengths = [int(n) for n in kv_lengths.reshape(-1)]
-            if len(lengths) != batch or any(not 0 <= n <= k.shape[2] for n in lengths):
-                raise ExecutionError(f"key_value_lengths {lengths} must be [B] with 0 <= length <= {k.shape[2]}")
-        keys = [wide[1][b][:, :lengths[b]] for b in range(batch)]
-        values = [wide[2][b][:, :lengths[b]] for b in range(batch)]
-    masks = [None] * batch
-    if mask is not None:
-        sq, skv = q.shape[2], k.shape[2]
-        try:
-            full = np.broadcast_to(mask, (batch, q.shape[1], sq, skv))
-        except ValueError as error:
-            raise ExecutionError(f"mask {mask.shape} does not broadcast to [B, Nq, Sq, Skv] = {(batch, q.shape[1], sq, skv)}") from error
-        masks = [full[b][:, :, :keys[b].shape[1]] for b in range(batch)]
-
-    outs, dead = [], 0
-    for b in range(batch):
-        out, n = sdpa(queries[b], keys[b], values[b], causal, masks[b], probs_qdq)
-        outs.append(out)
-        dead += n
-    if dead:
-        warnings.warn(f"IAttention '{attention._name}': {dead} query rows attend to no key; trtsim outputs zeros "
-                      f"for them (TensorRT does not document this case)", FullyMaskedRowsWarning, stacklevel=2)
-    if q_packed:
-        result = np.concatenate([o.transpose(1, 0, 2) for o in outs], axis=0) if outs else np.zeros_like(wide[0])
-        if result.shape[0] < q.shape[0]:  # tokens past the last length are padding
-            result = np.concatenate([result, np.zeros((q.shape[0] - result.shape[0],) + result.shape[1:])])
-    else:
-        result = np.stack(outs)
-    return [result.astype(q.dtype)]
+    common = dict(q=q, k=k, v=v, attn_mask=mask, query_lengths=q_lengths, kv_lengths=kv_lengths, fully_masked="zero",
+                  **forms)
+    if norm_scale is None:
+        out, notes = _reference("trt_attention", attention._name, causal_kind=causal.lower(), **common)
+    elif causal == "LOWER_RIGHT":
+        raise NotEmulatedError("a quantized IAttention with LOWER_RIGHT causal kind (TRT_QuantizedAttention's is_causal "
+                               "is upper-left)")
+    else:  # Q is pre-scaled: scale 1, and TRT_QuantizedAttention's sqrt(scale) on Q and K is nothing
+        to_type = QUANTIZE_TO[props["normalization_quantize_to_type"].name]
+        out, notes = _reference("trt_quantized_attention", attention._name, scale=1.0, is_causal=int(causal != "NONE"),
+                                normalization_quantize_scale=norm_scale, normalization_quantize_to_type=to_type,
+                                **common)
+    for note in notes:
+        warnings.warn(f"IAttention '{attention._name}': {note}", FullyMaskedRowsWarning, stacklevel=2)
+    return [np.asarray(out).astype(q.dtype)]
 
 
 # --------------------------------------------------------------------------- KV cache and RoPE
@@ -503,31 +383,12 @@ def _kv_cache_update(st, inputs, real):
     update_lengths = inputs[3] if len(inputs) > 3 else None
     if cache.dtype != update.dtype:
         raise ExecutionError(f"IKVCacheUpdateLayer '{st.name}': cache {cache.dtype} and update {update.dtype} differ")
-    batch, _, max_s, _ = cache.shape
-    if st.props["update_form"].name == "PACKED_NHD":
-        if update_lengths is None:
-            raise ExecutionError(f"IKVCacheUpdateLayer '{st.name}': PACKED_NHD update needs update_lengths")
-        cu = _cumulative(update_lengths, update.shape[0], "update_lengths")
-        updates = [update[cu[b]:cu[b + 1]].transpose(1, 0, 2) for b in range(len(cu) - 1)]
-    else:
-        updates = list(update)
-    indices = [int(i) for i in write_indices.reshape(-1)]
-    if len(updates) != batch or len(indices) != batch:
-        raise ExecutionError(f"IKVCacheUpdateLayer '{st.name}': cache batch {batch}, update batch {len(updates)}, "
-                             f"write_indices {len(indices)}")
-    out = cache.copy()
-    dropped = 0
-    for b in range(batch):
-        if indices[b] < 0:
-            raise ExecutionError(f"IKVCacheUpdateLayer '{st.name}': negative write index {indices[b]}")
-        positions = indices[b] + np.arange(updates[b].shape[1])
-        keep = positions < max_s
-        dropped += int((~keep).sum())
-        out[b][:, positions[keep], :] = updates[b][:, keep, :]
-    if dropped:
-        warnings.warn(f"IKVCacheUpdateLayer '{st.name}': {dropped} writes at or past max_S={max_s} dropped",
-                      DroppedCacheWritesWarning, stacklevel=2)
-    return [out]
+    out, notes = _reference("trt_kv_cache_update", f"IKVCacheUpdateLayer '{st.name}'", past_cache=cache,
+                            update=update, write_indices=write_indices, update_lengths=update_lengths,
+                            update_form=FORMS[st.props["update_form"].name])
+    for note in notes:
+        warnings.warn(f"IKVCacheUpdateLayer '{st.name}': {note}", DroppedCacheWritesWarning, stacklevel=2)
+    return [np.asarray(out).astype(cache.dtype)]  # the reference computes in float32: exact for fp16 / bf16
 
 
 def rotate(x, cos, sin, interleaved: bool, rotary_dim: int):
@@ -589,12 +450,12 @@ LAYERS = {
     "IGatherLayer": _gather,
     "IUnsqueezeLayer": _unsqueeze,
     "ISqueezeLayer": _squeeze,
-    "IQuantizeLayer": _quantize,
-    "IDequantizeLayer": _dequantize,
+    "IQuantizeLayer": qdq.quantize_layer,
+    "IDequantizeLayer": qdq.dequantize_layer,
     "IAttentionInputLayer": _attention,
     "IAttentionOutputLayer": _identity,
     "IKVCacheUpdateLayer": _kv_cache_update,
     "IRotaryEmbeddingLayer": _rotary_embedding,
 }
 
-__all__ = ["run", "ExecutionError", "FullyMaskedRowsWarning", "DroppedCacheWritesWarning", "sdpa", "rotate", "quantize"]
+__all__ = ["run", "ExecutionError", "FullyMaskedRowsWarning", "DroppedCacheWritesWarning", "rotate"]

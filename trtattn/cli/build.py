@@ -26,6 +26,8 @@ def add_parser(sub) -> None:
     b.add_argument("--precision", default="fp16", choices=list(PRECISIONS),
                    help="the whole model's precision (default fp16: ModelOpt AutoCast keeps what is numerically "
                         "sensitive in fp32); fp32 attention has no fused kernel")
+    b.add_argument("--calib", help="fp8/int8: calibration data, an .npz of arrays keyed by input name (samples along "
+                                   "axis 0); not needed for a model ModelOpt has already quantized")
     b.add_argument("--io-dtype", choices=["fp16", "bf16"],
                    help="convert the model's float inputs and outputs to the precision too (default: kept as they "
                         "are; a kv-cache form's caches always take the attention's dtype)")
@@ -59,7 +61,7 @@ def run(args, progress) -> int:
     name = args.name or Path(args.model).stem
     shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
     limits = Limits(max_batch=args.max_batch, max_positions=args.max_positions, max_cache=args.max_cache)
-    prepared = prepare(model, name=name, form=args.form, precision=args.precision, io_dtype=args.io_dtype,
+    prepared = prepare(model, name=name, form=args.form, precision=args.precision, io_dtype=args.io_dtype, calib=args.calib,
                        dims=parse_dims(args.dims),
                        decomposable=args.decomposable, shapes=shapes, limits=limits, progress=progress,
                        source=str(args.model), mark_sites=args.mark_sites)

@@ -96,7 +96,7 @@ def find_cores(model: onnx.ModelProto, sites: list[AttentionSite]) -> list[CoreN
         except (NotAttention, Unsupported) as e:
             out.append(CoreNodes(s.softmax, None, None, f"no MatMul/Softmax/MatMul core: {e}"))
             continue
-        out.append(CoreNodes(sm.name, core.bmm1.name, core.bmm2.name,
+        out.append(CoreNodes(sm.name, core.bmm1.node.name, core.bmm2.node.name,
                              logit_ops=tuple(st.node for st in core.steps if st.node)))
     return out
 
