@@ -6,7 +6,7 @@
 
 Each Softmax is tried as the anchor of an attention core (core.py): a product (MatMul or Einsum) of
 two activations, logit ops, the Softmax, a product with V, followed through layout ops by what each
-axis means (axes.py: frames of atoms; contraction.py: the products as labelled contractions). The roles
+axis means (axes.py: frames of atoms; layout_ops.py: one rule per layout op; contraction.py: the products). The roles
 around the core are resolved by one module each: heads.py (where the fused op reads Q, K and V, the
 heads, GQA), cache.py (KV concat / static cross cache, self vs cross), rope.py (rotary embedding),
 logit_ops/ (scale, masks, biases, soft-cap: one unit per kind), probe.py (what the mask means: causal,

@@ -3,16 +3,10 @@
 A *frame* gives, for each axis of a tensor, the *atoms* it holds: the batch, the heads, the query
 and key positions, the head dims. An axis holds one atom, several merged in row-major order (heads
 merged into the batch: ("x0", "h")), or none (a unit axis, `()`). The two contractions of an
-attention label the atoms; the layout ops between them move atoms around, one rule per op:
-
-    Identity, Dropout, float Cast, Q/DQ   the same frame
-    Transpose                             the axes permuted
-    Reshape, Flatten                      atoms regrouped (`regroup`: by static sizes and dim names)
-    Squeeze, Unsqueeze                    unit axes removed / inserted
-    Expand                                only when it expands nothing
-
-`Atoms` is the per-site registry: sizes learned from shapes, atoms split when a Reshape splits a
-merged axis (x0 -> x0.0, x0.1), and where each atom's size can be read at run time.
+attention label the atoms (contraction.py); the layout ops between them move atoms around, one rule
+per op (layout_ops.py). Here: the frames, `Atoms` (the per-site registry: sizes learned from shapes,
+atoms split when a Reshape splits a merged axis, x0 -> x0.0, x0.1; lengths a constant Reshape target
+writes into the graph) and `regroup`, what a Reshape does to a frame.
 """
 
 from __future__ import annotations
@@ -22,15 +16,11 @@ import math
 import re
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from .errors import Unsupported
 
 Group = tuple  # atoms merged in one axis, row-major ("x0", "h"); () for a unit axis
 Frame = tuple  # one Group per axis
-
-PASS_OPS = {"Identity", "Dropout", "QuantizeLinear", "DequantizeLinear"}
-LAYOUT_OPS = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand"} | PASS_OPS
 
 
 class Unfollowable(Unsupported):
@@ -223,214 +213,3 @@ def _refined(atoms: Atoms, frame: Frame, seq: list[str], dims_to: list) -> list[
     _, a, sizes, _ = found[0]
     atoms.split(a, sizes)
     return _best(atoms, atoms_of(atoms.resolve(frame)), atoms.resolve(frame), dims_to)
-
-
-# ---------------------------------------------------------------- one rule per layout op
-def _axes(view, node: gs.Node) -> list[int] | None:
-    if "axes" in node.attrs:
-        return list(node.attrs["axes"])
-    if len(node.inputs) > 1 and node.inputs[1].name:
-        return view.ints(node.inputs[1])
-    return None
-
-
-def partial_ints(view, t: gs.Tensor, budget: int = 8) -> list | None:
-    """A 1-D int tensor's values where constant, None where computed: a Reshape target written
-    Concat(Unsqueeze(Gather(Shape(x), 0)), [-1], [16]) reads [None, -1, 16]."""
-    values = view.ints(t)
-    if values is not None:
-        return values
-    n = view.producer(t)
-    if n is None or budget == 0:
-        return None
-    if n.op == "Concat":
-        out = []
-        for i in n.inputs:
-            part = partial_ints(view, i, budget - 1)
-            if part is None:
-                shape = view.shape(i)
-                if shape is None or len(shape) != 1 or not isinstance(shape[0], int) or shape[0] < 0:
-                    return None
-                part = [None] * shape[0]
-            out += part
-        return out
-    if n.op in ("Unsqueeze", "Reshape") and view.shape(t) == [1]:
-        return [None]
-    if n.op in ("Cast", "Identity"):
-        return partial_ints(view, n.inputs[0], budget - 1)
-    return None
-
-
-def rank_of(view, t: gs.Tensor, budget: int = 48) -> int | None:
-    """A tensor's rank: inferred, else worked out from the ops that make it (shape inference gives up
-    on dims written -1 or '?')."""
-    r = view.rank(t)
-    if r is not None or budget == 0:
-        return r
-    n = view.producer(t)
-    if n is None:
-        return None
-    ins = [i for i in n.inputs if i.name]
-    if n.op == "Reshape":
-        target = partial_ints(view, n.inputs[1])
-        return len(target) if target is not None else None
-    if n.op == "Transpose" and "perm" in n.attrs:
-        return len(n.attrs["perm"])
-    if n.op == "Flatten":
-        return 2
-    if n.op == "Einsum":
-        eq = str(n.attrs.get("equation", "")).replace(" ", "")
-        return len(eq.split("->")[1]) if "->" in eq and "..." not in eq else None
-    if n.op in ("Unsqueeze", "Squeeze"):
-        axes = list(n.attrs["axes"]) if "axes" in n.attrs else (view.ints(n.inputs[1]) if len(n.inputs) > 1 else None)
-        inner = rank_of(view, n.inputs[0], budget - 1)
-        if axes is None or inner is None:
-            return None
-        return inner + len(axes) if n.op == "Unsqueeze" else inner - len(axes)
-    if n.op in ("Concat", "Softmax", "Identity", "Dropout", "Cast", "QuantizeLinear", "DequantizeLinear", "Neg",
-                "Tanh", "Sqrt", "Exp", "Erf", "Relu", "LayerNormalization", "Add", "Sub", "Mul", "Div", "Where",
-                "MatMul", "Pow", "Max", "Min", "Expand"):
-        ranks = [rank_of(view, i, budget - 1) for i in (ins[:1] if n.op == "Concat" else ins)]
-        if n.op == "Expand":
-            shape = view.shape(n.inputs[1])
-            ranks.append(shape[0] if shape and isinstance(shape[0], int) else None)
-        return None if not ranks or None in ranks else max(ranks)
-    return None
-
-
-def reshape_dims(view, node: gs.Node) -> list | None:
-    """The output dims of a Reshape: its static target where constant, else the inferred shape."""
-    inferred = view.shape(node.outputs[0])
-    target = partial_ints(view, node.inputs[1])
-    if target is None:
-        return inferred
-    src = view.shape(node.inputs[0])
-    allowzero = node.attrs.get("allowzero", 0)
-    out = []
-    for i, t in enumerate(target):
-        if t is not None and (t > 0 or (t == 0 and allowzero)):
-            out.append(t)
-        elif t == 0:
-            out.append(src[i] if src is not None and i < len(src) else None)
-        else:
-            out.append(inferred[i] if inferred is not None and len(inferred) == len(target) else None)
-    return out
-
-
-def _note_constants(view, node: gs.Node, out_frame: Frame, atoms: Atoms) -> None:
-    """The atoms a Reshape's constant target gives a size of their own (a length written into the graph)."""
-    target = partial_ints(view, node.inputs[1])
-    if target is None or len(target) != len(out_frame):
-        return
-    for g, t in zip(atoms.resolve(out_frame), target):
-        if len(g) == 1 and t is not None and t > 0:
-            atoms.hard_coded.setdefault(g[0], (t, node.name))
-
-
-def is_noop_expand(view, node: gs.Node) -> bool:
-    shape = view.ints(node.inputs[1]) if len(node.inputs) > 1 else None
-    src = view.shape(node.inputs[0])
-    if shape is None or src is None or len(shape) > len(src):
-        return False
-    return all(s == 1 or s == d for s, d in zip(shape[::-1], src[::-1]))
-
-
-def _identity(view, node: gs.Node) -> bool:
-    """Ops that leave the frame as it is: pass-throughs, float Casts, a one-input Concat, a no-op Expand."""
-    return (node.op in PASS_OPS or node.op == "Cast" or (node.op == "Concat" and len(node.inputs) == 1)
-            or (node.op == "Expand" and is_noop_expand(view, node)))
-
-
-def is_layout(view, node: gs.Node) -> bool:
-    if node.op == "Concat":
-        return len(node.inputs) == 1
-    if node.op == "Cast":
-        return view.is_noop_cast(node) or view.is_float_cast(node)
-    if node.op == "Expand":
-        return is_noop_expand(view, node)
-    return node.op in LAYOUT_OPS
-
-
-def forward(view, node: gs.Node, frame: Frame, atoms: Atoms) -> Frame:
-    """The frame of node's first output from the frame of its first input."""
-    what = f"{node.op} {node.name}"
-    op = node.op
-    if _identity(view, node):
-        return frame
-    if op == "Transpose":
-        perm = list(node.attrs.get("perm", reversed(range(len(frame)))))
-        return tuple(frame[p] for p in perm)
-    if op == "Reshape":
-        out = regroup(atoms, frame, view.shape(node.inputs[0]), reshape_dims(view, node), what)
-        _note_constants(view, node, out, atoms)
-        return out
-    if op == "Flatten":
-        axis = node.attrs.get("axis", 1) % max(len(frame), 1)
-        return (sum(frame[:axis], ()), sum(frame[axis:], ()))
-    if op == "Unsqueeze":
-        axes = _axes(view, node)
-        if axes is None:
-            raise Unfollowable(f"{what}: its axes are computed")
-        rank = len(frame) + len(axes)
-        axes = sorted(a % rank for a in axes)
-        out, rest = [], iter(frame)
-        for i in range(rank):
-            out.append(() if i in axes else next(rest))
-        return tuple(out)
-    if op == "Squeeze":
-        axes = _axes(view, node)
-        if axes is None:
-            shape = view.shape(node.inputs[0])
-            if shape is None or len(shape) != len(frame):
-                raise Unfollowable(f"{what}: which axes it removes is unknown")
-            axes = [i for i, d in enumerate(shape) if d == 1]
-        axes = [a % len(frame) for a in axes]
-        for a in axes:
-            for atom in atoms.resolve((frame[a],))[0]:
-                if atoms.known(atom) not in (1, None):
-                    raise Unfollowable(f"{what} removes an axis of size {atoms.known(atom)}")
-                atoms.size[atom] = 1  # a squeezed axis has size 1
-        return tuple(g for i, g in enumerate(frame) if i not in axes)
-    raise Unfollowable(f"{what} is not a layout op")
-
-
-def backward(view, node: gs.Node, frame: Frame, atoms: Atoms) -> Frame:
-    """The frame of node's first input from the frame of its output."""
-    what = f"{node.op} {node.name}"
-    op = node.op
-    if _identity(view, node):
-        return frame
-    if op == "Transpose":
-        perm = list(node.attrs.get("perm", reversed(range(len(frame)))))
-        out = [None] * len(frame)
-        for i, p in enumerate(perm):
-            out[p] = frame[i]
-        return tuple(out)
-    if op == "Reshape":
-        _note_constants(view, node, frame, atoms)
-        return regroup(atoms, frame, reshape_dims(view, node), view.shape(node.inputs[0]), what)
-    if op == "Flatten":
-        return regroup(atoms, frame, view.shape(node.outputs[0]), view.shape(node.inputs[0]), what)
-    if op == "Unsqueeze":
-        axes = _axes(view, node)
-        if axes is None:
-            raise Unfollowable(f"{what}: its axes are computed")
-        axes = {a % len(frame) for a in axes}
-        for a in axes:
-            if any(atoms.known(x) not in (1,) for x in atoms.resolve((frame[a],))[0]):
-                raise Unfollowable(f"{what}: the inserted axis holds {show((frame[a],))}")
-        return tuple(g for i, g in enumerate(frame) if i not in axes)
-    if op == "Squeeze":
-        shape = view.shape(node.inputs[0])
-        axes = _axes(view, node)
-        if axes is None and shape is not None:
-            axes = [i for i, d in enumerate(shape) if d == 1]
-        if axes is None:
-            raise Unfollowable(f"{what}: which axes it removes is unknown")
-        rank = len(frame) + len(axes)
-        axes = sorted(a % rank for a in axes)
-        out, rest = [], iter(frame)
-        for i in range(rank):
-            out.append(() if i in axes else next(rest))
-        return tuple(out)
-    raise Unfollowable(f"{what} is not a layout op")

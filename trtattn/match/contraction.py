@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from .axes import rank_of
+from .layout_ops import rank_of
 from .errors import Unsupported
 
 PRODUCTS = {"MatMul", "Einsum"}

@@ -1,7 +1,7 @@
 """The scaled-dot-product core: product(Q, K) -> logit ops -> Softmax -> product(P, V), by axis meaning.
 
 Anchored on each Softmax. Upstream, the logits may pass through logit ops (scale, masks, biases,
-soft-cap: logit_ops/), layout ops (axes.py: heads merged into the batch around the softmax, the
+soft-cap: logit_ops/), layout ops (layout_ops.py: heads merged into the batch around the softmax, the
 Flatten -> Softmax -> Reshape of an opset-12 export, Swin's 5-D view), float Casts and Q/DQ pairs, up
 to a MatMul or Einsum of two activations. Downstream, the probabilities may pass through layout ops,
 Cast, Identity, Dropout, Q/DQ and torch's NaN guard (Where(IsNaN(p), 0, p)) to a product with V.
@@ -20,8 +20,8 @@ import onnx_graphsurgeon as gs
 
 from ..graph.view import PASSTHROUGH, GraphView
 from ..site import MaskStep, QuantParams
-from . import axes, contraction, logit_ops
-from .axes import Atoms, Frame, Unfollowable, show
+from . import contraction, layout_ops, logit_ops
+from .axes import Atoms, Frame, show
 from .errors import NotAttention, Unsupported
 
 
@@ -89,7 +89,7 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
         elif node.op == "DequantizeLinear":
             logits_quant = logits_quant or quant_params(view, node)
         else:
-            frame = axes.forward(view, node, frame, atoms)
+            frame = layout_ops.forward(view, node, frame, atoms)
         shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(node.outputs[0].name, [])]
     logit_ops.check(steps)
     scores = frame
@@ -110,7 +110,7 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
         if node.op == "DequantizeLinear":
             probs_quant = probs_quant or quant_params(view, node)
         elif not _is_nan_guard_node(view, node):
-            frame = axes.forward(view, node, frame, atoms)
+            frame = layout_ops.forward(view, node, frame, atoms)
         shape_reads += [(s.outputs[0].name, frame) for s in probs_shapes.get(node.outputs[0].name, [])]
     bmm2 = contraction.read(view, bmm2_node)
     probs = down[-1].outputs[0] if down else sm.outputs[0]
@@ -187,7 +187,7 @@ def _with_frame(view: GraphView, step: MaskStep, frame: Frame, atoms: Atoms) -> 
     if step.operand is None or logit_ops.unit(step).layout:
         return step
     t = view.tensors.get(step.operand)
-    rank = axes.rank_of(view, t) if t is not None else None
+    rank = layout_ops.rank_of(view, t) if t is not None else None
     if rank is None:
         rank = len(frame)
     if rank > len(frame):
@@ -246,8 +246,8 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
         for g in guards:  # an IsNaN is allowed only as the condition of the guard below
             if [x for x in g.outputs[0].outputs if x is not c] or not _is_nan_guard(view, c, t):
                 raise NotAttention(f"the probabilities feed IsNaN {g.name} outside a NaN guard")
-        if axes.is_layout(view, c) or _is_nan_guard(view, c, t):
-            if axes.is_layout(view, c) and c.inputs[0] is not t:
+        if layout_ops.is_layout(view, c) or _is_nan_guard(view, c, t):
+            if layout_ops.is_layout(view, c) and c.inputs[0] is not t:
                 raise NotAttention(f"the probabilities are the shape operand of {c.op} {c.name}")
             passed.append(c)
             t = c.outputs[0]
@@ -273,7 +273,7 @@ def _walk_logits(view: GraphView, t: gs.Tensor):
             if not contraction.attention_product(view, n):
                 raise NotAttention(f"the logits come from {n.op} {n.name} with weights (a linear layer)")
             return path, n, shapes
-        if axes.is_layout(view, n):
+        if layout_ops.is_layout(view, n):
             path.append((n, None))
             t = n.inputs[0]
             continue

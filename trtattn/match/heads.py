@@ -1,6 +1,6 @@
 """Q, K and V operands of the core: where the fused op reads them, scale strips, heads, GQA head repeat.
 
-Each operand of the two products is followed up through layout ops and scalar Mul/Div (axes.py),
+Each operand of the two products is followed up through layout ops and scalar Mul/Div (layout_ops.py),
 giving candidates with their frames; the fused op reads the candidate that needs the fewest layout
 ops to become [batch, heads, seq, dim], the highest one on a tie (so the layout ops below it go
 away). The heads are the batch atom a projection merged with the head dim ([B, S, N*H]), else the
@@ -20,7 +20,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.view import PASSTHROUGH, GraphView
 from ..site import Layout, QuantParams
-from . import axes
+from . import layout_ops
 from .axes import Atoms, Frame, Unfollowable
 
 SHAPE_OPS = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"} | PASSTHROUGH
@@ -207,8 +207,8 @@ def candidates(view: GraphView, t: gs.Tensor, frame: Frame, atoms: Atoms, repeat
             out.append(Candidate(t, frame, scale))
             continue
         try:
-            if axes.is_layout(view, n):
-                frame = axes.backward(view, n, frame, atoms)
+            if layout_ops.is_layout(view, n):
+                frame = layout_ops.backward(view, n, frame, atoms)
             elif repeats and n.op in ("Expand", "Tile"):
                 frame = _unrepeated(view, n, frame, atoms)
             else:
