@@ -5,6 +5,7 @@ normalize` on each, with every attention Softmax checked against TensorRT's docu
     python benchmarks/trt_route.py                       # everything (about 25 min on 2 cores, exports cached)
     python benchmarks/trt_route.py --models llama,bert --forms padded --skip-normalize
     python benchmarks/trt_route.py --json out/bench/trt_route.json
+    python benchmarks/trt_route.py --models llama,bert --skip-normalize --precision fp8 --dims batch=2,seq=32
 
 Exports come from TRTATTN_ZOO_CACHE (or --work-dir) and are reused. Prints one table per part: for each
 row the outcome (written + verified; a form the model does not have, with why; sites TensorRT's ops cannot
@@ -31,6 +32,7 @@ from test_normalize_probabilities import documented_pattern_violations  # noqa: 
 
 from trtattn import zoo  # noqa: E402
 from trtattn.errors import TrtattnError  # noqa: E402
+from trtattn.graph.inputs import parse_dims  # noqa: E402
 from trtattn.report import table  # noqa: E402
 
 FORMS = ("padded", "packed", "kv-cache")
@@ -47,13 +49,24 @@ def one_line(error: BaseException) -> str:
     return str(error).splitlines()[0][:160] if str(error) else type(error).__name__
 
 
-def trt_row(model: onnx.ModelProto, name: str, exporter: str, form: str) -> dict:
+def calibration(model: onnx.ModelProto, dims) -> dict:
+    """Four realistic input sets along axis 0 (fp8/int8 need calibration data)."""
+    import numpy as np
+
+    from trtattn.graph.inputs import make_feeds
+
+    feeds = [make_feeds(model, dims=dims, seed=seed) for seed in range(4)]
+    return {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+
+
+def trt_row(model: onnx.ModelProto, name: str, exporter: str, form: str, precision: str, dims) -> dict:
     from trtattn.rewrite.trt_ops import fuse_trt
 
     row = {"model": name, "exporter": exporter, "form": form}
     start = time.perf_counter()
     try:
-        result = fuse_trt(model, name=name, form=form)
+        calib = calibration(model, dims) if precision in ("fp8", "int8") else None
+        result = fuse_trt(model, name=name, form=form, precision=precision, calib=calib, dims=dims)
     except TrtattnError as e:
         text = one_line(e)
         row["outcome"] = ("refused: " if "TensorRT plugin" in text else "no form: ") + text
@@ -67,6 +80,7 @@ def trt_row(model: onnx.ModelProto, name: str, exporter: str, form: str) -> dict
     row["seconds"] = time.perf_counter() - start
     ops = collections.Counter(n.op_type for n in result.model.graph.node if n.domain == "trt")
     row["ops"] = ", ".join(f"{v} {k}" for k, v in sorted(ops.items()))
+    row["dtype"] = ",".join(sorted({a.dtype for a in result.prepared.plan.native}))
     row["rope"] = sum(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
     row["max_abs_err"] = result.verification.get("max_abs_err")
     row["outcome"] = "verified" if result.ok else f"FAILED: {result.verification.get('error') or 'mismatch'}"
@@ -113,6 +127,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", help="comma-separated zoo names (default: all)")
     ap.add_argument("--exporters", help="comma-separated (default: each entry's)")
     ap.add_argument("--forms", default=",".join(FORMS))
+    ap.add_argument("--precision", default="fp16", help="as `fuse --ops trt --precision` (fp8/int8: calibrated on "
+                                                         "four generated input sets)")
+    ap.add_argument("--dims", help="symbolic dims for verification (and calibration), e.g. batch=2,seq=32")
     ap.add_argument("--skip-normalize", action="store_true")
     ap.add_argument("--skip-trt", action="store_true")
     ap.add_argument("--work-dir", default=os.environ.get("TRTATTN_ZOO_CACHE", "out/bench/models"))
@@ -123,6 +140,7 @@ def main(argv=None) -> int:
     names = args.models.split(",") if args.models else list(zoo.ZOO)
     exporters = set(args.exporters.split(",")) if args.exporters else None
     forms = [f for f in args.forms.split(",") if f]
+    dims = parse_dims(args.dims)
     trt_rows, norm_rows = [], []
     for name in names:
         for exporter in zoo.get(name).exporters:
@@ -134,12 +152,13 @@ def main(argv=None) -> int:
                 print(f"normalize {name} {exporter}: {norm_rows[-1]['outcome']} ({norm_rows[-1]['seconds']:.1f}s)",
                       file=sys.stderr, flush=True)
             for form in [] if args.skip_trt else forms:
-                trt_rows.append(trt_row(model, name, exporter, form))
+                trt_rows.append(trt_row(model, name, exporter, form, args.precision, dims))
                 print(f"--ops trt {name} {exporter} {form}: {trt_rows[-1]['outcome']} "
                       f"({trt_rows[-1]['seconds']:.1f}s)", file=sys.stderr, flush=True)
     failed = 0
     if trt_rows:
         print(table(trt_rows, [("model", "model"), ("exporter", "exporter"), ("form", "form"), ("ops", "TensorRT ops"),
+                               ("dtype", "dtype"),
                                ("rope", "RoPE"), ("max_abs_err", "max abs err"), ("seconds", "s"), ("outcome", "outcome")]))
         counts = collections.Counter(r["outcome"].split(":")[0].split(" ")[0] for r in trt_rows)
         print("fuse --ops trt: " + ", ".join(f"{v} {k}" for k, v in counts.most_common())
