@@ -39,6 +39,8 @@ def onnx_runner(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(),
     only one model is in ONNX Runtime at a time; weights left on disk are memory-mapped, never copied; a
     model whose weights are over half the memory available runs in slices of layers (slices.py).
     `level`: ONNX Runtime's graph optimization level ("basic" by default; see graph.evaluate)."""
+    if any(n.domain == "trt" for n in model.graph.node):  # TensorRT's own ops: run by their CPU kernels
+        return plugin_runner(stack, model, outputs, name, level)
     if slice_budget(model) is not None:  # weights over half the memory available: one slice of layers at a time
         return sliced_runner(model, outputs, name, level)
     stack.enter_context(extra_outputs(model, outputs))
@@ -59,6 +61,26 @@ def numpy_onnxrt_runner():
             return OrderedDict(zip((o.name for o in self.sess.get_outputs()), values))
 
     return NumpyOnnxrtRunner
+
+
+def plugin_runner(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(), name: str | None = None,
+                  level: str = "basic"):
+    """onnx_runner for a model with TensorRT's own ONNX ops (trt::TRT_Attention, TRT_QuantizedAttention,
+    TRT_KVCacheUpdate, as `fuse --ops trt` writes them): ONNX Runtime running them by trtattn_plugins' kernels
+    of their documented semantics. A kernel that rejects its inputs fails the run (TrtOpError naming the node)."""
+    import trtattn_plugins
+
+    from ..graph import external, io
+    from ..graph.evaluate import session_options
+
+    def session():
+        options = session_options(level, weights=io.weights_size(model), folder=external.data_dir(model))
+        if io.is_large(model):  # trtattn_plugins.Session takes a model over 2 GB by its path
+            return trtattn_plugins.Session(stack.enter_context(io.session_source(model)), options=options)
+        return trtattn_plugins.Session(model, options=options)
+
+    stack.enter_context(extra_outputs(model, outputs))
+    return numpy_onnxrt_runner()(session, name=name)
 
 
 def engine_runner(engine: Path, sidecar: dict | None = None):
