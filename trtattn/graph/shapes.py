@@ -57,11 +57,15 @@ def dims_of(value_info: onnx.ValueInfoProto) -> list | None:
 
 
 def infer(model: onnx.ModelProto) -> list[onnx.ModelProto]:
-    """The model with inferred value_info, by each inference that succeeds (ONNX's, then ONNX Runtime's
-    symbolic one); the weights are set aside while they run."""
+    """The model with inferred value_info, by each inference that succeeds: ONNX's, then ONNX Runtime's
+    symbolic one where ONNX's leaves dims it could not name (it names them unk__N: TorchScript's head
+    splits; dynamo exports have none, and skipping it saves importing sympy, 1.5 s). The weights are set
+    aside while they run."""
     results = []
     with weights_aside(model):
         for inference in (_onnx_shapes, symbolic_shapes):
+            if results and not _unnamed_dims(results[-1]):
+                break
             try:
                 inferred = inference(model)
             except Exception:
@@ -69,6 +73,18 @@ def infer(model: onnx.ModelProto) -> list[onnx.ModelProto]:
             if inferred is not None:
                 results.append(inferred)
     return results
+
+
+def _unnamed_dims(inferred: onnx.ModelProto) -> bool:
+    """Whether an inference left a tensor without a shape or a dim it could only call unk__N."""
+    shaped = set()
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        dims = dims_of(vi)
+        if dims is None or any(d is None or (isinstance(d, str) and d.startswith("unk__")) for d in dims):
+            return True
+        shaped.add(vi.name)
+    inputs = {i.name for i in inferred.graph.input} | {t.name for t in inferred.graph.initializer}
+    return any(o not in shaped and o not in inputs for n in inferred.graph.node for o in n.output if o)
 
 
 def known_shapes(model: onnx.ModelProto) -> dict[str, list]:
