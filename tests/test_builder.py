@@ -192,3 +192,24 @@ def test_hand_built_edge_cases(checked_trt, kwargs):
     prepared = prepare(original, name="edge", precision="fp32")
     errors = reference_errors(checked_trt, prepared, original)
     assert errors and max(e for e, _ in errors.values()) <= 1e-4, errors
+
+
+@pytest.mark.reference
+def test_soft_capped_sites_stay_in_tensorrts_implicit_form(checked_trt, zoo_export, tmp_path):
+    """Gemma 2 soft-caps its logits: no IAttention; each site is written as MatMul, Tanh, one mask op, Softmax,
+    MatMul for TensorRT's own fusion, named in the plan with the reason, and still computes the original."""
+    from trtattn.errors import TrtattnError
+
+    original, prepared = _prepared(zoo_export, "gemma2", "torchscript", "padded")
+    sites = prepared.plan.plan_json()["sites"]
+    assert len(sites) == 2 and not prepared.plan.native
+    assert all("soft-capped" in s["reason"] and "implicit form" in s["reason"] for s in sites)
+    ops = [n.op_type for n in prepared.cut.model.graph.node]
+    written = [n.op_type for n in prepared.cut.model.graph.node if n.name.startswith("trtattn/implicit/")]
+    assert "Attention" not in ops and written.count("Tanh") == written.count("Softmax") == 2
+    blob, _ = build(prepared, checked_trt, tmp_path, write=False, progress=False)
+    assert not [c for c in checked_trt.sim.log if c.member == "add_attention_v2"] and not checked_trt.sim.problems
+    errors = reference_errors(checked_trt, prepared, original)
+    assert errors and max(e for e, _ in errors.values()) <= 1e-4, errors
+    with pytest.raises(TrtattnError, match="soft-capped.*only the padded form"):
+        prepare(original, name="g", form="packed", precision="fp32", limits=LIMITS)

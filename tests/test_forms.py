@@ -215,3 +215,25 @@ def test_verify_against_the_wrong_original_is_one_line(zoo_export, tmp_path, cap
                  str(zoo_export("bert", "torchscript"))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "position_ids" in err[0]
+
+
+def test_padded_form_reads_a_causal_padding_mask_as_lengths_and_refuses_left_padding(zoo_export):
+    """Llama's causal + padding mask becomes UPPER_LEFT + key/value lengths (the row sums of attention_mask):
+    right-padded rows compute what the original computes; a left-padded mask is refused, never answered."""
+    from trtattn.runtime import OrtSession
+
+    model = onnx.load(str(zoo_export("llama", "torchscript")))
+    prepared = prepare(model, name="llama", precision="fp32")
+    assert prepared.plan.right_padded == ["attention_mask"]
+    assert all(a.causal == "upper_left" and a.mask is None and a.kv_lengths == "attention_mask/lengths"
+               for a in prepared.plan.attentions)
+    session = OrtSession(prepared.form_model)
+    feeds = make_feeds(model, dims={"batch": 3, "seq": 6}, seed=4)
+    feeds["attention_mask"] = np.array([[1] * 6, [1] * 4 + [0] * 2, [1] + [0] * 5])
+    ref = run(model, feeds)["last_hidden_state"]
+    out = session.run(feeds)["last_hidden_state"]
+    for b, n in enumerate([6, 4, 1]):  # the real tokens of every row
+        assert np.abs(out[b, :n] - ref[b, :n]).max() <= 1e-4
+    feeds["attention_mask"] = np.array([[1] * 6, [0] * 2 + [1] * 4, [1] * 6])
+    with pytest.raises(TrtattnError, match="attention_mask row 1 is not right-padded"):
+        session.run(feeds)

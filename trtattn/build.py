@@ -95,7 +95,7 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
                                                        progress=progress)
     plan = make_plan(form_model, name=name, form=form, precision=precision, sites=derived.sites,
                      lowerings=derived.attentions, cache_lowerings=derived.cache_updates, decomposable=decomposable,
-                     quantized=quantized)
+                     quantized=quantized, implicit=derived.implicit, implicit_reason=forms.IMPLICIT_REASON)
     plan.mark_sites, plan.right_padded, plan.precision_table = mark_sites, list(derived.right_padded), table
     plan.notes += derived.notes + notes + more
     cut_model = plan_engine_io(plan, start, form_model, limits, shapes)

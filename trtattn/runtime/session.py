@@ -45,6 +45,17 @@ class TensorInfo:
         return any(not isinstance(d, int) or d < 0 for d in self.shape)
 
 
+def check_right_padded(model: str, name: str, mask: np.ndarray) -> None:
+    """A padding mask read as per-row lengths must be each row's ones first (right padding): anything else
+    would be answered wrongly, so it is refused."""
+    m = np.asarray(mask)
+    if m.ndim == 2 and m.shape[1] > 1:
+        rows = np.flatnonzero((np.diff((m != 0).astype(np.int8), axis=1) > 0).any(axis=1))
+        if rows.size:
+            raise TrtattnError(f"{model}: {name} row {int(rows[0])} is not right-padded ({m[rows[0]].tolist()}); this "
+                               "model reads it as per-row lengths (the padded form): put each row's tokens first")
+
+
 class Session:
     """Base class: `run` checks the feeds and the state, back ends implement `_run`."""
 
@@ -58,6 +69,8 @@ class Session:
         self.aliases = dict(aliases)
         self.sidecar = sidecar
         self.form = (sidecar or {}).get("form")
+        # padding masks the model reads as per-row lengths (the padded form): a left-padded one is refused
+        self.right_padded = tuple(((sidecar or {}).get("io") or {}).get("right_padded") or ())
         self._inputs = {i.name: i for i in inputs}
         self._outputs = {o.name: o for o in outputs}
         for out, inp in self.aliases.items():
@@ -115,6 +128,9 @@ class Session:
         for name, value in feeds.items():
             if name in self._inputs:
                 own[name] = self._cast(name, value)
+        for name in self.right_padded:
+            if name in own:
+                check_right_padded(self.name, name, own[name])
         missing = [i.name for i in self.inputs if i.name not in own and not self.has_state(i.name)]
         if missing:
             raise TrtattnError(f"{self.name}: no value for input{'s' if len(missing) > 1 else ''} "

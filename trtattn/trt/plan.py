@@ -71,7 +71,7 @@ class AttentionPlan:
     def row(self) -> dict:
         """The site in the plan JSON (`build --plan-json`)."""
         return {"name": self.site, "dtype": self.dtype, "causal_kind": self.causal,
-                "mask": self.mask_kind if self.mask else None, "kv_lengths": self.kv_lengths,
+                "mask": None if self.mask_kind == "none" else self.mask_kind, "kv_lengths": self.kv_lengths,
                 "normalization_quantize_to_type": self.normalization_quantize_to_type, "reason": self.reason}
 
 
@@ -157,13 +157,14 @@ def _opt(node: onnx.NodeProto, i: int) -> str | None:
 
 def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: str, sites: dict,
               lowerings: dict | None = None, cache_lowerings=(), decomposable: bool = False,
-              quantized: dict | None = None) -> BuildPlan:
+              quantized: dict | None = None, implicit=(), implicit_reason: str = "") -> BuildPlan:
     """Plan every standard attention-related op of `form_model`.
 
     sites: ONNX Attention node -> its AttentionSite (names the layer, gives heads and head size);
     lowerings: Attention node -> its forms.lowering.AttentionLowering, where the form says more than the
     op; cache_lowerings: the form's forms.lowering.CacheLowering records; quantized: Attention node ->
-    (normalization_quantize_to_type, scale) from the site's softmax Q/DQ.
+    (normalization_quantize_to_type, scale) from the site's softmax Q/DQ; implicit: (AttentionSite, node) of
+    the sites the form left to TensorRT's own fusion, planned with `implicit_reason` and not lowered.
     """
     types = tensor_types(form_model)
     plan = BuildPlan(name=name, form=form, precision=precision)
@@ -194,6 +195,13 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
         else:
             continue
         plan.order.append(node.name)
+    for site, node in implicit:  # written out for TensorRT's own fusion (forms/implicit.py): planned, not lowered
+        plan.attentions.append(AttentionPlan(
+            site=site.name, node=node, layer=f"trtattn/attn/{site.name}", query=site.query, key=site.key,
+            value=site.value, output=site.output, q_scale=float(site.softmax_scale), mask_kind=site.mask.value,
+            q_heads=site.q_heads, kv_heads=site.kv_heads, head_size=site.head_size,
+            rank=site.rank, dtype=DTYPE_NAMES.get(types.get(site.query, (None, None))[0], "fp32"),
+            decomposable=decomposable, reason=implicit_reason, region=()))
     missing = set(by_scatter) - {c.node for c in plan.cache_updates}
     if missing:
         raise TrtattnError(f"the form's cache updates {sorted(missing)} are not in its graph")
@@ -249,9 +257,8 @@ def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
                          rank=rank, dtype=DTYPE_NAMES.get(q_type, "fp32"), decomposable=decomposable,
                          region=(node.name,))
     if a.get("softcap"):
-        plan.reason = ("its logits are soft-capped (tanh), which IAttention cannot do: kept in TensorRT's implicit "
-                       "form (MatMul, Tanh, Softmax, MatMul) for its own fusion")
-        return plan
+        raise TrtattnError(f"Attention {node.name} soft-caps its logits, which IAttention cannot do; the padded form "
+                           "writes such sites in TensorRT's implicit form")
     if lowering is not None:  # the form's record: lengths, forms, causal kind; its mask says the same
         plan.query, plan.output = lowering.query or q, lowering.output or node.output[0]
         plan.causal, plan.q_lengths, plan.kv_lengths = lowering.causal, lowering.q_lengths, lowering.kv_lengths

@@ -26,6 +26,8 @@ from ...graph.emit import export_like
 from ...report import Progress
 from ...verify import adapter_for, compare_models, compare_runners, onnx_runner
 from .kv_cache import kv_cache_form
+from .implicit import REASON as IMPLICIT_REASON
+from .implicit import expand_softcapped
 from .lowering import AttentionLowering, CacheLowering
 from .packed import packed_form
 from .padded import padding_to_lengths
@@ -44,6 +46,7 @@ class Derived:
     attentions: dict[str, AttentionLowering] = field(default_factory=dict)  # Attention node -> its lowering
     cache_updates: list[CacheLowering] = field(default_factory=list)
     right_padded: list[str] = field(default_factory=list)  # padding masks the form reads as per-row lengths
+    implicit: list = field(default_factory=list)  # (AttentionSite, node) left to TensorRT's implicit fusion
     verification: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -58,6 +61,10 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
         model, ropes = rope_to_ops(fused.model, [r.site for r in reports])
     derived = Derived(model, form, sites, notes=[f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else [])
     lowerings: list[AttentionLowering] = []
+    capped = [r.site.name for r in reports if r.site.softcap]
+    if capped and form != "padded":
+        raise TrtattnError(f"sites {', '.join(capped)} are soft-capped: IAttention cannot take them, and only the padded "
+                           "form keeps them in TensorRT's implicit form")
     if form == "kv-cache":
         with progress.step("deriving the KV-cache form (packed query over a preallocated cache)"):
             derived.model, lowerings, derived.cache_updates = kv_cache_form(derived.model, reports)
@@ -66,15 +73,20 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
             derived.model, lowerings = packed_form(derived.model, reports)
     else:
         graph = gs.import_onnx(derived.model)
+        expanded = expand_softcapped(graph, sites)
+        derived.implicit = [(sites[node], node) for _, node in expanded]
         lowerings, derived.right_padded = padding_to_lengths(graph, derived.model, reports)
-        if lowerings:
+        if lowerings or expanded:
             derived.model = export_like(graph, derived.model)
+        if lowerings:
             derived.notes.append(f"{len(lowerings)} causal/padding masks as key/value lengths: "
                                  f"{', '.join(derived.right_padded)} must be right-padded (a prefix of ones per row)")
+        if expanded:
+            derived.notes.append(f"{len(expanded)} soft-capped sites in TensorRT's implicit form: {IMPLICIT_REASON}")
     derived.attentions = {lw.node: lw for lw in lowerings}
     if form != "padded" or derived.right_padded:  # (the fused model itself needs no record)
         _record(derived.model, form, derived.right_padded)
-    if form == "padded" and not ropes and not lowerings:  # the fused model itself, verified by fuse already
+    if form == "padded" and not ropes and not lowerings and not derived.implicit:  # the fused model, verified already
         derived.verification = fused.verification
         return derived
     with progress.step(f"verifying the {form} form against the original on ONNX Runtime"):

@@ -52,7 +52,9 @@ def padding_to_lengths(graph: gs.Graph, model: onnx.ModelProto, reports) -> tupl
     lengths: dict[str, gs.Tensor] = {}
     lowerings = []
     for r in reports:
-        site, attn = r.site, nodes[r.attention_node]
+        site, attn = r.site, nodes.get(r.attention_node)
+        if attn is None or attn.op != "Attention":  # written out in TensorRT's implicit form (implicit.py)
+            continue
         if not (r.padding and r.pattern in ("none", "causal") and not r.bias and not site.window
                 and site.cache == CacheKind.NONE and len(attn.inputs) > 3 and attn.inputs[3].name
                 and not attn.attrs.get("is_causal", 0)):
