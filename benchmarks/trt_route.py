@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 
 import onnx
+import trtattn_plugins
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the pattern check of the tests
 
@@ -81,9 +82,12 @@ def trt_row(model: onnx.ModelProto, name: str, exporter: str, form: str, precisi
     ops = collections.Counter(n.op_type for n in result.model.graph.node if n.domain == "trt")
     row["ops"] = ", ".join(f"{v} {k}" for k, v in sorted(ops.items()))
     row["dtype"] = ",".join(sorted({a.dtype for a in result.prepared.plan.native}))
+    problems = trtattn_plugins.check_model(result.model)  # every node exactly as documented (again, independently)
+    row["schema"] = "ok" if not problems else f"{len(problems)} problems: {problems[0]}"
     row["rope"] = sum(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
     row["max_abs_err"] = result.verification.get("max_abs_err")
-    row["outcome"] = "verified" if result.ok else f"FAILED: {result.verification.get('error') or 'mismatch'}"
+    row["outcome"] = "verified" if result.ok and not problems else \
+        f"FAILED: {result.verification.get('error') or row['schema'] if problems else 'mismatch'}"
     return row
 
 
@@ -158,7 +162,7 @@ def main(argv=None) -> int:
     failed = 0
     if trt_rows:
         print(table(trt_rows, [("model", "model"), ("exporter", "exporter"), ("form", "form"), ("ops", "TensorRT ops"),
-                               ("dtype", "dtype"),
+                               ("dtype", "dtype"), ("schema", "schema"),
                                ("rope", "RoPE"), ("max_abs_err", "max abs err"), ("seconds", "s"), ("outcome", "outcome")]))
         counts = collections.Counter(r["outcome"].split(":")[0].split(" ")[0] for r in trt_rows)
         print("fuse --ops trt: " + ", ".join(f"{v} {k}" for k, v in counts.most_common())
