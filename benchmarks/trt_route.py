@@ -86,8 +86,12 @@ def trt_row(model: onnx.ModelProto, name: str, exporter: str, form: str, precisi
     row["schema"] = "ok" if not problems else f"{len(problems)} problems: {problems[0]}"
     row["rope"] = sum(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
     row["max_abs_err"] = result.verification.get("max_abs_err")
-    row["outcome"] = "verified" if result.ok and not problems else \
-        f"FAILED: {result.verification.get('error') or row['schema'] if problems else 'mismatch'}"
+    if problems:
+        row["outcome"] = f"FAILED schema: {row['schema']}"
+    elif not result.ok:
+        row["outcome"] = f"FAILED: {result.verification.get('error') or 'mismatch'}"
+    else:
+        row["outcome"] = "verified"
     return row
 
 
