@@ -123,6 +123,12 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
     disk are copied file to file. The model is left as it was."""
     path = Path(path)
     refuse_overwrite(path, protect)
+    if data_dir(model) is None:
+        lost = next((t.name for t in all_tensors(model) if uses_external_data(t)), None)
+        if lost is not None:  # written as it is, the output would name data files that are not beside it
+            raise TrtattnError(f"cannot write {path}: tensor '{lost}' has its data in an external file, but the model "
+                               f"does not say which folder that is in (load it with trtattn.graph.io.load, and keep "
+                               f"its metadata on models made from it)")
     if external_data is None:
         external_data = data_dir(model) is not None or is_large(model)
     if not external_data:

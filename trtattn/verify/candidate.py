@@ -11,6 +11,7 @@ import onnx
 from ..contract import cache_inputs
 from ..errors import TrtattnError
 from ..graph import io as onnxio
+from ..graph.view import GraphView, import_graph
 from ..match import match
 from .adapters import adapter_for
 from .compare import TOLERANCES, Outcome, compare_runners
@@ -38,12 +39,13 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
     if precision not in TOLERANCES:
         raise TrtattnError(f"unknown precision '{precision}'; one of {', '.join(TOLERANCES)}")
     atol, rtol = TOLERANCES[precision]
-    site_names = {s.output: s.name for s in match(original).sites if s.output}
+    graph = import_graph(original)  # weights left on disk stay there
+    site_names = {s.output: s.name for s in match(graph, GraphView(graph, original)).sites if s.output}
     notes = []
     with contextlib.ExitStack() as stack:
         reference = onnx_runner(stack, original, list(site_names), "onnxruntime")
         if str(candidate).endswith(".onnx"):
-            model = onnxio.load(candidate)
+            model = onnxio.load(candidate, load_external_data=False)
             inputs = [i.name for i in model.graph.input]
             caches = cache_inputs(model)
             present = {t.name for t in list(model.graph.value_info) + list(model.graph.output)} | \

@@ -76,6 +76,7 @@ class Outcome:
         return {"passed": self.passed, "iterations": self.iterations, "atol": self.atol, "rtol": self.rtol,
                 "max_abs_err": max(self.output_errors.values(), default=0.0),
                 "outputs": self.output_errors, "nan_mismatch": self.nan_mismatch,
+                "bounds": {k: v for k, v in self.bounds.items() if k in self.output_errors or k in self.site_errors},
                 **({"slices": self.slices} if self.slices else {})}
 
 
