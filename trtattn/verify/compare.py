@@ -117,6 +117,15 @@ def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outco
     return outcome, errors
 
 
+def _prefetched(runners: list, feeds: list[dict]) -> list:
+    """Runners as given; a runner over a model in slices runs every feed dict slice by slice first, so each
+    slice's session is made once (verify/slices.py)."""
+    for r in runners:
+        if hasattr(r, "prefetch"):
+            r.prefetch(feeds)
+    return runners
+
+
 def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=(), *, dims=None, seed: int = 0,
                    atol: float = 1e-4, rtol: float = 1e-4, feeds: list[dict] | None = None) -> Outcome:
     """Run both models on ONNX Runtime (CPU) through Polygraphy and compare every output."""
@@ -129,7 +138,7 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
         runners = [onnx_runner(stack, original, site_outputs, "original"),
                    onnx_runner(stack, candidate, site_outputs, "rewritten")]
         with contextlib.redirect_stdout(io.StringIO()):
-            results = Comparator.run(runners, data_loader=feeds)
+            results = Comparator.run(_prefetched(runners, feeds), data_loader=feeds)
     outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds))
     outcome.slices = max(len(getattr(r, "slices", ())) for r in runners)
     graph_outputs = {o.name for o in original.graph.output}
@@ -153,8 +162,8 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
     candidate_feeds = [adapter.feeds(f) for f in original_feeds]
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            ref_runs = Comparator.run([reference], data_loader=original_feeds)
-            new_runs = Comparator.run([candidate], data_loader=candidate_feeds)
+            ref_runs = Comparator.run(_prefetched([reference], original_feeds), data_loader=original_feeds)
+            new_runs = Comparator.run(_prefetched([candidate], candidate_feeds), data_loader=candidate_feeds)
     except PolygraphyException as e:
         missing = sorted(set(adapter.inputs) - set(candidate_feeds[0]))
         hint = f" (the original has no input for {', '.join(missing)}: is it the model the candidate came from?)" \
