@@ -61,7 +61,7 @@ def counts(rows: list[dict], ignored=()) -> dict:
     that are not attention."""
     fused = sum(r["status"] == "fused" for r in rows)
     ops = sum(r.get("source", "pattern") != "pattern" for r in rows)
-    return {"attention": len(rows), "softmaxes": len(rows) - ops, "attention_ops": ops, "fused": fused,
+    return {"sites": len(rows), "softmaxes": len(rows) - ops, "attention_ops": ops, "fused": fused,
             "not_fused": len(rows) - fused, "not_attention": len(ignored)}
 
 

@@ -91,7 +91,7 @@ def _placement(q_scale: float, k_scale: float, logit: float, upstream_q: float) 
 
 
 def _operands(view: GraphView, core: Core):
-    """The Q, K and V the fused op reads (candidates.py), the heads, and K/V's heads under GQA."""
+    """The Q, K and V the fused op reads (heads.py: candidates), the heads, and K/V's heads under GQA."""
     atoms = core.atoms
     q_c = candidates(view, core.q_operand, core.q_frame, atoms)
     k_c = candidates(view, core.k_operand, core.k_frame, atoms, repeats=True)
