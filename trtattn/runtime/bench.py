@@ -154,7 +154,8 @@ def synthesize_feeds(session, *, dims: dict | None = None, seed: int = 0, model=
         model = onnxio.load(session.sidecar["source"])
     dims = resolve_dims(model, dims) if model is not None else {**DEFAULT_DIMS, **(dims or {})}
     named = {io["name"]: io["shape"] for io in ((session.sidecar or {}).get("io") or {}).get("inputs", [])}
-    opt = {p["name"]: p["opt"] for p in (session.sidecar or {}).get("profiles") or []}
+    profiles = (session.sidecar or {}).get("profiles") or []  # [{input: {"min", "opt", "max"}}]: the first
+    opt = {name: row["opt"] for name, row in (profiles[0] if profiles else {}).items()}
     base = {}
     if model is not None:
         shapes = {}
