@@ -2,12 +2,13 @@
 TensorRT's own ONNX ops (`trtattn fuse --ops trt`) and verified on CPU through trtattn_plugins; and `trtattn
 normalize` on each, with every attention Softmax checked against TensorRT's documented pattern.
 
-    python benchmarks/trt_route.py                       # everything (about 25 min on 2 cores, exports cached)
+    python benchmarks/trt_route.py                       # everything (about 40 min on 2 cores, exports cached)
     python benchmarks/trt_route.py --models llama,bert --forms padded --skip-normalize
     python benchmarks/trt_route.py --json out/bench/trt_route.json
     python benchmarks/trt_route.py --models llama,bert --skip-normalize --precision fp8 --dims batch=2,seq=32
 
-Exports come from TRTATTN_ZOO_CACHE (or --work-dir) and are reused. Prints one table per part: for each
+Exports come from TRTATTN_ZOO_CACHE (or --work-dir) and are reused; each model runs in a child process (a
+crash there is a CRASH row, the run goes on). Prints one table per part: for each
 row the outcome (written + verified; a form the model does not have, with why; sites TensorRT's ops cannot
 express, named) and the time; then the totals. Exits 1 if a written model failed its verification or a
 normalized site is outside the pattern without a reason.
@@ -19,7 +20,9 @@ import argparse
 import collections
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -130,6 +133,32 @@ def normalize_row(model: onnx.ModelProto, name: str, exporter: str) -> dict:
     return row
 
 
+def one_model(args, name: str, exporter: str) -> dict:
+    """The rows of one model x exporter (run in a child process: a crash there loses that model only)."""
+    model = onnx.load(str(export(name, exporter, Path(args.work_dir))))
+    rows = {"normalize": [], "trt": []}
+    if not args.skip_normalize:
+        rows["normalize"].append(normalize_row(model, name, exporter))
+        print(f"normalize {name} {exporter}: {rows['normalize'][-1]['outcome']} "
+              f"({rows['normalize'][-1]['seconds']:.1f}s)", file=sys.stderr, flush=True)
+    for form in [] if args.skip_trt else [f for f in args.forms.split(",") if f]:
+        rows["trt"].append(trt_row(model, name, exporter, form, args.precision, parse_dims(args.dims)))
+        print(f"--ops trt {name} {exporter} {form}: {rows['trt'][-1]['outcome']} ({rows['trt'][-1]['seconds']:.1f}s)",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def in_child(argv: list[str], name: str, exporter: str) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "rows.json"
+        done = subprocess.run([sys.executable, __file__, *argv, "--child", name, exporter, str(out)])
+        if done.returncode == 0 and out.exists():
+            return json.loads(out.read_text())
+    crash = f"CRASH: the child process exited with {done.returncode} (a signal when negative)"
+    return {"normalize": [{"model": name, "exporter": exporter, "outcome": crash, "seconds": 0.0}],
+            "trt": [{"model": name, "exporter": exporter, "form": "-", "outcome": crash, "seconds": 0.0}]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", help="comma-separated zoo names (default: all)")
@@ -142,27 +171,28 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-trt", action="store_true")
     ap.add_argument("--work-dir", default=os.environ.get("TRTATTN_ZOO_CACHE", "out/bench/models"))
     ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--child", nargs=3, metavar=("MODEL", "EXPORTER", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child:
+        name, exporter, out = args.child
+        Path(out).write_text(json.dumps(one_model(args, name, exporter), default=str))
+        return 0
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     names = args.models.split(",") if args.models else list(zoo.ZOO)
     exporters = set(args.exporters.split(",")) if args.exporters else None
-    forms = [f for f in args.forms.split(",") if f]
-    dims = parse_dims(args.dims)
+    child_args = ["--forms", args.forms, "--precision", args.precision, "--work-dir", str(work)]
+    child_args += (["--dims", args.dims] if args.dims else []) + (["--skip-normalize"] if args.skip_normalize else []) \
+        + (["--skip-trt"] if args.skip_trt else [])
     trt_rows, norm_rows = [], []
     for name in names:
         for exporter in zoo.get(name).exporters:
             if exporters and exporter not in exporters:
                 continue
-            model = onnx.load(str(export(name, exporter, work)))
-            if not args.skip_normalize:
-                norm_rows.append(normalize_row(model, name, exporter))
-                print(f"normalize {name} {exporter}: {norm_rows[-1]['outcome']} ({norm_rows[-1]['seconds']:.1f}s)",
-                      file=sys.stderr, flush=True)
-            for form in [] if args.skip_trt else forms:
-                trt_rows.append(trt_row(model, name, exporter, form, args.precision, dims))
-                print(f"--ops trt {name} {exporter} {form}: {trt_rows[-1]['outcome']} "
-                      f"({trt_rows[-1]['seconds']:.1f}s)", file=sys.stderr, flush=True)
+            export(name, exporter, work)  # here, so that a child never exports concurrently
+            rows = in_child(child_args, name, exporter)
+            norm_rows += [] if args.skip_normalize else rows["normalize"]
+            trt_rows += [] if args.skip_trt else rows["trt"]
     failed = 0
     if trt_rows:
         print(table(trt_rows, [("model", "model"), ("exporter", "exporter"), ("form", "form"), ("ops", "TensorRT ops"),
@@ -171,7 +201,7 @@ def main(argv=None) -> int:
         counts = collections.Counter(r["outcome"].split(":")[0].split(" ")[0] for r in trt_rows)
         print("fuse --ops trt: " + ", ".join(f"{v} {k}" for k, v in counts.most_common())
               + f"; {sum(r['seconds'] for r in trt_rows):.0f} s in all\n")
-        failed += sum(r["outcome"].startswith(("FAILED", "ERROR")) for r in trt_rows)
+        failed += sum(r["outcome"].startswith(("FAILED", "ERROR", "CRASH")) for r in trt_rows)
     if norm_rows:
         print(table(norm_rows, [("model", "model"), ("exporter", "exporter"), ("sites", "sites"),
                                 ("guards_moved", "NaN guards moved"), ("in_pattern", "in pattern"),
@@ -183,7 +213,7 @@ def main(argv=None) -> int:
               f"pattern, {sum(r.get('fused_ops', 0) for r in norm_rows)} already ONNX Attention ops (the parser maps "
               f"them to IAttention), {sum(r.get('guards_moved', 0) for r in norm_rows)} NaN guards moved; "
               f"{sum(r['seconds'] for r in norm_rows):.0f} s in all")
-        failed += sum(r["outcome"].startswith(("OUTSIDE", "ERROR", "FAILED")) for r in norm_rows)
+        failed += sum(r["outcome"].startswith(("OUTSIDE", "ERROR", "FAILED", "CRASH")) for r in norm_rows)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"trt": trt_rows, "normalize": norm_rows}, indent=1, default=str))
