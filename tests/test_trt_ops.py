@@ -131,11 +131,20 @@ def test_cli_form_needs_ops_trt(zoo_export, tmp_path, capsys):
     assert "--ops trt" in capsys.readouterr().err
 
 
-def test_soft_capped_sites_are_named_not_written(zoo_export):
-    model = onnx.load(str(zoo_export("gemma2", "torchscript")))
-    with pytest.raises(TrtattnError, match=r"model/layers\.0/self_attn: its logits are soft-capped.*"
-                                            r"model/layers\.1/self_attn"):
-        fuse_trt(model, name="gemma2", precision="fp32")
+def test_sites_trt_ops_cannot_express_are_named_not_written(written):
+    """A site the plan keeps out of IAttention (Gemma 2's soft-capped logits: plan.reason) is refused by name;
+    nothing is written (benchmarks/trt_route.py runs Gemma 2 itself)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from trtattn.rewrite.trt_ops import write_trt_ops
+
+    _, result = written("llama", "torchscript", "padded")
+    plan = result.prepared.plan
+    capped = replace(plan.attentions[1], reason="its logits are soft-capped (tanh), which IAttention cannot do")
+    refused = replace(plan, attentions=[plan.attentions[0], capped])
+    with pytest.raises(TrtattnError, match=rf"1 site\(s\) .*{capped.site}: its logits are soft-capped"):
+        write_trt_ops(SimpleNamespace(plan=refused, form_model=result.prepared.form_model))
 
 
 def _qdq(name, scale, dtype=onnx.TensorProto.INT8):
