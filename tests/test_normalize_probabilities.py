@@ -83,8 +83,8 @@ def guarded():
 def test_nan_guard_moves_after_the_second_matmul(guarded):
     model, result = guarded
     assert between(model, "attn/Softmax") == ["IsNaN", "Where"]
-    assert documented_pattern_violations(model) == [("attn/Softmax", "a NaN guard between the Softmax and the "
-                                                                      "second MatMul")]
+    guard = "a NaN guard between the Softmax and the second MatMul"
+    assert documented_pattern_violations(model) == [("attn/Softmax", guard)]
     assert result.ok and result.verification["passed"] and result.verification["max_abs_err"] <= 1e-6
     (row,) = result.sites
     assert row.action == "rewritten" and row.probabilities == "NaN guard moved after BMM2"

@@ -3,15 +3,25 @@ TRT_KVCacheUpdate), exactly as documented (trtattn_plugins.schema), verified on 
 kernels; the sidecar with the trtexec shapes; the CLI. (Every zoo model x form: benchmarks/trt_route.py.)"""
 
 import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
-
 import trtattn_plugins as tp
+from onnx import TensorProto, helper
+
 from trtattn.cli import main
 from trtattn.errors import TrtattnError
-from trtattn.rewrite.trt_ops import fuse_trt, shape_strings, verify_trt_ops
+from trtattn.rewrite.trt_ops import (
+    fuse_trt,
+    shape_strings,
+    verify_trt_ops,
+    write_trt_ops,
+)
+from trtattn.trt.plan import AttentionPlan, BuildPlan
 from trtattn.trt.profiles import parse_shapes
 
 CASES = [("llama", "torchscript", "padded"), ("bert", "dynamo", "packed"), ("llama-cache", "torchscript", "kv-cache")]
@@ -40,7 +50,7 @@ def attrs(node):
 
 @pytest.mark.parametrize("name,exporter,form", CASES)
 def test_zoo_form_written_as_documented_trt_ops_and_verified(written, name, exporter, form):
-    model, result = written(name, exporter, form)
+    _, result = written(name, exporter, form)
     plan, out = result.prepared.plan, result.model
     assert result.ok and result.verification["max_abs_err"] <= 1e-4, result.verification
     assert tp.check_model(out) == []
@@ -134,11 +144,6 @@ def test_cli_form_needs_ops_trt(zoo_export, tmp_path, capsys):
 def test_sites_trt_ops_cannot_express_are_named_not_written(written):
     """A site the plan keeps out of IAttention (Gemma 2's soft-capped logits: plan.reason) is refused by name;
     nothing is written (benchmarks/trt_route.py runs Gemma 2 itself)."""
-    from dataclasses import replace
-    from types import SimpleNamespace
-
-    from trtattn.rewrite.trt_ops import write_trt_ops
-
     _, result = written("llama", "torchscript", "padded")
     plan = result.prepared.plan
     capped = replace(plan.attentions[1], reason="its logits are soft-capped (tanh), which IAttention cannot do")
@@ -147,24 +152,17 @@ def test_sites_trt_ops_cannot_express_are_named_not_written(written):
         write_trt_ops(SimpleNamespace(plan=refused, form_model=result.prepared.form_model))
 
 
-def _qdq(name, scale, dtype=onnx.TensorProto.INT8):
-    zero = onnx.helper.make_tensor(f"{name}_zero", dtype, [], [0])
-    s = onnx.helper.make_tensor(f"{name}_scale", onnx.TensorProto.FLOAT, [], [scale])
-    nodes = [onnx.helper.make_node("QuantizeLinear", [name, s.name, zero.name], [f"{name}_q"]),
-             onnx.helper.make_node("DequantizeLinear", [f"{name}_q", s.name, zero.name], [f"{name}_dq"])]
+def _qdq(name, scale, dtype=TensorProto.INT8):
+    zero = helper.make_tensor(f"{name}_zero", dtype, [], [0])
+    s = helper.make_tensor(f"{name}_scale", TensorProto.FLOAT, [], [scale])
+    nodes = [helper.make_node("QuantizeLinear", [name, s.name, zero.name], [f"{name}_q"]),
+             helper.make_node("DequantizeLinear", [f"{name}_q", s.name, zero.name], [f"{name}_dq"])]
     return nodes, [zero, s]
 
 
 def test_quantized_softmax_becomes_trt_quantized_attention():
     """A plan that quantizes the softmax output (int8) writes TRT_QuantizedAttention with Attention-23's scale
     (Q/DQ on Q, K, V stay ordinary nodes right in front) and matches the same math in standard ONNX ops."""
-    from types import SimpleNamespace
-
-    from onnx import TensorProto, helper
-
-    from trtattn.rewrite.trt_ops import write_trt_ops
-    from trtattn.trt.plan import AttentionPlan, BuildPlan
-
     b, n, s, h, p_scale = 2, 2, 5, 16, 1 / 127
     io = [helper.make_tensor_value_info(x, TensorProto.FLOAT, [b, n, s, h]) for x in "qkv"]
     nodes, inits = [], []
@@ -199,8 +197,6 @@ def test_quantized_softmax_becomes_trt_quantized_attention():
                             opset_imports=[helper.make_opsetid("", 21)])
     rng = np.random.default_rng(0)
     feeds = {x: rng.standard_normal((b, n, s, h)).astype(np.float32) for x in "qkv"}
-    import onnxruntime as ort
-
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep its Q/DQ where they are
     want = ort.InferenceSession(ref.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from ...graph.dims import fit_dims
 from ...graph import external
+from ...graph.dims import fit_dims
 from ...graph.emit import Emitter, export_like
 from ...match import analyse, logit_ops, probe_feeds
 from ...report import Progress

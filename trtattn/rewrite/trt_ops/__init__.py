@@ -30,7 +30,7 @@ from .. import forms
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
 
-__all__ = ["TrtOpsResult", "fuse_trt", "write_trt_ops", "verify_trt_ops", "shape_strings", "trtexec_command"]
+__all__ = ["TrtOpsResult", "fuse_trt", "shape_strings", "trtexec_command", "verify_trt_ops", "write_trt_ops"]
 
 
 @dataclass

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import onnx
 
+from ...graph.shapes import tensor_types
 from ...trt.engine import sidecar as engine_sidecar
 from ...trt.plan import BuildPlan, describe_io
-from ...graph.shapes import tensor_types
 
 SHAPE_FLAGS = (("min", "--minShapes"), ("opt", "--optShapes"), ("max", "--maxShapes"))
 
