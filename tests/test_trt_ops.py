@@ -123,11 +123,14 @@ def test_shape_strings_quote_names_with_separators():
 def test_cli_writes_model_and_sidecar_and_verify_reads_it(zoo_export, tmp_path, capsys):
     src = zoo_export("vit", "torchscript")
     out = tmp_path / "vit.trt.onnx"
-    assert main(["-q", "fuse", str(src), "-o", str(out), "--ops", "trt"]) == 0
+    report = tmp_path / "report.json"
+    assert main(["-q", "fuse", str(src), "-o", str(out), "--ops", "trt", "--report", str(report)]) == 0
     printed = capsys.readouterr().out
     assert "TRT_Attention" in printed and "trtexec --onnx=" in printed
     info = json.loads((tmp_path / "vit.trt.json").read_text())
     assert info["verification"]["passed"] and len(info["sites"]) == 2
+    data = json.loads(report.read_text())
+    assert data["ops"] == "trt" and data["output"] == str(out) and [s["op"] for s in data["sites"]] == ["TRT_Attention"] * 2
     written_model = onnx.load(str(out))
     assert tp.check_model(written_model) == [] and len(trt_nodes(written_model, "TRT_Attention")) == 2
     assert info["precision"] == "fp16" and {s["dtype"] for s in info["sites"]} == {"fp16"}
