@@ -120,14 +120,25 @@ class GraphView:
         import onnxruntime
 
         onnxruntime.set_default_logger_severity(3)  # folding is best effort: no optimizer chatter
-        # fold a copy that knows the inferred shapes, so Shape -> Gather of static dims folds too; weights
-        # on disk are unknowns there, so folding never reads them
-        folded = self.graph.copy()
+        # fold a copy of just the nodes that compute from constants and shapes (a graph's shape arithmetic,
+        # not its layers: copying the whole graph cost more than the folding), knowing the inferred shapes,
+        # so Shape -> Gather of static dims folds too; weights on disk are not constants there
+        cone = _constant_cone(self.graph)
+        values = {n.outputs[0].name: n.attrs["value"] for n in cone if _constant_node(n)}  # no nodes in the copy:
+        nodes = [n for n in cone if not _constant_node(n)]  # TorchScript writes every constant as a node
+        if not nodes:
+            return
+        made = {id(t) for n in nodes for t in n.outputs}
+        read = {id(t): t for n in nodes for t in n.inputs if isinstance(t, gs.Variable) and id(t) not in made}
+        folded = gs.Graph(nodes=nodes, inputs=list(read.values()), outputs=[t for n in nodes for t in n.outputs],
+                          opset=self.graph.opset, import_domains=self.graph.import_domains).copy()
+        for t in list(folded.inputs):
+            if t.name in values:
+                t.to_constant(np.asarray(values[t.name].values))
+        folded.inputs = [t for t in folded.inputs if isinstance(t, gs.Variable)]
         for name, t in folded.tensors().items():
             if isinstance(t, gs.Variable) and name in self._shapes:
                 t.shape = self.shape(t)
-            elif isinstance(t, gs.Constant) and t.data_location == onnx.TensorProto.EXTERNAL:
-                t.to_variable(dtype=t.dtype, shape=list(t.shape))
         level = gs.logger.G_LOGGER.severity
         gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
         try:
@@ -218,6 +229,26 @@ class GraphView:
 
     def dtype(self, t: gs.Tensor):
         return t.dtype  # a Constant's dtype comes from its proto: the values are not loaded
+
+
+def _constant_node(node: gs.Node) -> bool:
+    return node.op == "Constant" and len(node.outputs) == 1 and isinstance(node.attrs.get("value"), gs.Constant)
+
+
+def _constant_cone(graph: gs.Graph) -> list[gs.Node]:
+    """The nodes whose outputs follow from constants and tensor shapes alone, in graph order: Shape and Size
+    of anything, and nodes all of whose inputs are such outputs or constants (not weights left on disk)."""
+    known: set[int] = set()
+    cone = []
+    for node in graph.nodes:
+        if any(isinstance(a, gs.Graph) for a in node.attrs.values()):
+            continue
+        if node.op in ("Shape", "Size") or all(
+                not t.name or id(t) in known
+                or (isinstance(t, gs.Constant) and t.data_location != onnx.TensorProto.EXTERNAL) for t in node.inputs):
+            cone.append(node)
+            known.update(id(t) for t in node.outputs)
+    return cone
 
 
 def _static(shape: list) -> int:
