@@ -171,9 +171,10 @@ def position_bias(ctx: Ctx):
 @kind("qdq", preserving=False, variants=("q", "k", "v", "probs"))
 def qdq(ctx: Ctx):
     """A QuantizeLinear -> DequantizeLinear pair (static int8, per tensor, as ONNX Runtime's
-    quantization tools write) on Q, K, V, or uint8 after the softmax (issue 10, class 6)."""
+    quantization tools write) on Q, K, V, or uint8 on the probabilities BMM2 reads (issue 10, class 6)."""
     need(ctx.opset >= 10, "QuantizeLinear needs opset 10")
-    _, t = ctx.edge(ctx.variant)
+    edge = "p" if ctx.variant == "probs" else ctx.variant  # the probabilities as BMM2 reads them
+    _, t = ctx.edge(edge)
     need(ctx.dtype_is_f32(t), f"the {ctx.variant} are not float32")
     if ctx.variant == "probs":
         scale, zero = 1.0 / 255, np.uint8(0)
@@ -181,6 +182,6 @@ def qdq(ctx: Ctx):
         peak = ctx.facts.absmax.get(t.name)
         need(peak, f"no runtime range for the {ctx.variant}")
         scale, zero = peak / 127, np.int8(0)
-    ctx.insert(ctx.variant, lambda x: ctx.op("DequantizeLinear", [
+    ctx.insert(edge, lambda x: ctx.op("DequantizeLinear", [
         ctx.op("QuantizeLinear", [x, ctx.const(scale), ctx.const(zero, zero.dtype)]), ctx.const(scale),
         ctx.const(zero, zero.dtype)]))

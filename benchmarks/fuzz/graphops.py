@@ -107,7 +107,7 @@ class Ctx:
 
     def edge(self, name: str) -> tuple[gs.Node, gs.Tensor]:
         """(consumer, tensor) of one edge of the site: q, k (K as bmm1 reads it), v, logits (bmm1's
-        output), scores (the softmax input) or probs (the softmax output)."""
+        output), scores (the softmax input), probs (the softmax output) or p (what BMM2 reads)."""
         s = self.site
         if name == "q":
             return s.bmm1, s.bmm1.inputs[0]
@@ -115,6 +115,8 @@ class Ctx:
             return s.bmm1, s.bmm1.inputs[1]
         if name == "v":
             return s.bmm2, s.bmm2.inputs[s.v_slot]
+        if name == "p":  # the probabilities as BMM2 reads them (after a NaN guard, a Cast)
+            return s.bmm2, s.bmm2.inputs[s.probs_slot]
         if name == "scores":
             return s.softmax, s.softmax.inputs[0]
         tensor = s.bmm1.outputs[0] if name == "logits" else s.softmax.outputs[0]

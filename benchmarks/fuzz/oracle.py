@@ -33,6 +33,7 @@ from .sites import count_attention, facts, locate
 from .sources import difference, feed_sets, load_source, metadata, run, session
 
 ATOL, RTOL = 1e-4, 1e-3  # fused vs decomposed fp32 differ by ~1e-6; wrong answers by far more
+QUANT_ATOL = 8 / 255  # at most 8 steps of uint8 probabilities, where the fused op drops their Q/DQ
 OUTCOMES = ("fused", "listed", "missed", "crashed", "wrong", "invalid", "no_effect", "n/a")
 
 
@@ -99,6 +100,7 @@ class CaseResult:
     reason: str = ""
     site_name: str = ""
     max_err: float | None = None
+    atol: float | None = None  # what the written model was held to
     sites: int = 0
     rows: int = 0
     fused_rows: int = 0
@@ -218,6 +220,16 @@ def _site_row(rows: list[dict], site_name: str) -> dict | None:
     return None
 
 
+def _tolerance(mutant: onnx.ModelProto, rows: list[dict]) -> float:
+    """ATOL, or the tolerance a fused row states for a quantized site (the fused op drops the rounding
+    of Q/DQ on the probabilities), checked here: honoured only in a model that has Q/DQ, and never
+    above QUANT_ATOL."""
+    stated = max([0.0] + [r.get("tolerance") or 0.0 for r in rows if r["status"] == "fused"])
+    if stated and any(n.op_type == "QuantizeLinear" for n in mutant.graph.node):
+        return max(ATOL, min(stated, QUANT_ATOL))
+    return ATOL
+
+
 def _classify(res: CaseResult, a: Analysis, mutant, outs, result) -> None:
     rows = [r.row() for r in result.reports]
     res.rows = len(rows)
@@ -235,8 +247,8 @@ def _classify(res: CaseResult, a: Analysis, mutant, outs, result) -> None:
         except Exception as e:
             res.outcome, res.reason = "wrong", f"the written model does not run: {_first_line(e)}"
             return
-        # a quantized site is verified within the tolerance its report row states (trtattn's claim, checked here)
-        atol = max([ATOL] + [r.get("tolerance") or 0.0 for r in rows if r["status"] == "fused"])
+        atol = _tolerance(mutant, rows)
+        res.atol = atol
         diffs = [difference(f, o, atol, RTOL) for f, o in zip(fused_outs, outs)]
         res.max_err = max(d[1] for d in diffs)
         if not all(d[0] for d in diffs):

@@ -268,15 +268,16 @@ def commute(ctx: Ctx):
 
 @kind("dropout", preserving=True, variants=("probs", "probs_ratio", "probs_mask_output"))
 def dropout(ctx: Ctx):
-    """An inference Dropout on the probabilities (plain; with ratio and training_mode=False inputs;
-    with its mask output)."""
+    """An inference Dropout where the modelling code has it: on the probabilities as BMM2 reads them
+    (after a NaN guard, if any); plain, with ratio and training_mode=False inputs, or with its mask
+    output."""
     if ctx.variant == "probs":
-        ctx.insert("probs", lambda t: ctx.op("Dropout", [t]))
+        ctx.insert("p", lambda t: ctx.op("Dropout", [t]))
     elif ctx.variant == "probs_ratio":
         need(ctx.opset >= 12, "Dropout takes ratio as an input from opset 12")
-        ctx.insert("probs", lambda t: ctx.op("Dropout", [t, ctx.const(0.1), ctx.const(False, np.bool_)]))
+        ctx.insert("p", lambda t: ctx.op("Dropout", [t, ctx.const(0.1), ctx.const(False, np.bool_)]))
     else:
-        ctx.insert("probs", lambda t: ctx.op("Dropout", [t], outputs=2)[0])
+        ctx.insert("p", lambda t: ctx.op("Dropout", [t], outputs=2)[0])
 
 
 @kind("softmax_axis_sign", preserving=True, variants=("positive", "negative"))

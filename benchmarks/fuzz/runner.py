@@ -168,11 +168,18 @@ def cli_summary(results: list[CaseResult]) -> str:
 
 
 def error_summary(results: list[CaseResult]) -> str:
-    errs = [r.max_err for r in results if r.outcome == "fused" and r.max_err is not None]
-    if not errs:
-        return "no fused case"
-    return (f"fused outputs vs their mutants on the fuzzer's inputs: max abs error {max(errs):.2g} "
-            f"(median {float(np.median(errs)):.2g}) over {len(errs)} fused cases")
+    from .oracle import ATOL
+
+    fused = [r for r in results if r.outcome == "fused" and r.max_err is not None]
+    plain = [r.max_err for r in fused if (r.atol or ATOL) <= ATOL]
+    quant = [r for r in fused if (r.atol or ATOL) > ATOL]
+    text = (f"fused outputs vs their mutants on the fuzzer's inputs (atol {ATOL:g}): max abs error "
+            f"{max(plain, default=0):.2g} (median {float(np.median(plain)) if plain else 0:.2g}) over {len(plain)} cases")
+    if quant:
+        text += (f"; {len(quant)} cases with quantized probabilities held to the tolerance their report row "
+                 f"states ({min(r.atol for r in quant):.3g}-{max(r.atol for r in quant):.3g}): max abs error "
+                 f"{max(r.max_err for r in quant):.2g}")
+    return text
 
 
 def unusable_sources(results: list[CaseResult]) -> list[str]:
