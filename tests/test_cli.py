@@ -91,7 +91,8 @@ def test_fuse_writes_output_and_report_and_keeps_the_input(tmp_path):
                 "status", "reason", "max_abs_err"]:
         assert key in site
     assert site["status"] == "fused" and site["causal"] == "upper_left" and site["max_abs_err"] <= 1e-4
-    assert data["counts"] == {"sites": 1, "fused": 1, "skipped": 0}
+    assert data["counts"] == {"sites": 1, "softmaxes": 1, "attention_ops": 0, "fused": 1, "not_fused": 0,
+                              "not_attention": 0}
     assert any(n.op_type == "Attention" for n in onnx.load(str(out)).graph.node)
     assert "upper_left" in proc.stdout and "fused" in proc.stdout  # the per-site table
 
@@ -132,7 +133,7 @@ def test_unfusable_site_exits_nonzero_and_writes_nothing(tmp_path):
     assert main(["-q", "fuse", str(src), "-o", str(out), "--report", str(report)]) == 1
     assert not out.exists()
     (site,) = json.loads(report.read_text())["sites"]
-    assert site["status"] == "skipped" and "large negative" in site["reason"]
+    assert site["status"] == "not fused" and "large negative" in site["reason"]
 
 
 def test_python_module_entry_point(tmp_path):
@@ -143,5 +144,5 @@ def test_python_module_entry_point(tmp_path):
 def test_demo_runs_the_default_model(tmp_path):
     proc = run("demo", "--out-dir", tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "6 attention sites, 6 fused, 0 skipped" in proc.stdout
+    assert "6 attention-like softmaxes: 6 fused, 0 not fused" in proc.stdout
     assert (tmp_path / "bart.torchscript.fused.onnx").exists()
