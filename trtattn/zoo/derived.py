@@ -87,36 +87,40 @@ def opset12(base, exporter: str, tmp: Path) -> onnx.ModelProto:
 
 # ---------------------------------------------------------------- int8 Q/DQ
 def int8_qdq(base, exporter: str, tmp: Path) -> onnx.ModelProto:
-    import logging
-
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
 
     from ..graph.inputs import make_feeds
 
     model = _export(base, exporter, tmp)
     src, out = tmp / "fp32.onnx", tmp / "int8.onnx"
     onnxio.save(model, src)
+    feeds = [make_feeds(model, seed=s) for s in range(CALIBRATION_SAMPLES)]
+    # In a fresh process: ModelOpt's quantizer patches onnxruntime.quantization for the rest of the process
+    # it runs in (its calibrators then refuse this model), and the tests run both in one process.
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        pool.submit(_ort_quantize_static, str(src), str(out), feeds).result()
+    quantized = onnxio.load(out)
+    quantized.metadata_props.extend(model.metadata_props)
+    return quantized
 
-    class ZooInputs(CalibrationDataReader):
-        """Batches of the inputs verification feeds, one seed each."""
 
+def _ort_quantize_static(src: str, out: str, feeds: list[dict]) -> None:
+    """ONNX Runtime's quantize_static, MinMax-calibrated on the given feeds."""
+    import logging
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Feeds(CalibrationDataReader):
         def __init__(self):
-            self.batches = iter([make_feeds(model, seed=s) for s in range(CALIBRATION_SAMPLES)])
+            self.batches = iter(feeds)
 
         def get_next(self):
             return next(self.batches, None)
 
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # "consider pre-processing": its symbolic shape inference fails on these
-    try:
-        quantize_static(str(src), str(out), ZooInputs(), quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
-    finally:
-        root.setLevel(level)
-    quantized = onnxio.load(out)
-    quantized.metadata_props.extend(model.metadata_props)
-    return quantized
+    logging.getLogger().setLevel(logging.ERROR)  # "consider pre-processing": its symbolic shape inference fails on these
+    quantize_static(src, out, Feeds(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8)
 
 
 # ---------------------------------------------------------------- optimum's merged decoder
