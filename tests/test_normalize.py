@@ -34,20 +34,37 @@ def chain_violations(model: onnx.ModelProto) -> list:
     return bad
 
 
+# Entries whose sites normalize lists instead of rewriting, by class: (what the reason says, how many).
+LISTED = {
+    "gemma2": ("soft-capped", 2),  # TensorRT's implicit pattern has no soft-capping step
+    "bert-int8": ("logits are quantized", 2),
+    "led": ("not a product with V", 2),  # the matcher's: Longformer's sliding-chunk encoder attention
+    "chunked-loop": ("control-flow body", 2),
+    "llama-merged": ("control-flow body", 4),
+}
+
+
 @pytest.mark.parametrize("name,exporter", zoo_cases())
 def test_zoo_follows_tensorrt_rules_after_normalize(zoo_export, name, exporter):
     model = onnx.load(str(zoo_export(name, exporter)))
     result = normalize_model(model)
-    assert result.ok, [r.row() for r in result.sites]
-    assert chain_violations(result.model) == []
+    reason, listed = LISTED.get(name, ("", 0))
+    not_normalized = [s.action for s in result.sites if s.action.startswith("skipped")] + \
+        [s.reason for s in result.skipped]
+    assert len(not_normalized) == listed and all(reason in why for why in not_normalized), not_normalized
+    assert result.ok == (not listed), [r.row() for r in result.sites]
+    listed_softmaxes = {r.site.softmax for r in result.sites if r.action.startswith("skipped")} | \
+        {s.node for s in result.skipped}
+    assert [v for v in chain_violations(result.model) if v[0] not in listed_softmaxes] == []
     if result.changed:
         v = result.verification
         assert v["passed"] and v["max_abs_err"] <= 1e-4
-        assert all(r.max_abs_err is not None and r.max_abs_err <= 1e-4 for r in result.sites)
+        assert all(r.max_abs_err is not None and r.max_abs_err <= 1e-4 for r in result.sites
+                   if not r.action.startswith("skipped"))
     after = match(result.model)
     assert len(after.sites) == len(result.sites) == len(match(model).sites)
     for site in after.sites:
-        if site.source == "pattern":
+        if site.source == "pattern" and site.softmax not in listed_softmaxes:
             assert site.scale_placement in (ScalePlacement.ON_Q, ScalePlacement.SQRT_ON_QK, ScalePlacement.NONE)
             assert not [s for s in site.mask_steps if s.op == "scale"]
 
