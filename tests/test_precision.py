@@ -282,3 +282,18 @@ def test_convert_from_a_path_with_external_data(zoo_export, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before == ["vit.onnx", "vit.onnx.data"]
     assert result.table["fp16"] >= 0.95
     P.verify(path, result.model, [make_feeds(original, seed=1, dims={"batch": 1})])
+
+
+def test_einsum_work_is_the_product_of_its_index_sizes():
+    """XLNet and the Stable Diffusion block compute attention products with Einsum: 'bij,bjk->bik' at
+    b=2, i=3, j=4, k=5 is 2*3*4*5 multiply-accumulates, in its inputs' dtype."""
+    inputs = [helper.make_tensor_value_info("a", T.FLOAT16, [2, 3, 4]), helper.make_tensor_value_info("b", T.FLOAT16, [2, 4, 5]),
+              helper.make_tensor_value_info("c", T.FLOAT, [2, 3, 5])]
+    nodes = [helper.make_node("Einsum", ["a", "b"], ["ab"], equation="bij,bjk->bik", name="e"),
+             helper.make_node("Einsum", ["c"], ["ct"], equation="bik->bki", name="t")]
+    graph = helper.make_graph(nodes, "einsum", inputs, [helper.make_tensor_value_info("ab", T.FLOAT16, None),
+                                                        helper.make_tensor_value_info("ct", T.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    work = {w.node: (w.dtype, w.macs) for w in P.matmul_work(model)}
+    assert work == {"e": ("fp16", 120), "t": ("fp32", 30)}
+    assert P.precision_table(model) == pytest.approx({"fp16": 120 / 150, "fp32": 30 / 150})

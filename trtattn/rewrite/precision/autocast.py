@@ -98,9 +98,19 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
             raise error from None
     if not out.metadata_props:
         out.metadata_props.extend(props)
+    _types_only(out)
     dtypes = {w.node: w.dtype for w in declared_dtypes(out)}
     table = shares([dataclasses.replace(w, dtype=dtypes.get(w.node, w.dtype)) for w in work_done])
     return Converted(out, precision, _kept_fp32(out, log.getvalue(), ours), table, log.getvalue())
+
+
+def _types_only(model: onnx.ModelProto) -> None:
+    """Keep the element types AutoCast wrote on intermediate tensors, drop their shapes: on dynamo exports its
+    inference names different sizes alike (GQA's 2 and 4 heads), and ONNX Runtime's memory planner then
+    re-uses one buffer for both ("Shape mismatch attempting to re-use buffer")."""
+    for vi in model.graph.value_info:
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
 
 
 def load_autocast():

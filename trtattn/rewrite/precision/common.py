@@ -16,9 +16,9 @@ INSTALL = "pip install 'trtattn[quant]' (NVIDIA ModelOpt without its onnxruntime
 # 0.012-0.10, rel_l2 <= 0.049 (T5 at seq 60 both times).
 TOLERANCE = {"fp16": {"rel": 0.02, "rel_l2": 0.01}, "bf16": {"rel": 0.2, "rel_l2": 0.1}}
 
-MATMUL_OPS = ("MatMul", "Gemm", "Conv", "Attention")
+MATMUL_OPS = ("MatMul", "Gemm", "Conv", "Attention", "Einsum")
 DEFAULT_DIM = 16  # a symbolic dim nobody bound
-UNCOUNTED = {"ConvTranspose", "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "Einsum"}
+UNCOUNTED = {"ConvTranspose", "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv"}
 ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 DTYPE_NAMES = {TensorProto.FLOAT: "fp32", TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16",
            TensorProto.DOUBLE: "fp64", TensorProto.FLOAT8E4M3FN: "fp8", TensorProto.INT8: "int8",

@@ -99,6 +99,8 @@ def _matmul_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 def _shaped(n: onnx.NodeProto) -> list[str]:
     """The tensors whose shapes give a matmul node's work."""
+    if n.op_type == "Einsum":
+        return [t for t in n.input if t]
     if n.op_type == "Conv":
         return [n.input[1], n.output[0]]
     if n.op_type == "Attention":  # Q, K, V, past_key
@@ -106,8 +108,26 @@ def _shaped(n: onnx.NodeProto) -> list[str]:
     return list(n.input[:2])
 
 
+def _einsum_macs(n: onnx.NodeProto, equation: str, static: dict[str, list[int]]) -> int:
+    """Every index of the equation spans its size once: the product of the sizes of all its letters."""
+    terms = equation.replace(" ", "").split("->")[0].split(",")
+    if "." in equation or len(terms) != len([t for t in n.input if t]):
+        raise PrecisionError(f"precision_table cannot count Einsum {n.name} ('{equation}'): an ellipsis or a "
+                             "term per input is missing")
+    sizes: dict[str, int] = {}
+    for term, tensor in zip(terms, n.input):
+        for letter, size in zip(term, static[tensor]):
+            sizes[letter] = max(sizes.get(letter, 1), int(size))
+    return int(np.prod(list(sizes.values()), dtype=np.int64))
+
+
 def _macs(n: onnx.NodeProto, static: dict[str, list[int]]) -> int:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+    if n.op_type == "Einsum":
+        equation = attrs["equation"]
+        return _einsum_macs(n, equation.decode() if isinstance(equation, bytes) else equation, static)
+    if n.op_type == "Conv":  # every output element: in_channels / group x kernel volume (its input's shape unneeded)
+        return int(np.prod(static[n.output[0]], dtype=np.int64)) * int(np.prod(static[n.input[1]][1:], dtype=np.int64))
     a, b = static[n.input[0]], static[n.input[1]]
     if n.op_type == "MatMul":
         batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
@@ -115,8 +135,6 @@ def _macs(n: onnx.NodeProto, static: dict[str, list[int]]) -> int:
     if n.op_type == "Gemm":
         m, k = (a[1], a[0]) if attrs.get("transA") else (a[0], a[1])
         return m * k * (b[0] if attrs.get("transB") else b[1])
-    if n.op_type == "Conv":  # every output element: in_channels / group x kernel volume
-        return int(np.prod(static[n.output[0]], dtype=np.int64)) * int(np.prod(b[1:], dtype=np.int64))
     # Attention: Q [B, Nq, Sq, H] or [B, Sq, Nq*H]; K, V likewise with Nkv; a past_key adds to Skv
     v = static[n.input[2]]
     if len(a) == 4:
