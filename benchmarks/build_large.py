@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     step(f"write {cut_path.name}", t)
     total = time.perf_counter() - t0
     weights = io.weights_size(model) / 2**20
-    print(f"\n| step | seconds | peak MB so far |\n|---|---|---|")
+    print("\n| step | seconds | peak MB so far |\n|---|---|---|")
     for what, seconds, peak in steps:
         print(f"| {what} | {seconds:.1f} | {peak:.0f} |")
     print(f"| **total** | **{total:.1f}** | **{peak_mb():.0f}** ({peak_mb() / weights:.2f}x the {weights:.0f} MB "

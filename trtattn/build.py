@@ -18,6 +18,7 @@ from pathlib import Path
 import onnx
 
 from .errors import TrtattnError
+from .graph.dims import fit_dims
 from .report import Progress, table
 from .rewrite import forms
 from .rewrite.forms import FORMS
@@ -80,6 +81,7 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
         raise TrtattnError(f"--io-dtype {io_dtype} with --precision {precision}: the IO is kept as the model has it, "
                            f"or converted to the (fp16/bf16) precision")
     limits = limits or Limits()
+    dims = fit_dims(model, dims, progress=progress)  # dims the original runs on: every check below uses them
     start, quantization, atol = model, {}, None
     if precision in QUANTIZED:
         start, quantization, atol = quantized_start(model, precision, calib, dims=dims, progress=progress)

@@ -4,8 +4,8 @@ per-row key/value lengths instead of a dense mask, so the fused kernel can skip 
 The lengths are the padding mask's row sums, so the padding mask is read as right padding (each row's
 valid tokens first): the form says exactly that in ONNX, a boolean mask built from the lengths, which ONNX
 Runtime verifies against the original; the engine does the same through IAttention's key_value_lengths
-and causal kind (forms/lowering.py). Sites whose padding mask is declared left-padded, or whose mask
-depends on anything else, keep their dense mask. The form model records the inputs it reads as lengths
+and causal kind (forms/lowering.py). Sites whose padding mask is declared left-padded or True at padding,
+or whose mask depends on anything else, keep their dense mask. The form model records the inputs it reads as lengths
 (metadata `trtattn.form`), so that runtimes refuse a left-padded mask instead of answering wrongly.
 """
 
@@ -44,7 +44,7 @@ def padding_to_lengths(graph: gs.Graph, model: onnx.ModelProto, reports) -> tupl
 
     specs = {s.name: s for s in input_specs(model)}
     right_padded = {n for n, s in specs.items() if s.role.get("kind") == "padding_mask" and s.role.get("side") != "left"
-                    and len(s.shape) == 2}
+                    and s.role.get("true_at", "valid") == "valid" and len(s.shape) == 2}  # 1 = a token, right-padded
     ranks = {name: len(shape) for name, (_, shape) in tensor_types(model).items() if shape is not None}
     inputs = {t.name for t in graph.inputs}
     nodes = {n.name: n for n in graph.nodes}
