@@ -9,7 +9,6 @@ is checked; `build` itself quantizes with fp16 around the Q/DQ (what TensorRT ru
 
 from types import SimpleNamespace
 
-import numpy as np
 import onnx
 import pytest
 
