@@ -26,9 +26,8 @@ from pathlib import Path
 
 import onnx
 
-from ..errors import TrtattnError
 from ..graph import io as onnxio
-from .torch_export import ExportError, export_entry
+from .torch_export import ExportError, export_entry, export_target
 
 CALIBRATION_SAMPLES = 8
 
@@ -36,13 +35,7 @@ CALIBRATION_SAMPLES = 8
 def export_derived(entry, base, exporter: str, path, *, force: bool = False) -> Path:
     """Export `base` (the entry's base zoo entry) with `exporter`, apply the entry's tool, save with the
     entry's metadata."""
-    if exporter not in ("torchscript", "dynamo"):
-        raise TrtattnError(f"unknown exporter '{exporter}'; use torchscript or dynamo")
-    if exporter in entry.unsupported:
-        raise ExportError(f"{entry.name} cannot be exported with {exporter}: {entry.unsupported[exporter]}")
-    path = Path(path)
-    if path.exists() and not force:
-        raise TrtattnError(f"{path} exists; pass --force to overwrite it")
+    path = export_target(entry, exporter, path, force)
     with tempfile.TemporaryDirectory() as tmp:
         model = globals()[entry.builder](base, exporter, Path(tmp))
     meta = _metadata(model)

@@ -82,7 +82,8 @@ def _name_dims(model: onnx.ModelProto, built):
                 dim.dim_param = rename[dim.dim_param]
 
 
-def export_entry(entry, exporter: str, path, *, opset: int | None = None, force: bool = False) -> Path:
+def export_target(entry, exporter: str, path, force: bool) -> Path:
+    """`path` as a Path, once the exporter is known, can export the entry, and nothing would be overwritten."""
     if exporter not in ("torchscript", "dynamo"):
         raise TrtattnError(f"unknown exporter '{exporter}'; use torchscript or dynamo")
     if exporter in entry.unsupported:
@@ -90,6 +91,11 @@ def export_entry(entry, exporter: str, path, *, opset: int | None = None, force:
     path = Path(path)
     if path.exists() and not force:
         raise TrtattnError(f"{path} exists; pass --force to overwrite it")
+    return path
+
+
+def export_entry(entry, exporter: str, path, *, opset: int | None = None, force: bool = False) -> Path:
+    path = export_target(entry, exporter, path, force)
     _quiet()
     built = entry.build()
     with tempfile.TemporaryDirectory() as tmp:
