@@ -158,6 +158,8 @@ def session_options(options=None):
     import onnxruntime as ort
 
     _register()
-    options = ort.SessionOptions() if options is None else options
+    if options is None:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # errors only: no optimizer chatter ("UnsqueezeElimination cannot remove")
     options.register_custom_ops_library(_import_ortx().get_library_path())
     return options
