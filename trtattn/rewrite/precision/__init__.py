@@ -12,10 +12,13 @@ initializers beyond fp16's range); this module never re-decides that. It adds th
 cannot see:
 - every ONNX `Attention` is forced into the low precision (`nodes_to_include`): its finfo.min mask
   would keep it fp32, while IAttention computes in its query's dtype and wants the mask in that dtype;
-- fp16: that mask is clamped to finfo(float16).min in fp32 before AutoCast's Cast, which would turn
-  -3.4e38 into -inf (a fully masked row is then NaN in a softmax). bf16 has fp32's range;
-- rotary angles (float nodes from the positions to Sin/Cos) stay fp32: fp16 spaces values 0.03 apart
-  at 32..64 and 0.25 at 256..512, under AutoCast's 512 limit (Llama at seq 400: 3.3x the error).
+- fp16: that mask is clamped to fp16's replacing fill (finfo(float16).min / 2) in fp32 before AutoCast's
+  Cast, which would turn -3.4e38 into -inf (a fully masked row is then NaN in a softmax); not to fp16's
+  lowest value, which ONNX Runtime reads as -inf (DeBERTa's padded query rows: 0.69 of the output's
+  range); -inf stays -inf. bf16 has fp32's range;
+- position arithmetic stays fp32: rotary angles (float nodes from the positions to Sin/Cos; fp16 spaces
+  values 0.03 apart at 32..64 and 0.25 at 256..512, under AutoCast's 512 limit: Llama at seq 400, 3.3x
+  the error), and indices computed in float (from positions to a Cast to an integer: DeBERTa's buckets).
 
 AutoCast 0.47 reads the model from a path (external data too), then holds all weights and deep copies
 of the model while ONNX Runtime runs it over every tensor. fp16 keeps the opset (>= 13), bf16 raises

@@ -67,8 +67,8 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
             raise TrtattnError(f"keep_fp32 names no node of the model: {', '.join(missing)}")
         types = infer_static(work)[0]
         ours = {n: "asked (keep_fp32)" for n in keep_fp32}
-        for n in _rotary_angles(work, types):
-            ours[n] = "rotary angle: fp16/bf16 cannot hold position x frequency"
+        for n, why in _position_arithmetic(work, types).items():
+            ours[n] = why
         if precision == "fp16":
             for n in _clamp_masks(work, types):
                 ours[n] = "clamps an attention mask to fp16's range before its Cast"
@@ -166,7 +166,11 @@ def _name_nodes(model: onnx.ModelProto) -> None:
 
 
 def _clamp_masks(model: onnx.ModelProto, types: dict[str, int]) -> list[str]:
-    """Max(mask, finfo(fp16).min) in fp32 on every float attn_mask of an Attention: the nodes added."""
+    """Every float attn_mask of an Attention brought into fp16's range in fp32, before AutoCast casts it: the
+    nodes added. Masked values go to fp16's replacing fill, not its lowest value (which ONNX Runtime reads as
+    -inf, zeroing a fully masked row the model keeps uniform: DeBERTa's padded queries); -inf stays -inf."""
+    from ...match.logit_ops.boolean import replacing_fill
+
     clamped: dict[str, str] = {}
     floor, position = "trtattn/fp16_mask_floor", 0
     while position < len(model.graph.node):
@@ -175,35 +179,51 @@ def _clamp_masks(model: onnx.ModelProto, types: dict[str, int]) -> list[str]:
         if mask and types.get(mask) == TensorProto.FLOAT:
             if mask not in clamped:
                 clamped[mask] = f"{mask}/fp16_clamped"
-                model.graph.node.insert(position, onnx.helper.make_node(
-                    "Max", [mask, floor], [clamped[mask]], name=f"{node.name}/fp16_mask_clamp"))
-                position += 1
+                base = f"{node.name}/fp16_mask_clamp"
+                added = [onnx.helper.make_node("Max", [mask, floor], [f"{mask}/floored"], name=base),
+                         onnx.helper.make_node("IsInf", [mask], [f"{mask}/minus_inf"], detect_positive=0,
+                                               name=f"{base}/is_minus_inf"),
+                         onnx.helper.make_node("Where", [f"{mask}/minus_inf", mask, f"{mask}/floored"],
+                                               [clamped[mask]], name=f"{base}/keep_minus_inf")]
+                for i, n in enumerate(added):
+                    model.graph.node.insert(position + i, n)
+                position += len(added)
             node.input[3] = clamped[mask]
         position += 1
     if clamped:
-        lowest = np.array(np.finfo(np.float16).min, np.float32)
-        model.graph.initializer.append(onnx.numpy_helper.from_array(lowest, floor))
-    return [n.name for n in model.graph.node if n.name.endswith("/fp16_mask_clamp")]
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(replacing_fill(np.float16), np.float32),
+                                                                    floor))
+    return [n.name for n in model.graph.node if "/fp16_mask_clamp" in n.name]
 
 
-def _rotary_angles(model: onnx.ModelProto, types: dict[str, int]) -> list[str]:
-    """Sin/Cos of angles computed from positions alone, and the float nodes computing the angles.
-    "From positions alone": from weights, constants and integer tensors only; a Sin/Cos of an
-    activation is no rotary angle and is left to AutoCast."""
+INTEGERS = (TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT8)
+
+
+def _position_arithmetic(model: onnx.ModelProto, types: dict[str, int]) -> dict[str, str]:
+    """Float nodes computing from positions alone (weights, constants and integer tensors only) that end in
+    a Sin/Cos (rotary angles: fp16/bf16 cannot hold position x frequency) or a Cast to an integer (an
+    index computed in float, as DeBERTa's log-bucketed relative positions). A Sin/Cos of an activation is
+    left to AutoCast."""
     derived = {i.name for i in model.graph.initializer} | {t for t, ty in types.items() if ty not in FLOATS}
     for n in model.graph.node:  # topological order
         if all(t in derived for t in n.input if t):
             derived.update(n.output)
     producer = {o: n for n in model.graph.node for o in n.output}
-    keep: list[str] = []
-    frontier = [n for n in model.graph.node if n.op_type in ("Sin", "Cos") and n.output[0] in derived]
+    why = {"Sin": "rotary angle: fp16/bf16 cannot hold position x frequency",
+           "Cast": "computes an index in float: fp16/bf16 rounding could move it"}
+    keep: dict[str, str] = {}
+    frontier = [(n, why["Sin"]) for n in model.graph.node if n.op_type in ("Sin", "Cos") and n.output[0] in derived]
+    frontier += [(producer[n.input[0]], why["Cast"]) for n in model.graph.node
+                 if n.op_type == "Cast" and n.input[0] in producer and n.input[0] in derived
+                 and types.get(n.input[0]) in FLOATS and onnx.helper.get_attribute_value(n.attribute[0]) in INTEGERS]
     while frontier:
-        node = frontier.pop()
+        node, reason = frontier.pop()
         if node.name in keep:
             continue
         if any(types.get(t) in FLOATS for t in node.output):
-            keep.append(node.name)
-        frontier += [producer[t] for t in node.input if t in producer and t in derived and types.get(t) in FLOATS]
+            keep[node.name] = reason
+        frontier += [(producer[t], reason) for t in node.input
+                     if t in producer and t in derived and types.get(t) in FLOATS]
     return keep
 
 
