@@ -66,6 +66,16 @@ def test_profile_runs_to_the_models_limits_not_the_verification_dims(checked_trt
     assert len([c for c in log if c.member == "add_optimization_profile"]) == 1
 
 
+@pytest.mark.parametrize("name,exporter", [("bert", "torchscript"), ("bert", "dynamo"), ("gpt2", "torchscript")])
+def test_max_positions_from_a_table_gathered_by_a_sliced_position_buffer(zoo_export, name, exporter):
+    """BERT gathers its position table with a slice of its registered position_ids buffer (0, 1, 2, ...):
+    the table's 64 rows are the model's maximum positions, not the 2048 default."""
+    from trtattn.trt.profiles import max_positions
+
+    model = onnx.load(str(zoo_export(name, exporter)))
+    assert max_positions(model) == (64, "its learned position table")
+
+
 def test_kv_cache_profile_and_static_capacity_come_from_the_position_table(checked_trt, zoo_export, tmp_path):
     """Whisper's decoder has a learned position table of 64 rows: the caches' capacity is 64 (static in
     the network), packed tokens run to 8 x 64, rows to 8."""
@@ -121,8 +131,8 @@ def test_decomposable_is_what_was_asked(checked_trt, zoo_export, tmp_path, decom
 
 # ---------------------------------------------------------------- the fp16 mask clamp
 def test_fp16_attention_never_sees_an_infinite_mask(checked_trt, zoo_export):
-    """T5 in fp16 with padding: the bias-and-padding mask entering IAttention is finite (finfo(fp16).min
-    where masked), so a fully masked row cannot turn into NaN."""
+    """T5 in fp16 with padding: the bias-and-padding mask entering IAttention is finite (fp16's replacing
+    fill, finfo(fp16).min / 2, where masked), so a fully masked row cannot turn into NaN."""
     from trtsim.execute import run
 
     from trtattn.rewrite.forms import form_adapter
@@ -136,7 +146,7 @@ def test_fp16_attention_never_sees_an_infinite_mask(checked_trt, zoo_export):
     values = run(network, feeds, return_all=True)
     masks = [values[a.slot("mask")._name] for a in attentions if a.slot("mask") is not None]
     assert masks and all(m.dtype == np.float16 and np.isfinite(m).all() for m in masks)
-    assert min(float(m.min()) for m in masks) == float(np.finfo(np.float16).min)
+    assert min(float(m.min()) for m in masks) == float(np.float16(np.finfo(np.float16).min / 2))
 
 
 def test_lowering_clamps_an_fp32_mask_before_casting_it_to_fp16(checked_trt):

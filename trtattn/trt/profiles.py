@@ -74,6 +74,8 @@ def _position_tables(model: onnx.ModelProto) -> list[int]:
         node = producer.get(name)
         if name in inputs:
             return "position" in name.lower() or name.lower().startswith("pos")
+        if name in inits or name in consts:  # a position buffer sliced to the length (BERT's position_ids)
+            return _is_arange(inits.get(name) or consts.get(name))
         if node is None or depth > 12:
             return False
         if node.op_type == "Range":
@@ -101,6 +103,14 @@ def _position_tables(model: onnx.ModelProto) -> list[int]:
         if table is not None and len(table.dims) == 2 and positional(n.input[1]):
             rows.append(int(table.dims[0]) - offset(n.input[1]))
     return [r for r in rows if r > 0]
+
+
+def _is_arange(tensor: onnx.TensorProto) -> bool:
+    """0, 1, 2, ... along its last axis: positions written into the model (never reads external data)."""
+    if tensor.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) or not tensor.dims or \
+            tensor.data_location == onnx.TensorProto.EXTERNAL or int(np.prod(tensor.dims)) != tensor.dims[-1] > 1:
+        return False
+    return bool(np.array_equal(onnx.numpy_helper.to_array(tensor).reshape(-1), np.arange(tensor.dims[-1])))
 
 
 _SYMBOL = re.compile(r"[A-Za-z_][\w.]*")
