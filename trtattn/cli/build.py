@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
 from ..graph.inputs import parse_dims
-from .common import exit_without_tensorrt
+from .common import exit_without_tensorrt, load_model
 
 
 def add_parser(sub) -> None:
@@ -57,7 +57,7 @@ def run(args, progress) -> int:
     from ..trt import compat
     from ..trt.profiles import parse_shapes
 
-    model = onnxio.load(args.model)
+    model = load_model(args.model)  # weights stay on disk: memory follows the work (an 8B model is 16 GB)
     name = args.name or Path(args.model).stem
     shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
     limits = Limits(max_batch=args.max_batch, max_positions=args.max_positions, max_cache=args.max_cache)
