@@ -299,3 +299,18 @@ def test_einsum_work_is_the_product_of_its_index_sizes():
     work = {w.node: (w.dtype, w.macs) for w in P.matmul_work(model)}
     assert work == {"e": ("fp16", 120), "t": ("fp32", 30)}
     assert P.precision_table(model) == pytest.approx({"fp16": 120 / 150, "fp32": 30 / 150})
+
+
+@needs_autocast
+def test_control_flow_is_refused_naming_the_node():
+    """AutoCast fails inside If/Loop/Scan bodies with errors that name nothing (llama-merged: a KeyError):
+    refused up front, naming the node that holds the subgraphs."""
+    x = helper.make_tensor_value_info("x", T.FLOAT, [2])
+    branch = lambda name: helper.make_graph(  # noqa: E731
+        [helper.make_node("Identity", ["x"], [f"{name}_y"])], name, [], [helper.make_tensor_value_info(f"{name}_y", T.FLOAT, [2])])
+    cond = helper.make_tensor_value_info("cond", T.BOOL, [])
+    node = helper.make_node("If", ["cond"], ["y"], name="use_cache_branch", then_branch=branch("a"), else_branch=branch("b"))
+    model = helper.make_model(helper.make_graph([node], "g", [cond, x], [helper.make_tensor_value_info("y", T.FLOAT, [2])]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(P.PrecisionError, match="control flow: use_cache_branch \\(If\\)"):
+        P.convert(model, "fp16")

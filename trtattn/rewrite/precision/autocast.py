@@ -153,6 +153,13 @@ def _refuse_foreign_ops(model: onnx.ModelProto) -> None:
             f"{' ...' if len(foreign) > 6 else ''}. It reads them as TensorRT plugins (it needs TensorRT for that) "
             "and moves com.microsoft ops named like an ONNX op (Attention, RotaryEmbedding) into the ONNX domain, "
             "whose inputs differ; convert them to standard ONNX ops first (trtattn fuse)")
+    bodies = [f"{n.name or n.op_type} ({n.op_type})" for n in model.graph.node
+              if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)]
+    if bodies:  # AutoCast 0.47 fails inside them with a KeyError or a Polygraphy error that names nothing
+        raise PrecisionError(
+            f"AutoCast cannot convert a model with control flow: {', '.join(bodies[:6])}"
+            f"{' ...' if len(bodies) > 6 else ''} hold subgraphs. Build it in fp32 (--precision fp32), or export "
+            "the branch you deploy without the If/Loop/Scan")
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:
