@@ -237,3 +237,25 @@ def test_padded_form_reads_a_causal_padding_mask_as_lengths_and_refuses_left_pad
     feeds["attention_mask"] = np.array([[1] * 6, [0] * 2 + [1] * 4, [1] * 6])
     with pytest.raises(TrtattnError, match="attention_mask row 1 is not right-padded"):
         session.run(feeds)
+
+
+@pytest.mark.parametrize("name,exporter", [("llama-merged", "dynamo"), ("chunked-loop", "torchscript")])
+def test_sites_in_control_flow_bodies_are_refused_by_name(zoo_export, name, exporter):
+    """The forms rewrite the main graph: attention inside If/Loop bodies is refused naming the sites (it was
+    a KeyError on a body's tensor)."""
+    model = onnx.load(str(zoo_export(name, exporter)))
+    with pytest.raises(TrtattnError, match="inside If/Loop/Scan bodies"):
+        prepare(model, name=name, form="padded", precision="fp32")
+
+
+def test_a_form_onnx_runtime_cannot_run_is_an_error_naming_the_node(zoo_export):
+    """A form that does not run on ONNX Runtime says so with the node at fault (it was an internal error)."""
+    original = onnx.load(str(zoo_export("bert", "torchscript")))
+    broken = onnx.ModelProto()
+    broken.CopyFrom(original)
+    node = next(n for n in broken.graph.node if n.op_type == "Reshape")
+    shape = onnx.numpy_helper.from_array(np.array([7, 7, 7], np.int64), "trtattn_test/bad_shape")
+    broken.graph.initializer.append(shape)
+    node.input[1] = shape.name
+    with pytest.raises(TrtattnError, match=r"the padded form of this model does not run on ONNX Runtime \(.*/model/"):
+        forms_mod.verify_form("padded", original, broken, [])

@@ -57,6 +57,11 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
     progress = progress or Progress(enabled=False)
     reports = [r for r in fused.reports if r.status == "fused"]
     sites = {r.attention_node: r.site for r in reports}
+    nested = [r.site.name for r in reports if r.site.graph]
+    if nested:  # the forms rewrite the main graph; TensorRT's IIfConditional/ILoop bodies are not lowered here
+        raise TrtattnError(f"sites {', '.join(nested[:4])}{' ...' if len(nested) > 4 else ''} are inside If/Loop/Scan "
+                           "bodies: the forms (and IAttention lowering) take attention in the main graph only; export "
+                           "the branch you deploy without the control flow, or use `trtattn fuse` (ONNX Attention)")
     with progress.step("rewriting RoPE into RotaryEmbedding ops"):
         model, ropes = rope_to_ops(fused.model, [r.site for r in reports])
     derived = Derived(model, form, sites, notes=[f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else [])
@@ -129,10 +134,18 @@ def form_adapter(original: onnx.ModelProto, inputs: list[str], caches: list[str]
 
 def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, sites, *, dims=None,
                 atol: float = 1e-4, rtol: float = 1e-4) -> dict:
-    """The form model against the original, both on ONNX Runtime through Polygraphy."""
-    if form == "padded":
-        return compare_models(original, derived, sites, dims=dims, atol=atol, rtol=rtol).summary()
-    adapter = form_adapter(original, [i.name for i in derived.graph.input], cache_inputs(derived))
-    with contextlib.ExitStack() as stack:
-        runners = [onnx_runner(stack, original, name="original"), onnx_runner(stack, derived, name=form)]
-        return compare_runners(*runners, adapter, dims=dims, atol=atol, rtol=rtol).summary()
+    """The form model against the original, both on ONNX Runtime through Polygraphy. A form ONNX Runtime
+    cannot run is a TrtattnError naming the node, not a crash: the form does not fit this model."""
+    try:
+        if form == "padded":
+            return compare_models(original, derived, sites, dims=dims, atol=atol, rtol=rtol).summary()
+        adapter = form_adapter(original, [i.name for i in derived.graph.input], cache_inputs(derived))
+        with contextlib.ExitStack() as stack:
+            runners = [onnx_runner(stack, original, name="original"), onnx_runner(stack, derived, name=form)]
+            return compare_runners(*runners, adapter, dims=dims, atol=atol, rtol=rtol).summary()
+    except Exception as e:
+        if not type(e).__module__.startswith("onnxruntime"):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TrtattnError(f"the {form} form of this model does not run on ONNX Runtime ({first[:300]}); "
+                           "not building it") from None
