@@ -258,7 +258,9 @@ def _captured(buffer: io.StringIO):
     saved = root.handlers[:], root.level, autocast.handlers[:], autocast.level, autocast.propagate
     handler = logging.StreamHandler(buffer)
     handler.setFormatter(logging.Formatter("%(levelname)s - %(message)s"))
-    root.handlers[:], autocast.handlers[:], autocast.propagate = [handler], [], True
+    # the handler on AutoCast's own logger too: a parent that stops propagation (modelopt.onnx, after a
+    # quantization ran in this process) would otherwise drop the classifier's reasons
+    root.handlers[:], autocast.handlers[:], autocast.propagate = [handler], [handler], False
     autocast.setLevel(logging.INFO)
     try:
         import onnxruntime
