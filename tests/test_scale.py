@@ -191,3 +191,14 @@ def test_session_source_links_the_weights_for_tools_that_open_a_path(written):
         session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
         feeds = inputs.make_feeds(model)
         np.testing.assert_allclose(session.run(None, feeds)[0], ort_session(model).run(None, feeds)[0], atol=1e-5)
+
+
+def test_kv_cache_form_of_a_lazily_loaded_model_counts_its_precision(written):
+    """build's kv-cache form of a model loaded without its weights: its precision table runs the form where
+    ONNX's inference loses a dim, reading the weights where the model records them (it failed: ONNX Runtime
+    refuses external data for a model given as bytes)."""
+    from trtattn.build import prepare
+
+    model = io.load(written(form="cache"), load_external_data=False)
+    prepared = prepare(model, name="llama", form="kv-cache", precision="fp32")
+    assert prepared.plan.precision_table == {"fp32": 1.0}

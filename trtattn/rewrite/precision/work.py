@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from ...graph import external
 from .check import cpu_runner
 from .common import (
     DEFAULT_DIM,
@@ -59,8 +60,8 @@ def count_work(model, feeds, shapes, dims, weights_dir: Path | None = None) -> l
         shapes = {k: np.shape(v) for k, v in feeds.items()}
     types, static = infer_static(model, shapes, dims)
     missing = sorted({t for n in nodes for t in _shaped(n) if t not in static})
-    if missing and feeds is not None:
-        static.update(_run_shapes(model, missing, feeds, weights_dir))
+    if missing and feeds is not None:  # a lazily loaded model's weights are where it records them
+        static.update(_run_shapes(model, missing, feeds, weights_dir or external.data_dir(model)))
     for n in nodes:
         for t in _shaped(n):
             if t not in static:
