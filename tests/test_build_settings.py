@@ -228,3 +228,17 @@ def test_a_bf16_scale_is_an_fp32_constant_cast_to_bf16(checked_trt):
     with pytest.raises(Exception, match="bfloat16|Weights"):
         net.add_constant((1,), np.ones(1, ml_dtypes.bfloat16))
     assert compat.datatype(trt, "bfloat16") == trt.DataType.BF16
+
+
+def test_build_refuses_a_fused_model_whose_outputs_failed_verification(zoo_export):
+    """Every site within its bound but an output off (an 8B fp16 cache model): fuse keeps the original model,
+    so build must stop there, naming the output (it went on and failed with a KeyError in the kv-cache form)."""
+    from trtattn.build import all_fused
+    from trtattn.errors import TrtattnError
+    from trtattn.rewrite.fuse import fuse_model
+
+    result = fuse_model(onnx.load(str(zoo_export("llama", "torchscript"))))
+    assert all_fused(result) is result  # verified: taken as it is
+    result.verification = {**result.verification, "passed": False, "outputs": {"logits": 0.5}, "slices": 7}
+    with pytest.raises(TrtattnError, match="output 'logits' is off by 0.5 .*in 7 slices of layers"):
+        all_fused(result)
