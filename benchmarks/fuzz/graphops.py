@@ -207,12 +207,3 @@ def scalar(facts: Facts, t) -> float | None:
     if v is None or v.size != 1 or not np.issubdtype(v.dtype, np.floating):
         return None
     return float(v.reshape(()))
-
-
-def export(graph: gs.Graph, source: onnx.ModelProto) -> onnx.ModelProto:
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    model = gs.export_onnx(graph)
-    model.ir_version = source.ir_version
-    del model.metadata_props[:]
-    model.metadata_props.extend(source.metadata_props)
-    return model

@@ -25,10 +25,11 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 from trtattn import fuse as trtattn_fuse
+from trtattn.graph.emit import export_like
 
 from . import preserving  # noqa: F401, I001  (registers the kinds: preserving first, for the table's order)
 from . import changing  # noqa: F401
-from .graphops import KINDS, Ctx, NotApplicable, export
+from .graphops import KINDS, Ctx, NotApplicable
 from .sites import count_attention, facts, locate
 from .sources import difference, feed_sets, load_source, metadata, run, session
 
@@ -131,7 +132,7 @@ def mutate(a: Analysis, site: str, kind: str, variant: str) -> onnx.ModelProto:
     graph = gs.import_onnx(a.model)
     sites = locate(graph)
     k.fn(Ctx(graph, sites[int(site)], a.facts, variant, kind, a.model))
-    return export(graph, a.model)
+    return export_like(graph, a.model)
 
 
 def _first_line(e: BaseException) -> str:

@@ -19,6 +19,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
+from ...graph.emit import export_like
 from .autocast import convert
 from .check import OutputError, verify
 from .common import PRECISIONS, TOLERANCE
@@ -85,12 +86,7 @@ def caches_in_low_precision(model: onnx.ModelProto, caches, precision: str) -> o
             graph.nodes.append(gs.Node("Cast", f"{c.node}/update_{precision}", {"to": elem}, inputs=[update],
                                        outputs=[cast]))
             write.inputs[2] = cast
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    out = gs.export_onnx(graph)
-    out.ir_version = model.ir_version
-    del out.metadata_props[:]
-    out.metadata_props.extend(model.metadata_props)
-    return out
+    return export_like(graph, model)
 
 
 def _elem(dtype) -> int:
