@@ -24,7 +24,8 @@ from trtattn.rewrite.trt_ops import (
 from trtattn.trt.plan import AttentionPlan, BuildPlan
 from trtattn.trt.profiles import parse_shapes
 
-CASES = [("llama", "torchscript", "padded"), ("bert", "dynamo", "packed"), ("llama-cache", "torchscript", "kv-cache")]
+CASES = [("llama", "torchscript", "padded"), ("bert", "dynamo", "packed"), ("llama-cache", "torchscript", "kv-cache"),
+         ("bert-foreign-dims", "dynamo", "packed")]  # batch and heads merged: [N, 1, T, H] tokens
 _results = {}
 
 
@@ -205,3 +206,18 @@ def test_quantized_softmax_becomes_trt_quantized_attention():
     want = ort.InferenceSession(ref.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     got = tp.Session(written).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_fully_masked_query_rows_stay_uniform_in_fp16(zoo_export):
+    """DeBERTa-v2 masks padded queries over every key with HF's finfo.min: in fp32 the logits round away and
+    the row is the mean of V. In fp16 no fill swamps them in a kernel accumulating in fp32 (TensorRT's, the
+    plugins'), so such rows get a zero query: the fp16 TRT-op model matches the original there too (was 0.34)."""
+    model = onnx.load(str(zoo_export("deberta-v2", "torchscript")))
+    result = fuse_trt(model, name="deberta-v2", form="padded", precision="fp16")
+    assert result.ok and result.verification["max_abs_err"] <= 0.01, result.verification
+    producers = {o: n for n in result.model.graph.node for o in n.output}
+    for node in trt_nodes(result.model, "TRT_Attention"):
+        q = producers[node.input[0]]
+        while q.op_type != "Where":
+            q = producers[q.input[0]]
+        assert producers[q.input[0]].op_type == "LessOrEqual"  # the rows masked everywhere

@@ -65,12 +65,12 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
         missing = sorted(set(keep_fp32) - {n.name for n in work.graph.node})
         if missing:
             raise TrtattnError(f"keep_fp32 names no node of the model: {', '.join(missing)}")
-        types = infer_static(work)[0]
+        types, static_shapes = infer_static(work)
         ours = {n: "asked (keep_fp32)" for n in keep_fp32}
         for n, why in _position_arithmetic(work, types).items():
             ours[n] = why
         if precision == "fp16":
-            for n in _clamp_masks(work, types):
+            for n in _clamp_masks(work, types, {k: len(v) for k, v in static_shapes.items()}):
                 ours[n] = "clamps an attention mask to fp16's range before its Cast"
         attentions = [n.name for n in work.graph.node if n.op_type == "Attention" and n.domain in ONNX_DOMAINS]
         props = list(work.metadata_props)
@@ -172,35 +172,68 @@ def _name_nodes(model: onnx.ModelProto) -> None:
         used.add(n.name)
 
 
-def _clamp_masks(model: onnx.ModelProto, types: dict[str, int]) -> list[str]:
+def _clamp_masks(model: onnx.ModelProto, types: dict[str, int], ranks: dict[str, int]) -> list[str]:
     """Every float attn_mask of an Attention brought into fp16's range in fp32, before AutoCast casts it: the
     nodes added. Masked values go to fp16's replacing fill, not its lowest value (which ONNX Runtime reads as
-    -inf, zeroing a fully masked row the model keeps uniform: DeBERTa's padded queries); -inf stays -inf."""
+    -inf, zeroing a fully masked row the model keeps uniform); -inf stays -inf. A row masked everywhere
+    gets a zero query (`_dead_rows`)."""
     from ...match.logit_ops.boolean import replacing_fill
 
-    clamped: dict[str, str] = {}
+    clamped: dict[str, tuple[str, str]] = {}  # mask -> (clamped mask, its dead rows)
     floor, position = "trtattn/fp16_mask_floor", 0
     while position < len(model.graph.node):
         node = model.graph.node[position]
         mask = node.input[3] if node.op_type == "Attention" and len(node.input) > 3 else ""
         if mask and types.get(mask) == TensorProto.FLOAT:
             if mask not in clamped:
-                clamped[mask] = f"{mask}/fp16_clamped"
                 base = f"{node.name}/fp16_mask_clamp"
                 added = [onnx.helper.make_node("Max", [mask, floor], [f"{mask}/floored"], name=base),
                          onnx.helper.make_node("IsInf", [mask], [f"{mask}/minus_inf"], detect_positive=0,
                                                name=f"{base}/is_minus_inf"),
                          onnx.helper.make_node("Where", [f"{mask}/minus_inf", mask, f"{mask}/floored"],
-                                               [clamped[mask]], name=f"{base}/keep_minus_inf")]
+                                               [f"{mask}/fp16_clamped"], name=f"{base}/keep_minus_inf")]
+                dead = _dead_rows(mask, ranks.get(mask), base, added)
+                clamped[mask] = (f"{mask}/fp16_clamped", dead)
                 for i, n in enumerate(added):
                     model.graph.node.insert(position + i, n)
                 position += len(added)
-            node.input[3] = clamped[mask]
+            node.input[3], dead = clamped[mask]
+            if dead and ranks.get(node.input[0]) in (3, 4):
+                rows = dead if ranks[node.input[0]] == 4 or ranks[mask] < 4 else f"{dead}/3d"
+                added = [onnx.helper.make_node("Squeeze", [dead, "trtattn/axis_1"], [rows],
+                                               name=f"{node.name}/fp16_mask_clamp/dead_rows_3d")] if rows != dead else []
+                added.append(onnx.helper.make_node("Where", [rows, "trtattn/zero", node.input[0]],
+                                                   [f"{node.name}/query_dead_rows_zeroed"], name=f"{node.name}/dead_rows"))
+                node.input[0] = added[-1].output[0]
+                for i, n in enumerate(added):
+                    model.graph.node.insert(position + i, n)
+                position += len(added)
         position += 1
     if clamped:
-        model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(replacing_fill(np.float16), np.float32),
-                                                                    floor))
+        constants = {floor: np.float32(replacing_fill(np.float16)), "trtattn/zero": np.float32(0),
+                     "trtattn/dead_row": np.float32(DEAD_ROW), "trtattn/axis_1": np.array([1])}
+        constants.update({f"trtattn/mask_row_axes_{r}": np.array(a) for r, a in MASK_ROW_AXES.items()})
+        for name, value in constants.items():
+            model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(value), name))
     return [n.name for n in model.graph.node if "/fp16_mask_clamp" in n.name]
+
+
+def _dead_rows(mask: str, rank: int | None, base: str, added: list) -> str | None:
+    """[.., Sq, 1] booleans: the query rows the mask masks everywhere (every key, every head of a 4-D mask)
+    by at least DEAD_ROW: in fp32 their logits vanish under the fill (rounded away), so the row is
+    uniform (DeBERTa's padded queries under HF's finfo.min). No fp16 fill swamps the logits in a kernel that
+    accumulates in fp32 (TensorRT's, the plugins'); a zero query makes every logit of the row the fill again."""
+    if rank not in MASK_ROW_AXES:
+        return None
+    added += [onnx.helper.make_node("ReduceMax", [mask, f"trtattn/mask_row_axes_{rank}"], [f"{mask}/row_max"],
+                                    keepdims=1, name=f"{base}/row_max"),
+              onnx.helper.make_node("LessOrEqual", [f"{mask}/row_max", "trtattn/dead_row"], [f"{mask}/dead_rows"],
+                                    name=f"{base}/dead_rows")]
+    return f"{mask}/dead_rows"
+
+
+DEAD_ROW = -1e9  # fp32's spacing there is 64: logits are rounded away
+MASK_ROW_AXES = {2: [1], 3: [0, 2], 4: [1, 3]}  # the key axis, and the heads axis where there is one
 
 
 INTEGERS = (TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT8)
