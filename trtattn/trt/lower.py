@@ -57,9 +57,10 @@ def _shuffle(net, t, name, first=None, reshape=None, second=None):
     return _out(layer, name)
 
 
-def _packed(net, t, name, heads, head_size):
-    """[1, N, T, H] -> [T, N, H]."""
-    return _shuffle(net, t, name, first=(0, 2, 1, 3), reshape=(-1, heads, head_size))
+def _packed(net, t, name, head_size):
+    """[1, N, T, H] -> [T, N, H]. (A site fused with batch and heads merged carries [N, 1, T, H]: the two
+    leading axes are merged either way.)"""
+    return _shuffle(net, t, name, first=(2, 0, 1, 3), reshape=(0, -1, head_size))
 
 
 def _lengths(trt, net, t, name):
@@ -86,9 +87,9 @@ def lower_attention(trt, net, p: AttentionPlan, get):
         scale = scalar(trt, net, p.q_scale, compute, f"{base}/scale")
         q = _out(net.add_elementwise(q, scale, trt.ElementWiseOperation.PROD), f"{base}/q_scale")
     if p.query_form == "packed":
-        q = _packed(net, q, f"{base}/q_packed", p.q_heads, p.head_size)
+        q = _packed(net, q, f"{base}/q_packed", p.head_size)
     if p.kv_form == "packed":
-        k, v = (_packed(net, t, f"{base}/{n}_packed", p.kv_heads, p.head_size) for t, n in ((k, "k"), (v, "v")))
+        k, v = (_packed(net, t, f"{base}/{n}_packed", p.head_size) for t, n in ((k, "k"), (v, "v")))
     attn = compat.add_attention(trt, net, q, k, v, p.causal)
     attn.name = base
     attn.metadata = p.metadata()
@@ -107,8 +108,8 @@ def lower_attention(trt, net, p: AttentionPlan, get):
         attn.normalization_quantize_scale = _constant(
             trt, net, np.asarray(p.normalization_quantize_scale, np.float32), f"{base}/normalization_quantize_scale")
     y = attn.get_output(0)
-    if p.query_form == "packed":  # [T, N, H] -> [1, N, T, H]
-        y = _shuffle(net, y, f"{base}/unpacked", reshape=(1, -1, p.q_heads, p.head_size), second=(0, 2, 1, 3))
+    if p.query_form == "packed":  # [T, N, H] -> [1, N, T, H] (or [N, 1, T, H]: q_heads is the form's axis 1)
+        y = _shuffle(net, y, f"{base}/unpacked", reshape=(0, -1, p.q_heads, p.head_size), second=(1, 2, 0, 3))
     if p.rank == 3:
         y = _shuffle(net, y, f"{base}/merge_heads", first=(0, 2, 1, 3), reshape=(0, 0, -1))
     return y
@@ -136,8 +137,7 @@ def lower_cache_update(trt, net, p: CacheUpdatePlan, get):
         raise TrtattnError(f"cache update {p.node} has no write indices; IKVCacheUpdateLayer needs them")
     cache, update = get(p.cache), get(p.update)
     if p.update_form == "packed":  # [1, N, T, H] -> [T, N, H]
-        heads, size = cache.shape[1], cache.shape[3]
-        update = _packed(net, update, f"trtattn/kv_cache/{p.node}/packed", heads, size)
+        update = _packed(net, update, f"trtattn/kv_cache/{p.node}/packed", cache.shape[3])
     layer = net.add_kv_cache_update(cache, update, get(p.write_indices), trt.KVCacheMode.LINEAR)  # INT32 or INT64
     if p.update_form == "packed":
         layer.update_form = trt.AttentionIOForm.PACKED_NHD

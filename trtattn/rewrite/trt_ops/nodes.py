@@ -66,9 +66,11 @@ class OpWriter:
 
     @staticmethod
     def tokens(emit: Emitter, t: gs.Tensor, dtype) -> gs.Tensor:
-        """Packed tokens as the form carries them, [1, N, T, H], to the op's [T, N, H]."""
-        squeezed = emit("Squeeze", [t, emit.const([0], np.int64)], dtype=dtype)
-        return emit("Transpose", [squeezed], {"perm": [1, 0, 2]}, dtype=dtype, name="packed_nhd")
+        """Packed tokens as the form carries them, [1, N, T, H], to the op's [T, N, H]. (A site fused with
+        batch and heads merged carries them as [N, 1, T, H]: the leading two axes are merged either way.)"""
+        heads = emit("Reshape", [t, emit("Concat", [emit.const([-1], np.int64), emit.shape_slice(t, 2, 4)], {"axis": 0},
+                                         dtype=np.int64)], dtype=dtype)
+        return emit("Transpose", [heads], {"perm": [1, 0, 2]}, dtype=dtype, name="packed_nhd")
 
     @staticmethod
     def finish(emit: Emitter, y: gs.Tensor, steps: list, out: gs.Tensor) -> None:
@@ -101,9 +103,10 @@ class OpWriter:
                     ("Reshape", {}, [emit.const([0, 0, -1], np.int64)])]
         if abs(p.q_scale - 1.0) > 1e-12:
             q = emit("Mul", [q, emit.const(p.q_scale, dtype)], dtype=dtype, name="q_scale")
-        if p.query_form == "packed":
+        if p.query_form == "packed":  # back to the form's layout, [1, N, T, Hv] (or [N, 1, T, Hv])
+            layout = emit("Concat", [emit.shape_slice(q, 0, 3), emit.const([-1], np.int64)], {"axis": 0}, dtype=np.int64)
             q = self.tokens(emit, q, dtype)
-            post = [("Transpose", {"perm": [1, 0, 2]}, []), ("Unsqueeze", {}, [emit.const([0], np.int64)])] + post
+            post = [("Transpose", {"perm": [1, 0, 2]}, []), ("Reshape", {}, [layout])] + post
         if p.kv_form == "packed":
             k, v = self.tokens(emit, k, dtype), self.tokens(emit, v, dtype)
         inputs = [q, k, v, self._mask(p, emit, dtype), *self._lengths(p, emit)]
