@@ -39,6 +39,7 @@ CASES = [  # (zoo model, exporter, form): every site kind the zoo has
     ("gpt2", "torchscript", "packed"),  # packed causal
     ("llama", "torchscript", "packed"),  # packed + RoPE with position ids
     ("bert-foreign-dims", "dynamo", "packed"),  # a site fused with batch and heads merged: [N, 1, T, H] tokens
+    ("llama-cache-sdpa", "dynamo", "kv-cache"),  # the past concatenated in front of an ONNX Attention op
 ]
 PRECISION_CASES = [  # the whole model in fp16 / bf16 (ModelOpt AutoCast), each form once
     ("llama", "torchscript", "padded", "fp16"),

@@ -25,7 +25,8 @@ from trtattn.trt.plan import AttentionPlan, BuildPlan
 from trtattn.trt.profiles import parse_shapes
 
 CASES = [("llama", "torchscript", "padded"), ("bert", "dynamo", "packed"), ("llama-cache", "torchscript", "kv-cache"),
-         ("bert-foreign-dims", "dynamo", "packed")]  # batch and heads merged: [N, 1, T, H] tokens
+         ("bert-foreign-dims", "dynamo", "packed"),  # batch and heads merged: [N, 1, T, H] tokens
+         ("llama-cache-sdpa", "dynamo", "kv-cache")]  # the past concatenated in front of an ONNX Attention op
 _results = {}
 
 

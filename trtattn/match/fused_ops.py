@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, ScalePlacement, SiteKind
-from .cache import projection_source
+from .cache import CacheRole, find_cache, projection_source
 from .errors import Unsupported
 from ..graph.view import GraphView
 from .heads import heads_and_size, strip_repeat
@@ -73,10 +73,13 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
     softcap = float(n.attrs.get("softcap", 0.0) or 0.0)
     if n.attrs.get("qk_matmul_output_mode", 0) and len(n.outputs) > 3 and n.outputs[3].name:
         raise Unsupported(f"Attention {n.name} also outputs its QK matmul (qk_matmul_output_mode)")
-    q_src, k_src = projection_source(view, q), projection_source(view, k)
-    cache = CacheKind.CONCAT if past_k is not None else CacheKind.NONE
-    if cache == CacheKind.NONE and view.skip_passthrough_up(k).name in view.inputs:
-        cache = CacheKind.CROSS_STATIC
+    if past_k is not None:
+        role = CacheRole(CacheKind.CONCAT, past_k.name, past_v.name, k, v)
+    else:  # the past concatenated in front of the op (dynamo's SDPA with HF's cache: Concat, then GQA repeat)
+        role = find_cache(view, k, v, 2 if rank == 4 else None, 2 if rank == 4 else None)
+    cache = role.kind
+    q_src = projection_source(view, q)
+    k_src = projection_source(view, role.new_key if cache == CacheKind.CONCAT else k)
     cross = cache == CacheKind.CROSS_STATIC or (q_src is not None and k_src is not None and q_src != k_src)
     notes = [f"GQA head repeat x{repeat} dropped"] if repeat > 1 else []
     if softcap:
@@ -91,10 +94,10 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         mask_steps=tuple(steps),
         causal=CausalKind.UPPER_LEFT if n.attrs.get("is_causal", 0) else CausalKind.NONE,
         cache=cache,
-        past_key=past_k.name if past_k is not None else None,
-        past_value=past_v.name if past_v is not None else None,
-        new_key=k.name if past_k is not None else None,
-        new_value=v.name if past_v is not None else None,
+        past_key=role.past_key,
+        past_value=role.past_value,
+        new_key=role.new_key.name if role.new_key is not None else None,
+        new_value=role.new_value.name if role.new_value is not None else None,
         rope=find_rope(view, q, k, head) if rank == 4 else None,
         rank=rank, source="onnx:Attention", dtype=str(view.dtype(q) or "float32"),
         notes=tuple(notes),
