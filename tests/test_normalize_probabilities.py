@@ -19,17 +19,19 @@ QDQ = {"QuantizeLinear", "DequantizeLinear"}
 MASKING = {"Where", "Add", "Sub"}
 
 
-def documented_pattern_violations(model: onnx.ModelProto) -> list:
-    """Each attention Softmax (one fed by a MatMul of two activations and feeding a MatMul) against TensorRT's
-    documented pattern: MatMul -> at most one Where/Add/Sub (Casts aside) -> Softmax -> only Q/DQ -> MatMul,
-    no Mul/Div on the logits. Returns (softmax, what is wrong) pairs."""
-    producers = {o: n for n in model.graph.node for o in n.output}
+def documented_pattern_violations(model: onnx.ModelProto | onnx.GraphProto) -> list:
+    """Each attention Softmax (one fed by a MatMul of two activations and feeding a MatMul), in the graph and in
+    its If/Loop/Scan bodies, against TensorRT's documented pattern: MatMul -> at most one Where/Add/Sub (Casts
+    aside) -> Softmax -> only Q/DQ -> MatMul, no Mul/Div on the logits. Returns (softmax, what is wrong) pairs."""
+    graph = model.graph if isinstance(model, onnx.ModelProto) else model
+    bad = [v for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
+           for v in documented_pattern_violations(a.g)]
+    producers = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list] = {}
-    for n in model.graph.node:
+    for n in graph.node:
         for i in n.input:
             readers.setdefault(i, []).append(n)
-    bad = []
-    for sm in (n for n in model.graph.node if n.op_type == "Softmax"):
+    for sm in (n for n in graph.node if n.op_type == "Softmax"):
         t, down = sm.output[0], []
         while len(readers.get(t, [])) == 1 and readers[t][0].op_type != "MatMul":
             down.append(readers[t][0].op_type)

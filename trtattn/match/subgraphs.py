@@ -48,6 +48,18 @@ def find(graph: gs.Graph, path) -> gs.Graph:
     return graph
 
 
+def find_proto(graph: onnx.GraphProto, path) -> onnx.GraphProto:
+    """The same as `find`, on the protobuf graph."""
+    for out, attr in path:
+        node = next((n for n in graph.node if out in n.output), None)
+        body = next((a.g for a in node.attribute if a.name == attr and a.type == onnx.AttributeProto.GRAPH), None) \
+            if node is not None else None
+        if body is None:
+            raise KeyError(f"no subgraph {attr} under the node making {out}")
+        graph = body
+    return graph
+
+
 def view_of(outer: GraphView, sub: gs.Graph) -> tuple[GraphView, set[str]]:
     """A view of `sub` as a model of its own, and the names of its outer weights."""
     model, weights = _standalone(outer, sub)

@@ -6,6 +6,8 @@
 The result keeps to ops TensorRT's ONNX parser supports, so it serves both trtattn's network
 builder and `trtexec --onnx` (TensorRT's implicit fusion). A site already in TensorRT's form (scale on Q/K, one
 masking op before the Softmax, nothing but Q/DQ after it) is left alone; a model with nothing to improve comes back unchanged, and the result says so.
+Sites in If/Loop/Scan bodies (a merged decoder's branches, a scripted loop) are rewritten in their body,
+and checked through the model's outputs (feeds of two seeds take both branches of an If).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import onnx
 from ...graph import external
 from ...graph.dims import fit_dims
 from ...graph.emit import Emitter, export_like
-from ...match import analyse, logit_ops, probe_feeds
+from ...match import analyse, logit_ops, probe_feeds, subgraphs
 from ...report import Progress
 from ...site import MaskKind, ScalePlacement
 from ...verify import compare_models, tolerance_for
@@ -88,25 +90,25 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         external.set_data_dir(cleaned, external.data_dir(model))  # weights on disk: still where they were
     with progress.step("matching attention sites and probing masks"):
         graph, result, meanings = analyse(cleaned, probe_feeds(cleaned, dims))
-    tensors = graph.tensors()
-    nodes = {n.name: n for n in graph.nodes}
-    cache = MaskCache()
+    scopes: dict[tuple, tuple] = {}  # a site's graph (the main one, or an If/Loop body) -> (graph, tensors, nodes)
+    caches: dict[tuple, MaskCache] = {}
     rows: list[SiteNormalization] = []
     rewritten = 0
     for site in result.sites:
         meaning = meanings.get(site.name)
-        probs = between(cleaned, site.softmax) if site.softmax else None
+        probs = between(_graph_of(cleaned, site), site.softmax) if site.softmax else None
         row = SiteNormalization(site, "kept: already in TensorRT's form",
                                 before=verdict(site, precision=precision, meaning=meaning, probs_ops=probs).row())
         rows.append(row)
         if site.source != "pattern":
             row.action = f"kept: already a fused op ({site.source})"
             continue
-        if site.graph:  # an If/Loop/Scan body: `fuse` rewrites those in place, normalize the main graph only
-            owner, attribute = site.graph[-1]
-            row.action = (f"skipped: in a control-flow body ({attribute} of the node making {owner}): normalize "
-                          "rewrites the main graph only (fuse fuses attention in control-flow bodies)")
-            continue
+        if site.graph not in scopes:  # an If/Loop/Scan body is rewritten in place, as the main graph is
+            scope = subgraphs.find(graph, site.graph)
+            scopes[site.graph] = (scope, scope.tensors(), {n.name: n for n in scope.nodes})
+            caches[site.graph] = MaskCache()
+        scope, tensors, nodes = scopes[site.graph]
+        cache = caches[site.graph]
         if site.quant is not None and site.quant.logits is not None:
             row.action = ("skipped: its logits are quantized (Q/DQ between the first MatMul and the Softmax), which "
                           "TensorRT's fused attention does not compute")
@@ -118,24 +120,24 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
             (fold_scale_into_weights and site.scale != 1.0) and not (pure_causal and site.mask == MaskKind.ADDITIVE)
         if logits_normal and not not_documented(probs):
             continue
-        mark = len(graph.nodes)
+        mark = len(scope.nodes)
         try:
             if reemit:
                 guard = "IsNaN" in (probs or [])
-                row.mask_form = canonical.canonical_core(graph, tensors, site, nodes[site.softmax], guard=guard)
+                row.mask_form = canonical.canonical_core(scope, tensors, site, nodes[site.softmax], guard=guard)
                 row.scale_to, row.action = "q", "rewritten"
                 row.probabilities = "NaN guard moved after BMM2" if guard else "-"
             else:
                 if not logits_normal:
-                    logits, row.scale_to = prescaled_logits(graph, tensors, site, fold_weights=fold_scale_into_weights)
+                    logits, row.scale_to = prescaled_logits(scope, tensors, site, fold_weights=fold_scale_into_weights)
                     shape = None
                     if logit_ops.has_layout_change(site.mask_steps):
-                        shape = Emitter(graph, f"trtattn/{site.name}/shape").score_shape(
+                        shape = Emitter(scope, f"trtattn/{site.name}/shape").score_shape(
                             tensors[site.query], tensors[site.key_transposed], site.rank, site.rank - 1)
-                    x, row.mask_form = masked_logits(graph, tensors, site, meaning, logits, cache, shape)
+                    x, row.mask_form = masked_logits(scope, tensors, site, meaning, logits, cache, shape)
                     nodes[site.softmax].inputs[0] = x
                     row.action = "rewritten"
-                if move_nan_guard(graph, nodes[site.softmax], f"trtattn/{site.name}"):
+                if move_nan_guard(scope, nodes[site.softmax], f"trtattn/{site.name}"):
                     row.probabilities, row.action = "NaN guard moved after BMM2", "rewritten"
                 elif not_documented(probs):
                     row.probabilities = f"{', '.join(probs)} left (not TensorRT's form)"
@@ -143,7 +145,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
                         row.action = f"kept: {', '.join(not_documented(probs))} between the Softmax and BMM2"
             rewritten += row.action == "rewritten"
         except (KeyError, ValueError) as e:
-            del graph.nodes[mark:]
+            del scope.nodes[mark:]
             row.action = f"skipped: {e}"
     changed = rewritten > 0 or stats["folded_nodes"] > 0 or stats["noops_removed"] > 0
     if not changed:
@@ -167,14 +169,19 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         s2 = by_softmax.get(r.site.softmax or r.site.output)
         if s2 is not None:
             r.after = verdict(s2, precision=precision, meaning=after_meanings.get(s2.name),
-                              mask_ops=_mask_ops(out, s2), probs_ops=between(out, s2.softmax)).row()
+                              mask_ops=_mask_ops(out, s2), probs_ops=between(_graph_of(out, s2), s2.softmax)).row()
     return NormalizeResult(out, rows, True, stats, verification, result.ignored, skipped=list(result.skipped))
 
 
+def _graph_of(model: onnx.ModelProto, site) -> onnx.GraphProto:
+    """The graph a site is in: the main graph or an If/Loop/Scan body."""
+    return subgraphs.find_proto(model.graph, site.graph) if site.graph else model.graph
+
+
 def _mask_ops(model: onnx.ModelProto, site) -> set[str]:
-    """Op types in the subgraph that computes the site's mask operand."""
+    """Op types in the subgraph that computes the site's mask operand (in the site's own graph)."""
     operands = {s.operand for s in site.mask_steps if s.operand}
-    producers = {o: n for n in model.graph.node for o in n.output}
+    producers = {o: n for n in _graph_of(model, site).node for o in n.output}
     ops, stack, seen = set(), list(operands), set()
     while stack:
         t = stack.pop()

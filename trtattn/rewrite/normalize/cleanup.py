@@ -21,10 +21,13 @@ def fold(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def remove_noops(graph: gs.Graph) -> int:
-    """Bypass Identity, Dropout (inference) and same-type Cast nodes. Returns how many went."""
+    """Bypass Identity, Dropout (inference) and same-type Cast nodes, in If/Loop/Scan bodies too. Returns how
+    many went."""
+    from ...match.subgraphs import subgraphs
+
+    removed = sum(remove_noops(sub) for _, _, sub in list(subgraphs(graph)))
     view = GraphView(graph, fold=False)
     outputs = {t.name for t in graph.outputs}
-    removed = 0
     for node in list(graph.nodes):
         noop = node.op == "Identity" or (node.op == "Dropout" and not _training(view, node)) or view.is_noop_cast(node)
         if not noop or not node.outputs:

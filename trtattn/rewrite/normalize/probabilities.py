@@ -19,14 +19,16 @@ import onnx_graphsurgeon as gs
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
-def between(model: onnx.ModelProto, softmax: str) -> list[str] | None:
+def between(model: onnx.ModelProto | onnx.GraphProto, softmax: str) -> list[str] | None:
     """Op types of the nodes between the Softmax node `softmax` and the MatMul its probabilities feed, in graph
-    order (the IsNaN of a guard included); None when no MatMul is reached through single consumers."""
+    order (the IsNaN of a guard included); None when no MatMul is reached through single consumers. (A graph:
+    a control-flow body.)"""
+    graph = model.graph if isinstance(model, onnx.ModelProto) else model
     consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
+    for n in graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    node = next((n for n in model.graph.node if n.name == softmax), None)
+    node = next((n for n in graph.node if n.name == softmax), None)
     if node is None:
         return None
     t, ops = node.output[0], []
