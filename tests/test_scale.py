@@ -155,6 +155,20 @@ def test_a_sliced_run_computes_what_the_whole_model_computes(written):
             np.testing.assert_array_equal(sliced[name], value)
 
 
+def test_fp16_weights_count_twice_in_a_slice(written):
+    """ONNX Runtime's CPU provider holds an fp32 copy of each fp16 MatMul weight: a slice's budget counts
+    them at twice their size, so an fp16 model is cut into slices of half the bytes."""
+    model = io.load(written("float16"), load_external_data=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    pieces = slices.plan(model, [o.name for o in model.graph.output], budget=1 << 20)
+    for p in pieces:
+        on_disk = sum(external.nbytes(inits[n]) for n in {i for node in p.nodes for i in node.input} if n in inits
+                      if inits[n].data_type == onnx.TensorProto.FLOAT16)
+        assert p.weights >= 2 * on_disk and (2 * on_disk <= 1 << 20 or len(p.nodes) == 1)
+    assert sum(p.weights for p in pieces) >= 2 * sum(external.nbytes(t) for t in inits.values()
+                                                     if t.data_type == onnx.TensorProto.FLOAT16)
+
+
 def test_fuse_verifies_in_slices_when_told_to(written, monkeypatch):
     monkeypatch.setenv(slices.SLICE_ENV, "1")  # slices of at most 1 MB of weights
     result = fuse_model(io.load(written(), load_external_data=False))
