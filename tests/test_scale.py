@@ -198,6 +198,25 @@ def test_a_wrong_candidate_fails_at_any_tolerance(written):
     assert not outcome.passed and max(outcome.output_errors.values()) > 0.05
 
 
+def _constant_output(values, name="y"):
+    """A model giving `values` whatever its input (x * 0 + values)."""
+    h = onnx.helper
+    c = onnx.numpy_helper.from_array(np.asarray(values, np.float32), "c")
+    zero = onnx.numpy_helper.from_array(np.zeros(len(values), np.float32), "zero")
+    nodes = [h.make_node("Mul", ["x", "zero"], ["x0"]), h.make_node("Add", ["x0", "c"], [name])]
+    graph = h.make_graph(nodes, "const", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [len(values)])],
+                         [h.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [len(values)])], [c, zero])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("error,passes", [(0.015, True), (0.07, False)])
+def test_an_elements_error_is_judged_against_its_outputs_scale(error, passes):
+    """fp16 bound 0.01 + 0.01 * 5 for an output whose largest value is 5: an element near 0 may be off by
+    0.015 (rounding grows with the values it was computed from: logits after 32 fp16 layers), not 0.07."""
+    outcome = compare_models(_constant_output([5.0, 1e-3]), _constant_output([5.0, 1e-3 + error]), atol=1e-2, rtol=1e-2)
+    assert outcome.passed == passes and outcome.bounds["y"] == pytest.approx(0.06)
+
+
 def test_session_source_links_the_weights_for_tools_that_open_a_path(written):
     model = io.load(written(), load_external_data=False)
     with io.session_source(model) as source:
