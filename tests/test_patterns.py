@@ -298,3 +298,30 @@ def test_no_attention_found_only_when_there_is_none(tmp_path):
     onnx.save(model, str(src))
     code, text = _cli("fuse", src, "-o", tmp_path / "out.onnx")
     assert code == 0 and "1 attention-like softmax: 1 fused, 0 not fused (1 other softmax: not attention)" in text
+
+
+def test_an_output_off_with_every_site_within_its_bound_keeps_the_original(monkeypatch):
+    """Each site within its bound but a model output not (fp16 over many layers, say): fuse keeps the original
+    and says so on every site, naming the output; build stops there with the same words."""
+    from trtattn import build
+    from trtattn.errors import TrtattnError
+    from trtattn.rewrite import fuse as fuse_module
+
+    real = fuse_module.compare_models
+
+    def output_off(*args, **kwargs):
+        outcome = real(*args, **kwargs)
+        name = next(iter(outcome.output_errors))
+        outcome.output_errors[name] = 10 * outcome.bounds[name]
+        outcome.passed = False
+        return outcome
+
+    monkeypatch.setattr(fuse_module, "compare_models", output_off)
+    model = two_attentions()
+    out = model.graph.output[0].name
+    result = fuse_model(model)
+    assert not result.ok and result.model is model and result.reports
+    assert all(r.status != "fused" and f"output '{out}' is off by" in r.reason and "original is kept" in r.reason
+               for r in result.reports), [r.reason for r in result.reports]
+    with pytest.raises(TrtattnError, match=f"output '{out}' is off by"):
+        build.all_fused(result)

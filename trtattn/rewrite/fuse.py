@@ -208,9 +208,12 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
             r.max_abs_err = _site_error(r, outcome)
         bad = [r for r in active if r.max_abs_err is None
                or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, atol), quant_tolerance(r.site))]
+        if not bad and not outcome.passed:  # each site within its bound, an output not: keep the original
+            for r in active:
+                r.status, r.reason = NOT_FUSED, _output_reason(outcome)
+            return FuseResult(model, reports, result.ignored, outcome.summary(), False)
         if not bad:
-            return FuseResult(fused if outcome.passed else model, reports, result.ignored, outcome.summary(),
-                              outcome.passed)
+            return FuseResult(fused, reports, result.ignored, outcome.summary(), True)
         for r in bad:  # leave the failing sites as they were and verify the others again
             r.status, r.reason = NOT_FUSED, _verify_reason(r)
 
@@ -221,6 +224,16 @@ def _site_error(r: SiteReport, outcome) -> float | None:
     if r.site.graph:
         return max(outcome.output_errors.values(), default=None)
     return outcome.site_errors.get(r.site.output)
+
+
+def _output_reason(outcome) -> str:
+    worst = max(outcome.output_errors, key=lambda k: outcome.output_errors[k] / max(outcome.bounds.get(k, 1e-30), 1e-30),
+                default="?")
+    err, bound = outcome.output_errors.get(worst), outcome.bounds.get(worst)
+    nan = f"; NaN where the original has none: {', '.join(outcome.nan_mismatch)}" if outcome.nan_mismatch else ""
+    return (f"within its own bound, but the model's output '{worst}' is off by {err:.3g} (bound {bound:.3g}"
+            f"{', in ' + str(outcome.slices) + ' slices of layers' if outcome.slices else ''}{nan}): "
+            "the original is kept")
 
 
 def _blame(error: Exception, active: list[SiteReport]) -> list[SiteReport]:
