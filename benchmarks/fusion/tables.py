@@ -107,6 +107,19 @@ def scaling_table(rows: list[dict]) -> str:
         spread.append(f"{100 * (max(m) / min(m) - 1):.0f}%" if len(m) > 1 else "-")
         spread.append("")
     lines.append("| **largest / smallest s per layer** | | | " + " | ".join(spread) + " |")
+    # the same question over wider steps: a step of 2 layers moves 0.1-0.3 s, under the noise of a fresh process
+    ordered = sorted(rows, key=lambda r: r["layers"])
+    growth = []
+    for t in tools:
+        ok = len(ordered) > 2 and all(r["seconds"].get(t) is not None for r in (ordered[0], ordered[-2], ordered[-1]))
+        if ok:
+            a, b, c = ordered[0], ordered[-2], ordered[-1]
+            before = (b["seconds"][t] - a["seconds"][t]) / (b["layers"] - a["layers"])
+            last = (c["seconds"][t] - b["seconds"][t]) / (c["layers"] - b["layers"])
+        growth += [f"{100 * (last / before - 1):+.0f}%" if ok and before > 0 else "-", ""]
+    if len(ordered) > 2:
+        lines.append(f"| **s per layer {ordered[-2]['layers']} -> {ordered[-1]['layers']} against "
+                     f"{ordered[0]['layers']} -> {ordered[-2]['layers']}** | | | " + " | ".join(growth) + " |")
     return "\n".join(lines)
 
 
