@@ -235,3 +235,26 @@ def test_kv_cache_form_of_a_lazily_loaded_model_counts_its_precision(written):
     model = io.load(written(form="cache"), load_external_data=False)
     prepared = prepare(model, name="llama", form="kv-cache", precision="fp32")
     assert prepared.plan.precision_table == {"fp32": 1.0}
+
+
+def test_the_work_count_runs_a_model_too_large_for_one_session_in_slices(written, monkeypatch):
+    """precision's work count needs a run where ONNX's inference leaves shapes open (the kv-cache form); a model
+    too large for one session (the 8B fp16 cache model's form: killed at 24 GB) runs in slices, counting the same."""
+    from trtattn.build import prepare
+    from trtattn.contract import cache_inputs
+    from trtattn.rewrite import forms
+    from trtattn.rewrite.precision import work
+
+    path = written("float16", form="cache")
+    original = io.load(path, load_external_data=False)
+    form = prepare(original, name="llama", form="kv-cache", precision="fp32").form_model
+    adapter = forms.form_adapter(original, [i.name for i in form.graph.input], cache_inputs(form))
+    feeds = adapter.feeds(adapter.original_feeds(None, 0))
+    whole = work.count_work(form, feeds, None, None, path.parent)
+    sessions = []
+    real = slices.run
+    monkeypatch.setattr(slices, "run", lambda *a, **k: sessions.append(len(a[1])) or real(*a, **k))
+    monkeypatch.setenv(slices.SLICE_ENV, "1")  # slices of at most 1 MB of weights
+    sliced = work.count_work(form, feeds, None, None, path.parent)
+    assert sessions and sessions[-1] >= 4  # it ran, in slices
+    assert sliced == whole and sum(w.macs for w in whole) > 0

@@ -155,6 +155,8 @@ def run(model: onnx.ModelProto, slices: list[Slice], feeds_list: list[dict], out
     carried: list[dict[str, np.ndarray]] = [{} for _ in feeds_list]
     got: list[dict[str, np.ndarray]] = [{} for _ in feeds_list]
     for k, piece in enumerate(slices):
+        if not piece.outputs:  # nothing asked of it, nothing later reads from it
+            continue
         if piece.model is None:  # made at the first run, when the carried values' types are known
             piece.model = _slice_model(model, piece, carried[0])
         session = ort_session(piece.model, level=level)

@@ -206,7 +206,16 @@ def infer_static(model: onnx.ModelProto, shapes: Mapping | None = None, dims: Ma
 
 
 def _run_shapes(model: onnx.ModelProto, names: list[str], feeds, weights_dir: Path | None) -> dict[str, list[int]]:
-    """The shapes of `names` in a run of the model on `feeds` (from weights_dir when it has one)."""
+    """The shapes of `names` in a run of the model on `feeds` (from weights_dir when it has one); a model too
+    large for one session (an 8B fp16 cache model) runs in slices of layers, one session at a time."""
+    from ...verify import slices
+
+    if weights_dir is not None and slices.slice_budget(model):
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)  # no weight bytes: they stay in weights_dir
+        external.set_data_dir(probe, weights_dir)
+        pieces = slices.plan(probe, names, slices.slice_budget(probe))
+        return {t: list(np.shape(v)) for t, v in slices.run(probe, pieces, [feeds], names)[0].items()}
     probe = copy.deepcopy(model)
     outputs = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in outputs)
