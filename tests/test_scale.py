@@ -247,10 +247,12 @@ def test_the_work_count_runs_a_model_too_large_for_one_session_in_slices(written
 
     path = written("float16", form="cache")
     original = io.load(path, load_external_data=False)
+    before = sorted(path.parent.iterdir())
     form = prepare(original, name="llama", form="kv-cache", precision="fp32").form_model
     adapter = forms.form_adapter(original, [i.name for i in form.graph.input], cache_inputs(form))
     feeds = adapter.feeds(adapter.original_feeds(None, 0))
     whole = work.count_work(form, feeds, None, None, path.parent)
+    assert sorted(path.parent.iterdir()) == before  # its probe model is not written beside the weights
     sessions = []
     real = slices.run
     monkeypatch.setattr(slices, "run", lambda *a, **k: sessions.append(len(a[1])) or real(*a, **k))

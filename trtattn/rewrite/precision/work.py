@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from ...graph import external
+from ...graph import external, io
 from .check import cpu_runner
 from .common import (
     DEFAULT_DIM,
@@ -219,13 +218,8 @@ def _run_shapes(model: onnx.ModelProto, names: list[str], feeds, weights_dir: Pa
     probe = copy.deepcopy(model)
     outputs = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in outputs)
-    if weights_dir is None:
-        run, _ = cpu_runner(probe)
+    if weights_dir is not None:
+        external.set_data_dir(probe, weights_dir)
+    with io.session_source(probe) as source:  # weights linked in a scratch folder, never beside the user's
+        run, _ = cpu_runner(source if isinstance(source, str) else probe)
         return {t: list(np.shape(v)) for t, v in run(feeds).items() if t in names}
-    path = weights_dir / f".trtattn-shape-probe-{os.getpid()}.onnx"  # beside the weights it refers to
-    try:
-        onnx.save_model(probe, str(path))
-        run, _ = cpu_runner(path)
-        return {t: list(np.shape(v)) for t, v in run(feeds).items() if t in names}
-    finally:
-        path.unlink(missing_ok=True)
