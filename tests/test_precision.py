@@ -314,3 +314,28 @@ def test_control_flow_is_refused_naming_the_node():
                               opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(P.PrecisionError, match="control flow: use_cache_branch \\(If\\)"):
         P.convert(model, "fp16")
+
+
+def test_rows_masked_everywhere_get_a_zero_query_in_each_attention_sharing_the_mask():
+    """Two [B, S, N*H] Attentions reading one [B, 1, S, S] mask whose last query row is masked everywhere
+    (finfo.min): each gets its own zero-query rows (one node per output name), and the rows stay uniform."""
+    from trtattn.rewrite.precision.autocast import _clamp_masks
+
+    b, s, heads, size = 2, 4, 2, 8
+    q = helper.make_tensor_value_info("q", T.FLOAT, [b, s, heads * size])
+    mask = helper.make_tensor_value_info("mask", T.FLOAT, [b, 1, s, s])
+    outs = [helper.make_tensor_value_info(f"y{i}", T.FLOAT, [b, s, heads * size]) for i in range(2)]
+    nodes = [helper.make_node("Attention", ["q", "q", "q", "mask"], [f"y{i}"], name=f"attn{i}", q_num_heads=heads,
+                              kv_num_heads=heads) for i in range(2)]
+    model = helper.make_model(helper.make_graph(nodes, "two", [q, mask], outs),
+                              opset_imports=[helper.make_opsetid("", 23)])
+    _clamp_masks(model, {"mask": T.FLOAT}, {"mask": 4, "q": 3})
+    onnx.checker.check_model(model, full_check=True)  # every tensor written once
+    rng = np.random.default_rng(0)
+    m = np.zeros((b, 1, s, s), np.float32)
+    m[:, :, -1, :] = np.finfo(np.float32).min
+    feeds = {"q": rng.standard_normal((b, s, heads * size)).astype(np.float32), "mask": m}
+    y0, y1 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    mean = np.broadcast_to(feeds["q"].mean(axis=1, keepdims=True), feeds["q"].shape)
+    for y in (y0, y1):
+        np.testing.assert_allclose(y[:, -1], mean[:, -1], rtol=1e-5, atol=1e-6)

@@ -181,6 +181,13 @@ def _clamp_masks(model: onnx.ModelProto, types: dict[str, int], ranks: dict[str,
 
     clamped: dict[str, tuple[str, str]] = {}  # mask -> (clamped mask, its dead rows)
     floor, position = "trtattn/fp16_mask_floor", 0
+
+    def insert(added: list) -> None:  # before the node at `position`, which then moves past them
+        nonlocal position
+        for n in added:
+            model.graph.node.insert(position, n)
+            position += 1
+
     while position < len(model.graph.node):
         node = model.graph.node[position]
         mask = node.input[3] if node.op_type == "Attention" and len(node.input) > 3 else ""
@@ -192,29 +199,28 @@ def _clamp_masks(model: onnx.ModelProto, types: dict[str, int], ranks: dict[str,
                                                name=f"{base}/is_minus_inf"),
                          onnx.helper.make_node("Where", [f"{mask}/minus_inf", mask, f"{mask}/floored"],
                                                [f"{mask}/fp16_clamped"], name=f"{base}/keep_minus_inf")]
-                dead = _dead_rows(mask, ranks.get(mask), base, added)
-                clamped[mask] = (f"{mask}/fp16_clamped", dead)
-                for i, n in enumerate(added):
-                    model.graph.node.insert(position + i, n)
-                position += len(added)
+                clamped[mask] = (f"{mask}/fp16_clamped", _dead_rows(mask, ranks.get(mask), base, added))
+                insert(added)
             node.input[3], dead = clamped[mask]
             if dead and ranks.get(node.input[0]) in (3, 4):
-                rows = dead if ranks[node.input[0]] == 4 or ranks[mask] < 4 else f"{dead}/3d"
-                added = [onnx.helper.make_node("Squeeze", [dead, "trtattn/axis_1"], [rows],
-                                               name=f"{node.name}/fp16_mask_clamp/dead_rows_3d")] if rows != dead else []
-                added.append(onnx.helper.make_node("Where", [rows, "trtattn/zero", node.input[0]],
+                added = []
+                if ranks[node.input[0]] == 3 and ranks[mask] == 4:  # [B, 1, Sq, 1] rows for a [B, Sq, N*H] query
+                    added.append(onnx.helper.make_node("Squeeze", [dead, "trtattn/axis_1"], [f"{node.name}/dead_rows_3d"],
+                                                       name=f"{node.name}/fp16_mask_clamp/dead_rows_3d"))
+                added.append(onnx.helper.make_node("Where", [added[-1].output[0] if added else dead, "trtattn/zero",
+                                                             node.input[0]],
                                                    [f"{node.name}/query_dead_rows_zeroed"], name=f"{node.name}/dead_rows"))
                 node.input[0] = added[-1].output[0]
-                for i, n in enumerate(added):
-                    model.graph.node.insert(position + i, n)
-                position += len(added)
+                insert(added)
         position += 1
     if clamped:
         constants = {floor: np.float32(replacing_fill(np.float16)), "trtattn/zero": np.float32(0),
                      "trtattn/dead_row": np.float32(DEAD_ROW), "trtattn/axis_1": np.array([1])}
         constants.update({f"trtattn/mask_row_axes_{r}": np.array(a) for r, a in MASK_ROW_AXES.items()})
+        read = {i for n in model.graph.node for i in n.input}
         for name, value in constants.items():
-            model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(value), name))
+            if name in read:  # only the constants the added nodes use
+                model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(value), name))
     return [n.name for n in model.graph.node if "/fp16_mask_clamp" in n.name]
 
 
