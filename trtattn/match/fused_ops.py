@@ -76,7 +76,8 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
     if past_k is not None:
         role = CacheRole(CacheKind.CONCAT, past_k.name, past_v.name, k, v)
     else:  # the past concatenated in front of the op (dynamo's SDPA with HF's cache: Concat, then GQA repeat)
-        role = find_cache(view, k, v, 2 if rank == 4 else None, 2 if rank == 4 else None)
+        seq_axis = 2 if rank == 4 else None
+        role = find_cache(view, k, v, seq_axis, seq_axis)
     cache = role.kind
     q_src = projection_source(view, q)
     k_src = projection_source(view, role.new_key if cache == CacheKind.CONCAT else k)

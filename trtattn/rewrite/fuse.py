@@ -227,9 +227,10 @@ def _site_error(r: SiteReport, outcome) -> float | None:
 
 
 def _output_reason(outcome) -> str:
-    worst = max(outcome.output_errors, key=lambda k: outcome.output_errors[k] / max(outcome.bounds.get(k, 1e-30), 1e-30),
-                default="?")
-    err, bound = outcome.output_errors.get(worst), outcome.bounds.get(worst)
+    if not outcome.output_errors:
+        return "within its own bound, but no model output could be compared: the original is kept"
+    worst = max(outcome.output_errors, key=lambda k: outcome.output_errors[k] / max(outcome.bounds.get(k, 1e-30), 1e-30))
+    err, bound = outcome.output_errors[worst], outcome.bounds.get(worst, outcome.atol)
     nan = f"; NaN where the original has none: {', '.join(outcome.nan_mismatch)}" if outcome.nan_mismatch else ""
     return (f"within its own bound, but the model's output '{worst}' is off by {err:.3g} (bound {bound:.3g}"
             f"{', in ' + str(outcome.slices) + ' slices of layers' if outcome.slices else ''}{nan}): "

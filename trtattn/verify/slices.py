@@ -23,7 +23,7 @@ import onnx
 from onnx import helper
 
 from ..errors import TrtattnError
-from ..graph import external, io
+from ..graph import external
 from ..graph.evaluate import ort_session
 
 SLICE_ENV = "TRTATTN_SLICE_MB"
@@ -48,6 +48,10 @@ def resident_bytes(t: onnx.TensorProto) -> int:
     return external.nbytes(t) * (2 if t.data_type in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) else 1)
 
 
+def resident_size(model: onnx.ModelProto) -> int:
+    return sum(resident_bytes(t) for t in model.graph.initializer)
+
+
 def slice_budget(model: onnx.ModelProto) -> int | None:
     """Resident bytes of weights per slice for `model`, or None to run it whole: whole unless its weights,
     as a session holds them, are more than half the available memory (then an eighth of it per slice), or
@@ -55,7 +59,7 @@ def slice_budget(model: onnx.ModelProto) -> int | None:
     if os.environ.get(SLICE_ENV):
         mb = int(os.environ[SLICE_ENV])
         return (mb << 20) if mb > 0 else None
-    weights, available = sum(resident_bytes(t) for t in model.graph.initializer), available_memory()
+    weights, available = resident_size(model), available_memory()
     if not available or weights <= available // 2:
         return None
     return max(available // 8, MIN_BUDGET)
@@ -182,7 +186,7 @@ def sliced_runner(model: onnx.ModelProto, outputs=(), name: str | None = None, l
                   budget: int | None = None):
     """A Polygraphy runner that runs `model` in slices of at most `budget` bytes of weights (slice_budget's
     choice by default), giving its graph outputs and `outputs`."""
-    budget = budget or slice_budget(model) or io.weights_size(model) + 1
+    budget = budget or slice_budget(model) or resident_size(model) + 1
     wanted = [o.name for o in model.graph.output] + [o for o in outputs if o not in {x.name for x in model.graph.output}]
     return _runner_class()(model, plan(model, wanted, budget), wanted, level, name)
 

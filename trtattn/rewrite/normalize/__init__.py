@@ -90,8 +90,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         external.set_data_dir(cleaned, external.data_dir(model))  # weights on disk: still where they were
     with progress.step("matching attention sites and probing masks"):
         graph, result, meanings = analyse(cleaned, probe_feeds(cleaned, dims))
-    scopes: dict[tuple, tuple] = {}  # a site's graph (the main one, or an If/Loop body) -> (graph, tensors, nodes)
-    caches: dict[tuple, MaskCache] = {}
+    scopes: dict[tuple, tuple] = {}  # a site's graph (main, or an If/Loop body) -> (graph, tensors, nodes, masks)
     rows: list[SiteNormalization] = []
     rewritten = 0
     for site in result.sites:
@@ -105,10 +104,8 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
             continue
         if site.graph not in scopes:  # an If/Loop/Scan body is rewritten in place, as the main graph is
             scope = subgraphs.find(graph, site.graph)
-            scopes[site.graph] = (scope, scope.tensors(), {n.name: n for n in scope.nodes})
-            caches[site.graph] = MaskCache()
-        scope, tensors, nodes = scopes[site.graph]
-        cache = caches[site.graph]
+            scopes[site.graph] = (scope, scope.tensors(), {n.name: n for n in scope.nodes}, MaskCache())
+        scope, tensors, nodes, cache = scopes[site.graph]
         if site.quant is not None and site.quant.logits is not None:
             row.action = ("skipped: its logits are quantized (Q/DQ between the first MatMul and the Softmax), which "
                           "TensorRT's fused attention does not compute")

@@ -209,17 +209,16 @@ def _run_shapes(model: onnx.ModelProto, names: list[str], feeds, weights_dir: Pa
     large for one session (an 8B fp16 cache model) runs in slices of layers, one session at a time."""
     from ...verify import slices
 
-    if weights_dir is not None and slices.slice_budget(model):
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)  # no weight bytes: they stay in weights_dir
-        external.set_data_dir(probe, weights_dir)
-        pieces = slices.plan(probe, names, slices.slice_budget(probe))
-        return {t: list(np.shape(v)) for t, v in slices.run(probe, pieces, [feeds], names)[0].items()}
-    probe = copy.deepcopy(model)
-    outputs = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in outputs)
+    probe = copy.deepcopy(model)  # a lazily loaded model: no weight bytes, they stay in weights_dir
+    budget = None
     if weights_dir is not None:
         external.set_data_dir(probe, weights_dir)
+        budget = slices.slice_budget(probe)
+    if budget:
+        pieces = slices.plan(probe, names, budget)
+        return {t: list(np.shape(v)) for t, v in slices.run(probe, pieces, [feeds], names)[0].items()}
+    outputs = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in outputs)
     with io.session_source(probe) as source:  # weights linked in a scratch folder, never beside the user's
         run, _ = cpu_runner(source if isinstance(source, str) else probe)
         return {t: list(np.shape(v)) for t, v in run(feeds).items() if t in names}
