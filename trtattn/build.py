@@ -61,14 +61,20 @@ def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None, atol: float
 
 
 def all_fused(fused: FuseResult) -> FuseResult:
-    """`fused` if every site fused and the model verified; else an error saying what failed (a model output off
-    with every site within its bound: fuse marks each site not fused, naming the output)."""
+    """`fused` if every site fused and the model verified; else an error saying what failed."""
     failed = [r for r in fused.reports if r.status != "fused"]
     if failed:
         raise TrtattnError(f"{len(failed)} of {len(fused.reports)} attention sites cannot be fused, so the engine "
                            f"would not be all-IAttention: " + "; ".join(f"{r.site.name}: {r.reason}" for r in failed[:3]))
     if not fused.reports:
         raise TrtattnError("the model has no attention; nothing for trtattn to build (use trtexec for it)")
+    v = fused.verification
+    if v.get("passed") is False:  # fuse marks its sites not fused then; a result made otherwise is refused too
+        worst = max(v.get("outputs", {}).items(), key=lambda kv: kv[1], default=("?", None))
+        raise TrtattnError(f"the fused model does not match the original on ONNX Runtime: output '{worst[0]}' is off "
+                           f"by {worst[1]} (tolerance atol {v.get('atol')}, rtol {v.get('rtol')}"
+                           f"{', in ' + str(v['slices']) + ' slices of layers' if v.get('slices') else ''}"
+                           f"{'; NaN where the original has none: ' + ', '.join(v['nan_mismatch']) if v.get('nan_mismatch') else ''})")
     return fused
 
 
