@@ -5,7 +5,7 @@ on disk, with the seconds and the peak memory of every step: for models too larg
     python benchmarks/build_large.py MODEL.onnx --save-onnx DIR [--form padded|kv-cache|packed]
                                      [--precision fp32|fp16|bf16] [--dims batch=2,seq=8] [--keep]
 
-The steps are trtattn.build.prepare's (fuse every attention and verify it; derive the form and verify it;
+The steps are trtattn.routes.prepare.prepare's (fuse every attention and verify it; derive the form and verify it;
 the precision; the plan; the cut model) and the two writes `--save-onnx` does. `trtattn build` loads its
 input with its weights (cli/build.py); this script loads it as `trtattn fuse` does, which is what a model
 of 16 GB needs on a 24 GB machine. Both written models are deleted at the end unless --keep (an 8B model's
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the written models")
     args = ap.parse_args(argv)
 
-    from trtattn.build import describe, prepare
+    from trtattn.routes.prepare import describe, prepare
     from trtattn.graph import external, io
     from trtattn.graph.inputs import parse_dims
     from trtattn.report import Progress

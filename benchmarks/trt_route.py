@@ -64,7 +64,7 @@ def calibration(model: onnx.ModelProto, dims) -> dict:
 
 
 def trt_row(model: onnx.ModelProto, name: str, exporter: str, form: str, precision: str, dims) -> dict:
-    from trtattn.rewrite.trt_ops import fuse_trt
+    from trtattn.routes.trt_ops import fuse_trt
 
     row = {"model": name, "exporter": exporter, "form": form}
     start = time.perf_counter()

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import onnx
 import pytest
 
-from trtattn.build import Limits, prepare
+from trtattn.routes.prepare import Limits, prepare
 from trtattn.errors import TrtattnError
 from trtattn.graph.inputs import make_feeds
 from trtattn.rewrite.quantize import stack_feeds

@@ -11,7 +11,8 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-from trtattn.build import Limits, build, prepare
+from trtattn.routes.builder import build
+from trtattn.routes.prepare import Limits, prepare
 from trtattn.trt import compat
 from trtattn.trt.lower import lower_attention
 from trtattn.trt.network import build_network
@@ -135,7 +136,7 @@ def test_fp16_attention_never_sees_an_infinite_mask(checked_trt, zoo_export):
     fill, finfo(fp16).min / 2, where masked), so a fully masked row cannot turn into NaN."""
     from trtsim.execute import run
 
-    from trtattn.rewrite.forms import form_adapter
+    from trtattn.routes.prepare import form_adapter
 
     model = onnx.load(str(zoo_export("t5", "torchscript")))
     prepared = prepare(model, name="t5", precision="fp16", limits=LIMITS)
@@ -233,7 +234,7 @@ def test_a_bf16_scale_is_an_fp32_constant_cast_to_bf16(checked_trt):
 def test_build_refuses_a_fused_model_whose_outputs_failed_verification(zoo_export):
     """Every site within its bound but an output off (an 8B fp16 cache model): fuse keeps the original model,
     so build must stop there, naming the output (it went on and failed with a KeyError in the kv-cache form)."""
-    from trtattn.build import all_fused
+    from trtattn.routes.prepare import all_fused
     from trtattn.errors import TrtattnError
     from trtattn.rewrite.fuse import fuse_model
 

@@ -17,8 +17,9 @@ import pytest
 from graphs import attention_model
 
 from trtattn import zoo
-from trtattn.build import Limits, build, prepare
-from trtattn.rewrite.forms import form_adapter
+from trtattn.routes.builder import build
+from trtattn.routes.prepare import Limits, prepare
+from trtattn.routes.prepare import form_adapter
 from trtattn.rewrite.precision import TOLERANCE, cpu_runner
 from trtattn.trt.network import build_network
 

@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 
 from trtattn import contract as forms
-from trtattn.rewrite import forms as forms_mod
+from trtattn.routes.prepare import forms as forms_mod
 from trtattn.verify import adapter_for
-from trtattn.build import prepare
+from trtattn.routes.prepare import prepare
 from trtattn.errors import TrtattnError
 from trtattn.graph.inputs import make_feeds
 
@@ -167,7 +167,7 @@ def test_build_without_tensorrt_prints_the_plan_and_one_sentence(zoo_export, tmp
 
 
 ADAPTER_PENDING = pytest.mark.xfail(strict=True, reason="verify/adapters.py's adapter_for does not dispatch the packed "
-                                   "kv-cache form to rewrite/forms/rows.PackedCacheAdapter yet (asked of S)")
+                                   "kv-cache form to routes/prepare/rows.PackedCacheAdapter yet (asked of S)")
 
 
 @pytest.mark.parametrize("name,form", [("llama", "padded"), pytest.param("llama-cache", "kv-cache", marks=ADAPTER_PENDING),

@@ -303,7 +303,7 @@ def test_no_attention_found_only_when_there_is_none(tmp_path):
 def test_an_output_off_with_every_site_within_its_bound_keeps_the_original(monkeypatch):
     """Each site within its bound but a model output not (fp16 over many layers, say): fuse keeps the original
     and says so on every site, naming the output; build stops there with the same words."""
-    from trtattn import build
+    from trtattn.routes import prepare as prepare_mod
     from trtattn.errors import TrtattnError
     from trtattn.rewrite import fuse as fuse_module
 
@@ -324,4 +324,4 @@ def test_an_output_off_with_every_site_within_its_bound_keeps_the_original(monke
     assert all(r.status != "fused" and f"output '{out}' is off by" in r.reason and "original is kept" in r.reason
                for r in result.reports), [r.reason for r in result.reports]
     with pytest.raises(TrtattnError, match=f"output '{out}' is off by"):
-        build.all_fused(result)
+        prepare_mod.all_fused(result)

@@ -23,7 +23,7 @@ import onnx
 import pytest
 
 from trtattn import contract
-from trtattn.build import prepare
+from trtattn.routes.prepare import prepare
 from trtattn.errors import TrtattnError
 from trtattn.graph.inputs import make_feeds
 from trtattn.runtime import (ConcatCache, OrtSession, StaticCache, bench, bench_callable, generate,
@@ -362,7 +362,7 @@ def trt_gpu():
 
 
 def _engine(trt, model, tmp_path, name, form, **kw):
-    from trtattn.build import build
+    from trtattn.routes.builder import build
 
     prepared = prepare(model, name=name, form=form, **kw)
     engine, sidecar = build(prepared, trt, tmp_path, progress=False)

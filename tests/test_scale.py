@@ -230,7 +230,7 @@ def test_kv_cache_form_of_a_lazily_loaded_model_counts_its_precision(written):
     """build's kv-cache form of a model loaded without its weights: its precision table runs the form where
     ONNX's inference loses a dim, reading the weights where the model records them (it failed: ONNX Runtime
     refuses external data for a model given as bytes)."""
-    from trtattn.build import prepare
+    from trtattn.routes.prepare import prepare
 
     model = io.load(written(form="cache"), load_external_data=False)
     prepared = prepare(model, name="llama", form="kv-cache", precision="fp32")
@@ -240,9 +240,9 @@ def test_kv_cache_form_of_a_lazily_loaded_model_counts_its_precision(written):
 def test_the_work_count_runs_a_model_too_large_for_one_session_in_slices(written, monkeypatch):
     """precision's work count needs a run where ONNX's inference leaves shapes open (the kv-cache form); a model
     too large for one session (the 8B fp16 cache model's form: killed at 24 GB) runs in slices, counting the same."""
-    from trtattn.build import prepare
+    from trtattn.routes.prepare import prepare
     from trtattn.contract import cache_inputs
-    from trtattn.rewrite import forms
+    from trtattn.routes.prepare import forms
     from trtattn.rewrite.precision import work
 
     path = written("float16", form="cache")

@@ -30,7 +30,8 @@ PACKED = [("bert", "torchscript"), ("gpt2", "torchscript"), ("llama", "torchscri
 
 def _build_and_check(tmp_path, zoo_export, name, exporter, form):
     trt = _tensorrt()
-    from trtattn.build import build, prepare
+    from trtattn.routes.builder import build
+    from trtattn.routes.prepare import prepare
     from trtattn.inspect import classify, load_sites, read_engine
     from trtattn.verify import verify_candidate
 

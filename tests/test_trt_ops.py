@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from trtattn.cli import main
 from trtattn.errors import TrtattnError
-from trtattn.rewrite.trt_ops import (
+from trtattn.routes.trt_ops import (
     fuse_trt,
     shape_strings,
     verify_trt_ops,

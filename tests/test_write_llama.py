@@ -165,7 +165,7 @@ def test_cache_steps_equal_padded(written, dtype):
 
 @pytest.mark.parametrize("form", ["padded", "cache"])
 def test_trtattn_finds_every_attention(written, form):
-    from trtattn.match import match  # trtattn.match() itself is shadowed once the subpackage is imported
+    from trtattn.match import match
 
     result = match(onnx.load(written(form, "float16")))
     assert len(result.sites) == TINY["layers"] and not result.skipped

@@ -5,14 +5,16 @@ CPU paths (match, fuse, normalise, verify, the ONNX Runtime back end) need no GP
 cuda-python and modelopt are imported lazily by the modules that need them.
 """
 
-from . import match as _matcher  # noqa: F401 - loaded first, so that the function below keeps the name
 from .site import AttentionSite, CacheKind, CausalKind, Layout, MaskKind, RopeKind, ScalePlacement, SiteKind
 from .version import __version__
 
 
-def match(model):
-    """Find every attention site of an onnx.ModelProto (or gs.Graph)."""
-    return _matcher.match(model)
+def find_attention(model):
+    """Find every attention site of an onnx.ModelProto (or gs.Graph): .sites, and .skipped with why
+    (trtattn.match.match; named apart from it so that `trtattn.match` stays the subpackage)."""
+    from .match import match
+
+    return match(model)
 
 
 def fuse(model, **kwargs):
@@ -23,4 +25,4 @@ def fuse(model, **kwargs):
 
 
 __all__ = ["AttentionSite", "CacheKind", "CausalKind", "Layout", "MaskKind", "RopeKind", "ScalePlacement",
-           "SiteKind", "match", "fuse", "__version__"]
+           "SiteKind", "find_attention", "fuse", "__version__"]

@@ -7,6 +7,8 @@ them. This module is a leaf: it imports nothing of trtattn but the errors.
 - CU_SEQLENS [B+1] (int32): cumulative token counts of the sequences packed end to end (packed form);
   cu_seqlens[0] == 0 and cu_seqlens[-1] == total tokens.
 - A cache input is one whose sequence axis is the dim named MAX_CACHE (its capacity).
+- A form model says which form it is, and which inputs it reads as per-row lengths, in its metadata
+  (FORM_METADATA).
 - An engine NAME.engine comes with its sidecar NAME.json (the plan, the I/O contract, the aliases).
 """
 
@@ -23,6 +25,7 @@ WRITE_INDEX = "cache_write_index"
 CU_SEQLENS = "cu_seqlens"
 MAX_CACHE = "max_cache"
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+FORM_METADATA = "trtattn.form"  # {"form": ..., "right_padded": [inputs read as per-row lengths]}
 
 
 def is_engine_path(path) -> bool:
@@ -52,6 +55,26 @@ def unpack_rows(value: np.ndarray, cu) -> list[np.ndarray]:
 def cache_inputs(model) -> list[str]:
     """The inputs of an ONNX model that the kv-cache form reads as preallocated caches."""
     return [i.name for i in model.graph.input if any(d.dim_param == MAX_CACHE for d in i.type.tensor_type.shape.dim)]
+
+
+def record_form(model, form: str, right_padded: list[str]) -> None:
+    """Write (or replace) a form model's FORM_METADATA record."""
+    for i, p in enumerate(model.metadata_props):
+        if p.key == FORM_METADATA:
+            del model.metadata_props[i]
+            break
+    model.metadata_props.add(key=FORM_METADATA, value=json.dumps({"form": form, "right_padded": right_padded}))
+
+
+def form_record(model) -> dict:
+    """What a form model says about itself (FORM_METADATA), or {} for any other model."""
+    for p in model.metadata_props:
+        if p.key == FORM_METADATA:
+            try:
+                return json.loads(p.value)
+            except ValueError:
+                return {}
+    return {}
 
 
 def sidecar_path(engine_path) -> Path:

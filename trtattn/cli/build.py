@@ -13,7 +13,7 @@ from .common import exit_without_tensorrt, load_model
 
 
 def add_parser(sub) -> None:
-    from ..build import PRECISIONS
+    from ..routes.prepare import PRECISIONS
     from ..trt.profiles import DEFAULT_MAX_BATCH
 
     b = sub.add_parser("build", help="build a TensorRT engine in which every attention is an IAttention")
@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
 
 
 def run(args, progress) -> int:
-    from ..build import Limits, build, describe, prepare
+    from ..routes.builder import build
+    from ..routes.prepare import Limits, describe, prepare
     from ..trt import compat
     from ..trt.profiles import parse_shapes
 

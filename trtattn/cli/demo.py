@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
 
 def run(args, progress) -> int:
     from .. import zoo
-    from ..build import build, describe, prepare
+    from ..routes.builder import build
+    from ..routes.prepare import describe, prepare
     from ..rewrite.fuse import fuse_model
     from ..trt import compat
 

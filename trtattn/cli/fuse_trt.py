@@ -46,7 +46,7 @@ def sidecar_path(output) -> Path:
 
 
 def run(args, progress) -> int:
-    from ..rewrite.trt_ops import fuse_trt
+    from ..routes.trt_ops import fuse_trt
 
     check_output(args.model, args.output, args.force)
     check_output(args.model, sidecar_path(args.output), args.force)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..contract import form_record
 from ..errors import TrtattnError
 from .memory import host_rss
 from .session import Session, TensorInfo
@@ -75,10 +76,9 @@ class OrtSession(Session):
         if sidecar and sidecar.get("io", {}).get("aliases"):
             aliases.update(sidecar["io"]["aliases"])
         super().__init__(name or model.graph.name or "model", inputs, outputs, aliases, sidecar)
-        if any(p.key == "trtattn.form" for p in model.metadata_props):  # forms.FORM_METADATA: what it reads as lengths
-            from ..rewrite.forms import form_record
-
-            self.right_padded = tuple(form_record(model).get("right_padded") or ())
+        record = form_record(model)
+        if record:  # a form model says what it reads as per-row lengths
+            self.right_padded = tuple(record.get("right_padded") or ())
         self.model = model
         self._state: dict[str, np.ndarray] = {}
 

@@ -1,12 +1,12 @@
 """The build plan: what the network builder will lower, computed without TensorRT.
 
-The input is a *form* model (rewrite/forms): every attention as a standard ONNX op (Attention, and
+The input is a *form* model (routes/prepare): every attention as a standard ONNX op (Attention, and
 RotaryEmbedding where the form has them), already verified on ONNX Runtime, plus the form's records of
 what ONNX alone does not say (forms/lowering.py: a packed query, lengths, the cache updates). Each
 becomes one planned TensorRT layer; everything else is parsed by TensorRT's OnnxParser. `trtattn build`
 prints the plan, writes it with --plan-json, and stores it in the engine's sidecar.
 
-AttentionPlan is also the contract with the trtexec route (rewrite/trt_ops.py writes TensorRT's
+AttentionPlan is also the contract with the trtexec route (routes/trt_ops writes TensorRT's
 TRT_Attention custom ops from it). Its fields:
 
 site, node, layer, query, key, value, output, q_scale, causal ("none"|"upper_left"|"lower_right"),

@@ -1,4 +1,4 @@
-"""A verified form (rewrite/forms) in fp16 / bf16: AutoCast on the fp32 form, then checked against it.
+"""A verified form (routes/prepare) in fp16 / bf16: AutoCast on the fp32 form, then checked against it.
 
     result = convert_form(form_model, "fp16", feeds, caches=derived.cache_updates)
     result.model, result.table, result.errors        # the model TensorRT gets, its matmul work per dtype

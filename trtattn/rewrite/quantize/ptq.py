@@ -76,7 +76,7 @@ def quantize(model: onnx.ModelProto, mode: str, calib: dict[str, np.ndarray], si
     """Quantize `model` (not modified) with ModelOpt and report each attention site's Q/DQ.
 
     mode: "fp8" or "int8". calib: arrays keyed by input name (see calibration.check_calibration).
-    sites: the attention sites of `model` (default: trtattn.match(model)); pattern sites only.
+    sites: the attention sites of `model` (default: trtattn.match.match(model)); pattern sites only.
     calibration_method: "max" or "entropy"; default "max" for fp8 (ModelOpt derives FP8 scales
     from max-calibrated INT8 ones) and "entropy" for int8 (ModelOpt's default).
     high_precision_dtype: precision of everything not quantized ("fp16": ModelOpt's default and

@@ -14,13 +14,12 @@ packed    encoders and cacheless decoders run on packed tokens [1, T] with `cu_s
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass, field
 
 import onnx
 import onnx_graphsurgeon as gs
 
-from ...contract import CU_SEQLENS, WRITE_INDEX, cache_inputs
+from ...contract import CU_SEQLENS, WRITE_INDEX, cache_inputs, record_form
 from ...errors import TrtattnError
 from ...graph.emit import export_like
 from ...report import Progress
@@ -35,7 +34,6 @@ from .rope import rope_to_ops
 from .rows import PackedCacheAdapter
 
 FORMS = ("padded", "packed", "kv-cache")
-FORM_METADATA = "trtattn.form"  # {"form": ..., "right_padded": [inputs read as per-row lengths]}
 
 
 @dataclass
@@ -90,7 +88,7 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
             derived.notes.append(f"{len(expanded)} soft-capped sites in TensorRT's implicit form: {IMPLICIT_REASON}")
     derived.attentions = {lw.node: lw for lw in lowerings}
     if form != "padded" or derived.right_padded:  # (the fused model itself needs no record)
-        _record(derived.model, form, derived.right_padded)
+        record_form(derived.model, form, derived.right_padded)
     if form == "padded" and not ropes and not lowerings and not derived.implicit:  # the fused model, verified already
         derived.verification = fused.verification
         return derived
@@ -103,25 +101,6 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
         raise TrtattnError(f"the {form} form does not match the original model on ONNX Runtime "
                            f"(max abs error {derived.verification.get('max_abs_err')}); not building it")
     return derived
-
-
-def _record(model: onnx.ModelProto, form: str, right_padded: list[str]) -> None:
-    for i, p in enumerate(model.metadata_props):
-        if p.key == FORM_METADATA:
-            del model.metadata_props[i]
-            break
-    model.metadata_props.add(key=FORM_METADATA, value=json.dumps({"form": form, "right_padded": right_padded}))
-
-
-def form_record(model: onnx.ModelProto) -> dict:
-    """What a form model says about itself (FORM_METADATA), or {} for any other model."""
-    for p in model.metadata_props:
-        if p.key == FORM_METADATA:
-            try:
-                return json.loads(p.value)
-            except ValueError:
-                return {}
-    return {}
 
 
 def form_adapter(original: onnx.ModelProto, inputs: list[str], caches: list[str], capacity: int | None = None):

@@ -1,31 +1,30 @@
-"""`trtattn build`: from an exported ONNX model to a TensorRT engine with one IAttention per site.
+"""prepare: from an exported ONNX model to the verified form in its precision, its build plan and the model
+TensorRT's parser gets; no TensorRT needed. Both routes to an engine start here (routes/builder.py,
+routes/trt_ops).
 
-    prepared = prepare(model, name="llama", form="padded", precision="fp16")   # no TensorRT needed
+    prepared = prepare(model, name="llama", form="padded", precision="fp16")
     print(describe(prepared.plan))
-    engine_path, sidecar_path = build(prepared, trt, "engines")               # TensorRT >= 11
 
-prepare: fuse every site into the standard ONNX op and verify it on ONNX Runtime, derive the requested
-form (rewrite/forms), convert its precision (rewrite/precision.py), plan the lowering (trt/plan.py) with
-profiles from the model (trt/profiles.py), cut the lowered ops out for the OnnxParser (trt/cut.py).
-build: parse, lower, configure (profiles, timing cache, progress), build, write engine + sidecar.
+Fuse every site into the standard ONNX op and verify it on ONNX Runtime, derive the requested form
+(forms.py), convert its precision (rewrite/precision), plan the lowering (trt/plan.py) with profiles
+from the model (trt/profiles.py), cut the lowered ops out for the OnnxParser (trt/cut.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import onnx
 
-from .errors import TrtattnError
-from .graph.dims import fit_dims
-from .report import Progress, table
-from .rewrite import forms
-from .rewrite.forms import FORMS
-from .rewrite.fuse import FuseResult, fuse_model
-from .trt import profiles as profiles_mod
-from .trt.cut import CutModel, cut
-from .trt.plan import BuildPlan, io_contract, make_plan
+from ...errors import TrtattnError
+from ...graph.dims import fit_dims
+from ...report import Progress, table
+from ...rewrite.fuse import FuseResult, fuse_model
+from ...trt import profiles as profiles_mod
+from ...trt.cut import CutModel, cut
+from ...trt.plan import BuildPlan, io_contract, make_plan
+from . import forms
+from .forms import FORMS
 
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8")
 QUANTIZED = ("fp8", "int8")
@@ -100,7 +99,7 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
     derived = forms.derive(form, start, fused, dims=dims, progress=progress)
     quantized, notes = {}, []
     if precision in QUANTIZED:
-        from .rewrite.quantize.source import normalization_quantize
+        from ...rewrite.quantize.source import normalization_quantize
 
         quantized, notes = normalization_quantize([r for r in fused.reports if r.status == "fused"], precision,
                                                   max_sequence=limits.max_positions or max_positions_of(start))
@@ -120,8 +119,8 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
 
 def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, progress=None):
     """(the Q/DQ model, what was done, the tolerance its fused form is verified within)."""
-    from .graph.inputs import make_feeds
-    from .rewrite.quantize.source import fuse_tolerance, quantized_model
+    from ...graph.inputs import make_feeds
+    from ...rewrite.quantize.source import fuse_tolerance, quantized_model
 
     progress = progress or Progress(enabled=False)
     with progress.step(f"quantizing to {mode} (ModelOpt PTQ) unless the model has its Q/DQ"):
@@ -139,8 +138,8 @@ def form_in_precision(derived, original: onnx.ModelProto, precision: str, *, io_
                       progress=None) -> tuple[onnx.ModelProto, dict, dict, list[str]]:
     """(the form in `precision`, its matmul work per dtype, its check against the fp32 form, notes).
     Calibrated and checked on the original's realistic feeds as the form takes them."""
-    from .contract import cache_inputs
-    from .rewrite import precision as precision_mod
+    from ...contract import cache_inputs
+    from ...rewrite import precision as precision_mod
 
     adapter = forms.form_adapter(original, [i.name for i in derived.model.graph.input], cache_inputs(derived.model))
     feeds = [adapter.feeds(adapter.original_feeds(dims, seed)) for seed in VERIFY_SEEDS]
@@ -204,26 +203,3 @@ def describe(plan: BuildPlan) -> str:
                      + (f", cache capacity {plan.limits['max_cache']}" if plan.limits.get("max_cache") else ""))
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
-
-
-def build(prepared: Prepared, trt, out_dir: str | Path, *, force: bool = False, timing_cache: Path | None = None,
-          workspace_mb: int | None = None, progress: bool = True, logger=None, write: bool = True):
-    """Build with the given tensorrt module. Returns (engine path, sidecar path) or, with
-    write=False, the serialized engine and the sidecar dict."""
-    from .trt import engine as engine_mod
-    from .trt.config import create_config
-    from .trt.network import build_network
-
-    logger = logger or trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = build_network(trt, builder, logger, prepared.cut, prepared.plan)
-    config = create_config(trt, builder, network, prepared.plan.profiles, workspace_mb=workspace_mb,
-                           timing_cache=timing_cache, progress=progress)
-    blob = engine_mod.build_serialized(trt, builder, network, config)
-    if timing_cache is not None:
-        engine_mod.atomic_write(Path(timing_cache), bytes(config.get_timing_cache().serialize()))
-    info = engine_mod.sidecar(prepared.plan, trt_version=getattr(trt, "__version__", None), source=prepared.source,
-                              gpu=engine_mod.gpu_name())
-    if not write:
-        return blob, info
-    return engine_mod.write_engine(blob, info, Path(out_dir), prepared.plan.name, force=force)

@@ -19,14 +19,13 @@ import onnx
 import onnx_graphsurgeon as gs
 from trtattn_plugins import TrtOpError, schema
 
-from ...build import QUANTIZED, VERIFY_SEEDS, Prepared, prepare
 from ...errors import TrtattnError
 from ...graph.emit import export_like
 from ...graph.inputs import make_feeds
 from ...graph.shapes import tensor_types
 from ...report import Progress
 from ...verify import TOLERANCES
-from .. import forms
+from ..prepare import QUANTIZED, VERIFY_SEEDS, Prepared, forms, prepare
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
 
@@ -117,7 +116,7 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
     reference, precision = prepared.source_model or prepared.model, prepared.plan.precision
     atol, rtol = TOLERANCES[precision]
     if precision in QUANTIZED:  # the bound prepare verifies the fused Q/DQ model within (quantize/source.py)
-        from ..quantize.source import fuse_tolerance
+        from ...rewrite.quantize.source import fuse_tolerance
 
         atol = max(atol, fuse_tolerance(reference, precision,
                                         [make_feeds(reference, dims=dims, seed=seed) for seed in VERIFY_SEEDS]))
@@ -132,7 +131,7 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
 
 def fuse_trt(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16", calib=None,
              dims=None, decomposable: bool = False, progress=None, source: str = "") -> TrtOpsResult:
-    """prepare (build.py: the verified form in `precision`, its plan), write its TensorRT ops, verify them."""
+    """prepare (routes/prepare: the verified form in `precision`, its plan), write its TensorRT ops, verify them."""
     progress = progress or Progress(enabled=False)
     prepared = prepare(model, name=name, form=form, precision=precision, calib=calib, dims=dims,
                        decomposable=decomposable, progress=progress, source=source)
