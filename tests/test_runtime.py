@@ -47,7 +47,7 @@ def llama_models(zoo_dir):
     path = generation.export_family("llama", zoo_dir)["llama-lm"]
     original = onnx.load(str(path))
     prepared = prepare(original, name="llama-lm", form="kv-cache", precision="fp32")
-    fused = prepared.fused.model  # trtattn.fuse.fuse_model(original).model
+    fused = prepared.fused.model  # trtattn.rewrite.fuse.fuse_model(original).model
     assert ops(fused)["Attention"] == 2 and ops(original)["Attention"] == 0
     assert ops(prepared.form_model)["ScatterND"] == 4
     return {"original": original, "fused": fused, "kv-cache": prepared.form_model, "plan": prepared.plan}

@@ -2,7 +2,7 @@
 layer-info detail.
 
 TensorRT 11 networks are strongly typed: precision comes from tensor types (the whole-model conversion of
-rewrite/precision.py, FP8/INT8 Q/DQ from rewrite/quantize), not from builder flags. The profiling
+rewrite/precision/, FP8/INT8 Q/DQ from rewrite/quantize), not from builder flags. The profiling
 verbosity is DETAILED so that layer info names kernels and carries each IAttention's metadata, which
 `trtattn inspect` reads.
 """

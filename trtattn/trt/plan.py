@@ -2,7 +2,7 @@
 
 The input is a *form* model (routes/prepare): every attention as a standard ONNX op (Attention, and
 RotaryEmbedding where the form has them), already verified on ONNX Runtime, plus the form's records of
-what ONNX alone does not say (forms/lowering.py: a packed query, lengths, the cache updates). Each
+what ONNX alone does not say (routes/prepare/lowering.py: a packed query, lengths, the cache updates). Each
 becomes one planned TensorRT layer; everything else is parsed by TensorRT's OnnxParser. `trtattn build`
 prints the plan, writes it with --plan-json, and stores it in the engine's sidecar.
 
@@ -195,7 +195,7 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
         else:
             continue
         plan.order.append(node.name)
-    for site, node in implicit:  # written out for TensorRT's own fusion (forms/implicit.py): planned, not lowered
+    for site, node in implicit:  # written out for TensorRT's own fusion (routes/prepare/implicit.py): planned, not lowered
         plan.attentions.append(AttentionPlan(
             site=site.name, node=node, layer=f"trtattn/attn/{site.name}", query=site.query, key=site.key,
             value=site.value, output=site.output, q_scale=float(site.softmax_scale), mask_kind=site.mask.value,

@@ -1,7 +1,7 @@
 """kv-cache form: decoders read and write a preallocated cache, the LLM pattern of TensorRT's
 documentation: a packed query over a padded cache.
 
-Tokens of every row go end to end ([1, T] with cu_seqlens [B+1], forms/tokens.py); each row's new K/V
+Tokens of every row go end to end ([1, T] with cu_seqlens [B+1], tokens.py); each row's new K/V
 are written into its cache [B, N_kv, capacity, H] from its `cache_write_index` on; its attention reads
 the cache up to write index + new tokens, lower-right causal within that length. A prefill of ragged
 prompts and a decode step ([1, B], one token per row) are the same program, and no padding is ever
@@ -11,7 +11,7 @@ In ONNX (what ONNX Runtime verifies): ScatterND writes the packed K/V into the c
 gathered into padded rows, Attention reads the whole cache with a boolean mask built from the write
 indices and lengths, and the rows are packed again. TensorRT gets the same as IKVCacheUpdateLayer
 (packed update) and IAttention (packed query, padded key/value, per-row lengths, LOWER_RIGHT): the
-records are in forms/lowering.py.
+records are in lowering.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """packed form: encoders and cacheless decoders run on packed tokens [1, T] with `cu_seqlens` [B+1]
 instead of a padding mask; positions restart per sequence. In ONNX each attention reads a block-diagonal
 mask (causal within a block where the site is causal); IAttention says the same with PACKED_NHD query
-and key/value and the cumulative lengths (forms/lowering.py)."""
+and key/value and the cumulative lengths (lowering.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ per-row key/value lengths instead of a dense mask, so the fused kernel can skip 
 The lengths are the padding mask's row sums, so the padding mask is read as right padding (each row's
 valid tokens first): the form says exactly that in ONNX, a boolean mask built from the lengths, which ONNX
 Runtime verifies against the original; the engine does the same through IAttention's key_value_lengths
-and causal kind (forms/lowering.py). Sites whose padding mask is declared left-padded or True at padding,
+and causal kind (lowering.py). Sites whose padding mask is declared left-padded or True at padding,
 or whose mask depends on anything else, keep their dense mask. The form model records the inputs it reads as lengths
 (metadata `trtattn.form`), so that runtimes refuse a left-padded mask instead of answering wrongly.
 """

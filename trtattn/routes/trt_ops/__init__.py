@@ -115,7 +115,7 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
     node."""
     reference, precision = prepared.source_model or prepared.model, prepared.plan.precision
     atol, rtol = TOLERANCES[precision]
-    if precision in QUANTIZED:  # the bound prepare verifies the fused Q/DQ model within (quantize/source.py)
+    if precision in QUANTIZED:  # the bound prepare verifies the fused Q/DQ model within (rewrite/quantize/source.py)
         from ...rewrite.quantize.source import fuse_tolerance
 
         atol = max(atol, fuse_tolerance(reference, precision,
