@@ -17,9 +17,9 @@ def build(prepared: Prepared, trt, out_dir: str | Path, *, force: bool = False, 
           workspace_mb: int | None = None, progress: bool = True, logger=None, write: bool = True):
     """Build with the given tensorrt module. Returns (engine path, sidecar path) or, with
     write=False, the serialized engine and the sidecar dict."""
-    from .trt import engine as engine_mod
-    from .trt.config import create_config
-    from .trt.network import build_network
+    from ..trt import engine as engine_mod
+    from ..trt.config import create_config
+    from ..trt.network import build_network
 
     logger = logger or trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
