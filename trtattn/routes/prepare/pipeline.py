@@ -97,7 +97,8 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
         start, quantization, atol = quantized_start(model, precision, calib, dims=dims, progress=progress)
     fused = fused_sites(start, dims=dims, progress=progress, atol=atol)
     derived = forms.derive(form, start, fused, dims=dims, progress=progress)
-    quantized, notes = {}, []
+    quantized: dict = {}
+    notes: list[str] = []
     if precision in QUANTIZED:
         from ...rewrite.quantize.source import normalization_quantize
 

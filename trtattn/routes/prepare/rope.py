@@ -19,10 +19,11 @@ def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onn
         return model, 0
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
-    tables: dict[str, tuple] = {}
+    tables: dict[tuple, tuple] = {}  # (cos, sin, rotary dim) -> the tables as RotaryEmbedding takes them
     count = 0
     for site in todo:
         rope = site.rope
+        assert rope is not None  # todo holds sites with a rope
         k_out = site.new_key if site.cache == CacheKind.CONCAT else site.key
         for x_name, out_name in ((rope.q_input, site.query), (rope.k_input, k_out)):
             out = tensors.get(out_name)
