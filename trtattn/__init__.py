@@ -5,7 +5,7 @@ CPU paths (match, fuse, normalise, verify, the ONNX Runtime back end) need no GP
 cuda-python and modelopt are imported lazily by the modules that need them.
 """
 
-from .site import AttentionSite, CacheKind, CausalKind, Layout, MaskKind, RopeKind, ScalePlacement, SiteKind
+from .site import AttentionSite, CacheKind, CausalKind, Layout, MaskKind, RopeKind, ScalePlacement, SiteKind, SiteStatus
 from .version import __version__
 
 
@@ -25,4 +25,4 @@ def fuse(model, **kwargs):
 
 
 __all__ = ["AttentionSite", "CacheKind", "CausalKind", "Layout", "MaskKind", "RopeKind", "ScalePlacement",
-           "SiteKind", "find_attention", "fuse", "__version__"]
+           "SiteKind", "SiteStatus", "find_attention", "fuse", "__version__"]

@@ -63,6 +63,13 @@ class RopeKind(str, enum.Enum):
     INTERLEAVED = "interleaved"  # GPT-J style adjacent pairs
 
 
+class SiteStatus(str, enum.Enum):
+    """What became of a site in a rewrite (str-valued: reports and JSON keep the strings)."""
+
+    FUSED = "fused"  # the fused op, verified
+    NOT_FUSED = "not fused"  # left exactly as it was; the report's reason says why
+
+
 @dataclass(frozen=True)
 class MaskStep:
     """One op between the first product and the Softmax that changes the logits.

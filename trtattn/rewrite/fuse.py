@@ -24,14 +24,14 @@ from ..match import analyse, probe_feeds
 from ..match.fused_ops import MICROSOFT_OPS
 from ..match import logit_ops, subgraphs
 from ..report import Progress
-from ..site import AttentionSite, CausalKind, SiteKind, Skipped
+from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
 from ..verify import compare_models, tolerance_for
 from ..version import __version__
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
 
 ATTENTION_OPSET = 23
-NOT_FUSED = "not fused"  # the status of an attention the output keeps as it was (the reason says why)
+NOT_FUSED = SiteStatus.NOT_FUSED  # the status of an attention the output keeps as it was (the reason says why)
 # A site whose softmax output the model quantizes (Q/DQ between the Softmax and the product with V) loses
 # that rounding in the fused op: each probability moves by up to half a step. Measured on the fuzzer's
 # uint8 (1/255) cases: 2.3-3.2 steps on the attention output. Such a site is verified within 8 steps.
@@ -41,7 +41,7 @@ QUANT_STEPS = 8
 @dataclass
 class SiteReport:
     site: AttentionSite
-    status: str = "fused"  # fused | not fused
+    status: SiteStatus = SiteStatus.FUSED
     reason: str = ""
     max_abs_err: float | None = None
     pattern: str = "none"  # what the probe saw in the mask
@@ -57,7 +57,7 @@ class SiteReport:
             "scale": s.softmax_scale, "scale_placement": s.scale_placement.value,
             "mask": s.mask.value, "causal": s.causal.value, "window": s.window, "padding": self.padding,
             "bias": self.bias, "cache": s.cache.value, "rope": s.rope.kind.value if s.rope else "none",
-            "status": self.status, "reason": self.reason, "max_abs_err": self.max_abs_err,
+            "status": self.status.value, "reason": self.reason, "max_abs_err": self.max_abs_err,
             "tolerance": quant_tolerance(s) or None, "notes": list(s.notes),
         }
 
@@ -72,7 +72,7 @@ class FuseResult:
 
     @property
     def ok(self) -> bool:
-        return all(r.status == "fused" for r in self.reports) and self.verification.get("passed", True)
+        return all(r.status == SiteStatus.FUSED for r in self.reports) and self.verification.get("passed", True)
 
 
 def quant_tolerance(site: AttentionSite) -> float:
@@ -186,11 +186,11 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
                           bias=getattr(meanings.get(s.name), "bias", False)) for s in result.sites]
     reports += [SiteReport(_placeholder(sk), status=NOT_FUSED, reason=sk.reason) for sk in result.skipped]
     while True:
-        active = [r for r in reports if r.status == "fused"]
+        active = [r for r in reports if r.status == SiteStatus.FUSED]
         with progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
             fused = _rewrite(working, active, meanings, graph)  # marks sites it cannot rewrite as skipped
         graph = None  # rewritten: a second pass starts from the model again
-        active = [r for r in active if r.status == "fused"]
+        active = [r for r in active if r.status == SiteStatus.FUSED]
         if not verify:
             return FuseResult(fused, reports, result.ignored, {"passed": None}, bool(active))
         if not active:

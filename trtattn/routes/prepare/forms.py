@@ -23,6 +23,7 @@ from ...contract import CU_SEQLENS, WRITE_INDEX, cache_inputs, record_form
 from ...errors import TrtattnError
 from ...graph.emit import export_like
 from ...report import Progress
+from ...site import SiteStatus
 from ...verify import adapter_for, compare_models, compare_runners, onnx_runner
 from .kv_cache import kv_cache_form
 from .implicit import REASON as IMPLICIT_REASON
@@ -53,7 +54,7 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
     if form not in FORMS:
         raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
     progress = progress or Progress(enabled=False)
-    reports = [r for r in fused.reports if r.status == "fused"]
+    reports = [r for r in fused.reports if r.status == SiteStatus.FUSED]
     sites = {r.attention_node: r.site for r in reports}
     nested = [r.site.name for r in reports if r.site.graph]
     if nested:  # the forms rewrite the main graph; TensorRT's IIfConditional/ILoop bodies are not lowered here

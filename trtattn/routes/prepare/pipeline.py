@@ -20,6 +20,7 @@ from ...errors import TrtattnError
 from ...graph.dims import fit_dims
 from ...report import Progress, table
 from ...rewrite.fuse import FuseResult, fuse_model
+from ...site import SiteStatus
 from ...trt import profiles as profiles_mod
 from ...trt.cut import CutModel, cut
 from ...trt.plan import BuildPlan, io_contract, make_plan
@@ -61,7 +62,7 @@ def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None, atol: float
 
 def all_fused(fused: FuseResult) -> FuseResult:
     """`fused` if every site fused and the model verified; else an error saying what failed."""
-    failed = [r for r in fused.reports if r.status != "fused"]
+    failed = [r for r in fused.reports if r.status != SiteStatus.FUSED]
     if failed:
         raise TrtattnError(f"{len(failed)} of {len(fused.reports)} attention sites cannot be fused, so the engine "
                            f"would not be all-IAttention: " + "; ".join(f"{r.site.name}: {r.reason}" for r in failed[:3]))
@@ -102,7 +103,7 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
     if precision in QUANTIZED:
         from ...rewrite.quantize.source import normalization_quantize
 
-        quantized, notes = normalization_quantize([r for r in fused.reports if r.status == "fused"], precision,
+        quantized, notes = normalization_quantize([r for r in fused.reports if r.status == SiteStatus.FUSED], precision,
                                                   max_sequence=limits.max_positions or max_positions_of(start))
     form_model, table, check, more = form_in_precision(derived, start, precision, io_dtype=io_dtype, dims=dims,
                                                        progress=progress)

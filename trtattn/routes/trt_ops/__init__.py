@@ -24,6 +24,7 @@ from ...graph.emit import export_like
 from ...graph.inputs import make_feeds
 from ...graph.shapes import tensor_types
 from ...report import Progress
+from ...site import SiteStatus
 from ...verify import TOLERANCES
 from ..prepare import QUANTIZED, VERIFY_SEEDS, Prepared, forms, prepare
 from .nodes import IO_FORM, OpWriter
@@ -120,7 +121,7 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
 
         atol = max(atol, fuse_tolerance(reference, precision,
                                         [make_feeds(reference, dims=dims, seed=seed) for seed in VERIFY_SEEDS]))
-    sites = [r.site for r in prepared.fused.reports if r.status == "fused"]
+    sites = [r.site for r in prepared.fused.reports if r.status == SiteStatus.FUSED]
     caches = {c.cache for c in prepared.plan.cache_updates} | {c.output for c in prepared.plan.cache_updates}
     model = _symbolic_caches(written, prepared.form_model, caches)
     try:
