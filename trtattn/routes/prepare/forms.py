@@ -25,9 +25,9 @@ from ...graph.emit import export_like
 from ...report import Progress
 from ...site import SiteStatus
 from ...verify import adapter_for, compare_models, compare_runners, onnx_runner
-from .kv_cache import kv_cache_form
 from .implicit import REASON as IMPLICIT_REASON
 from .implicit import expand_softcapped
+from .kv_cache import kv_cache_form
 from .lowering import AttentionLowering, CacheLowering
 from .packed import packed_form
 from .padded import padding_to_lengths

@@ -7,9 +7,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ...graph.emit import Emitter
+from ...graph.emit import Emitter, export_like
 from ...site import AttentionSite, CacheKind, RopeKind
-from ...graph.emit import export_like
 
 
 def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onnx.ModelProto, int]:

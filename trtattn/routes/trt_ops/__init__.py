@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import onnx
 import onnx_graphsurgeon as gs
+
 from trtattn_plugins import TrtOpError, schema
 
 from ...errors import TrtattnError

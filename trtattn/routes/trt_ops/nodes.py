@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+
 from trtattn_plugins import schema
 
 from ...errors import TrtattnError
