@@ -12,6 +12,7 @@ from the model (trt/profiles.py), cut the lowered ops out for the OnnxParser (tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
@@ -78,45 +79,177 @@ def all_fused(fused: FuseResult) -> FuseResult:
     return fused
 
 
+@dataclass
+class Request:
+    """What prepare was asked for; the first step checks it."""
+
+    name: str
+    form: str = "padded"
+    precision: str = "fp16"
+    io_dtype: str | None = None
+    calib: object = None
+    dims: dict | None = None
+    decomposable: bool = False
+    shapes: tuple[dict, dict, dict] = ({}, {}, {})
+    limits: Limits = field(default_factory=Limits)
+    source: str = ""
+    mark_sites: bool = False
+
+
+@dataclass
+class Work:
+    """What the steps have made so far: each step sets its own fields from the earlier ones (a field without a
+    default is not there until its step has run)."""
+
+    model: onnx.ModelProto
+    request: Request
+    progress: Progress
+    dims: dict | None = field(init=False)  # the dims the original runs on: every check uses them
+    start: onnx.ModelProto = field(init=False)  # the model the sites are fused in: the Q/DQ model when quantized
+    quantization: dict = field(default_factory=dict)
+    atol: float | None = None  # the tolerance the fused Q/DQ model is verified within
+    fused: FuseResult = field(init=False)
+    derived: forms.Derived = field(init=False)
+    normalization_quantize: dict = field(default_factory=dict)  # Attention node -> quantize type (fp8/int8)
+    form_model: onnx.ModelProto = field(init=False)  # the form in its precision
+    precision_table: dict = field(default_factory=dict)
+    precision_check: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    limits: dict = field(default_factory=dict)
+    plan: BuildPlan = field(init=False)
+    cut: CutModel = field(init=False)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[[Work], None]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _check_request(work: Work) -> None:
+    r = work.request
+    if r.form not in FORMS:
+        raise TrtattnError(f"unknown form '{r.form}'; choose one of {', '.join(FORMS)}")
+    if r.precision not in PRECISIONS:
+        raise TrtattnError(f"unknown precision '{r.precision}'; choose one of {', '.join(PRECISIONS)}")
+    if r.io_dtype not in (None, r.precision) or r.io_dtype and r.precision in QUANTIZED:
+        raise TrtattnError(f"--io-dtype {r.io_dtype} with --precision {r.precision}: the IO is kept as the model has "
+                           f"it, or converted to the (fp16/bf16) precision")
+
+
+def _fit_dims(work: Work) -> None:
+    work.dims = fit_dims(work.model, work.request.dims, progress=work.progress)
+
+
+def _quantize(work: Work) -> None:
+    work.start = work.model
+    if work.request.precision in QUANTIZED:
+        work.start, work.quantization, work.atol = quantized_start(work.model, work.request.precision,
+                                                                   work.request.calib, dims=work.dims,
+                                                                   progress=work.progress)
+
+
+def _fuse(work: Work) -> None:
+    work.fused = fused_sites(work.start, dims=work.dims, progress=work.progress, atol=work.atol)
+
+
+def _derive(work: Work) -> None:
+    work.derived = forms.derive(work.request.form, work.start, work.fused, dims=work.dims, progress=work.progress)
+    work.notes += work.derived.notes
+
+
+def _normalization_quantize(work: Work) -> None:
+    if work.request.precision not in QUANTIZED:
+        return
+    from ...rewrite.quantize.source import normalization_quantize
+
+    positions = work.request.limits.max_positions or max_positions_of(work.start)
+    work.normalization_quantize, notes = normalization_quantize(
+        [r for r in work.fused.reports if r.status == SiteStatus.FUSED], work.request.precision, max_sequence=positions)
+    work.notes += notes
+
+
+def _convert_precision(work: Work) -> None:
+    work.form_model, work.precision_table, work.precision_check, notes = form_in_precision(
+        work.derived, work.start, work.request.precision, io_dtype=work.request.io_dtype, dims=work.dims,
+        progress=work.progress)
+    work.notes += notes
+
+
+def _limits(work: Work) -> None:
+    limits = work.request.limits
+    positions, source = (limits.max_positions, "--max-positions") if limits.max_positions else \
+        profiles_mod.max_positions(work.start)
+    if positions is None:
+        positions = profiles_mod.DEFAULT_MAX_POSITIONS
+        work.notes.append(f"the model does not say its maximum positions: profiles run to {positions} "
+                          "(set --max-shapes / --max-cache)")
+    work.limits = {"max_batch": limits.max_batch, "max_positions": positions, "max_positions_from": source,
+                   "max_cache": (limits.max_cache or positions) if work.derived.cache_updates else None}
+
+
+def _plan(work: Work) -> None:
+    r, derived = work.request, work.derived
+    plan = make_plan(work.form_model, name=r.name, form=r.form, precision=r.precision, sites=derived.sites,
+                     lowerings=derived.attentions, cache_lowerings=derived.cache_updates,
+                     decomposable=r.decomposable, quantized=work.normalization_quantize, implicit=derived.implicit,
+                     implicit_reason=forms.IMPLICIT_REASON)
+    plan.mark_sites, plan.right_padded, plan.precision_table = r.mark_sites, list(derived.right_padded), \
+        work.precision_table
+    plan.limits = work.limits
+    plan.notes += work.notes
+    if any(a.dtype == "fp32" for a in plan.native) and not r.decomposable:
+        plan.notes.append("fp32 attention has no fused kernel: expect the build to fail unless --decomposable")
+    work.plan = plan
+
+
+def _engine_io(work: Work) -> None:
+    """Cut the form for TensorRT's parser (caches at a static capacity), then the engine's I/O and profiles."""
+    plan, limits = work.plan, work.plan.limits
+    static = {c.cache: {2: limits["max_cache"]} for c in plan.cache_updates}
+    work.cut = cut(work.form_model, plan.lowered(), static)
+    io_contract(work.form_model, work.cut.model, work.cut.inputs, plan)
+    defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": limits["max_positions"],
+                                                           "max_batch": limits["max_batch"]})
+    plan.profiles = profiles_mod.apply_overrides(defaults, *work.request.shapes)
+
+
+# prepare's steps, in order (as torch_tensorrt lists its lowering passes); describe_steps() prints them
+STEPS: tuple[Step, ...] = (
+    Step("check the request (form, precision, IO types)", _check_request),
+    Step("fit the dims the original runs on", _fit_dims),
+    Step("quantize to fp8/int8 (ModelOpt PTQ, or the model's own Q/DQ)", _quantize),
+    Step("fuse every site into ONNX Attention and verify it", _fuse),
+    Step("derive the form (padded, packed, kv-cache) and verify it", _derive),
+    Step("plan the softmax output's quantize (fp8/int8)", _normalization_quantize),
+    Step("convert the form's precision (ModelOpt AutoCast) and check it", _convert_precision),
+    Step("set the limits: batch, positions, cache capacity", _limits),
+    Step("plan the lowering (IAttention, KV-cache update, RoPE)", _plan),
+    Step("cut the lowered ops out for the parser; engine I/O and profiles", _engine_io),
+)
+
+
+def describe_steps(steps: tuple[Step, ...] = STEPS) -> str:
+    return "\n".join(f"{i:2d}. {step}" for i, step in enumerate(steps, 1))
+
+
 def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16",
             io_dtype: str | None = None, calib=None, dims: dict | None = None, decomposable: bool = False,
             shapes: tuple[dict, dict, dict] = ({}, {}, {}), limits: Limits | None = None, progress=None,
-            source: str = "", mark_sites: bool = False) -> Prepared:
+            source: str = "", mark_sites: bool = False, steps: tuple[Step, ...] = STEPS) -> Prepared:
     """The verified form in `precision` (IO types kept unless io_dtype is the precision; fp8/int8: the model
-    ModelOpt quantized on `calib`, or the model's own Q/DQ), its plan and the model TensorRT's parser gets."""
-    if form not in FORMS:
-        raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
-    if precision not in PRECISIONS:
-        raise TrtattnError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
-    if io_dtype not in (None, precision) or io_dtype and precision in QUANTIZED:
-        raise TrtattnError(f"--io-dtype {io_dtype} with --precision {precision}: the IO is kept as the model has it, "
-                           f"or converted to the (fp16/bf16) precision")
-    limits = limits or Limits()
-    dims = fit_dims(model, dims, progress=progress)  # dims the original runs on: every check below uses them
-    start, quantization, atol = model, {}, None
-    if precision in QUANTIZED:
-        start, quantization, atol = quantized_start(model, precision, calib, dims=dims, progress=progress)
-    fused = fused_sites(start, dims=dims, progress=progress, atol=atol)
-    derived = forms.derive(form, start, fused, dims=dims, progress=progress)
-    quantized: dict = {}
-    notes: list[str] = []
-    if precision in QUANTIZED:
-        from ...rewrite.quantize.source import normalization_quantize
-
-        quantized, notes = normalization_quantize([r for r in fused.reports if r.status == SiteStatus.FUSED], precision,
-                                                  max_sequence=limits.max_positions or max_positions_of(start))
-    form_model, table, check, more = form_in_precision(derived, start, precision, io_dtype=io_dtype, dims=dims,
-                                                       progress=progress)
-    plan = make_plan(form_model, name=name, form=form, precision=precision, sites=derived.sites,
-                     lowerings=derived.attentions, cache_lowerings=derived.cache_updates, decomposable=decomposable,
-                     quantized=quantized, implicit=derived.implicit, implicit_reason=forms.IMPLICIT_REASON)
-    plan.mark_sites, plan.right_padded, plan.precision_table = mark_sites, list(derived.right_padded), table
-    plan.notes += derived.notes + notes + more
-    cut_model = plan_engine_io(plan, start, form_model, limits, shapes)
-    if any(a.dtype == "fp32" for a in plan.native) and not decomposable:
-        plan.notes.append("fp32 attention has no fused kernel: expect the build to fail unless --decomposable")
-    return Prepared(model, fused, form_model, plan, cut_model, source, derived.verification, check, quantization,
-                    start)
+    ModelOpt quantized on `calib`, or the model's own Q/DQ), its complete plan and the model TensorRT's parser
+    gets: STEPS run in order."""
+    request = Request(name, form, precision, io_dtype, calib, dims, decomposable, shapes, limits or Limits(), source,
+                      mark_sites)
+    work = Work(model, request, progress or Progress(enabled=False))
+    for step in steps:
+        step.run(work)
+    return Prepared(model, work.fused, work.form_model, work.plan, work.cut, source, work.derived.verification,
+                    work.precision_check, work.quantization, work.start)
 
 
 def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, progress=None):
@@ -152,26 +285,6 @@ def form_in_precision(derived, original: onnx.ModelProto, precision: str, *, io_
         result = precision_mod.convert_form(derived.model, precision, feeds, caches=derived.cache_updates,
                                             keep_io_types=io_dtype is None)
     return result.model, result.table, result.summary(), result.notes
-
-
-def plan_engine_io(plan: BuildPlan, original: onnx.ModelProto, form_model: onnx.ModelProto, limits: Limits,
-                   shapes: tuple[dict, dict, dict]) -> CutModel:
-    """Cut the form for TensorRT's parser (caches at a static capacity), and the engine's I/O and profiles."""
-    positions, source = (limits.max_positions, "--max-positions") if limits.max_positions else \
-        profiles_mod.max_positions(original)
-    if positions is None:
-        positions = profiles_mod.DEFAULT_MAX_POSITIONS
-        plan.notes.append(f"the model does not say its maximum positions: profiles run to {positions} "
-                          "(set --max-shapes / --max-cache)")
-    capacity = limits.max_cache or positions
-    plan.limits = {"max_batch": limits.max_batch, "max_positions": positions, "max_positions_from": source,
-                   "max_cache": capacity if plan.cache_updates else None}
-    static = {c.cache: {2: capacity} for c in plan.cache_updates}
-    cut_model = cut(form_model, plan.lowered(), static)
-    io_contract(form_model, cut_model.model, cut_model.inputs, plan)
-    defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": positions, "max_batch": limits.max_batch})
-    plan.profiles = profiles_mod.apply_overrides(defaults, *shapes)
-    return cut_model
 
 
 def describe(plan: BuildPlan) -> str:
