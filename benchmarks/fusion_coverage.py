@@ -10,7 +10,7 @@
   noted); seconds and peak memory of each tool in a fresh process, from loading the model to saving the
   result, against the floor (onnx.load + onnx.save of the same model). trtattn runs with its
   verification and without it (the peers do not verify);
-- per-layer cost: Llama written by benchmarks/write_llama.py at 2 to 32 layers;
+- per-layer cost: Llama written by trtattn/testing/write_llama.py at 2 to 32 layers;
 - large models: the 2.2 GB Llama and, with --8b, Llama-3-8B's shapes in fp16 (16 GB), every tool once
   against issue 11's targets (peak / weights, time / floor, the fastest peer).
 
@@ -25,8 +25,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/fusion when run as a script
 
 from fusion import large as large_mod  # noqa: E402
 from fusion import tables  # noqa: E402

@@ -21,13 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from fuzz import runner  # noqa: E402
-from fuzz.graphops import KINDS  # noqa: E402
-from fuzz.oracle import run_case  # noqa: E402
-from fuzz.sources import QUICK_SOURCES, all_sources  # noqa: E402
+from trtattn.testing.fuzz import runner  # noqa: E402
+from trtattn.testing.fuzz.graphops import KINDS  # noqa: E402
+from trtattn.testing.fuzz.oracle import run_case  # noqa: E402
+from trtattn.testing.fuzz.sources import QUICK_SOURCES, all_sources  # noqa: E402
 
 
 def _sources(spec: str) -> list[str]:

@@ -30,14 +30,11 @@ from pathlib import Path
 import onnx
 import trtattn_plugins
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the pattern check of the tests
-
-from test_normalize_probabilities import documented_pattern_violations
-
 from trtattn import zoo
 from trtattn.errors import TrtattnError
 from trtattn.graph.inputs import parse_dims
 from trtattn.report import table
+from trtattn.testing.patterns import documented_pattern_violations
 
 FORMS = ("padded", "packed", "kv-cache")
 

@@ -1,14 +1,12 @@
 import hashlib
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/graphs.py and friends
-
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# trtsim/ and trtsim_cases.py are importable through pytest's `pythonpath` option (pyproject.toml)
 from trtsim.fixtures import checked_trt, real_trt  # noqa: E402,F401  (the real TensorRT bindings, checked)
 
 

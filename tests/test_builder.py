@@ -14,7 +14,7 @@ reference: the recorded network runs in trtsim's numpy executor (TensorRT's docu
 import numpy as np
 import onnx
 import pytest
-from graphs import attention_model
+from trtattn.testing.graphs import attention_model
 
 from trtattn import zoo
 from trtattn.routes.builder import build

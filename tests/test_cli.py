@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 import pytest
 from conftest import sha256
-from graphs import attention_model
+from trtattn.testing.graphs import attention_model
 
 from trtattn.graph import io as onnxio
 from trtattn.cli import main

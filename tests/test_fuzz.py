@@ -8,18 +8,14 @@ trtattn takes today; the others are strict xfails, so the day the matcher takes 
 to move it to PASSING.
 """
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from fuzz import oracle, runner  # noqa: E402
-from fuzz.graphops import KINDS  # noqa: E402
-from fuzz.sources import QUICK_SOURCES  # noqa: E402
+from trtattn.testing.fuzz import oracle, runner
+from trtattn.testing.fuzz.graphops import KINDS
+from trtattn.testing.fuzz.sources import QUICK_SOURCES
 
 SEED, CASES, JOBS = 0, 300, 2
 

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import sha256, zoo_cases
-from graphs import attention_model
+from trtattn.testing.graphs import attention_model
 
 from trtattn.cli import main
 from trtattn.match import match

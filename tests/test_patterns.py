@@ -10,7 +10,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
-from graphs import attention_model, control_flow_model, luong_model, two_attentions
+from trtattn.testing.graphs import attention_model, control_flow_model, luong_model, two_attentions
 
 from trtattn.graph import inputs
 from trtattn.match import logit_ops, match

@@ -1,7 +1,7 @@
 """prepare is a pipeline of named steps (routes/prepare/pipeline.py STEPS): they run in order and the last
 one leaves a complete plan; describe_steps prints the list."""
 
-from graphs import attention_model
+from trtattn.testing.graphs import attention_model
 
 from trtattn.routes.prepare import STEPS, Step, describe, describe_steps, prepare
 

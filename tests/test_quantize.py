@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from graphs import attention_model
+from trtattn.testing.graphs import attention_model
 
 from trtattn.errors import MissingDependencyError, TrtattnError
 from trtattn.graph.inputs import make_feeds

@@ -2,11 +2,10 @@
 the model in slices of layers, outputs carry their external data, fp16 models are judged at fp16's
 tolerance.
 
-The model is benchmarks/write_llama.py's Llama (the graph TorchScript writes for LlamaForCausalLM) with a
+The model is trtattn/testing/write_llama.py's Llama (the graph TorchScript writes for LlamaForCausalLM) with a
 hidden size of 256, so every weight matrix is over the 64 KB that a lazy load reads in.
 """
 
-import importlib.util
 import os
 import stat
 import subprocess
@@ -24,12 +23,10 @@ from trtattn.graph.evaluate import ort_session
 from trtattn.graph.shapes import upgrade_opset
 from trtattn.match import analyse, probe_feeds
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing import write_llama
 from trtattn.verify import compare_models, model_precision, slices
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("write_llama", ROOT / "benchmarks" / "write_llama.py")
-write_llama = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(write_llama)
 
 SMALL = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn=512, vocab=512, max_positions=64)
 

@@ -59,10 +59,10 @@ def test_stub_symbols_come_from_nm(real_trt):
 
 @conformance
 def test_load_bindings_in_a_fresh_process(tmp_path):
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from trtsim import bindings; "
-            "m = bindings.load_bindings(sys.argv[2]); "
+    code = ("import sys; from trtsim import bindings; "  # python -c imports from its working directory: tests/
+            "m = bindings.load_bindings(sys.argv[1]); "
             "print(m.__version__ if m else 'NONE', bindings.stub_calls(), bindings.unavailable_reason)")
-    ok = subprocess.run([sys.executable, "-c", code, str(TESTS), str(tmp_path / "a")], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a")], capture_output=True, text=True, cwd=TESTS)
     if "not installed" in ok.stdout:
         pytest.skip("TensorRT bindings are not installed")
     assert ok.returncode == 0, ok.stderr
@@ -70,8 +70,8 @@ def test_load_bindings_in_a_fresh_process(tmp_path):
     assert version.startswith("11.") and calls in ("0", "None") and reason == "None"
     # Without gcc on PATH (and so without nm/readelf) the reason is one clear sentence.
     env = dict(os.environ, PATH="")
-    bare = subprocess.run([sys.executable, "-c", code, str(TESTS), str(tmp_path / "b")], capture_output=True,
-                          text=True, env=env)
+    bare = subprocess.run([sys.executable, "-c", code, str(tmp_path / "b")], capture_output=True,
+                          text=True, env=env, cwd=TESTS)
     assert bare.returncode == 0, bare.stderr
     if bindings.stub_calls() is not None:
         assert bare.stdout.startswith("NONE None gcc is needed"), bare.stdout

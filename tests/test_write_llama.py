@@ -1,11 +1,10 @@
-"""benchmarks/write_llama.py: the Llama written straight to ONNX is the network transformers computes.
+"""trtattn/testing/write_llama.py: the Llama written straight to ONNX is the network transformers computes.
 
 The tiny preset is checked against transformers' LlamaForCausalLM loaded with the initializers the
 writer streamed to disk, the cache form against the padded form split into past + new steps, and
 trtattn's matcher must find every attention with the right heads.
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,10 +13,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from trtattn.testing import write_llama
+
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("write_llama", ROOT / "benchmarks" / "write_llama.py")
-write_llama = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(write_llama)
 
 TINY = write_llama.PRESETS["tiny"]
 HEAD = TINY["hidden"] // TINY["heads"]

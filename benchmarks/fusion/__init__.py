@@ -6,7 +6,7 @@ onnxscript's rewriter: coverage, cost and scale):
     worker.py    what runs inside a child: one tool on one model, a peer's output checked, a zoo export
     bench.py     the parent's side: exports, runs per tool (the fastest of --repeat), one row per model
     explore.py   --explore-ort: which ONNX Runtime optimizer model type suits each zoo family
-    large.py     Llama-shaped models written by benchmarks/write_llama.py: the per-layer cost from 2 to 32
+    large.py     Llama-shaped models written by trtattn/testing/write_llama.py: the per-layer cost from 2 to 32
                  layers, the 2.2 GB model and the 8B-parameter one
     tables.py    the printed tables
 """

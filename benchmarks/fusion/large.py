@@ -1,4 +1,4 @@
-"""Scale: Llama-shaped decoders written by benchmarks/write_llama.py (the graph TorchScript writes for
+"""Scale: Llama-shaped decoders written by trtattn/testing/write_llama.py (the graph TorchScript writes for
 LlamaForCausalLM, seeded random weights in one external-data file), no torch export needed.
 
 - per-layer cost: the same small shape at 2, 4, 8, 16 and 32 layers (time per added layer should be flat);
@@ -9,13 +9,11 @@ LlamaForCausalLM, seeded random weights in one external-data file), no torch exp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 from .bench import Bench, ort_kwargs
-from .measure import ROOT
 
 SCALING_SHAPE = dict(hidden=256, heads=4, kv_heads=2, ffn=512, vocab=512, max_positions=128, dtype="float32")
 SCALING_LAYERS = (2, 4, 8, 16, 32)
@@ -25,19 +23,18 @@ HUGE = "llama3-8b"
 
 
 def _write_llama():
-    spec = importlib.util.spec_from_file_location("write_llama", ROOT / "benchmarks" / "write_llama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from trtattn.testing import write_llama
+
+    return write_llama
 
 
 def written(bench: Bench, name: str, config: dict) -> Path:
-    """benchmarks/write_llama.py's model for `config` in the work dir, written once (kept while the config and
+    """trtattn/testing/write_llama.py's model for `config` in the work dir, written once (kept while the config and
     the script are unchanged)."""
     folder = bench.work / "models" / name
     path, meta = folder / "model.onnx", folder / "write.json"
     wl = _write_llama()
-    key = {"config": config, "script": (ROOT / "benchmarks" / "write_llama.py").stat().st_mtime}
+    key = {"config": config, "script": Path(wl.__file__).stat().st_mtime}
     if path.exists() and meta.exists() and json.loads(meta.read_text()) == key:
         return path
     folder.mkdir(parents=True, exist_ok=True)

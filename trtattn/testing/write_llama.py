@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Llama-shaped decoders written straight to ONNX with random weights: no torch, no download.
 
-    python benchmarks/write_llama.py OUT.onnx --preset llama3-8b [--layers N] [--dtype float16|float32]
+    python -m trtattn.testing.write_llama OUT.onnx --preset llama3-8b [--layers N] [--dtype float16|float32]
                                      [--form padded|cache] [--seed S] [--force]
 
 The graph is what torch's TorchScript exporter writes for transformers' LlamaForCausalLM (eager
@@ -304,7 +304,7 @@ def write_llama(path, *, layers: int, hidden: int, heads: int, kv_heads: int, ff
 
     graph = helper.make_graph(g.nodes, "llama", inputs, outputs, initializer=w.tensors)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8,
-                              producer_name="trtattn benchmarks/write_llama.py")
+                              producer_name="trtattn.testing.write_llama")
     dims = {k: v for k, v in EXAMPLE_DIMS.items() if cache or k != "past"}
     meta = {"exporter": exporter_style, "expected_sites": layers, "inputs": roles, "dims": dims}
     helper.set_model_props(model, {"trtattn.inputs": json.dumps(meta), "write_llama.config": json.dumps(cfg)})

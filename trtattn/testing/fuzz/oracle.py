@@ -175,7 +175,7 @@ def _judge(res: CaseResult, a: Analysis, cli: bool, save: Path | None, fuse: boo
         onnx.save(mutant, str(save / "mutant.onnx"))
     # the mutant must be valid ONNX that ONNX Runtime runs, and mean what the kind says
     try:
-        if not a.checker_error:  # a source the checker rejects (tests/graphs.py's) holds its mutants to ONNX Runtime
+        if not a.checker_error:  # a source the checker rejects (trtattn/testing/graphs.py's) holds its mutants to ONNX Runtime
             onnx.checker.check_model(mutant)
         sess = session(mutant)
         outs = [run(sess, f) for f in a.feeds]

@@ -1,6 +1,6 @@
 """The models the fuzzer mutates, the inputs it checks them on, and ONNX Runtime helpers.
 
-Inputs are the fuzzer's own (not trtattn's): built from the input roles the zoo and tests/graphs.py
+Inputs are the fuzzer's own (not trtattn's): built from the input roles the zoo and trtattn/testing/graphs.py
 write into the model's metadata ("trtattn.inputs": token ids in the vocabulary, padding masks with
 padded rows, caches, positions), at other dims and seeds than trtattn's verification uses.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: out/fuzz/zoo by default
 ort.set_default_logger_severity(4)  # a mutant ONNX Runtime rejects is reported by the fuzzer, not logged
 
 # Small zoo entries with decomposed attention (eager), plus TorchScript's decomposition of SDPA.
@@ -24,7 +24,7 @@ ZOO_MODELS = ("bert", "llama", "gpt2", "bart", "vit", "t5", "whisper", "gemma3",
               "whisper-decoder-cache", "bert-sdpa", "llama-sdpa")
 # Exported by torch at an older opset (what ONNX's version converter cannot reach from the others).
 OLD_OPSETS = ("bert.torchscript@12", "gpt2.torchscript@13", "llama.torchscript@14")
-# Hand-built attention graphs (tests/graphs.py attention_model keyword arguments).
+# Hand-built attention graphs (trtattn/testing/graphs.py attention_model keyword arguments).
 HAND_BUILT = {
     "hand.plain": {},
     "hand.additive": {"mask_style": "additive_input"},
@@ -57,10 +57,7 @@ def zoo_dir() -> Path:
 
 def load_source(name: str) -> onnx.ModelProto:
     if name in HAND_BUILT:
-        tests = str(ROOT / "tests")
-        if tests not in sys.path:
-            sys.path.insert(0, tests)
-        import graphs
+        from .. import graphs
 
         return graphs.attention_model(**HAND_BUILT[name])
     from trtattn import zoo
