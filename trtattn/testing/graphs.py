@@ -21,6 +21,8 @@ class _G:
     def __init__(self, opset):
         self.opset = opset
         self.nodes, self.inits, self.inputs, self.n = [], [], [], 0
+        self.query: str | None = None  # the attention's query and head size, for the parts that read them
+        self.head = 0
 
     def name(self, base):
         self.n += 1
@@ -88,7 +90,7 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
     x = "x"
     g.inputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", d]))
     w = lambda r, c: (rng.standard_normal((r, c)) / np.sqrt(r)).astype(np.float32)  # noqa: E731
-    b = lambda c: (rng.standard_normal(c) * 0.1).astype(np.float32)  # noqa: E731
+    b = lambda c: np.asarray(rng.standard_normal(c) * 0.1, np.float32)  # noqa: E731
 
     # ---- projections
     if qkv_style == "separate":

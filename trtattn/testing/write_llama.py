@@ -68,7 +68,7 @@ class _Nodes:
 
     def __init__(self):
         self.nodes: list[onnx.NodeProto] = []
-        self._count = Counter()
+        self._count: Counter[str] = Counter()
 
     def __call__(self, scope: str, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
         key = f"{scope}/{op_type}"
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
     if args.out.exists() and not args.force:
         print(f"{args.out} exists; pass --force to replace it", file=sys.stderr)
         return 1
-    cfg = dict(PRESETS[args.preset])
+    cfg: dict = dict(PRESETS[args.preset])
     cfg.update({k: v for k, v in (("layers", args.layers), ("dtype", args.dtype)) if v is not None})
     start = time.perf_counter()
     write_llama(args.out, form=args.form, seed=args.seed, **cfg)

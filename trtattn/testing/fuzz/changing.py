@@ -55,6 +55,7 @@ def softmax_axis(ctx: Ctx):
     axis = int(ctx.variant)
     need(axis == -2 or r == 4, "no heads axis")
     shapes = ctx.facts.shapes.get(s.scores.name)
+    assert shapes is not None  # facts() records every site's scores
     need(all(sh[axis] > 1 for sh in shapes), "that axis has one element")
     s.softmax.attrs["axis"] = axis
 
@@ -179,7 +180,7 @@ def qdq(ctx: Ctx):
     if ctx.variant == "probs":
         scale, zero = 1.0 / 255, np.uint8(0)
     else:
-        peak = ctx.facts.absmax.get(t.name)
+        peak = ctx.facts.absmax.get(t.name) or 0.0
         need(peak, f"no runtime range for the {ctx.variant}")
         scale, zero = peak / 127, np.int8(0)
     ctx.insert(edge, lambda x: ctx.op("DequantizeLinear", [

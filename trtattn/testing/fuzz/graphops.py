@@ -8,8 +8,8 @@ an onnx.ModelProto.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -96,7 +96,7 @@ class Ctx:
     def rank(self, t) -> int:
         s = self.facts.shape(t)
         need(s is not None, f"no runtime shape for {t.name}")
-        return len(s)
+        return len(s or ())
 
     def dtype_is_f32(self, t) -> bool:
         return self.facts.dtypes.get(t.name) == np.float32

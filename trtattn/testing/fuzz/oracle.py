@@ -24,13 +24,16 @@ from pathlib import Path
 
 import onnx
 import onnx_graphsurgeon as gs
+
 from trtattn import fuse as trtattn_fuse
 from trtattn.graph.emit import export_like
 
-from . import preserving  # noqa: F401, I001  (registers the kinds: preserving first, for the table's order)
-from . import changing  # noqa: F401
+from . import (
+    changing,  # noqa: F401
+    preserving,  # noqa: F401, I001  (registers the kinds: preserving first, for the table's order)
+)
 from .graphops import KINDS, Ctx, NotApplicable
-from .sites import count_attention, facts, locate
+from .sites import Facts, count_attention, facts, locate
 from .sources import difference, feed_sets, load_source, metadata, run, session
 
 ATOL, RTOL = 1e-4, 1e-3  # fused vs decomposed fp32 differ by ~1e-6; wrong answers by far more
@@ -48,7 +51,7 @@ class Analysis:
     outputs: list[dict]
     n_sites: int
     site_names: list[str]
-    facts: object
+    facts: Facts
     checker_error: str  # what onnx.checker says of the source itself ("" when it passes)
 
 
@@ -64,15 +67,16 @@ def _checker_error(model: onnx.ModelProto) -> str:
 
 
 def analyse(name: str) -> Analysis:
-    if isinstance(_ANALYSES.get(name), Exception):
-        raise _ANALYSES[name]
-    if name not in _ANALYSES:
+    cached = _ANALYSES.get(name)
+    if isinstance(cached, Exception):
+        raise cached
+    if cached is None:
         try:
-            _ANALYSES[name] = _analyse(name)
+            cached = _ANALYSES[name] = _analyse(name)
         except Exception as e:
             _ANALYSES[name] = e
             raise
-    return _ANALYSES[name]
+    return cached
 
 
 def _analyse(name: str) -> Analysis:

@@ -75,7 +75,8 @@ def site_counts(sources: list[str]) -> dict[str, int]:
     return out
 
 
-def plan(cases: int, seed: int, sources: list[str], cli_every: int = 10, kinds=None) -> list[tuple[list[str], bool]]:
+def plan(cases: int, seed: int, sources: list[str], cli_every: int = 10,
+         kinds=None) -> list[tuple[str, list[str], bool]]:
     """Slots round-robin over the kinds; slot j of a kind with n slots tries that kind's candidates
     j, j + n, j + 2n, ... (disjoint stripes: no case twice)."""
     kinds = list(kinds or KINDS)
@@ -116,7 +117,7 @@ HEADERS = ("fused", "listed not fused", "missed", "crashed", "wrong-and-written"
 
 
 def counts(results: list[CaseResult]) -> dict[str, Counter]:
-    per = defaultdict(Counter)
+    per: dict[str, Counter] = defaultdict(Counter)
     for r in results:
         per[r.kind][r.outcome] += 1
     return per
@@ -137,7 +138,7 @@ def table(results: list[CaseResult]) -> str:
     per = counts(results)
     header = ["kind", "keeps meaning", "cases", *HEADERS, "fused %"]
     rows = []
-    totals = {True: Counter(), False: Counter()}
+    totals: dict[bool, Counter] = {True: Counter(), False: Counter()}
     for name, k in KINDS.items():
         if name in per:
             rows.append(_row(name, "yes" if k.preserving else "no", per[name]))
@@ -171,14 +172,14 @@ def error_summary(results: list[CaseResult]) -> str:
     from .oracle import ATOL
 
     fused = [r for r in results if r.outcome == "fused" and r.max_err is not None]
-    plain = [r.max_err for r in fused if (r.atol or ATOL) <= ATOL]
-    quant = [r for r in fused if (r.atol or ATOL) > ATOL]
+    plain = [r.max_err or 0.0 for r in fused if (r.atol or ATOL) <= ATOL]
+    quant = [(r.atol or ATOL, r.max_err or 0.0) for r in fused if (r.atol or ATOL) > ATOL]
     text = (f"fused outputs vs their mutants on the fuzzer's inputs (atol {ATOL:g}): max abs error "
             f"{max(plain, default=0):.2g} (median {float(np.median(plain)) if plain else 0:.2g}) over {len(plain)} cases")
     if quant:
         text += (f"; {len(quant)} cases with quantized probabilities held to the tolerance their report row "
-                 f"states ({min(r.atol for r in quant):.3g}-{max(r.atol for r in quant):.3g}): max abs error "
-                 f"{max(r.max_err for r in quant):.2g}")
+                 f"states ({min(a for a, _ in quant):.3g}-{max(a for a, _ in quant):.3g}): max abs error "
+                 f"{max(e for _, e in quant):.2g}")
     return text
 
 

@@ -112,7 +112,8 @@ class Site:
 
 def _backward(softmax: gs.Node, act: Activations, depth: int = 12):
     start = softmax.inputs[0]
-    queue, seen = deque([(start, [])]), set()
+    queue: deque = deque([(start, [])])
+    seen: set = set()
     while queue:
         t, path = queue.popleft()
         if t.name in seen or not t.inputs or len(path) > depth:
@@ -129,7 +130,8 @@ def _backward(softmax: gs.Node, act: Activations, depth: int = 12):
 
 
 def _forward(softmax: gs.Node, act: Activations, depth: int = 6):
-    queue, seen = deque([(softmax.outputs[0], [])]), set()
+    queue: deque = deque([(softmax.outputs[0], [])])
+    seen: set = set()
     while queue:
         t, path = queue.popleft()
         if t.name in seen or len(path) > depth:
@@ -147,7 +149,7 @@ def _forward(softmax: gs.Node, act: Activations, depth: int = 6):
 
 def locate(graph: gs.Graph) -> list[Site]:
     act = Activations(graph)
-    sites = []
+    sites: list[Site] = []
     for n in graph.nodes:
         if n.op != "Softmax":
             continue
@@ -187,7 +189,7 @@ class Facts:
 
     def same_shape(self, a, b, axes: slice) -> bool:
         sa, sb = self.shapes.get(a.name), self.shapes.get(b.name)
-        return bool(sa and sb) and all(x[axes] == y[axes] for x, y in zip(sa, sb))
+        return bool(sa and sb) and all(x[axes] == y[axes] for x, y in zip(sa or [], sb or []))
 
     def value(self, t) -> np.ndarray | None:
         if isinstance(t, gs.Constant):

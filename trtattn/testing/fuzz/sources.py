@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ ZOO_MODELS = ("bert", "llama", "gpt2", "bart", "vit", "t5", "whisper", "gemma3",
 # Exported by torch at an older opset (what ONNX's version converter cannot reach from the others).
 OLD_OPSETS = ("bert.torchscript@12", "gpt2.torchscript@13", "llama.torchscript@14")
 # Hand-built attention graphs (trtattn/testing/graphs.py attention_model keyword arguments).
-HAND_BUILT = {
+HAND_BUILT: dict[str, dict] = {
     "hand.plain": {},
     "hand.additive": {"mask_style": "additive_input"},
     "hand.bool_where": {"mask_style": "bool_where"},
@@ -96,7 +95,7 @@ def make_feeds(model: onnx.ModelProto, dims: dict, seed: int) -> dict[str, np.nd
     rng = np.random.default_rng(seed)
     roles = metadata(model).get("inputs", {})
     init = {i.name for i in model.graph.initializer}
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     for inp in model.graph.input:
         if inp.name in init:
             continue
@@ -105,6 +104,7 @@ def make_feeds(model: onnx.ModelProto, dims: dict, seed: int) -> dict[str, np.nd
         dtype = _NP[tt.elem_type]
         role = roles.get(inp.name, {"kind": "token_ids" if dtype == np.int64 else "float"})
         kind = role["kind"]
+        x: np.ndarray
         if kind == "token_ids":
             x = rng.integers(0, role.get("vocab", 2), shape)
         elif kind == "padding_mask":  # row 0 full, the others padded to a random length >= half
