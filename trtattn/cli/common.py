@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import TrtattnError
 from ..graph.io import refuse_overwrite
+
+if TYPE_CHECKING:  # the commands start without importing verify/
+    from ..verify import OutcomeSummary
 
 
 def add_model_out(p) -> None:
@@ -38,7 +42,7 @@ def load_model(path):
     return io.load(path, load_external_data=False)
 
 
-def verdict(v: dict) -> str:
+def verdict(v: OutcomeSummary) -> str:
     if v.get("note"):
         return v["note"]
     if v.get("passed") is None:

@@ -25,7 +25,7 @@ from ..match.fused_ops import MICROSOFT_OPS
 from ..match import logit_ops, subgraphs
 from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
-from ..verify import compare_models, tolerance_for
+from ..verify import OutcomeSummary, compare_models, tolerance_for
 from ..version import __version__
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
@@ -67,12 +67,12 @@ class FuseResult:
     model: onnx.ModelProto
     reports: list[SiteReport] = field(default_factory=list)
     ignored: list[Skipped] = field(default_factory=list)
-    verification: dict = field(default_factory=dict)
+    verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())
     changed: bool = False
 
     @property
     def ok(self) -> bool:
-        return all(r.status == SiteStatus.FUSED for r in self.reports) and self.verification.get("passed", True)
+        return all(r.status == SiteStatus.FUSED for r in self.reports) and bool(self.verification.get("passed", True))
 
 
 def quant_tolerance(site: AttentionSite) -> float:

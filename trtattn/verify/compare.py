@@ -12,6 +12,7 @@ import contextlib
 import io
 import math
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 import onnx
@@ -56,6 +57,23 @@ def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float
     return (default_atol if atol is None else atol), (default_rtol if rtol is None else rtol)
 
 
+class OutcomeSummary(TypedDict, total=False):
+    """A verification's result as it travels (FuseResult, forms, routes) and is written to JSON reports and
+    sidecars; {} when nothing was verified."""
+
+    passed: bool | None  # None: not verified (fuse with verify=False)
+    note: str  # why there was nothing to verify ("no attention found")
+    iterations: int
+    atol: float
+    rtol: float
+    max_abs_err: float
+    outputs: dict[str, float]  # graph output -> max abs error
+    nan_mismatch: list[str]
+    bounds: dict[str, float]  # name -> the max abs error allowed
+    slices: int  # the largest model ran in this many slices of layers
+    error: str  # a check that could not run its inputs, in one line (routes/trt_ops: a kernel's refusal)
+
+
 @dataclass
 class Outcome:
     passed: bool
@@ -72,7 +90,7 @@ class Outcome:
         """Whether `error` (a max abs error of output or site `name`) is within its bound."""
         return error is not None and error <= self.bounds.get(name, self.atol)
 
-    def summary(self) -> dict:
+    def summary(self) -> OutcomeSummary:
         return {"passed": self.passed, "iterations": self.iterations, "atol": self.atol, "rtol": self.rtol,
                 "max_abs_err": max(self.output_errors.values(), default=0.0),
                 "outputs": self.output_errors, "nan_mismatch": self.nan_mismatch,

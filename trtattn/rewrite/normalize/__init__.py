@@ -22,7 +22,7 @@ from ...graph.emit import Emitter, export_like
 from ...match import analyse, logit_ops, probe_feeds, subgraphs
 from ...report import Progress
 from ...site import MaskKind, ScalePlacement
-from ...verify import compare_models, tolerance_for
+from ...verify import OutcomeSummary, compare_models, tolerance_for
 from . import canonical
 from .cleanup import cleanup
 from .fusability import verdict
@@ -58,7 +58,7 @@ class NormalizeResult:
     sites: list[SiteNormalization]
     changed: bool
     cleanup: dict
-    verification: dict
+    verification: OutcomeSummary
     ignored: list = field(default_factory=list)
     quantization: dict | None = None
     skipped: list = field(default_factory=list)  # attentions the matcher could not take (Skipped: name, reason)
@@ -151,7 +151,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         return NormalizeResult(model, rows, False, stats, {"passed": True, "note": "nothing to improve"},
                                result.ignored, skipped=list(result.skipped))
     out = export_like(graph, model)
-    verification = {"passed": None}
+    verification: OutcomeSummary = {"passed": None}
     if verify:
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
             outcome = compare_models(model, out, [r.site for r in rows if not r.site.graph], dims=dims, seed=seed,

@@ -24,7 +24,7 @@ from ...errors import TrtattnError
 from ...graph.emit import export_like
 from ...report import Progress
 from ...site import SiteStatus
-from ...verify import adapter_for, compare_models, compare_runners, onnx_runner
+from ...verify import OutcomeSummary, adapter_for, compare_models, compare_runners, onnx_runner
 from .implicit import REASON as IMPLICIT_REASON
 from .implicit import expand_softcapped
 from .kv_cache import kv_cache_form
@@ -46,7 +46,7 @@ class Derived:
     cache_updates: list[CacheLowering] = field(default_factory=list)
     right_padded: list[str] = field(default_factory=list)  # padding masks the form reads as per-row lengths
     implicit: list = field(default_factory=list)  # (AttentionSite, node) left to TensorRT's implicit fusion
-    verification: dict = field(default_factory=dict)
+    verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())
     notes: list[str] = field(default_factory=list)
 
 
@@ -113,7 +113,7 @@ def form_adapter(original: onnx.ModelProto, inputs: list[str], caches: list[str]
 
 
 def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, sites, *, dims=None,
-                atol: float = 1e-4, rtol: float = 1e-4) -> dict:
+                atol: float = 1e-4, rtol: float = 1e-4) -> OutcomeSummary:
     """The form model against the original, both on ONNX Runtime through Polygraphy. A form ONNX Runtime
     cannot run is a TrtattnError naming the node, not a crash: the form does not fit this model."""
     try:

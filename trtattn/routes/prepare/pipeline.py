@@ -25,6 +25,7 @@ from ...site import SiteStatus
 from ...trt import profiles as profiles_mod
 from ...trt.cut import CutModel, cut
 from ...trt.plan import BuildPlan, io_contract, make_plan
+from ...verify import OutcomeSummary
 from . import forms
 from .forms import FORMS
 
@@ -41,7 +42,7 @@ class Prepared:
     plan: BuildPlan
     cut: CutModel
     source: str = ""
-    verification: dict = field(default_factory=dict)  # the fp32 form against the original
+    verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())  # fp32 form vs the original
     precision_check: dict = field(default_factory=dict)  # the converted form against the fp32 form
     quantization: dict = field(default_factory=dict)  # fp8/int8: where the Q/DQ model came from, its accuracy
     source_model: onnx.ModelProto | None = None  # what the engine computes: the Q/DQ model when quantized

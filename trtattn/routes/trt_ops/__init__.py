@@ -26,7 +26,7 @@ from ...graph.inputs import make_feeds
 from ...graph.shapes import tensor_types
 from ...report import Progress
 from ...site import SiteStatus
-from ...verify import TOLERANCES
+from ...verify import TOLERANCES, OutcomeSummary
 from ..prepare import QUANTIZED, VERIFY_SEEDS, Prepared, forms, prepare
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
@@ -38,7 +38,7 @@ __all__ = ["TrtOpsResult", "fuse_trt", "shape_strings", "trtexec_command", "veri
 class TrtOpsResult:
     prepared: Prepared
     model: onnx.ModelProto  # the form with TensorRT's ops
-    verification: dict = field(default_factory=dict)
+    verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())
 
     @property
     def ok(self) -> bool:
@@ -110,7 +110,7 @@ def _symbolic_caches(written: onnx.ModelProto, form_model: onnx.ModelProto, cach
     return copy
 
 
-def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -> dict:
+def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -> OutcomeSummary:
     """The written model (its trt ops on trtattn_plugins' CPU kernels) against the model it came from on ONNX
     Runtime (the original; when quantized, the Q/DQ model the engine computes), as the form is verified, within
     the tolerance of the plan's precision; a kernel's refusal of its inputs is a failed verification naming the

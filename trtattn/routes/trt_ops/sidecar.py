@@ -12,6 +12,7 @@ import onnx
 from ...graph.shapes import tensor_types
 from ...trt.engine import sidecar as engine_sidecar
 from ...trt.plan import BuildPlan, describe_io
+from ...verify import OutcomeSummary
 
 SHAPE_FLAGS = (("min", "--minShapes"), ("opt", "--optShapes"), ("max", "--maxShapes"))
 
@@ -39,7 +40,7 @@ def trtexec_command(onnx_path: str | Path, profiles: list[dict], engine: str | P
 
 
 def sidecar(plan: BuildPlan, model: onnx.ModelProto, onnx_path: str | Path, *, source: str = "",
-            verification: dict | None = None) -> dict:
+            verification: OutcomeSummary | None = None) -> dict:
     """The engine sidecar of `plan` for the written `model` (its own graph I/O: caches at their static capacity)."""
     info = engine_sidecar(plan, trt_version=None, source=source, gpu=None)
     types = tensor_types(model)
