@@ -1,9 +1,8 @@
 """prepare is a pipeline of named steps (routes/prepare/pipeline.py STEPS): they run in order and the last
 one leaves a complete plan; describe_steps prints the list."""
 
-from trtattn.testing.graphs import attention_model
-
 from trtattn.routes.prepare import STEPS, Step, describe, describe_steps, prepare
+from trtattn.testing.graphs import attention_model
 
 
 def test_prepare_runs_its_named_steps_in_order_and_returns_a_complete_plan():
