@@ -69,6 +69,14 @@ class FuseResult:
     ignored: list[Skipped] = field(default_factory=list)
     verification: dict = field(default_factory=dict)
     changed: bool = False
+    original: onnx.ModelProto | None = field(default=None, repr=False)  # the input, for the pictures
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the result as the HTML report's section: every site drawn."""
+        from ..pictures import fuse_entry, render
+
+        return render([fuse_entry(self.original.graph.name or "model", self.original, self)]) \
+            if self.original is not None else f"<pre>{self!r}</pre>"
 
     @property
     def ok(self) -> bool:
