@@ -18,10 +18,18 @@ def find_attention(model):
 
 
 def fuse(model, **kwargs):
-    """Rewrite every site into the standard ONNX Attention op and verify it (see trtattn.rewrite.fuse)."""
+    """Rewrite every site of a model (an onnx.ModelProto or a path: its weights stay on disk) into the
+    standard ONNX Attention op and verify it (see trtattn.rewrite.fuse). In a notebook the result draws
+    itself: every site as exported and as replaced."""
     from .rewrite.fuse import fuse_model
 
-    return fuse_model(model, **kwargs)
+    if not hasattr(model, "graph"):
+        from .graph import io
+
+        model = io.load(model, load_external_data=False)
+    result = fuse_model(model, **kwargs)
+    result.original = model
+    return result
 
 
 __all__ = ["AttentionSite", "CacheKind", "CausalKind", "Layout", "MaskKind", "RopeKind", "ScalePlacement",

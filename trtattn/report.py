@@ -86,28 +86,87 @@ def write_json(data: dict, path: str | Path, protect=()) -> None:
 
 
 class Progress:
-    """Prints '[trtattn] step ... done (1.2s)' on stderr, so long runs show where they are."""
+    """Where a long run is, on stderr. On a terminal: tqdm bars with counts and an ETA for counted work
+    (`track`) and a live timer for each step; elsewhere (a log, a pipe, CI): plain lines,
+    '[trtattn] step ... done (1.2s)'. `enabled=False` (--quiet) prints nothing."""
 
-    def __init__(self, enabled: bool = True, stream=None):
+    def __init__(self, enabled: bool = True, stream=None, bars: bool | None = None):
         self.enabled = enabled
         self.stream = stream or sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.bars = enabled and (bars if bars is not None else bool(isatty and isatty()))
+        self.open_step: _Step | None = None  # a plain step line waiting for its ' done'
+
+    def _plain(self, text: str) -> None:
+        if self.open_step is not None:  # something prints inside a step: its line ends here, 'done' comes later
+            print(file=self.stream)
+            self.open_step.interrupted, self.open_step = True, None
+        print(text, file=self.stream, flush=True)
 
     def step(self, text: str):
         return _Step(self, text)
 
+    def note(self, text: str) -> None:
+        """One line, above any bar."""
+        if not self.enabled:
+            return
+        if self.bars:
+            from tqdm import tqdm
+
+            tqdm.write(f"[trtattn] {text}", file=self.stream)
+        else:
+            self._plain(f"[trtattn] {text}")
+
+    def track(self, items, text: str, total: int | None = None, unit: str = "it"):
+        """Iterate `items`, showing how many of `total` are done (and an ETA on a terminal)."""
+        if total is None and hasattr(items, "__len__"):
+            total = len(items)
+        if not self.enabled:
+            yield from items
+            return
+        if self.bars:
+            from tqdm import tqdm
+
+            yield from tqdm(items, desc=f"[trtattn] {text}", total=total, unit=unit, file=self.stream, leave=False,
+                            dynamic_ncols=True)
+            self.note(f"{text}: {total if total is not None else 'all'} {unit} done")
+            return
+        t, n = time.perf_counter(), 0
+        self._plain(f"[trtattn] {text} ({total} {unit}) ..." if total else f"[trtattn] {text} ...")
+        for n, item in enumerate(items, 1):
+            yield item
+        self._plain(f"[trtattn] {text}: {n} done ({time.perf_counter() - t:.1f}s)")
+
 
 class _Step:
     def __init__(self, progress: Progress, text: str):
-        self.p, self.text = progress, text
+        self.p, self.text, self.bar, self.interrupted = progress, text, None, False
 
     def __enter__(self):
         self.t = time.perf_counter()
-        if self.p.enabled:
+        if self.p.bars:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=None, desc=f"[trtattn] {self.text}", bar_format="{desc} {elapsed}", file=self.p.stream,
+                            leave=False)
+        elif self.p.enabled:
+            if self.p.open_step is not None:
+                print(file=self.p.stream)
+                self.p.open_step.interrupted = True
             print(f"[trtattn] {self.text} ...", file=self.p.stream, end="", flush=True)
+            self.p.open_step = self
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if self.p.enabled:
-            status = "done" if exc_type is None else "failed"
-            print(f" {status} ({time.perf_counter() - self.t:.1f}s)", file=self.p.stream, flush=True)
+        status = "done" if exc_type is None else "failed"
+        if self.bar is not None:
+            self.bar.close()
+            self.p.note(f"{self.text} {status} ({time.perf_counter() - self.t:.1f}s)")
+        elif self.p.enabled:
+            took = f"{status} ({time.perf_counter() - self.t:.1f}s)"
+            if self.interrupted:
+                self.p._plain(f"[trtattn] {self.text} {took}")
+            else:
+                print(f" {took}", file=self.p.stream, flush=True)
+                self.p.open_step = None
         return False

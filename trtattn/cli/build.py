@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
 from ..graph.inputs import parse_dims
-from .common import exit_without_tensorrt, load_model
+from .common import add_report_html, check_report_html, exit_without_tensorrt, load_model
 
 
 def add_parser(sub) -> None:
@@ -50,6 +50,7 @@ def add_parser(sub) -> None:
     b.add_argument("--mark-sites", action="store_true",
                    help="also output every attention's result, for per-site errors in trtattn verify")
     b.add_argument("--dims", help="symbolic dim values for verification, e.g. batch=2,seq=16")
+    add_report_html(b)
 
 
 def run(args, progress) -> int:
@@ -58,6 +59,7 @@ def run(args, progress) -> int:
     from ..trt import compat
     from ..trt.profiles import parse_shapes
 
+    check_report_html(args)
     model = load_model(args.model)  # weights stay on disk: memory follows the work (an 8B model is 16 GB)
     name = args.name or Path(args.model).stem
     shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
@@ -67,6 +69,13 @@ def run(args, progress) -> int:
                        decomposable=args.decomposable, shapes=shapes, limits=limits, progress=progress,
                        source=str(args.model), mark_sites=args.mark_sites)
     print(describe(prepared.plan))
+    if args.report_html:
+        from ..pictures import build_entry, write_html
+
+        with progress.step(f"drawing {args.report_html}"):
+            write_html(args.report_html, [build_entry(f"{name} ({args.form}, {args.precision})", prepared)],
+                       protect=(args.model,))
+        print(f"wrote {args.report_html}")
     if args.plan_json:
         onnxio.atomic_write(Path(args.plan_json), (json.dumps(prepared.plan.plan_json(), indent=2) + "\n").encode())
         print(f"wrote {args.plan_json}")

@@ -17,7 +17,24 @@ def add_model_out(p) -> None:
     p.add_argument("model", help="input ONNX model (never modified)")
     p.add_argument("-o", "--output", required=True, help="output ONNX model")
     p.add_argument("--report", help="write a JSON report here")
+    add_report_html(p)
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
+
+
+def add_report_html(p) -> None:
+    p.add_argument("--report-html", metavar="R.html",
+                   help="write a self-contained HTML report: each site drawn as exported and as replaced, or where "
+                        "its match stopped (needs Graphviz's dot)")
+
+
+def check_report_html(args) -> None:
+    """Before any work: the HTML report's path and its drawing program."""
+    path = getattr(args, "report_html", None)
+    if path:
+        from ..pictures import graphviz
+
+        refuse_overwrite(path, (args.model,), force=getattr(args, "force", False))
+        graphviz()
 
 
 def add_verify_opts(p) -> None:

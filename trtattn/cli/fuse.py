@@ -12,7 +12,7 @@ from ..graph.inputs import parse_dims
 from ..report import counts, site_table, summary_line, write_json
 from ..version import __version__
 from . import fuse_trt
-from .common import add_model_out, add_verify_opts, check_output, load_model, verdict
+from .common import add_model_out, add_verify_opts, check_output, check_report_html, load_model, verdict
 
 
 def add_parser(sub) -> None:
@@ -31,9 +31,17 @@ def run(args, progress) -> int:
     if fuse_trt.wanted(args):
         return fuse_trt.run(args, progress)
     check_output(args.model, args.output, args.force)
+    check_report_html(args)
     model = load_model(args.model)  # weights stay on disk; bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress)
-    return report(result, model, args.model, args.output, args.report, progress, allow_partial=args.allow_partial)
+    code = report(result, model, args.model, args.output, args.report, progress, allow_partial=args.allow_partial)
+    if args.report_html:
+        from ..pictures import fuse_entry, write_html
+
+        with progress.step(f"drawing {args.report_html}"):
+            write_html(args.report_html, [fuse_entry(str(args.model), model, result)], protect=(args.model, args.output))
+        print(f"wrote {args.report_html}")
+    return code
 
 
 def report(result, model, model_path, output, report_path, progress, allow_partial: bool = False) -> int:

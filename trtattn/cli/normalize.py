@@ -8,7 +8,7 @@ from ..graph import io as onnxio
 from ..graph.inputs import make_feeds, parse_dims
 from ..report import table, write_json
 from ..version import __version__
-from .common import add_model_out, add_verify_opts, check_output, load_model, verdict
+from .common import add_model_out, add_verify_opts, check_output, check_report_html, load_model, verdict
 
 COLUMNS = [("name", "site"), ("heads", "heads q/kv"), ("head_size", "head"), ("scale", "scale"),
            ("scale_before", "scale was"), ("scale_to", "scale to"), ("mask_form", "mask form"),
@@ -33,6 +33,7 @@ def run(args, progress) -> int:
     from ..rewrite.normalize import normalize_model
 
     check_output(args.model, args.output, args.force)
+    check_report_html(args)
     model = load_model(args.model)
     if args.quantize and not args.calib:
         raise TrtattnError("--quantize needs calibration data: --calib DATA.npz (arrays keyed by input name)")
@@ -82,4 +83,11 @@ def run(args, progress) -> int:
                     "ignored": [{"name": i.name, "reason": i.reason} for i in result.ignored],
                     "verification": result.verification, "quantization": result.quantization},
                    args.report, protect=(args.model, args.output))
+    if args.report_html:
+        from ..pictures import normalize_entry, write_html
+
+        with progress.step(f"drawing {args.report_html}"):
+            write_html(args.report_html, [normalize_entry(str(args.model), model, result)],
+                       protect=(args.model, args.output))
+        print(f"wrote {args.report_html}")
     return 0 if result.ok else 1

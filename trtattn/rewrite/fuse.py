@@ -69,6 +69,21 @@ class FuseResult:
     ignored: list[Skipped] = field(default_factory=list)
     verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())
     changed: bool = False
+    original: onnx.ModelProto | None = field(default=None, repr=False)  # the input, for the pictures
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the result as the HTML report's section: every site drawn."""
+        from ..errors import MissingDependencyError
+        from ..pictures import fuse_entry, render
+
+        if self.original is None:
+            return f"<pre>{self!r}</pre>"
+        try:
+            return render([fuse_entry(self.original.graph.name or "model", self.original, self)])
+        except MissingDependencyError as e:  # no Graphviz: the table still says everything
+            from ..report import site_table
+
+            return f"<p>{e}</p><pre>{site_table([r.row() for r in self.reports])}</pre>"
 
     @property
     def ok(self) -> bool:
