@@ -38,7 +38,12 @@ def sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+# zoo-wide parametrizations run these in the fast lane (-m "not slow"); every other zoo model is marked slow
+FAST_ZOO = {("llama", "torchscript"), ("bert", "dynamo")}
+
+
 def zoo_cases():
     from trtattn import zoo
 
-    return [(e.name, x) for e in zoo.ZOO.values() for x in e.exporters]
+    return [(e.name, x) if (e.name, x) in FAST_ZOO else pytest.param(e.name, x, marks=pytest.mark.slow)
+            for e in zoo.ZOO.values() for x in e.exporters]

@@ -1,0 +1,172 @@
+"""Mutation testing of the lines a change touches, with cosmic-ray (PyPI), against the fast-lane tests that cover
+each module. README: "Mutation testing".
+
+    python benchmarks/mutate.py --base origin/main                      # every trtattn/ line changed since base
+    python benchmarks/mutate.py trtattn/match/logit_ops/softcap.py trtattn/match/find.py:115-125
+
+Each module is mutated in a copy of the tree (the checkout is never touched), one cosmic-ray session per module,
+restricted to the changed (or given) lines and to the operators that make sense for this code (no bit-shift or
+modulo swaps). Tests per module: [tool.trtattn.mutation.tests] in pyproject.toml, else the test files that import
+the module, always with -m "not slow" -x. Prints each module's kill rate and every surviving mutant (file:line,
+operator, the mutated line): each survivor gets a test, or a reason in the issue's closing note.
+cosmic-ray runs from its own venv (--cosmic-ray, default: on PATH, else /work/venvs/mut/bin): it needs none of
+trtattn's dependencies; the tests run with this interpreter (--python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ("trtattn", "plugins", "tests", "benchmarks", "pyproject.toml")
+EXCLUDED_OPERATORS = [  # swaps that only make noise here: bit operations, floor division, modulo, power
+    r"core/ReplaceBinaryOperator_.*_(RShift|LShift|BitOr|BitAnd|BitXor|FloorDiv|Mod|Pow)$",
+    r"core/ReplaceBinaryOperator_(RShift|LShift|BitOr|BitAnd|BitXor|FloorDiv|Mod|Pow)_.*",
+    r"core/ReplaceComparisonOperator_.*_(Is|IsNot)$", r"core/ReplaceComparisonOperator_(Is|IsNot)_.*",
+]
+
+
+def changed_lines(base: str) -> dict[str, list[str]]:
+    """{trtattn module: ["start-end", ...]} of the lines added or changed since `base` (git diff -U0)."""
+    diff = subprocess.run(["git", "diff", "-U0", base, "--", "trtattn"], cwd=ROOT, check=True, capture_output=True,
+                          text=True).stdout
+    lines: dict[str, list[str]] = {}
+    path = None
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[6:] if line.startswith("+++ b/") and line.endswith(".py") else None
+        elif path and (m := re.match(r"@@ -\S+ \+(\d+)(?:,(\d+))? @@", line)):
+            start, count = int(m.group(1)), int(m.group(2) or 1)
+            if count:
+                lines.setdefault(path, []).append(f"{start}-{start + count - 1}")
+    return lines
+
+
+def given_lines(specs: list[str]) -> dict[str, list[str]]:
+    """"path" (the whole module) or "path:10-20" / "path:15"."""
+    lines: dict[str, list[str]] = {}
+    for spec in specs:
+        path, _, span = spec.partition(":")
+        if not (ROOT / path).is_file():
+            raise SystemExit(f"mutate: no such module {path}")
+        lines.setdefault(path, []).append(span or f"1-{len((ROOT / path).read_text().splitlines())}")
+    return lines
+
+
+def tests_for(module: str) -> list[str]:
+    """The pytest arguments that cover `module`: pyproject's map, else the test files importing it."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    mapped = config.get("tool", {}).get("trtattn", {}).get("mutation", {}).get("tests", {})
+    if module in mapped:
+        return list(mapped[module])
+    dotted = module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    package, _, name = dotted.rpartition(".")
+    pattern = re.compile(rf"\b{re.escape(dotted)}\b|from {re.escape(package)} import .*\b{re.escape(name)}\b")
+    found = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if pattern.search(p.read_text()))
+    if not found:
+        raise SystemExit(f"mutate: no test imports {dotted}; map it in pyproject.toml [tool.trtattn.mutation.tests]")
+    return found
+
+
+def cosmic_ray(explicit: str | None) -> Path:
+    for candidate in (explicit, shutil.which("cosmic-ray"), "/work/venvs/mut/bin/cosmic-ray"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise SystemExit("mutate: cosmic-ray not found: python3 -m venv /work/venvs/mut && "
+                     "/work/venvs/mut/bin/pip install 'cosmic-ray>=8.7' (or pass --cosmic-ray PATH)")
+
+
+def run_module(module: str, spans: list[str], tests: list[str], args, work: Path) -> list[dict]:
+    """One cosmic-ray session over `module`'s `spans` in the copy at `work`: its results, one dict a mutant."""
+    cr = cosmic_ray(args.cosmic_ray)
+    tools = cr.parent
+    argv = [args.python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow", *tests]
+    command = shlex.join(argv)
+    name = re.sub(r"\W", "_", module)
+    config, session = work / f"{name}.toml", work / f"{name}.sqlite"
+    config.write_text("\n".join([
+        "[cosmic-ray]", f'module-path = "{module}"', f"timeout = {args.timeout}", "excluded-modules = []",
+        f"test-command = {json.dumps(command)}",
+        "[cosmic-ray.distributor]", 'name = "local"',
+        "[cosmic-ray.filters.operators-filter]", f"exclude-operators = {json.dumps(EXCLUDED_OPERATORS)}",
+        "[cosmic-ray.filters.line-filter]", f"lines = {{ {json.dumps(module)} = {json.dumps(spans)} }}", ""]))
+    env = {**os.environ, "PYTHONPATH": f"{work}{os.pathsep}{work / 'plugins'}", "OMP_NUM_THREADS": "1"}
+    run = lambda *cmd: subprocess.run([str(c) for c in cmd], cwd=work, env=env, check=True,  # noqa: E731
+                                      stdout=subprocess.DEVNULL if not args.verbose else None)
+    baseline = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
+    if baseline.returncode:
+        raise SystemExit(f"mutate: the tests of {module} fail unmutated:\n{baseline.stdout[-2000:]}")
+    run(cr, "init", config, session)
+    run(tools / "cr-filter-operators", session, config)
+    run(tools / "cr-filter-lines", "--config", config, session)
+    run(cr, "exec", config, session)
+    dump = subprocess.run([str(cr), "dump", str(session)], cwd=work, env=env, check=True, capture_output=True, text=True)
+    results = []
+    for line in dump.stdout.splitlines():
+        job, result = json.loads(line)
+        if result is None or result.get("worker_outcome") == "skipped":
+            continue
+        mutation = job["mutations"][0]
+        results.append({"module": module, "line": mutation["start_pos"][0], "operator": mutation["operator_name"],
+                        "outcome": result["test_outcome"] or result["worker_outcome"], "diff": result.get("diff") or ""})
+    return results
+
+
+def mutated_line(diff: str) -> str:
+    return next((line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")),
+                "")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("modules", nargs="*", help="path[:start-end] of modules to mutate (default: --base's changes)")
+    p.add_argument("--base", help="git revision: mutate the trtattn/ lines changed since it")
+    p.add_argument("--tests", nargs="+", help="pytest arguments for every module (default: per module, see above)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per mutant's test run (past it: killed)")
+    p.add_argument("--python", default=sys.executable, help="the interpreter that runs the tests")
+    p.add_argument("--cosmic-ray", help="the cosmic-ray executable (its cr-* tools beside it)")
+    p.add_argument("--json", help="write every mutant's outcome here")
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args(argv)
+    if bool(args.modules) == bool(args.base):
+        p.error("give modules or --base (one of them)")
+    lines = changed_lines(args.base) if args.base else given_lines(args.modules)
+    if not lines:
+        print("mutate: no trtattn/ lines changed")
+        return 0
+    results = []
+    with tempfile.TemporaryDirectory(prefix="trtattn-mutate-") as tmp:
+        work = Path(tmp)
+        for item in COPIED:
+            src = ROOT / item
+            (shutil.copytree(src, work / item, ignore=shutil.ignore_patterns("__pycache__", "*.onnx", "*.data"))
+             if src.is_dir() else shutil.copy2(src, work / item))
+        for module, spans in sorted(lines.items()):
+            tests = args.tests or tests_for(module)
+            print(f"mutate: {module} lines {','.join(spans)} against {' '.join(tests)}", flush=True)
+            found = run_module(module, spans, tests, args, work)
+            killed = sum(r["outcome"] == "killed" for r in found)
+            print(f"  {killed}/{len(found)} killed" + (f" ({killed / len(found):.0%})" if found else ""), flush=True)
+            results += found
+    survivors = [r for r in results if r["outcome"] != "killed"]
+    for r in survivors:
+        print(f"SURVIVED {r['module']}:{r['line']} {r['operator']} ({r['outcome']}): {mutated_line(r['diff'])}")
+    total = len(results)
+    print(f"kill rate: {total - len(survivors)}/{total}" + (f" = {(total - len(survivors)) / total:.0%}" if total else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
