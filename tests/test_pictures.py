@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from graphs import attention_model, two_attentions
+from trtattn.testing.graphs import attention_model, two_attentions
 
 from trtattn.report import Progress
 

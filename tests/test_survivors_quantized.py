@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from graphs import attention_model
+from trtattn.testing.graphs import attention_model
 
 from trtattn.build import prepare
 

@@ -4,7 +4,7 @@ its docstring is mutated (the tolerances, the guards that refuse a failed check,
 import numpy as np
 import onnx
 import pytest
-from graphs import attention_model
+from trtattn.testing.graphs import attention_model
 from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.errors import TrtattnError, VerificationError
