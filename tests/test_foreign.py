@@ -8,6 +8,7 @@ that the fix shows up as XPASS and the mark is removed."""
 from __future__ import annotations
 
 import collections
+import json
 
 import onnx
 import pytest
@@ -100,3 +101,22 @@ def test_other_contrib_attention_ops_are_listed_not_silent(op):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     (site,) = match(model).sites
     assert site.source == f"com.microsoft:{op}" and site.q_heads == 2
+
+
+def test_make_regenerates_a_corpus_file(tmp_path):
+    """make.py's in-environment recipes still run: the opset-7 export comes out as the manifest says."""
+    pytest.importorskip("torch", reason="the corpus recipes export with torch (the `export` extra)")
+    from trtattn.zoo.foreign import make, tools
+
+    name = "plain-opset7.torchscript.onnx"
+    (row,) = tools.make(tmp_path, [name])
+    committed = next(r for r in ROWS if r["file"] == name)
+    assert {k: row[k] for k in ("file", "exporter", "expected_sites", "exercises")} == \
+        {k: committed[k] for k in ("file", "exporter", "expected_sites", "exercises")}
+    model = onnx.load(tmp_path / name)
+    assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 7
+    assert len(match(model).sites) == row["expected_sites"]
+    (tmp_path / "manifest.json").write_text(json.dumps([row]))
+    (tmp_path / name).write_bytes(b"x" * (make.MAX_FILE + 1))
+    with pytest.raises(SystemExit, match="corpus files stay under"):  # make.py refuses a file over 2 MB
+        make.main(["--out", str(tmp_path), "--skip-tools"])
