@@ -106,14 +106,14 @@ def _quantized_projection(emit: Emitter, node: gs.Node):
         inputs.pop()
     acc = emit("MatMulInteger", inputs, dtype=np.int32)
     scale = emit("Mul", [x_scale, w_scale], dtype=dtype, name="projection_scale")
-    qkv = emit("Mul", [emit("Cast", [acc], {"to": onnx_float(dtype)}, dtype=dtype), scale], dtype=dtype)
+    qkv = emit("Mul", [emit("Cast", [acc], {"to": _onnx_type(dtype)}, dtype=dtype), scale], dtype=dtype)
     if bias is not None:
         qkv = emit("Add", [qkv, bias], dtype=dtype)
     width = weight.shape[1] if weight.shape else None
     return qkv, width, dtype, mask
 
 
-def onnx_float(dtype) -> int:
+def _onnx_type(dtype) -> int:
     from onnx import helper
 
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
