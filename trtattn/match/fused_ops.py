@@ -21,8 +21,10 @@ from .heads import heads_and_size, strip_repeat
 from .logit_ops import kind_of
 from .rope import find_rope
 
-MICROSOFT_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
-                 "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention"}
+MICROSOFT_OPS = {"Attention", "QAttention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
+                 "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention",
+                 "QOrderedAttention", "DecoderAttention", "SparseAttention", "PagedAttention",
+                 "LongformerAttention"}  # every contrib attention is a site: converted, or listed with why
 
 
 def is_fused_attention(n: gs.Node) -> bool:
@@ -110,7 +112,7 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
     kv_heads = n.attrs.get("kv_num_heads", heads)
     q = n.inputs[0]
     hidden = view.dim(q, -1)
-    if n.op == "Attention":  # input is the hidden state; the op projects Q, K, V itself
+    if n.op in ("Attention", "QAttention"):  # input is the hidden state; the op projects Q, K, V itself
         sizes = n.attrs.get("qkv_hidden_sizes")
         hidden = sizes[0] if sizes else (view.dim(n.inputs[1], 1) or 0) // 3 or None
     head = hidden // heads if hidden and heads else None
@@ -120,10 +122,10 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         causal = CausalKind.LOWER_RIGHT
     elif n.attrs.get("unidirectional", 0):
         causal = CausalKind.UPPER_LEFT
-    mask_at = {"Attention": (3, 5), "MultiHeadAttention": (4, 5)}.get(n.op, ())
+    mask_at = {"Attention": (3, 5), "QAttention": (5,), "MultiHeadAttention": (4, 5)}.get(n.op, ())
     masked = any(_opt(n, i) is not None for i in mask_at)
     return AttentionSite(
-        name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "GroupQueryAttention") else SiteKind.CROSS,
+        name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "QAttention", "GroupQueryAttention") else SiteKind.CROSS,
         query=q.name, key=(_opt(n, 1) or q).name, value=(_opt(n, 2) or q).name, output=n.outputs[0].name,
         q_heads=heads, kv_heads=kv_heads, head_size=head, v_head_size=head, scale=float(scale),
         scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=masked,

@@ -310,9 +310,20 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
 def _with_contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Converting com.microsoft ops needs the ranks of their masks, which only ONNX Runtime's
     symbolic shape inference knows (ONNX's does not know contrib ops)."""
-    if not any(n.domain == "com.microsoft" for n in model.graph.node):
+    contrib = [n for n in model.graph.node if n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS]
+    if not contrib:
         return model
     try:
-        return symbolic_shapes(model) or model
+        inferred = symbolic_shapes(model)
     except Exception:
         return model
+    if inferred is None:
+        return model
+    # Only the attention ops' inputs: symbolic inference types some contrib outputs wrongly (the float
+    # output of EmbedLayerNormalization as int32), and a wrong type breaks the rewritten model.
+    wanted = {name for n in contrib for name in n.input if name}
+    known = {v.name for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.initializer)}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.value_info.extend(v for v in inferred.graph.value_info if v.name in wanted and v.name not in known)
+    return out

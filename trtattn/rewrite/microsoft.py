@@ -7,6 +7,10 @@ com.microsoft Attention: one projection [D, Dq + Dk + Dv] (+ bias) of the hidden
     (default -10000) added, exactly as the contrib kernel does.
 com.microsoft MultiHeadAttention: Q/K/V [B, S, D] (+ a packed bias), key_padding_mask [B, T],
     attention_bias, unidirectional.
+com.microsoft QAttention (ONNX Runtime's quantize_dynamic over an optimized Attention): the same
+    attention after an int8/uint8 projection, written as the integer product ONNX Runtime computes
+    (MatMulInteger, int32 accumulation, times input_scale * weight_scale), so that the quantized layers
+    after it see the same values.
 Past/present caches, packed QKV formats, rotary inside the op and GroupQueryAttention are not
 converted: the site is reported with the reason instead.
 """
@@ -40,9 +44,22 @@ def _merge(emit: Emitter, y, dtype):
     return emit("Reshape", [t, emit.const([0, 0, -1], np.int64)], dtype=dtype)
 
 
+EMBED_OPS = ("EmbedLayerNormalization", "QEmbedLayerNormalization")
+
+
+def _mask_rank(mask) -> int | None:
+    """The rank of a mask_index: the contrib embedding ops' second output is per-row lengths [B] by their
+    spec (symbolic shape inference gives QEmbedLayerNormalization's the input's [B, S])."""
+    producer = mask.inputs[0] if mask.inputs else None
+    if producer is not None and producer.domain == "com.microsoft" and producer.op in EMBED_OPS \
+            and len(producer.outputs) > 1 and producer.outputs[1] is mask:
+        return 1
+    return len(mask.shape) if mask.shape is not None else None
+
+
 def _key_padding(emit: Emitter, mask, k4, filter_value: float, dtype):
     """mask_index / key_padding_mask -> additive [B, 1, 1, T] (0 where attended, filter where not)."""
-    rank = len(mask.shape) if mask.shape is not None else None
+    rank = _mask_rank(mask)
     if rank == 1:  # per-row lengths: key j attended iff j < length[b]
         total = emit("Gather", [emit("Shape", [k4], dtype=np.int64), emit.const(2, np.int64)], {"axis": 0}, dtype=np.int64)
         j = emit("Range", [emit.const(0, np.int64), total, emit.const(1, np.int64)], dtype=np.int64)
@@ -72,9 +89,39 @@ def _causal(emit: Emitter, q4, k4, filter_value: float, dtype):
     return emit("Where", [keep, emit.const(0.0, dtype), emit.const(filter_value, dtype)], dtype=dtype, name="causal")
 
 
+def _quantized_projection(emit: Emitter, node: gs.Node):
+    """QAttention's projection as ONNX Runtime computes it: an integer product with int32 accumulation
+    (MatMulInteger, as quantize_dynamic writes every other linear layer of such a model), scaled by
+    input_scale * weight_scale (per tensor or per column), plus the bias. Returns (qkv, width, bias dtype,
+    mask_index). QAttention's inputs: input, weight, bias, input_scale, weight_scale, mask_index,
+    input_zero_point, weight_zero_point, past."""
+    if _opt(node, 8) is not None:
+        raise TrtattnError(f"com.microsoft:QAttention {node.name} has a past input: not converted")
+    x, weight, bias = node.inputs[0], node.inputs[1], _opt(node, 2)
+    x_scale, w_scale, mask = node.inputs[3], node.inputs[4], _opt(node, 5)
+    x_zero, w_zero = _opt(node, 6), _opt(node, 7)
+    dtype = np.dtype(np.float32) if bias is None or bias.dtype is None else np.dtype(bias.dtype)
+    inputs = [x, weight, x_zero or gs.Variable.empty(), w_zero or gs.Variable.empty()]
+    while not inputs[-1].name:  # trailing optional inputs left out
+        inputs.pop()
+    acc = emit("MatMulInteger", inputs, dtype=np.int32)
+    scale = emit("Mul", [x_scale, w_scale], dtype=dtype, name="projection_scale")
+    qkv = emit("Mul", [emit("Cast", [acc], {"to": _onnx_type(dtype)}, dtype=dtype), scale], dtype=dtype)
+    if bias is not None:
+        qkv = emit("Add", [qkv, bias], dtype=dtype)
+    width = weight.shape[1] if weight.shape else None
+    return qkv, width, dtype, mask
+
+
+def _onnx_type(dtype) -> int:
+    from onnx import helper
+
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
 def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     """Replace a com.microsoft Attention / MultiHeadAttention node; returns the new Attention node."""
-    if node.op not in ("Attention", "MultiHeadAttention"):
+    if node.op not in ("Attention", "MultiHeadAttention", "QAttention"):
         raise TrtattnError(f"converting com.microsoft:{node.op} to the standard Attention op is not supported")
     if len(node.outputs) > 1 and any(o.name and o.outputs for o in node.outputs[1:]):
         raise TrtattnError(f"com.microsoft:{node.op} {node.name} returns a present cache: not converted")
@@ -85,18 +132,22 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     filter_value = float(node.attrs.get("mask_filter_value", DEFAULT_FILTER))
     x = node.inputs[0]
     dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
-    if node.op == "Attention":
-        weight, bias, mask = node.inputs[1], _opt(node, 2), _opt(node, 3)
-        if _opt(node, 4) is not None:
-            raise TrtattnError(f"com.microsoft:Attention {node.name} has a past input: not converted")
-        attention_bias = _opt(node, 5)
-        width = weight.shape[1] if weight.shape else None
+    if node.op in ("Attention", "QAttention"):
+        if node.op == "QAttention":
+            qkv, width, dtype, mask = _quantized_projection(emit, node)
+            attention_bias = None
+        else:
+            weight, bias, mask = node.inputs[1], _opt(node, 2), _opt(node, 3)
+            if _opt(node, 4) is not None:
+                raise TrtattnError(f"com.microsoft:Attention {node.name} has a past input: not converted")
+            attention_bias = _opt(node, 5)
+            width = weight.shape[1] if weight.shape else None
+            qkv = emit("MatMul", [x, weight], dtype=dtype)
+            if bias is not None:
+                qkv = emit("Add", [qkv, bias], dtype=dtype)
         sizes = list(node.attrs.get("qkv_hidden_sizes", [])) or ([width // 3] * 3 if width else None)
         if not sizes:
-            raise TrtattnError(f"com.microsoft:Attention {node.name}: the projection width is unknown")
-        qkv = emit("MatMul", [x, weight], dtype=dtype)
-        if bias is not None:
-            qkv = emit("Add", [qkv, bias], dtype=dtype)
+            raise TrtattnError(f"com.microsoft:{node.op} {node.name}: the projection width is unknown")
         parts = [gs.Variable(f"{prefix}/{p}", dtype=dtype) for p in "qkv"]
         graph.nodes.append(gs.Node("Split", f"{prefix}/split", {"axis": -1},
                                    inputs=[qkv, emit.const(sizes, np.int64)], outputs=parts))
