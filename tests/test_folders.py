@@ -1,0 +1,136 @@
+"""Export folders as one unit (trtattn.folder, `fuse DIR`, `normalize DIR`) and generation through a
+folder's parts (trtattn.runtime.pipeline, `run DIR --generate`), on folders written from the zoo in the
+layout Optimum uses (model.onnx; encoder_model.onnx + decoder_model.onnx + decoder_with_past_model.onnx)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import sha256
+from trtattn.cli import main
+from trtattn.errors import TrtattnError
+from trtattn.folder import fuse_folder
+from trtattn.runtime import OrtSession, generate, generate_encoder_decoder
+from trtattn.runtime.pipeline import generate_pipeline, load_pipeline
+
+
+def _ops(path):
+    return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+
+
+@pytest.fixture(scope="module")
+def llama_folder(zoo_dir, tmp_path_factory):
+    """A decoder-only export folder: the zoo's Llama LM step as model.onnx, its config files and a softmax
+    that is not attention in a second model (a classifier head: fuse leaves it, copies it unchanged)."""
+    from trtattn.zoo import generation
+
+    folder = tmp_path_factory.mktemp("llama") / "export"
+    folder.mkdir()
+    shutil.copy(generation.export_family("llama", zoo_dir)["llama-lm"], folder / "model.onnx")
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 999, "pad_token_id": 0}))
+    (folder / "tokenizer_config.json").write_text("{}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def whisper_folder(zoo_dir, tmp_path_factory):
+    from trtattn.zoo import generation
+
+    paths = generation.export_family("whisper", zoo_dir)
+    folder = tmp_path_factory.mktemp("whisper") / "export"
+    folder.mkdir()
+    for part, stem in (("whisper-encoder", "encoder_model"), ("whisper-decoder-init", "decoder_model"),
+                       ("whisper-decoder-step", "decoder_with_past_model")):
+        shutil.copy(paths[part], folder / f"{stem}.onnx")
+    (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": 3, "eos_token_id": 999}))
+    return folder
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_fuse_folder_fuses_every_model_copies_the_rest_and_never_touches_the_input(llama_folder, tmp_path):
+    before = _snapshot(llama_folder)
+    out = tmp_path / "fused"
+    report = tmp_path / "r.json"
+    assert main(["fuse", str(llama_folder), "-o", str(out), "--report", str(report)]) == 0
+    assert _snapshot(llama_folder) == before
+    assert "Attention" in _ops(out / "model.onnx") and "Attention" not in _ops(llama_folder / "model.onnx")
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (llama_folder / name).read_bytes()
+    data = json.loads(report.read_text())
+    assert data["ok"] and [f["file"] for f in data["files"] if f["action"] == "fused"] == ["model.onnx"]
+    assert len(data["sites"]) == 2 and all(s["file"] == "model.onnx" and s["status"] == "fused" for s in data["sites"])
+    # an existing output is refused without --force, replaced with it; the input folder is never an output
+    assert main(["fuse", str(llama_folder), "-o", str(out)]) == 2
+    assert main(["fuse", str(llama_folder), "-o", str(llama_folder / "inside")]) == 2
+    assert _snapshot(llama_folder) == before
+
+
+def test_fuse_folder_writes_nothing_when_a_model_does_not_verify(llama_folder, tmp_path, monkeypatch):
+    import trtattn.folder as folder
+
+    real = folder._transform
+
+    def failing(*args):  # the real fuse, its verification then marked failed
+        result = real(*args)
+        result.verification["passed"] = False
+        return result
+
+    monkeypatch.setattr(folder, "_transform", failing)
+    out = tmp_path / "fused"
+    out.mkdir()  # an existing output, replaced only when something is written (--force)
+    result = fuse_folder(llama_folder, out, force=True)
+    assert not result.ok and result.output is None and not list(out.iterdir())
+    assert [f.action for f in result.models] == ["not written"]
+    assert [p.name for p in tmp_path.iterdir()] == ["fused"]  # no scratch left behind
+    partial = fuse_folder(llama_folder, out, force=True, allow_partial=True)  # the failed model copied unchanged
+    assert partial.output == out and (out / "model.onnx").read_bytes() == (llama_folder / "model.onnx").read_bytes()
+
+
+def test_folder_with_no_model_is_refused(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "config.json").write_text("{}")
+    with pytest.raises(TrtattnError, match="no ONNX model"):
+        fuse_folder(tmp_path / "in", tmp_path / "out")
+
+
+def test_run_folder_generates_as_the_decoder_step_does(llama_folder, tmp_path, capsys):
+    step = OrtSession(str(llama_folder / "model.onnx"))
+    want = generate(step, [[5, 6, 7]], 6).tokens[0]
+    pipeline = load_pipeline(llama_folder)
+    assert pipeline.kind == "decoder-only" and pipeline.settings["eos_token_id"] == 999
+    assert generate_pipeline(pipeline, {"decoder": step}, [[5, 6, 7]], 6) == [want]
+    capsys.readouterr()
+    save = tmp_path / "tokens.npz"
+    assert main(["run", str(llama_folder), "--generate", "6", "--prompt", "5,6,7", "--save", str(save)]) == 0
+    assert f"request 0: {' '.join(map(str, want))}" in capsys.readouterr().out
+    assert np.load(save)["tokens"][0].tolist() == want
+
+
+def test_run_folder_stops_at_the_eos_of_generation_config(llama_folder, tmp_path):
+    step = OrtSession(str(llama_folder / "model.onnx"))
+    tokens = generate(step, [[5, 6, 7]], 6).tokens[0]
+    folder = tmp_path / "eos"
+    shutil.copytree(llama_folder, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": tokens[2]}))
+    got, = generate_pipeline(load_pipeline(folder), {"decoder": step}, [[5, 6, 7]], 6)
+    assert got == tokens[:tokens.index(tokens[2]) + 1]
+
+
+def test_run_encoder_decoder_folder_generates_as_the_parts_do(whisper_folder):
+    features = np.random.default_rng(0).standard_normal((1, 16, 32)).astype(np.float32)
+    parts = {role: OrtSession(str(p)) for role, p in load_pipeline(whisper_folder).parts.items()}
+    want = generate_encoder_decoder(parts["encoder"], parts["decoder"], parts["decoder_with_past"], features, [[3]],
+                                    5).tokens[0]
+    pipeline = load_pipeline(whisper_folder)
+    assert pipeline.kind == "encoder-decoder" and not pipeline.merged
+    got, = generate_pipeline(pipeline, parts, None, 5, encoder_inputs=[{"input_features": features}])
+    assert got == want
