@@ -62,7 +62,7 @@ def _export(kind: str, root):
     elif kind == "whisper":
         cfg = transformers.WhisperConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
                                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                         decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=16,
+                                         decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=1500,  # optimum exports at 3000 frames
                                          max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                          decoder_start_token_id=1, begin_suppress_tokens=None, suppress_tokens=None)
         model, task = transformers.WhisperForConditionalGeneration(cfg), "automatic-speech-recognition-with-past"
@@ -175,3 +175,33 @@ def test_merged_decoder_fuses_every_site_of_both_branches(exports, kind):
     a, b = OrtSession(original, name="original"), OrtSession(result.model, name="fused")
     assert [i.name for i in a.inputs] == [i.name for i in b.inputs]
     assert [o.name for o in a.outputs] == [o.name for o in b.outputs]
+    for use_cache in (False, True):
+        feeds = _merged_feeds(a, use_cache)
+        want, got = a.run(feeds), b.run(feeds)
+        assert want.keys() == got.keys()
+        for name in want:
+            assert want[name].shape == got[name].shape, name
+            assert np.abs(want[name] - got[name]).max(initial=0) <= 1e-4, name
+
+
+def _merged_feeds(session, use_cache: bool) -> dict:
+    """Feeds of a merged seq2seq decoder: a first step (no past) or a step after 3 cached tokens."""
+    rng = np.random.default_rng(0)
+    past, enc, new = (3 if use_cache else 0), 5, (1 if use_cache else 4)
+    feeds = {"use_cache_branch": np.asarray([use_cache])}
+    for i in session.inputs:
+        if i.name == "use_cache_branch":
+            continue
+        if i.name in ("input_ids", "decoder_input_ids"):
+            feeds[i.name] = rng.integers(4, VOCAB, (1, new)).astype(np.int64)
+        elif "attention_mask" in i.name:
+            feeds[i.name] = np.ones((1, enc), np.int64)
+        elif i.name == "encoder_hidden_states":
+            feeds[i.name] = rng.standard_normal((1, enc, 32)).astype(np.float32)
+        elif i.name.startswith("past_key_values."):
+            heads, size = i.shape[1], i.shape[3]
+            length = enc if ".encoder." in i.name else past
+            feeds[i.name] = rng.standard_normal((1, heads, length, size)).astype(np.float32)
+        else:
+            raise AssertionError(f"unexpected input {i.name}")
+    return feeds

@@ -101,6 +101,8 @@ def _merge(model: onnx.ModelProto, cond: str, bodies: dict) -> onnx.ModelProto:
     inputs = sorted(out.graph.input, key=lambda i: order.index(i.name) if i.name in order else len(order))
     del out.graph.input[:]
     out.graph.input.extend(inputs)
+    del out.graph.output[:]  # the taken branch left its placeholders out: the If returns them all again
+    out.graph.output.extend(model.graph.output)
     del out.graph.value_info[:]
     return out
 
