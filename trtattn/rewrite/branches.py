@@ -34,11 +34,14 @@ def fuse_branches(model: onnx.ModelProto, fuse, *, opset: int, **options):
         raise TrtattnError(f"'{cond}' decides {len(deciding)} If nodes ({', '.join(deciding)}); trtattn verifies a "
                            "model whose condition input decides one If (as Optimum's merged decoders)")
     results = {value: fuse(take_branch(model, cond, value, drop_empty=True), **options) for value in (False, True)}
+    if_output = next(n.output[0] for n in model.graph.node if n.op_type == "If" and n.input[0] == cond)
     reports, ignored = [], []
     for value, r in results.items():
         tag = f"{cond}={value}"
+        where = ((if_output, "then_branch" if value else "else_branch"),)  # the site's place in the merged model
         for rep in r.reports:
-            reports.append(dataclasses.replace(rep, site=dataclasses.replace(rep.site, name=f"{tag}: {rep.site.name}")))
+            site = dataclasses.replace(rep.site, name=f"{tag}: {rep.site.name}", graph=where + tuple(rep.site.graph))
+            reports.append(dataclasses.replace(rep, site=site))
         ignored += [dataclasses.replace(i, name=f"{tag}: {i.name}") for i in r.ignored]
     verification = _verification(cond, results)
     changed = any(r.changed for r in results.values())
