@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
+import trtattn
 from conftest import sha256
 from trtattn.cli import main
 from trtattn.errors import TrtattnError
@@ -108,6 +109,7 @@ def test_run_folder_generates_as_the_decoder_step_does(llama_folder, tmp_path, c
     pipeline = load_pipeline(llama_folder)
     assert pipeline.kind == "decoder-only" and pipeline.settings["eos_token_id"] == 999
     assert generate_pipeline(pipeline, {"decoder": step}, [[5, 6, 7]], 6) == [want]
+    assert trtattn.generate(llama_folder, [[5, 6, 7]], 6) == [want]
     capsys.readouterr()
     save = tmp_path / "tokens.npz"
     assert main(["run", str(llama_folder), "--generate", "6", "--prompt", "5,6,7", "--save", str(save)]) == 0

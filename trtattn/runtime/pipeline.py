@@ -206,6 +206,19 @@ def _one(pipeline: Pipeline, sessions: dict, request, n: int, eos: set, is_feeds
     return tokens
 
 
+def generate_folder(folder, prompts, max_new_tokens: int, *, backend: str = "ort", **kwargs) -> list[list[int]]:
+    """Open the parts of an export folder (ONNX Runtime by default) and generate greedily (generate_pipeline)."""
+    from .backends import open_session
+
+    pipeline = load_pipeline(folder)
+    sessions = {role: open_session(str(path), backend=backend) for role, path in pipeline.parts.items()}
+    try:
+        return generate_pipeline(pipeline, sessions, prompts, max_new_tokens, **kwargs)
+    finally:
+        for s in sessions.values():
+            s.close()
+
+
 # ---------------------------------------------------------------- text in, text out
 def tokenizer_of(folder: Path):
     """The folder's tokenizer.json through the `tokenizers` package, or None when there is none."""
