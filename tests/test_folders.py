@@ -136,3 +136,27 @@ def test_run_encoder_decoder_folder_generates_as_the_parts_do(whisper_folder):
     assert pipeline.kind == "encoder-decoder" and not pipeline.merged
     got, = generate_pipeline(pipeline, parts, None, 5, encoder_inputs=[{"input_features": features}])
     assert got == want
+
+
+def test_build_folder_writes_forms_plans_and_pipeline_sidecar_and_its_forms_generate_alike(llama_folder, tmp_path,
+                                                                                               capsys):
+    """`build DIR` without TensorRT: the verified kv-cache form of the decoder, its plan and pipeline.json
+    (parts, form, I/O, generation settings), exit 4; `run OUT --backend ort` decodes through the forms
+    with the same tokens as the export folder."""
+    from trtattn.cli.common import NO_TRT_EXIT
+
+    code = main(["build", str(llama_folder), "--out-dir", str(tmp_path), "--precision", "fp32"])
+    out = tmp_path / llama_folder.name
+    sidecar = json.loads((out / "pipeline.json").read_text())
+    assert sidecar["kind"] == "decoder-only" and sidecar["generation"]["eos_token_id"] == 999
+    part = sidecar["parts"]["decoder"]
+    assert part["form"] == "kv-cache" and part["source"] == "model.onnx" and part["sites"] == 2
+    assert "input_ids" in {i["name"] for i in part["inputs"]} and part["profiles"]
+    assert (out / part["onnx"]).exists() and (out / "decoder.plan.json").exists()
+    assert (out / "generation_config.json").read_bytes() == (llama_folder / "generation_config.json").read_bytes()
+    if code == NO_TRT_EXIT:
+        assert main(["run", str(out), "--generate", "4", "--prompt", "5,6,7"]) == 2  # no engines to run
+    capsys.readouterr()
+    assert main(["run", str(out), "--backend", "ort", "--generate", "6", "--prompt", "5,6,7", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["requests"][0]["tokens"]
+    assert [got] == trtattn.generate(llama_folder, [[5, 6, 7]], 6)

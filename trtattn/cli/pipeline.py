@@ -18,7 +18,7 @@ def run(args, progress) -> int:
     if not args.generate:
         raise TrtattnError(f"{args.model} is a folder: give --generate N to decode through its parts "
                            "(or name one model file to run it once)")
-    pipeline = load_pipeline(args.model)
+    pipeline = load_pipeline(args.model, backend=args.backend)
     tokenizer = tokenizer_of(pipeline.folder) if args.text else None
     if args.text and tokenizer is None:
         raise TrtattnError(f"--text needs a tokenizer.json in {pipeline.folder}")

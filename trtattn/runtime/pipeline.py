@@ -44,6 +44,7 @@ class Pipeline:
     parts: dict[str, Path]
     settings: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    forms: dict = field(default_factory=dict)  # role -> form, for a folder of engines (pipeline.json)
 
     @property
     def kind(self) -> str:
@@ -86,19 +87,27 @@ def find_parts(folder: Path, suffix: str = ".onnx") -> dict[str, Path]:
     return parts
 
 
-def load_pipeline(folder) -> Pipeline:
-    """The parts of an export folder (or of a folder of engines with its pipeline.json)."""
+def load_pipeline(folder, backend: str = "auto") -> Pipeline:
+    """The parts of an export folder, or of a folder `trtattn build DIR` wrote (pipeline.json): its engines,
+    or with backend="ort" the verified form models they were built from."""
     folder = Path(folder)
     if not folder.is_dir():
         raise TrtattnError(f"{folder}: not a folder")
     sidecar = folder / PIPELINE_JSON
     if sidecar.exists():
         meta = _read_json(sidecar)
-        parts = {role: folder / p["file"] for role, p in meta.get("parts", {}).items()}
+        key = "onnx" if backend == "ort" else "file"
+        entries = meta.get("parts", {})
+        failed = [f"{role}: {p['error']}" for role, p in entries.items() if p.get("error")]
+        if failed:
+            raise TrtattnError(f"{sidecar}: parts were not prepared ({'; '.join(failed)})")
+        parts = {role: folder / p[key] for role, p in entries.items()}
         missing = [str(p) for p in parts.values() if not p.exists()]
         if missing:
-            raise TrtattnError(f"{sidecar} names parts that are not there: {', '.join(missing)}")
-        return Pipeline(folder, parts, meta.get("generation", {}), meta.get("config", {}))
+            raise TrtattnError(f"{sidecar} names parts that are not there: {', '.join(missing)}"
+                               + (" (built without TensorRT: --backend ort runs the verified forms)" if key == "file" else ""))
+        return Pipeline(folder, parts, meta.get("generation", {}), _read_json(folder / "config.json"),
+                        {role: p.get("form") for role, p in entries.items()})
     parts = find_parts(folder)
     if "decoder" not in parts:
         raise TrtattnError(f"{folder}: no decoder to generate with (expected model.onnx, decoder_model.onnx or "
@@ -166,6 +175,8 @@ def generate_pipeline(pipeline: Pipeline, sessions: dict, prompts, max_new_token
     if max_new_tokens < 1:
         raise TrtattnError("max_new_tokens must be at least 1")
     eos = set([eos_token_id] if eos_token_id is not None else pipeline.eos_ids())
+    if "kv-cache" in pipeline.forms.values():
+        return _kv_cache_form(pipeline, sessions, prompts, max_new_tokens, eos)
     requests = encoder_inputs if encoder_inputs is not None else prompts
     return [_one(pipeline, sessions, request, max_new_tokens, eos, encoder_inputs is not None)
             for request in requests]
@@ -217,6 +228,20 @@ def generate_folder(folder, prompts, max_new_tokens: int, *, backend: str = "ort
     finally:
         for s in sessions.values():
             s.close()
+
+
+def _kv_cache_form(pipeline: Pipeline, sessions: dict, prompts, n: int, eos: set) -> list[list[int]]:
+    """A decoder-only pipeline built as the kv-cache form: runtime.generate's static cache (prefill and
+    decode with the one step model), one request at a time like the rest of this module."""
+    from .generate import generate
+
+    if pipeline.kind != "decoder-only":
+        raise TrtattnError(f"{pipeline.folder}: generation through an encoder-decoder pipeline whose decoder is the "
+                           "kv-cache form is not supported yet; run the export folder itself")
+    if len(eos) > 1:
+        raise TrtattnError(f"{pipeline.folder}: several eos ids {sorted(eos)}; give one with --eos")
+    stop = next(iter(eos), None)
+    return [generate(sessions["decoder"], [p], n, eos_token_id=stop, record_logits=False).tokens[0] for p in prompts]
 
 
 # ---------------------------------------------------------------- text in, text out
