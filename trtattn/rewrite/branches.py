@@ -22,36 +22,53 @@ from ..graph.shapes import upgrade_opset
 BRIDGE = "/branch"  # suffix of the Identity take_branch adds from a branch output to the If's output
 
 
-def fuse_branches(model: onnx.ModelProto, fuse, *, opset: int, **options):
-    """`fuse(model, **options)` on each branch of the first boolean If condition; the fused branches put
-    back into the If. Returns the FuseResult of the whole model (sites of both branches, each named with
-    its branch; the verification of both)."""
-    from .fuse import FuseResult
-
+def by_branch(model: onnx.ModelProto, transform, **options):
+    """`transform(model, **options)` (fuse_model or normalize_model) on each branch of the first boolean If
+    condition. Returns (cond, {False: result, True: result}, the model with the changed branches put back
+    into the If, or None when neither changed). Each result has .model, .changed, .verification."""
     cond = branch_inputs(model)[0]
     deciding = [n.name or n.output[0] for n in model.graph.node if n.op_type == "If" and n.input[0] == cond]
     if len(deciding) != 1:
         raise TrtattnError(f"'{cond}' decides {len(deciding)} If nodes ({', '.join(deciding)}); trtattn verifies a "
                            "model whose condition input decides one If (as Optimum's merged decoders)")
-    results = {value: fuse(take_branch(model, cond, value, drop_empty=True), **options) for value in (False, True)}
+    results = {value: transform(take_branch(model, cond, value, drop_empty=True), **options) for value in (False, True)}
+    if not any(r.changed for r in results.values()):
+        return cond, results, None
+    opset = max(_opset(r.model) for r in results.values() if r.changed)
+    bodies = {v: (r.model if r.changed else upgrade_opset(take_branch(model, cond, v, drop_empty=True), opset))
+              for v, r in results.items()}
+    return cond, results, _merge(model, cond, bodies)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def in_branch(model: onnx.ModelProto, cond: str, value: bool, site):
+    """A branch-taken model's site as a site of the merged model: named with its branch, its graph path
+    through the If."""
     if_output = next(n.output[0] for n in model.graph.node if n.op_type == "If" and n.input[0] == cond)
+    where = ((if_output, "then_branch" if value else "else_branch"),)
+    return dataclasses.replace(site, name=f"{cond}={value}: {site.name}", graph=where + tuple(site.graph))
+
+
+def tagged(cond: str, value: bool, skipped):
+    return dataclasses.replace(skipped, name=f"{cond}={value}: {skipped.name}")
+
+
+def fuse_branches(model: onnx.ModelProto, fuse, **options):
+    """fuse_model of a model with If branches chosen by an input: the FuseResult of the whole model (sites
+    of both branches, each named with its branch; the verification of both)."""
+    cond, results, merged = by_branch(model, fuse, **options)
     reports, ignored = [], []
     for value, r in results.items():
-        tag = f"{cond}={value}"
-        where = ((if_output, "then_branch" if value else "else_branch"),)  # the site's place in the merged model
-        for rep in r.reports:
-            site = dataclasses.replace(rep.site, name=f"{tag}: {rep.site.name}", graph=where + tuple(rep.site.graph))
-            reports.append(dataclasses.replace(rep, site=site))
-        ignored += [dataclasses.replace(i, name=f"{tag}: {i.name}") for i in r.ignored]
-    verification = _verification(cond, results)
-    changed = any(r.changed for r in results.values())
-    if not changed:
-        return FuseResult(model, reports, ignored, verification, False)
-    bodies = {v: (r.model if r.changed else upgrade_opset(take_branch(model, cond, v, drop_empty=True), opset)) for v, r in results.items()}
-    return FuseResult(_merge(model, cond, bodies), reports, ignored, verification, True)
+        reports += [dataclasses.replace(rep, site=in_branch(model, cond, value, rep.site)) for rep in r.reports]
+        ignored += [tagged(cond, value, i) for i in r.ignored]
+    FuseResult = type(results[True])  # (fuse's own result type: this module does not import fuse)
+    return FuseResult(merged or model, reports, ignored, verification(cond, results), merged is not None)
 
 
-def _verification(cond: str, results: dict) -> dict:
+def verification(cond: str, results: dict) -> dict:
     parts = {f"{cond}={v}": r.verification for v, r in results.items()}
     passed = [p.get("passed") for p in parts.values()]
     errors = [p["max_abs_err"] for p in parts.values() if p.get("max_abs_err") is not None]

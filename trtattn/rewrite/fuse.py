@@ -179,8 +179,8 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     if branch_inputs(model):  # If branches chosen by an input (Optimum's merged decoders): each on its own
         from .branches import fuse_branches
 
-        return fuse_branches(model, fuse_model, opset=ATTENTION_OPSET, verify=verify, dims=dims, seed=seed, atol=atol,
-                             rtol=rtol, progress=progress)
+        return fuse_branches(model, fuse_model, verify=verify, dims=dims, seed=seed, atol=atol, rtol=rtol,
+                             progress=progress)
     dims = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py)
     with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(model, ATTENTION_OPSET)
