@@ -26,8 +26,7 @@ def _ops(path):
 
 @pytest.fixture(scope="module")
 def llama_folder(zoo_dir, tmp_path_factory):
-    """A decoder-only export folder: the zoo's Llama LM step as model.onnx, its config files and a softmax
-    that is not attention in a second model (a classifier head: fuse leaves it, copies it unchanged)."""
+    """A decoder-only export folder: the zoo's Llama LM step as model.onnx beside config files."""
     from trtattn.zoo import generation
 
     folder = tmp_path_factory.mktemp("llama") / "export"
@@ -160,3 +159,25 @@ def test_build_folder_writes_forms_plans_and_pipeline_sidecar_and_its_forms_gene
     assert main(["run", str(out), "--backend", "ort", "--generate", "6", "--prompt", "5,6,7", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["requests"][0]["tokens"]
     assert [got] == trtattn.generate(llama_folder, [[5, 6, 7]], 6)
+
+
+def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_original(zoo_export):
+    """Class 6 on the zoo's llama-merged (Optimum's merge of the without- and with-cache decoders): each
+    branch verified on its own, every site of both fused, and the fused If runs both ways as the original."""
+    from trtattn.graph.branches import take_branch
+    from trtattn.graph.inputs import make_feeds
+    from trtattn.rewrite.fuse import fuse_model
+
+    original = onnx.load(str(zoo_export("llama-merged", "torchscript")))
+    result = fuse_model(original)
+    assert result.ok and set(result.verification["branches"]) == {"use_cache_branch=False", "use_cache_branch=True"}
+    names = [r.site.name for r in result.reports]
+    assert len(names) == 4 and sum(n.startswith("use_cache_branch=True: ") for n in names) == 2
+    assert all(r.status == "fused" and r.site.graph for r in result.reports)
+    onnx.checker.check_model(result.model)
+    a, b = OrtSession(original, name="original"), OrtSession(result.model, name="fused")
+    for use_cache in (False, True):
+        feeds = make_feeds(take_branch(original, "use_cache_branch", use_cache), seed=1)
+        feeds["use_cache_branch"] = np.asarray([use_cache])
+        want, got = a.run(feeds), b.run(feeds)
+        assert all(np.abs(want[k] - got[k]).max() <= 1e-4 for k in want)

@@ -106,6 +106,7 @@ def _optimum_tokens(kind, folder, n):
     return out[len(PROMPT):] if kind == "llama" else out[1:]  # after the prompt / the decoder start token
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "t5"])
 def test_fused_folder_loads_in_optimum_and_generates_the_same_tokens(exports, kind, tmp_path):
     folder = exports(kind)
@@ -156,6 +157,7 @@ def test_run_folder_text_in_text_out(exports, capsys):
     assert row["text"].strip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["t5", "bart", "whisper"])
 def test_merged_decoder_fuses_every_site_of_both_branches(exports, kind):
     """Class 6: the with-cache branch returns empty cross-attention presents by design; each branch is
