@@ -98,7 +98,7 @@ def test_fuse_folder_writes_nothing_when_a_model_does_not_verify(llama_folder, t
 def test_folder_with_no_model_is_refused(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "config.json").write_text("{}")
-    with pytest.raises(TrtattnError, match="no ONNX model"):
+    with pytest.raises(TrtattnError, match="directory with no ONNX model"):
         fuse_folder(tmp_path / "in", tmp_path / "out")
 
 

@@ -131,7 +131,7 @@ def process_folder(source, output, *, mode: str = "fuse", force: bool = False, a
     src, out = check_folders(source, output, force)
     models = models_in(src)
     if not models:
-        raise TrtattnError(f"{src}: no ONNX model (*.onnx) in the folder")
+        raise TrtattnError(f"{src}: a directory with no ONNX model (*.onnx) in it")
     data = _data_files(src, models)
     result = FolderResult(src, None)
     out.parent.mkdir(parents=True, exist_ok=True)
