@@ -181,3 +181,15 @@ def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_orig
         feeds["use_cache_branch"] = np.asarray([use_cache])
         want, got = a.run(feeds), b.run(feeds)
         assert all(np.abs(want[k] - got[k]).max() <= 1e-4 for k in want)
+
+
+@pytest.mark.slow
+def test_normalize_folder_normalizes_every_model_and_reports_per_file(llama_folder, tmp_path):
+    out, report = tmp_path / "norm", tmp_path / "r.json"
+    assert main(["normalize", str(llama_folder), "-o", str(out), "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["mode"] == "normalize" and data["ok"]
+    model = next(f for f in data["files"] if f["file"] == "model.onnx")
+    assert model["sites"] == 2 and model["not_done"] == 0 and model["action"] in ("normalized", "unchanged")
+    assert (out / "config.json").read_bytes() == (llama_folder / "config.json").read_bytes()
+    assert main(["normalize", str(llama_folder), "-o", str(out), "--quantize", "int8"]) == 2  # per model, not a folder
