@@ -133,7 +133,7 @@ def _all_nodes(model):
     return list(walk(model.graph))
 
 
-@pytest.mark.parametrize("kind", ["llama", "t5"])
+@pytest.mark.parametrize("kind", ["llama", "t5", "bart"])
 def test_run_folder_generate_equals_optimum_generate(exports, kind, capsys):
     folder = exports(kind)
     want = _optimum_tokens(kind, folder, 8)

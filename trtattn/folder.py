@@ -160,11 +160,9 @@ def process_folder(source, output, *, mode: str = "fuse", force: bool = False, a
 def _one_model(path: Path, rel: Path, dst: Path, data: dict, mode: str, allow_partial: bool, progress,
                options) -> FileResult:
     model = onnxio.load(path, load_external_data=False)
-    if progress is not None:
-        with progress.step(f"{mode} {rel}"):
-            result = _transform(model, mode, progress, options)
-    else:
-        result = _transform(model, mode, progress, options)
+    if progress is not None and progress.enabled:  # a heading: the steps inside print their own lines
+        print(f"[trtattn] {mode} {rel}:", file=progress.stream, flush=True)
+    result = _transform(model, mode, progress, options)
     verification = result.verification
     if mode == "fuse":
         sites = [r.row() for r in result.reports]

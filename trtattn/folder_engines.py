@@ -110,14 +110,11 @@ def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force
     out.mkdir(parents=True, exist_ok=True)
     for part in plans:
         label = f"{part.role} ({part.source.name}{', ' + part.branch if part.branch else ''}, {part.form})"
+        if progress is not None and progress.enabled:  # a heading: prepare's steps print their own lines
+            print(f"[trtattn] preparing {label}:", file=progress.stream, flush=True)
         try:
-            if progress is not None:
-                with progress.step(f"preparing {label}"):
-                    part.prepared = prepare(_load(part), name=part.role, form=part.form, precision=precision, dims=dims,
-                                            progress=progress, source=str(part.source), **options)
-            else:
-                part.prepared = prepare(_load(part), name=part.role, form=part.form, precision=precision, dims=dims,
-                                        source=str(part.source), **options)
+            part.prepared = prepare(_load(part), name=part.role, form=part.form, precision=precision, dims=dims,
+                                    progress=progress, source=str(part.source), **options)
         except TrtattnError as e:
             part.error = str(e)
             continue
