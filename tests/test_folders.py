@@ -31,7 +31,16 @@ def llama_folder(zoo_dir, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("llama") / "export"
     folder.mkdir()
-    shutil.copy(generation.export_family("llama", zoo_dir)["llama-lm"], folder / "model.onnx")
+    model = onnx.load(str(generation.export_family("llama", zoo_dir)["llama-lm"]))
+    onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx_data",
+              size_threshold=0)  # as Optimum writes large models
+    head = onnx.helper.make_graph(  # a model with no attention, its weight in a data file of its own
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "head",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])],
+        [onnx.numpy_helper.from_array(np.ones((8, 4), np.float32), "w")])
+    onnx.save(onnx.helper.make_model(head), str(folder / "head.onnx"), save_as_external_data=True,
+              location="head.bin", size_threshold=0)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 999, "pad_token_id": 0}))
     (folder / "tokenizer_config.json").write_text("{}")
@@ -67,6 +76,12 @@ def test_fuse_folder_fuses_every_model_copies_the_rest_and_never_touches_the_inp
         assert (out / name).read_bytes() == (llama_folder / name).read_bytes()
     data = json.loads(report.read_text())
     assert data["ok"] and [f["file"] for f in data["files"] if f["action"] == "fused"] == ["model.onnx"]
+    # external data: the fused model writes its own, the old file is not copied; an unchanged model keeps its
+    assert (out / "model.onnx.data").exists() and not (out / "model.onnx_data").exists()
+    assert [f["action"] for f in data["files"] if f["file"] == "head.onnx"] == ["unchanged"]
+    for name in ("head.onnx", "head.bin"):
+        assert (out / name).read_bytes() == (llama_folder / name).read_bytes()
+    assert not [f for f in data["files"] if f["file"] in ("model.onnx_data", "head.bin")]  # data: not "other files"
     assert len(data["sites"]) == 2 and all(s["file"] == "model.onnx" and s["status"] == "fused" for s in data["sites"])
     # an existing output is refused without --force, replaced with it; the input folder is never an output
     assert main(["fuse", str(llama_folder), "-o", str(out)]) == 2
@@ -89,7 +104,7 @@ def test_fuse_folder_writes_nothing_when_a_model_does_not_verify(llama_folder, t
     out.mkdir()  # an existing output, replaced only when something is written (--force)
     result = fuse_folder(llama_folder, out, force=True)
     assert not result.ok and result.output is None and not list(out.iterdir())
-    assert [f.action for f in result.models] == ["not written"]
+    assert [f.action for f in result.models if f.path == "model.onnx"] == ["not written"]
     assert [p.name for p in tmp_path.iterdir()] == ["fused"]  # no scratch left behind
     partial = fuse_folder(llama_folder, out, force=True, allow_partial=True)  # the failed model copied unchanged
     assert partial.output == out and (out / "model.onnx").read_bytes() == (llama_folder / "model.onnx").read_bytes()

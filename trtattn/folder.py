@@ -95,11 +95,15 @@ def _umask() -> int:
 
 def _data_files(folder: Path, models: list[Path]) -> dict[Path, Path]:
     """External data file -> the model that reads it."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
     owned = {}
-    for m in models:
-        model = onnxio.load(m, load_external_data=False)
-        for src in external.source_files(model):
-            owned[Path(src).resolve()] = m
+    for m in models:  # the locations as written (graph.io.load would read small tensors in and forget them)
+        model = onnx.load(str(m), load_external_data=False)
+        for t in external.all_tensors(model):
+            if uses_external_data(t):
+                owned[(m.parent / ExternalDataInfo(t).location).resolve()] = m
     return owned
 
 
