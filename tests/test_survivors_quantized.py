@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 import pytest
 from trtattn.testing.graphs import attention_model
 
-from trtattn.build import prepare
+from trtattn.routes.prepare import prepare
 
 
 def probs_qdq_model(zero_point: int) -> onnx.ModelProto:

@@ -8,7 +8,7 @@ from trtattn.testing.graphs import attention_model
 from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.errors import TrtattnError, VerificationError
-from trtattn.rewrite import forms
+from trtattn.routes.prepare import forms
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.trt.plan import AttentionPlan
 from trtattn.verify import compare_models, tolerance_for
@@ -126,7 +126,7 @@ def test_fuse_ops_trt_exits_nonzero_and_writes_nothing_when_its_check_fails(zoo_
 def test_max_cache_sets_the_cache_capacity_the_user_asked_for(zoo_export):
     """build.py:165 (limits.max_cache): the caches of the engine's I/O and its profiles are 24 long, the number
     passed, not the 64 maximum positions (asserted against 24, not plan.limits, the value under test)."""
-    from trtattn.build import Limits, prepare
+    from trtattn.routes.prepare import Limits, prepare
 
     model = onnx.load(str(zoo_export("llama-cache", "torchscript")))
     prepared = prepare(model, name="llama-cache", form="kv-cache", precision="fp32",

@@ -32,5 +32,28 @@ def fuse(model, **kwargs):
     return result
 
 
+def fuse_folder(source, output, **kwargs):
+    """Fuse every ONNX model of an export folder (Optimum's layout) into OUTPUT, verified; other files copied
+    (see trtattn.folder.process_folder)."""
+    from .folder import fuse_folder as _fuse_folder
+
+    return _fuse_folder(source, output, **kwargs)
+
+
+def normalize_folder(source, output, **kwargs):
+    """normalize (TensorRT's fusion rules) every ONNX model of an export folder into OUTPUT, verified."""
+    from .folder import normalize_folder as _normalize_folder
+
+    return _normalize_folder(source, output, **kwargs)
+
+
+def generate(folder, prompts, max_new_tokens: int, **kwargs):
+    """Greedy tokens through an export folder's parts on ONNX Runtime (see trtattn.runtime.pipeline)."""
+    from .runtime.pipeline import generate_folder
+
+    return generate_folder(folder, prompts, max_new_tokens, **kwargs)
+
+
 __all__ = ["AttentionSite", "CacheKind", "CausalKind", "Layout", "MaskKind", "RopeKind", "ScalePlacement",
-           "SiteKind", "SiteStatus", "find_attention", "fuse", "__version__"]
+           "SiteKind", "SiteStatus", "find_attention", "fuse", "fuse_folder", "normalize_folder", "generate",
+           "__version__"]

@@ -17,7 +17,8 @@ def add_parser(sub) -> None:
     from ..trt.profiles import DEFAULT_MAX_BATCH
 
     b = sub.add_parser("build", help="build a TensorRT engine in which every attention is an IAttention")
-    b.add_argument("model", help="input ONNX model (never modified)")
+    b.add_argument("model", help="input ONNX model, or an export folder: one engine per part and pipeline.json "
+                                 "(never modified)")
     b.add_argument("--name", help="engine name (default: the model file's stem)")
     b.add_argument("--out-dir", default="engines", help="where NAME.engine and NAME.json go (default engines/)")
     b.add_argument("--form", default="padded", choices=["padded", "packed", "kv-cache"],
@@ -54,6 +55,8 @@ def add_parser(sub) -> None:
 
 
 def run(args, progress) -> int:
+    if Path(args.model).is_dir():  # an export folder: one engine per part and pipeline.json
+        return _run_folder(args, progress)
     from ..routes.builder import build
     from ..routes.prepare import Limits, describe, prepare
     from ..trt import compat
@@ -94,3 +97,43 @@ def run(args, progress) -> int:
                                        workspace_mb=args.workspace)
     print(f"wrote {engine_path} and {json_path}")
     return 0
+
+
+def _run_folder(args, progress) -> int:
+    """`build DIR`: every part prepared (verified forms, plans) into OUT_DIR/DIR-name with pipeline.json;
+    with TensorRT each part built. Exit 4 without TensorRT (forms, plans and sidecar written), 1 when a
+    part cannot be prepared (listed with why)."""
+    from ..routes.builder import build
+    from ..routes.prepare import describe
+    from ..folder_engines import prepare_folder, write_sidecar
+    from ..report import table
+    from ..trt import compat
+
+    out = Path(args.out_dir) / Path(args.model).resolve().name
+    result = prepare_folder(args.model, out, precision=args.precision, dims=parse_dims(args.dims), force=args.force,
+                            progress=progress)
+    for part in result.parts:
+        if part.prepared is not None:
+            print(f"--- {part.role} ({part.source.name}{', ' + part.branch if part.branch else ''})")
+            print(describe(part.prepared.plan))
+    print(table([{"part": p.role, "source": p.source.name, "branch": p.branch or "-", "form": p.form,
+                  "status": "prepared" if p.error is None else "not prepared", "why": p.error or "-"}
+                 for p in result.parts],
+                [("part", "part"), ("source", "from"), ("branch", "branch"), ("form", "form"), ("status", "status"),
+                 ("why", "why not")]))
+    engines = {}
+    try:
+        trt = compat.import_tensorrt()
+    except MissingDependencyError as e:
+        print(f"wrote {write_sidecar(result)} and the verified forms and plans in {out}")
+        return exit_without_tensorrt(e) if result.ok else 1
+    for part in result.parts:
+        if part.prepared is None:
+            continue
+        with progress.step(f"building {part.role} with TensorRT {trt.__version__}"):
+            engine_path, _ = build(part.prepared, trt, out, force=args.force,
+                                   timing_cache=Path(args.timing_cache) if args.timing_cache else None,
+                                   workspace_mb=args.workspace)
+        engines[part.role] = Path(engine_path).name
+    print(f"wrote {write_sidecar(result, engines)} and {len(engines)} engines in {out}")
+    return 0 if result.ok else 1

@@ -14,8 +14,8 @@ if TYPE_CHECKING:  # the commands start without importing verify/
 
 
 def add_model_out(p) -> None:
-    p.add_argument("model", help="input ONNX model (never modified)")
-    p.add_argument("-o", "--output", required=True, help="output ONNX model")
+    p.add_argument("model", help="input ONNX model, or an export folder (every model in it; never modified)")
+    p.add_argument("-o", "--output", required=True, help="output ONNX model (a folder for a folder)")
     p.add_argument("--report", help="write a JSON report here")
     add_report_html(p)
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
@@ -81,7 +81,8 @@ def exit_without_tensorrt(error) -> int:
 
 def add_session_opts(p) -> None:
     """The model, its back end, its feeds and generation: what `run` and `bench` both take."""
-    p.add_argument("model", help="MODEL.onnx (ONNX Runtime, CPU) or NAME.engine (TensorRT; reads its NAME.json sidecar)")
+    p.add_argument("model", help="MODEL.onnx (ONNX Runtime, CPU) or NAME.engine (TensorRT; reads its NAME.json sidecar); "
+                                 "for run --generate also an export folder or a folder of engines (pipeline.json)")
     p.add_argument("--backend", default="auto", choices=["auto", "ort", "tensorrt"],
                    help="auto (default): .engine/.plan/.trt files run on TensorRT, anything else on ONNX Runtime")
     p.add_argument("--inputs", help="feeds as .npz, one array per input name (default: generated from the inputs' roles)")

@@ -1,4 +1,5 @@
 """trtattn fuse MODEL -o OUT: every attention -> the standard ONNX Attention op, verified.
+(MODEL may be an export folder: every model in it, the other files copied; cli/folder.py.)
 
 Exit 0 when every attention-like softmax (and attention op) fused and verified, or the model has none
 (the output is the input); 1 when one is not fused (listed with why) or the verification fails, and
@@ -11,7 +12,8 @@ from ..graph import io as onnxio
 from ..graph.inputs import parse_dims
 from ..report import counts, site_table, summary_line, write_json
 from ..version import __version__
-from . import fuse_trt
+from ..folder import is_folder
+from . import folder, fuse_trt
 from .common import add_model_out, add_verify_opts, check_output, check_report_html, load_model, verdict
 
 
@@ -28,6 +30,8 @@ def add_parser(sub) -> None:
 def run(args, progress) -> int:
     from ..rewrite.fuse import fuse_model
 
+    if is_folder(args.model):  # an export folder: every model in it (cli/folder.py)
+        return folder.run(args, progress, "fuse")
     if fuse_trt.wanted(args):
         return fuse_trt.run(args, progress)
     check_output(args.model, args.output, args.force)

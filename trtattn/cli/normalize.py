@@ -4,10 +4,12 @@ optionally ModelOpt FP8/INT8 Q/DQ around every attention."""
 from __future__ import annotations
 
 from ..errors import TrtattnError
+from ..folder import is_folder
 from ..graph import io as onnxio
 from ..graph.inputs import make_feeds, parse_dims
 from ..report import table, write_json
 from ..version import __version__
+from . import folder
 from .common import add_model_out, add_verify_opts, check_output, check_report_html, load_model, verdict
 
 COLUMNS = [("name", "site"), ("heads", "heads q/kv"), ("head_size", "head"), ("scale", "scale"),
@@ -32,6 +34,8 @@ def add_parser(sub) -> None:
 def run(args, progress) -> int:
     from ..rewrite.normalize import normalize_model
 
+    if is_folder(args.model):  # an export folder: every model in it (cli/folder.py)
+        return folder.run(args, progress, "normalize")
     check_output(args.model, args.output, args.force)
     check_report_html(args)
     model = load_model(args.model)

@@ -1,4 +1,5 @@
 """trtattn run MODEL|ENGINE: one run (a table of the outputs), or greedy generation with a KV cache.
+`trtattn run DIR --generate N`: through an export folder's parts (cli/pipeline.py).
 
 Exit codes: 0 ok; 2 a user error (one line, from cli.main); 4 TensorRT or cuda-python missing or no
 GPU for an engine (one sentence, as `trtattn build` says it)."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -20,9 +22,19 @@ def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run an ONNX model (ONNX Runtime) or TensorRT engine once, or generate greedily")
     add_session_opts(p)
     p.add_argument("--save", help="write the outputs (or the generated tokens) to this .npz")
+    p.add_argument("--text", action="append", metavar="TEXT",
+                   help="MODEL is an export folder with a tokenizer.json: generate from this text, print text "
+                        "(repeat for several requests)")
 
 
 def run(args, progress) -> int:
+    if Path(args.model).is_dir():  # an export folder (or a folder of engines): the whole pipeline
+        from . import pipeline
+
+        try:
+            return pipeline.run(args, progress)
+        except MissingDependencyError as e:
+            return exit_without_tensorrt(e)
     try:
         with contextlib.ExitStack() as stack:
             session = stack.enter_context(open_model(args.model, args))

@@ -16,6 +16,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
+from ..graph.branches import branch_inputs
 from ..graph.emit import Emitter
 from ..graph.dims import fit_dims
 from ..graph.shapes import symbolic_shapes, upgrade_opset
@@ -190,6 +191,11 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     atol, rtol = tolerance_for(model, atol, rtol)
     if not has_candidates(model):
         return FuseResult(model, [], [], {"passed": True, "note": "no attention found"})
+    if branch_inputs(model):  # If branches chosen by an input (Optimum's merged decoders): each on its own
+        from .branches import fuse_branches
+
+        return fuse_branches(model, fuse_model, verify=verify, dims=dims, seed=seed, atol=atol, rtol=rtol,
+                             progress=progress)
     dims = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py)
     with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(model, ATTENTION_OPSET)

@@ -12,11 +12,13 @@ and checked through the model's outputs (feeds of two seeds take both branches o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import onnx
 
 from ...graph import external
+from ...graph.branches import branch_inputs
 from ...graph.dims import fit_dims
 from ...graph.emit import Emitter, export_like
 from ...match import analyse, logit_ops, probe_feeds, subgraphs
@@ -69,6 +71,22 @@ class NormalizeResult:
             not any(s.action.startswith("skipped") for s in self.sites)
 
 
+def _by_branch(model: onnx.ModelProto, **options) -> NormalizeResult:
+    """normalize_model on each branch of a merged decoder (rewrite/branches.py), as one result."""
+    from ..branches import by_branch, in_branch, tagged, verification
+
+    cond, results, merged = by_branch(model, normalize_model, **options)
+    rows, ignored, skipped, cleanup_stats = [], [], [], {}
+    for value, r in results.items():
+        rows += [dataclasses.replace(row, site=in_branch(model, cond, value, row.site)) for row in r.sites]
+        ignored += [tagged(cond, value, i) for i in r.ignored]
+        skipped += [tagged(cond, value, i) for i in r.skipped]
+        for k, v in r.cleanup.items():
+            cleanup_stats[k] = cleanup_stats.get(k, 0) + v if isinstance(v, (int, float)) else v
+    return NormalizeResult(merged or model, rows, merged is not None, cleanup_stats, verification(cond, results),
+                           ignored, None, skipped)
+
+
 def already_normal(site) -> bool:
     ops = [s for s in site.mask_steps if not logit_ops.unit(s).scales]
     late = [s for s in site.mask_steps if logit_ops.unit(s).scales]
@@ -83,6 +101,9 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
     """`model` normalised and verified (within the tolerance of the precision it computes in unless
     atol/rtol are given); a model whose weights were left on disk is worked on without reading them."""
     progress = progress or Progress(enabled=False)
+    if branch_inputs(model):  # If branches chosen by an input (Optimum's merged decoders): each on its own
+        return _by_branch(model, fold_scale_into_weights=fold_scale_into_weights, precision=precision, verify=verify,
+                          dims=dims, seed=seed, atol=atol, rtol=rtol, progress=progress)
     atol, rtol = tolerance_for(model, atol, rtol)
     dims = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py), as fuse does
     with progress.step("cleanup: constant folding, no-op removal"):

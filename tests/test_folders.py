@@ -1,0 +1,210 @@
+"""Export folders as one unit (trtattn.folder, `fuse DIR`, `normalize DIR`) and generation through a
+folder's parts (trtattn.runtime.pipeline, `run DIR --generate`), on folders written from the zoo in the
+layout Optimum uses (model.onnx; encoder_model.onnx + decoder_model.onnx + decoder_with_past_model.onnx)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+import trtattn
+from conftest import sha256
+from trtattn.cli import main
+from trtattn.errors import TrtattnError
+from trtattn.folder import fuse_folder
+from trtattn.runtime import OrtSession, generate, generate_encoder_decoder
+from trtattn.runtime.pipeline import generate_pipeline, load_pipeline
+
+
+def _ops(path):
+    return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+
+
+@pytest.fixture(scope="module")
+def llama_folder(zoo_dir, tmp_path_factory):
+    """A decoder-only export folder: the zoo's Llama LM step as model.onnx beside config files."""
+    from trtattn.zoo import generation
+
+    folder = tmp_path_factory.mktemp("llama") / "export"
+    folder.mkdir()
+    model = onnx.load(str(generation.export_family("llama", zoo_dir)["llama-lm"]))
+    onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx_data",
+              size_threshold=0)  # as Optimum writes large models
+    head = onnx.helper.make_graph(  # a model with no attention, its weight in a data file of its own
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "head",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])],
+        [onnx.numpy_helper.from_array(np.ones((8, 4), np.float32), "w")])
+    onnx.save(onnx.helper.make_model(head), str(folder / "head.onnx"), save_as_external_data=True,
+              location="head.bin", size_threshold=0)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 999, "pad_token_id": 0}))
+    (folder / "tokenizer_config.json").write_text("{}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def whisper_folder(zoo_dir, tmp_path_factory):
+    from trtattn.zoo import generation
+
+    paths = generation.export_family("whisper", zoo_dir)
+    folder = tmp_path_factory.mktemp("whisper") / "export"
+    folder.mkdir()
+    for part, stem in (("whisper-encoder", "encoder_model"), ("whisper-decoder-init", "decoder_model"),
+                       ("whisper-decoder-step", "decoder_with_past_model")):
+        shutil.copy(paths[part], folder / f"{stem}.onnx")
+    (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": 3, "eos_token_id": 999}))
+    return folder
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_fuse_folder_fuses_every_model_copies_the_rest_and_never_touches_the_input(llama_folder, tmp_path):
+    before = _snapshot(llama_folder)
+    out = tmp_path / "fused"
+    report = tmp_path / "r.json"
+    assert main(["fuse", str(llama_folder), "-o", str(out), "--report", str(report)]) == 0
+    assert _snapshot(llama_folder) == before
+    assert "Attention" in _ops(out / "model.onnx") and "Attention" not in _ops(llama_folder / "model.onnx")
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (llama_folder / name).read_bytes()
+    data = json.loads(report.read_text())
+    assert data["ok"] and [f["file"] for f in data["files"] if f["action"] == "fused"] == ["model.onnx"]
+    # external data: the fused model writes its own, the old file is not copied; an unchanged model keeps its
+    assert (out / "model.onnx.data").exists() and not (out / "model.onnx_data").exists()
+    assert [f["action"] for f in data["files"] if f["file"] == "head.onnx"] == ["unchanged"]
+    for name in ("head.onnx", "head.bin"):
+        assert (out / name).read_bytes() == (llama_folder / name).read_bytes()
+    assert not [f for f in data["files"] if f["file"] in ("model.onnx_data", "head.bin")]  # data: not "other files"
+    assert len(data["sites"]) == 2 and all(s["file"] == "model.onnx" and s["status"] == "fused" for s in data["sites"])
+    # an existing output is refused without --force, replaced with it; the input folder is never an output
+    assert main(["fuse", str(llama_folder), "-o", str(out)]) == 2
+    assert main(["fuse", str(llama_folder), "-o", str(llama_folder / "inside")]) == 2
+    assert _snapshot(llama_folder) == before
+
+
+def test_fuse_folder_writes_nothing_when_a_model_does_not_verify(llama_folder, tmp_path, monkeypatch):
+    import trtattn.folder as folder
+
+    real = folder._transform
+
+    def failing(*args):  # the real fuse, its verification then marked failed
+        result = real(*args)
+        result.verification["passed"] = False
+        return result
+
+    monkeypatch.setattr(folder, "_transform", failing)
+    out = tmp_path / "fused"
+    out.mkdir()  # an existing output, replaced only when something is written (--force)
+    result = fuse_folder(llama_folder, out, force=True)
+    assert not result.ok and result.output is None and not list(out.iterdir())
+    assert [f.action for f in result.models if f.path == "model.onnx"] == ["not written"]
+    assert [p.name for p in tmp_path.iterdir()] == ["fused"]  # no scratch left behind
+    partial = fuse_folder(llama_folder, out, force=True, allow_partial=True)  # the failed model copied unchanged
+    assert partial.output == out and (out / "model.onnx").read_bytes() == (llama_folder / "model.onnx").read_bytes()
+
+
+def test_folder_with_no_model_is_refused(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "config.json").write_text("{}")
+    with pytest.raises(TrtattnError, match="directory with no ONNX model"):
+        fuse_folder(tmp_path / "in", tmp_path / "out")
+
+
+def test_run_folder_generates_as_the_decoder_step_does(llama_folder, tmp_path, capsys):
+    step = OrtSession(str(llama_folder / "model.onnx"))
+    want = generate(step, [[5, 6, 7]], 6).tokens[0]
+    pipeline = load_pipeline(llama_folder)
+    assert pipeline.kind == "decoder-only" and pipeline.settings["eos_token_id"] == 999
+    assert generate_pipeline(pipeline, {"decoder": step}, [[5, 6, 7]], 6) == [want]
+    assert trtattn.generate(llama_folder, [[5, 6, 7]], 6) == [want]
+    capsys.readouterr()
+    save = tmp_path / "tokens.npz"
+    assert main(["run", str(llama_folder), "--generate", "6", "--prompt", "5,6,7", "--save", str(save)]) == 0
+    assert f"request 0: {' '.join(map(str, want))}" in capsys.readouterr().out
+    assert np.load(save)["tokens"][0].tolist() == want
+
+
+def test_run_folder_stops_at_the_eos_of_generation_config(llama_folder, tmp_path):
+    step = OrtSession(str(llama_folder / "model.onnx"))
+    tokens = generate(step, [[5, 6, 7]], 6).tokens[0]
+    folder = tmp_path / "eos"
+    shutil.copytree(llama_folder, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": tokens[2]}))
+    got, = generate_pipeline(load_pipeline(folder), {"decoder": step}, [[5, 6, 7]], 6)
+    assert got == tokens[:tokens.index(tokens[2]) + 1]
+
+
+def test_run_encoder_decoder_folder_generates_as_the_parts_do(whisper_folder):
+    features = np.random.default_rng(0).standard_normal((1, 16, 32)).astype(np.float32)
+    parts = {role: OrtSession(str(p)) for role, p in load_pipeline(whisper_folder).parts.items()}
+    want = generate_encoder_decoder(parts["encoder"], parts["decoder"], parts["decoder_with_past"], features, [[3]],
+                                    5).tokens[0]
+    pipeline = load_pipeline(whisper_folder)
+    assert pipeline.kind == "encoder-decoder" and not pipeline.merged
+    got, = generate_pipeline(pipeline, parts, None, 5, encoder_inputs=[{"input_features": features}])
+    assert got == want
+
+
+def test_build_folder_writes_forms_plans_and_pipeline_sidecar_and_its_forms_generate_alike(llama_folder, tmp_path,
+                                                                                               capsys):
+    """`build DIR` without TensorRT: the verified kv-cache form of the decoder, its plan and pipeline.json
+    (parts, form, I/O, generation settings), exit 4; `run OUT --backend ort` decodes through the forms
+    with the same tokens as the export folder."""
+    from trtattn.cli.common import NO_TRT_EXIT
+
+    code = main(["build", str(llama_folder), "--out-dir", str(tmp_path), "--precision", "fp32"])
+    out = tmp_path / llama_folder.name
+    sidecar = json.loads((out / "pipeline.json").read_text())
+    assert sidecar["kind"] == "decoder-only" and sidecar["generation"]["eos_token_id"] == 999
+    part = sidecar["parts"]["decoder"]
+    assert part["form"] == "kv-cache" and part["source"] == "model.onnx" and part["sites"] == 2
+    assert "input_ids" in {i["name"] for i in part["inputs"]} and part["profiles"]
+    assert (out / part["onnx"]).exists() and (out / "decoder.plan.json").exists()
+    assert (out / "generation_config.json").read_bytes() == (llama_folder / "generation_config.json").read_bytes()
+    if code == NO_TRT_EXIT:
+        assert main(["run", str(out), "--generate", "4", "--prompt", "5,6,7"]) == 2  # no engines to run
+    capsys.readouterr()
+    assert main(["run", str(out), "--backend", "ort", "--generate", "6", "--prompt", "5,6,7", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["requests"][0]["tokens"]
+    assert [got] == trtattn.generate(llama_folder, [[5, 6, 7]], 6)
+
+
+def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_original(zoo_export):
+    """Class 6 on the zoo's llama-merged (Optimum's merge of the without- and with-cache decoders): each
+    branch verified on its own, every site of both fused, and the fused If runs both ways as the original."""
+    from trtattn.graph.branches import take_branch
+    from trtattn.graph.inputs import make_feeds
+    from trtattn.rewrite.fuse import fuse_model
+
+    original = onnx.load(str(zoo_export("llama-merged", "torchscript")))
+    result = fuse_model(original)
+    assert result.ok and set(result.verification["branches"]) == {"use_cache_branch=False", "use_cache_branch=True"}
+    names = [r.site.name for r in result.reports]
+    assert len(names) == 4 and sum(n.startswith("use_cache_branch=True: ") for n in names) == 2
+    assert all(r.status == "fused" and r.site.graph for r in result.reports)
+    onnx.checker.check_model(result.model)
+    a, b = OrtSession(original, name="original"), OrtSession(result.model, name="fused")
+    for use_cache in (False, True):
+        feeds = make_feeds(take_branch(original, "use_cache_branch", use_cache), seed=1)
+        feeds["use_cache_branch"] = np.asarray([use_cache])
+        want, got = a.run(feeds), b.run(feeds)
+        assert all(np.abs(want[k] - got[k]).max() <= 1e-4 for k in want)
+
+
+@pytest.mark.slow
+def test_normalize_folder_normalizes_every_model_and_reports_per_file(llama_folder, tmp_path):
+    out, report = tmp_path / "norm", tmp_path / "r.json"
+    assert main(["normalize", str(llama_folder), "-o", str(out), "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["mode"] == "normalize" and data["ok"]
+    model = next(f for f in data["files"] if f["file"] == "model.onnx")
+    assert model["sites"] == 2 and model["not_done"] == 0 and model["action"] in ("normalized", "unchanged")
+    assert (out / "config.json").read_bytes() == (llama_folder / "config.json").read_bytes()
+    assert main(["normalize", str(llama_folder), "-o", str(out), "--quantize", "int8"]) == 2  # per model, not a folder

@@ -1,0 +1,136 @@
+"""`trtattn build DIR`: one engine per part of an export folder, and a pipeline sidecar (pipeline.json).
+
+    encoder_model.onnx             the padded form
+    decoder_model.onnx             the padded form (the first decoder step: no past)
+    decoder_with_past_model.onnx   the kv-cache form
+    model.onnx (decoder-only)      the kv-cache form
+    decoder_model_merged.onnx      its two branches (graph/branches.py): use_cache_branch=False as the
+                                   first step (padded), True as the kv-cache form
+
+Each part goes through build.prepare (fused, form derived and verified on ONNX Runtime) and, with
+TensorRT, build.build. pipeline.json names the parts, the file each came from, their form, their I/O
+contract (inputs, profiles) and the generation settings from generation_config.json; the folder's
+config, generation config and tokenizer files are copied beside it, so `run` finds them. A part that
+cannot be prepared is listed with why (and the command exits 1); nothing in DIR is modified.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import TrtattnError
+from .graph import io as onnxio
+from .graph.branches import branch_inputs, take_branch
+from .runtime.pipeline import PIPELINE_JSON, find_parts, generation_settings
+
+COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+          "special_tokens_map.json")
+
+
+@dataclass
+class PartPlan:
+    role: str  # encoder | decoder | decoder_with_past
+    source: Path
+    form: str
+    branch: str | None = None  # "use_cache_branch=True" for a part taken from a merged decoder
+    prepared: object = None
+    error: str | None = None
+
+    def entry(self, engine: str | None) -> dict:
+        row = {"source": self.source.name, "form": self.form, "branch": self.branch, "file": engine}
+        if self.prepared is not None:
+            plan = self.prepared.plan.plan_json()
+            row.update(inputs=plan["inputs"], profiles=plan["profiles"], sites=len(plan["sites"]),
+                       onnx=f"{self.role}.{self.form}.onnx")
+        if self.error:
+            row["error"] = self.error
+        return row
+
+
+@dataclass
+class FolderBuild:
+    source: Path
+    out_dir: Path
+    kind: str
+    parts: list[PartPlan] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(p.error is None for p in self.parts)
+
+
+def part_plans(folder: Path) -> list[PartPlan]:
+    """What to build from each part of the folder, and in which form."""
+    parts = find_parts(folder)
+    if "decoder" not in parts:
+        raise TrtattnError(f"{folder}: no decoder (expected model.onnx, decoder_model.onnx or decoder_model_merged.onnx, "
+                           "as Optimum writes them)")
+    plans = []
+    if "encoder" in parts:
+        plans.append(PartPlan("encoder", parts["encoder"], "padded"))
+    decoder = parts["decoder"]
+    if decoder.stem.startswith("decoder_model_merged"):
+        plans.append(PartPlan("decoder", decoder, "padded", branch="use_cache_branch=False"))
+        plans.append(PartPlan("decoder_with_past", decoder, "kv-cache", branch="use_cache_branch=True"))
+    elif "decoder_with_past" in parts:
+        plans.append(PartPlan("decoder", decoder, "padded"))
+        plans.append(PartPlan("decoder_with_past", parts["decoder_with_past"], "kv-cache"))
+    else:  # decoder-only with past (Optimum's model.onnx): the kv-cache form prefills and decodes
+        plans.append(PartPlan("decoder", decoder, "kv-cache"))
+    return plans
+
+
+def _load(part: PartPlan):
+    model = onnxio.load(part.source, load_external_data=False)
+    if part.branch is None:
+        return model
+    name, value = part.branch.split("=")
+    if name not in branch_inputs(model):
+        raise TrtattnError(f"{part.source}: no boolean input '{name}' deciding an If")
+    return take_branch(model, name, value == "True", drop_empty=True)
+
+
+def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force: bool = False, progress=None,
+                   **options) -> FolderBuild:
+    """build.prepare for every part; the verified forms and plans written to OUT_DIR with pipeline.json."""
+    from .routes.prepare import prepare
+
+    src, out = Path(source), Path(out_dir)
+    if not src.is_dir():
+        raise TrtattnError(f"{src}: not a folder")
+    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
+        raise TrtattnError(f"refusing to write {out}: it is the input folder {src} or inside it")
+    if (out / PIPELINE_JSON).exists() and not force:
+        raise TrtattnError(f"{out / PIPELINE_JSON} exists (use --force to replace it)")
+    plans = part_plans(src)
+    result = FolderBuild(src, out, "encoder-decoder" if plans[0].role == "encoder" else "decoder-only", plans)
+    out.mkdir(parents=True, exist_ok=True)
+    for part in plans:
+        label = f"{part.role} ({part.source.name}{', ' + part.branch if part.branch else ''}, {part.form})"
+        if progress is not None and progress.enabled:  # a heading: prepare's steps print their own lines
+            print(f"[trtattn] preparing {label}:", file=progress.stream, flush=True)
+        try:
+            part.prepared = prepare(_load(part), name=part.role, form=part.form, precision=precision, dims=dims,
+                                    progress=progress, source=str(part.source), **options)
+        except TrtattnError as e:
+            part.error = str(e)
+            continue
+        onnxio.save(part.prepared.form_model, out / f"{part.role}.{part.form}.onnx", protect=(part.source,))
+        onnxio.atomic_write(out / f"{part.role}.plan.json",
+                            json.dumps(part.prepared.plan.plan_json(), indent=2) + "\n")
+    for name in COPIED:
+        if (src / name).exists():
+            shutil.copy2(src / name, out / name)
+    return result
+
+
+def write_sidecar(result: FolderBuild, engines: dict[str, str] | None = None) -> Path:
+    """pipeline.json: the parts (engine file when built), their forms and I/O, the generation settings."""
+    engines = engines or {}
+    data = {"kind": result.kind, "source": str(result.source),
+            "parts": {p.role: p.entry(engines.get(p.role, f"{p.role}.engine")) for p in result.parts},
+            "generation": generation_settings(result.source), "built": bool(engines)}
+    return onnxio.atomic_write(result.out_dir / PIPELINE_JSON, json.dumps(data, indent=2) + "\n")
