@@ -142,7 +142,8 @@ def process_folder(source, output, *, mode: str = "fuse", force: bool = False, a
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     os.chmod(scratch, 0o777 & ~_umask())  # mkdtemp's 0700 is for the scratch, not the output
     try:
-        for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        files = sorted(p for p in src.rglob("*") if p.is_file())
+        for path in progress.track(files, f"{mode} {src.name}", unit="file") if progress is not None else files:
             rel = path.relative_to(src)
             if path.suffix == ".onnx":
                 result.files.append(_one_model(path, rel, scratch / rel, data, mode, allow_partial, progress, options))
@@ -164,8 +165,8 @@ def process_folder(source, output, *, mode: str = "fuse", force: bool = False, a
 def _one_model(path: Path, rel: Path, dst: Path, data: dict, mode: str, allow_partial: bool, progress,
                options) -> FileResult:
     model = onnxio.load(path, load_external_data=False)
-    if progress is not None and progress.enabled:  # a heading: the steps inside print their own lines
-        print(f"[trtattn] {mode} {rel}:", file=progress.stream, flush=True)
+    if progress is not None:  # a heading: the steps inside print their own lines
+        progress.note(f"{mode} {rel}:")
     result = _transform(model, mode, progress, options)
     verification = result.verification
     if mode == "fuse":

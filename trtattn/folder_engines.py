@@ -108,10 +108,10 @@ def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force
     plans = part_plans(src)
     result = FolderBuild(src, out, "encoder-decoder" if plans[0].role == "encoder" else "decoder-only", plans)
     out.mkdir(parents=True, exist_ok=True)
-    for part in plans:
+    for part in progress.track(plans, "preparing the parts", unit="part") if progress is not None else plans:
         label = f"{part.role} ({part.source.name}{', ' + part.branch if part.branch else ''}, {part.form})"
-        if progress is not None and progress.enabled:  # a heading: prepare's steps print their own lines
-            print(f"[trtattn] preparing {label}:", file=progress.stream, flush=True)
+        if progress is not None:  # a heading: prepare's steps print their own lines
+            progress.note(f"preparing {label}:")
         try:
             part.prepared = prepare(_load(part), name=part.role, form=part.form, precision=precision, dims=dims,
                                     progress=progress, source=str(part.source), **options)
