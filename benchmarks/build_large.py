@@ -38,7 +38,7 @@ def main(argv=None) -> int:
 
     from trtattn.build import describe, prepare
     from trtattn.graph import external, io
-    from trtattn.graph.inputs import parse_dims
+    from trtattn.cli.dims import parse_dims
     from trtattn.report import Progress
 
     steps = []

@@ -17,7 +17,7 @@ from trtattn.rewrite import forms as forms_mod
 from trtattn.verify import adapter_for
 from trtattn.build import prepare
 from trtattn.errors import TrtattnError
-from trtattn.graph.inputs import make_feeds
+from trtattn.graph.feeds import make_feeds
 
 
 def ops(model):

@@ -120,7 +120,7 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
 
 def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, progress=None):
     """(the Q/DQ model, what was done, the tolerance its fused form is verified within)."""
-    from .graph.inputs import make_feeds
+    from .graph.feeds import make_feeds
     from .rewrite.quantize.source import fuse_tolerance, quantized_model
 
     progress = progress or Progress(enabled=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
-from ..graph.inputs import parse_dims
+from .dims import parse_dims
 from .common import exit_without_tensorrt, load_model
 
 

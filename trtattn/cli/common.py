@@ -98,7 +98,7 @@ def session_feeds(session, args) -> dict:
     """--inputs (checked against the session's inputs), the rest generated from --dims and --seed."""
     import numpy as np
 
-    from ..graph.inputs import parse_dims
+    from .dims import parse_dims
     from ..runtime import synthesize_feeds
 
     if not args.inputs:

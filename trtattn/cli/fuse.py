@@ -8,7 +8,7 @@ then nothing is written, unless --allow-partial: the fused sites only, verified,
 from __future__ import annotations
 
 from ..graph import io as onnxio
-from ..graph.inputs import parse_dims
+from .dims import parse_dims
 from ..report import counts, site_table, summary_line, write_json
 from ..version import __version__
 from . import fuse_trt

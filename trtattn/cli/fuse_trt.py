@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import TrtattnError
 from ..graph import io as onnxio
-from ..graph.inputs import parse_dims
+from .dims import parse_dims
 from ..report import table, write_json
 from ..version import __version__
 from .common import check_output, verdict

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..errors import TrtattnError
 from ..graph import io as onnxio
-from ..graph.inputs import make_feeds, parse_dims
+from .dims import parse_dims
+from ..graph.feeds import make_feeds
 from ..report import table, write_json
 from ..version import __version__
 from .common import add_model_out, add_verify_opts, check_output, load_model, verdict

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..graph.inputs import parse_dims
+from .dims import parse_dims
 from ..report import table
 from .common import load_model
 

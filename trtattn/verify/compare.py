@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 
 from ..errors import VerificationError
-from ..graph import inputs as inputs_mod
 from ..graph.dims import fit_dims
+from ..graph.feeds import make_feeds
 from .adapters import Adapter
 from .runners import onnx_runner, quiet_polygraphy
 
@@ -82,7 +82,7 @@ class Outcome:
 
 def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
     dims = fit_dims(model, dims)  # dims the model runs on (graph/dims.py); nothing to do once fitted
-    return [inputs_mod.make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)]
+    return [make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)]
 
 
 def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outcome, dict[str, float]]:

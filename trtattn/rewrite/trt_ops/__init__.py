@@ -22,7 +22,7 @@ from trtattn_plugins import TrtOpError, schema
 from ...build import QUANTIZED, VERIFY_SEEDS, Prepared, prepare
 from ...errors import TrtattnError
 from ...graph.emit import export_like
-from ...graph.inputs import make_feeds
+from ...graph.feeds import make_feeds
 from ...graph.shapes import tensor_types
 from ...report import Progress
 from ...verify import TOLERANCES
