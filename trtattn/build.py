@@ -55,9 +55,11 @@ class Limits:
     max_cache: int | None = None  # None: the maximum positions
 
 
-def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None, atol: float | None = None) -> FuseResult:
-    """Every attention as the standard ONNX op, verified; an error naming the sites that are not."""
-    return all_fused(fuse_model(model, dims=dims, progress=progress, atol=atol))
+def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None, atol: float | None = None,
+                inputs=None) -> FuseResult:
+    """Every attention as the standard ONNX op, verified (on `inputs`, a user's GivenInputs, when given); an
+    error naming the sites that are not."""
+    return all_fused(fuse_model(model, dims=dims, progress=progress, atol=atol, inputs=inputs))
 
 
 def all_fused(fused: FuseResult) -> FuseResult:
@@ -81,9 +83,10 @@ def all_fused(fused: FuseResult) -> FuseResult:
 def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16",
             io_dtype: str | None = None, calib=None, dims: dict | None = None, decomposable: bool = False,
             shapes: tuple[dict, dict, dict] = ({}, {}, {}), limits: Limits | None = None, progress=None,
-            source: str = "", mark_sites: bool = False) -> Prepared:
+            source: str = "", mark_sites: bool = False, inputs=None) -> Prepared:
     """The verified form in `precision` (IO types kept unless io_dtype is the precision; fp8/int8: the model
-    ModelOpt quantized on `calib`, or the model's own Q/DQ), its plan and the model TensorRT's parser gets."""
+    ModelOpt quantized on `calib`, or the model's own Q/DQ), its plan and the model TensorRT's parser gets.
+    `inputs` (a user's GivenInputs): the fused and form models are verified on exactly these."""
     if form not in FORMS:
         raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
     if precision not in PRECISIONS:
@@ -96,8 +99,9 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
     start, quantization, atol = model, {}, None
     if precision in QUANTIZED:
         start, quantization, atol = quantized_start(model, precision, calib, dims=dims, progress=progress)
-    fused = fused_sites(start, dims=dims, progress=progress, atol=atol)
-    derived = forms.derive(form, start, fused, dims=dims, progress=progress)
+    given = inputs if start is model else None  # a quantized start takes the user's inputs as the original does
+    fused = fused_sites(start, dims=dims, progress=progress, atol=atol, inputs=given)
+    derived = forms.derive(form, start, fused, dims=dims, progress=progress, inputs=given)
     quantized, notes = {}, []
     if precision in QUANTIZED:
         from .rewrite.quantize.source import normalization_quantize

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
 from .dims import parse_dims
-from .common import exit_without_tensorrt, load_model
+from .common import add_inputs_opt, exit_without_tensorrt, given_inputs, load_model
 
 
 def add_parser(sub) -> None:
@@ -50,6 +50,7 @@ def add_parser(sub) -> None:
     b.add_argument("--mark-sites", action="store_true",
                    help="also output every attention's result, for per-site errors in trtattn verify")
     b.add_argument("--dims", help="symbolic dim values for verification, e.g. batch=2,seq=16")
+    add_inputs_opt(b)
 
 
 def run(args, progress) -> int:
@@ -64,7 +65,7 @@ def run(args, progress) -> int:
     prepared = prepare(model, name=name, form=args.form, precision=args.precision, io_dtype=args.io_dtype, calib=args.calib,
                        dims=parse_dims(args.dims),
                        decomposable=args.decomposable, shapes=shapes, limits=limits, progress=progress,
-                       source=str(args.model), mark_sites=args.mark_sites)
+                       source=str(args.model), mark_sites=args.mark_sites, inputs=given_inputs(args, model))
     print(describe(prepared.plan))
     if args.plan_json:
         onnxio.atomic_write(Path(args.plan_json), (json.dumps(prepared.plan.plan_json(), indent=2) + "\n").encode())

@@ -12,7 +12,7 @@ from .dims import parse_dims
 from ..report import counts, site_table, summary_line, write_json
 from ..version import __version__
 from . import fuse_trt
-from .common import add_model_out, add_verify_opts, check_output, load_model, verdict
+from .common import add_model_out, add_verify_opts, check_output, given_inputs, load_model, verdict
 
 
 def add_parser(sub) -> None:
@@ -32,7 +32,8 @@ def run(args, progress) -> int:
         return fuse_trt.run(args, progress)
     check_output(args.model, args.output, args.force)
     model = load_model(args.model)  # weights stay on disk; bad input: one line, before any progress output
-    result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress)
+    result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress,
+                        inputs=given_inputs(args, model))
     return report(result, model, args.model, args.output, args.report, progress, allow_partial=args.allow_partial)
 
 

@@ -9,7 +9,7 @@ from .dims import parse_dims
 from ..graph.feeds import make_feeds
 from ..report import table, write_json
 from ..version import __version__
-from .common import add_model_out, add_verify_opts, check_output, load_model, verdict
+from .common import add_model_out, add_verify_opts, check_output, given_inputs, load_model, verdict
 
 COLUMNS = [("name", "site"), ("heads", "heads q/kv"), ("head_size", "head"), ("scale", "scale"),
            ("scale_before", "scale was"), ("scale_to", "scale to"), ("mask_form", "mask form"),
@@ -41,7 +41,8 @@ def run(args, progress) -> int:
         args.precision = args.quantize
     dims = parse_dims(args.dims)
     result = normalize_model(model, fold_scale_into_weights=args.fold_scale_into_weights, precision=args.precision,
-                             dims=dims, seed=args.seed, atol=args.atol, progress=progress)
+                             dims=dims, seed=args.seed, atol=args.atol, progress=progress,
+                             inputs=given_inputs(args, model))
     rows = [r.row() for r in result.sites]
     for r in rows:
         why = [w for w in (r.get("implicit_why"), r.get("iattention_why")) if w and w != "-"]
