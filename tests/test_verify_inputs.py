@@ -61,6 +61,30 @@ def test_lengths_within_the_sequence():
     result = fuse_model(model)
     assert result.ok, [r.row() for r in result.reports]
     assert result.verification["inputs"]["domains"]["lengths"] == "lengths within the sequence"
+    from trtattn.graph.domains import feeds_in
+
+    lengths = feeds_in(model, {"lengths": "lengths within the sequence"}, dims={"batch": 256, "seq": 6}, seed=0)["lengths"]
+    assert lengths.dtype == np.int64 and lengths.min() == 1 and lengths.max() == 6  # 1..seq, both ends reached
+
+
+def test_random_ops_found_in_control_flow_bodies():
+    from trtattn.graph.domains import random_nodes
+    from trtattn.verify import compare_models
+
+    out = helper.make_tensor_value_info("r", TensorProto.FLOAT, None)
+    then = helper.make_graph([helper.make_node("RandomUniformLike", ["x"], ["r"], name="inner_draw")], "then", [], [out])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["r"])], "else", [], [out])
+    graph = helper.make_graph([helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other)], "g",
+                              [helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+                               helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert [(n.name, n.op_type) for n in random_nodes(model)] == [("inner_draw", "RandomUniformLike")]
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    next(a for a in renamed.graph.node[0].attribute if a.name == "then_branch").g.node[0].name = "other"
+    with pytest.raises(VerificationError, match="node 'inner_draw' \\(RandomUniformLike\\)"):
+        compare_models(model, renamed)
 
 
 def test_random_op_seeded_alike_on_both_models():
