@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from trtattn.build import describe, prepare
-    from trtattn.graph import external, io
     from trtattn.cli.dims import parse_dims
+    from trtattn.graph import external, io
     from trtattn.report import Progress
 
     steps = []

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the pa
 from test_normalize_probabilities import documented_pattern_violations
 
 from trtattn import zoo
-from trtattn.errors import TrtattnError
 from trtattn.cli.dims import parse_dims
+from trtattn.errors import TrtattnError
 from trtattn.report import table
 
 FORMS = ("padded", "packed", "kv-cache")

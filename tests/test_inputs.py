@@ -15,8 +15,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtattn.graph.dims import DimsDoNotFit, fit_dims
 from trtattn.graph.dim_names import name_free_dims, resolve_dims
+from trtattn.graph.dims import DimsDoNotFit, fit_dims
 from trtattn.graph.feeds import make_feeds
 from trtattn.graph.roles import input_specs, kept_tokens
 

@@ -9,9 +9,9 @@ from collections import OrderedDict
 import numpy as np
 import onnx
 import pytest
+from graphs import attention_model
 from onnx import TensorProto, helper, numpy_helper
 
-from graphs import attention_model
 from trtattn.errors import TrtattnError, VerificationError
 from trtattn.graph.user_inputs import GivenInputs, load_inputs
 from trtattn.rewrite.fuse import fuse_model
@@ -106,9 +106,10 @@ def test_random_op_seeded_alike_on_both_models():
 
 
 def test_random_op_the_candidate_cannot_seed_is_refused_unless_its_outputs_repeat(tmp_path):
+    import contextlib
+
     from trtattn.verify import compare_runners, onnx_runner
     from trtattn.verify.adapters import Adapter
-    import contextlib
 
     model = _tail(attention_model(), "random")
     with contextlib.ExitStack() as stack:  # a candidate that is not an ONNX model with the node (an engine)
@@ -202,3 +203,26 @@ def test_cli_inputs_on_fuse_and_verify(tmp_path, capsys, kind):
     err = capsys.readouterr().err
     assert err.strip() == f"trtattn: error: --inputs {bad}: no value for the model's input 'noise'"
     assert not (tmp_path / "other.onnx").exists()
+
+
+def test_inputs_on_normalize(tmp_path):
+    from trtattn.cli import main
+
+    model = _tail(attention_model(), "log")
+    src, path = tmp_path / "m.onnx", tmp_path / "in.npz"
+    onnx.save(model, src)
+    np.savez(path, **_feeds(1))
+    report = tmp_path / "r.json"
+    assert main(["-q", "normalize", str(src), "-o", str(tmp_path / "n.onnx"), "--inputs", str(path),
+                 "--report", str(report)]) == 0
+    assert json.loads(report.read_text())["verification"]["inputs"]["path"] == str(path)
+
+
+def test_inputs_on_build(tmp_path):
+    from trtattn.build import prepare
+
+    model = _tail(attention_model(), "log")
+    path = tmp_path / "in.npz"
+    np.savez(path, **_feeds(1))
+    prepared = prepare(model, name="m", precision="fp32", inputs=GivenInputs.load(path, model))
+    assert prepared.verification["inputs"] == {"source": "file", "iterations": 1, "path": str(path)}

@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.graph import io as onnxio

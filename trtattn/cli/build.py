@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
-from .dims import parse_dims
 from .common import add_inputs_opt, exit_without_tensorrt, given_inputs, load_model
+from .dims import parse_dims
 
 
 def add_parser(sub) -> None:

@@ -125,8 +125,8 @@ def session_feeds(session, args) -> dict:
     """--inputs (checked against the session's inputs), the rest generated from --dims and --seed."""
     import numpy as np
 
-    from .dims import parse_dims
     from ..runtime import synthesize_feeds
+    from .dims import parse_dims
 
     if not args.inputs:
         return synthesize_feeds(session, dims=parse_dims(args.dims), seed=args.seed)

@@ -8,11 +8,11 @@ then nothing is written, unless --allow-partial: the fused sites only, verified,
 from __future__ import annotations
 
 from ..graph import io as onnxio
-from .dims import parse_dims
 from ..report import counts, site_table, summary_line, write_json
 from ..version import __version__
 from . import fuse_trt
 from .common import add_model_out, add_verify_opts, check_output, given_inputs, load_model, verdict
+from .dims import parse_dims
 
 
 def add_parser(sub) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from ..errors import TrtattnError
 from ..graph import io as onnxio
-from .dims import parse_dims
 from ..report import table, write_json
 from ..version import __version__
 from .common import check_output, given_inputs, verdict
+from .dims import parse_dims
 
 OPS = ("onnx", "trt")
 COLUMNS = [("name", "site"), ("op", "TensorRT op"), ("form", "form"), ("heads", "heads q/kv"), ("head_size", "head"),

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .dims import parse_dims
 from ..report import table
 from .common import add_inputs_opt, given_inputs, inputs_phrase, load_model
+from .dims import parse_dims
 
 
 def add_parser(sub) -> None:

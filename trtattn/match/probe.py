@@ -18,8 +18,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..graph.dim_names import resolve_dims
-from ..graph.feeds import make_feeds
 from ..graph.evaluate import evaluator
+from ..graph.feeds import make_feeds
 from ..graph.view import GraphView, import_graph
 from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
 from . import logit_ops

@@ -18,10 +18,10 @@ import onnx
 
 from ..errors import VerificationError
 from ..graph.dims import fit_dims
+from ..graph.domains import random_nodes
 from ..graph.feeds import make_feeds
 from ..graph.user_inputs import GivenInputs
 from .adapters import Adapter
-from ..graph.domains import random_nodes
 from .inputs import default_domains, finite, search, seeded_pair
 from .runners import onnx_runner, quiet_polygraphy
 
