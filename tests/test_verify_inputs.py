@@ -226,3 +226,13 @@ def test_inputs_on_build(tmp_path):
     np.savez(path, **_feeds(1))
     prepared = prepare(model, name="m", precision="fp32", inputs=GivenInputs.load(path, model))
     assert prepared.verification["inputs"] == {"source": "file", "iterations": 1, "path": str(path)}
+
+
+def test_an_original_never_finite_is_compared_on_its_default_inputs_and_said_so():
+    model = _tail(attention_model(), "log")
+    model.graph.node[-2].input[0] = "zero"  # Log of a constant 0: -inf whatever the inputs
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), "zero"))
+    result = fuse_model(model)
+    inputs = result.verification["inputs"]
+    assert inputs["domains"] == {"x": "normal", "noise": "normal"}  # the default inputs, kept
+    assert any("not finite on any inputs tried" in n for n in inputs["notes"])

@@ -22,7 +22,7 @@ from ..graph.domains import random_nodes
 from ..graph.feeds import make_feeds
 from ..graph.user_inputs import GivenInputs
 from .adapters import Adapter
-from .inputs import default_domains, finite, search, seeded_pair
+from .inputs import default_domains, finite, search, searched_or_note, seeded_pair
 from .runners import onnx_runner, quiet_polygraphy
 
 # Tolerances by precision (absolute, relative) for engine-vs-ONNX-Runtime checks.
@@ -155,8 +155,10 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     graph_outputs = {o.name for o in original.graph.output}
     if used is not None and used.source == "searched" and not finite(
             v for it in results[0][1] for k, v in it.items() if k in graph_outputs):  # not finite on these: search
-        feeds, used = search(original, dims=dims, seed=seed, iterations=len(feeds))
-        results, slices = _run_both(original, candidate, sites, feeds)
+        found = searched_or_note(used, original, dims=dims, seed=seed, iterations=len(feeds))
+        if found is not None:
+            feeds, used = found
+            results, slices = _run_both(original, candidate, sites, feeds)
     outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds))
     outcome.slices = slices
     site_outputs = [s.output for s in sites if s.output]
@@ -209,8 +211,10 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
     ref_runs, new_runs = _run_each(reference, candidate, adapter, original_feeds)
     graph_outputs = {o.name for o in adapter.original.graph.output}
     if given is None and not finite(v for it in ref_runs for k, v in it.items() if k in graph_outputs):
-        original_feeds, used = search(adapter.original, dims=dims, seed=seed, iterations=iterations)
-        ref_runs, new_runs = _run_each(reference, candidate, adapter, original_feeds)
+        found = searched_or_note(used, adapter.original, dims=dims, seed=seed, iterations=iterations)
+        if found is not None:
+            original_feeds, used = found
+            ref_runs, new_runs = _run_each(reference, candidate, adapter, original_feeds)
     ref_iters, new_iters = [], []
     for feeds, ref, new in zip(original_feeds, ref_runs, new_runs):
         a, b = adapter.line_up(feeds, dict(ref.items()), dict(new.items()))

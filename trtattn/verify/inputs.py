@@ -102,3 +102,13 @@ def search(original: onnx.ModelProto, *, dims: dict, seed: int, iterations: int,
         used.notes.append("random ops (" + ", ".join(f"{n.name} ({n.op_type})" for n in random)
                           + "): their outputs repeat on these inputs")
     return feeds, used
+
+
+def searched_or_note(used: InputsUsed, original: onnx.ModelProto, **how) -> tuple[list[dict], InputsUsed] | None:
+    """search's feeds; None when no domain makes the outputs finite (an original that outputs -inf by design):
+    the comparison then keeps its feeds, and `used` says so."""
+    try:
+        return search(original, **how)
+    except VerificationError as e:
+        used.notes.append(str(e).split(": give inputs")[0])
+        return None
