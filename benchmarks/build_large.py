@@ -36,9 +36,9 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the written models")
     args = ap.parse_args(argv)
 
+    from trtattn.cli.dims import parse_dims
     from trtattn.routes.prepare import describe, prepare
     from trtattn.graph import external, io
-    from trtattn.graph.inputs import parse_dims
     from trtattn.report import Progress
 
     steps = []

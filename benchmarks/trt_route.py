@@ -31,8 +31,8 @@ import onnx
 import trtattn_plugins
 
 from trtattn import zoo
+from trtattn.cli.dims import parse_dims
 from trtattn.errors import TrtattnError
-from trtattn.graph.inputs import parse_dims
 from trtattn.report import table
 from trtattn.testing.patterns import documented_pattern_violations
 
@@ -54,7 +54,7 @@ def calibration(model: onnx.ModelProto, dims) -> dict:
     """Four realistic input sets along axis 0 (fp8/int8 need calibration data)."""
     import numpy as np
 
-    from trtattn.graph.inputs import make_feeds
+    from trtattn.graph.feeds import make_feeds
 
     feeds = [make_feeds(model, dims=dims, seed=seed) for seed in range(4)]
     return {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}

@@ -14,7 +14,7 @@ import pytest
 
 from trtattn.routes.prepare import Limits, prepare
 from trtattn.errors import TrtattnError
-from trtattn.graph.inputs import make_feeds
+from trtattn.graph.feeds import make_feeds
 from trtattn.rewrite.quantize import stack_feeds
 from trtattn.rewrite.quantize.source import normalization_quantize, qdq_types
 

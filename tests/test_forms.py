@@ -17,7 +17,7 @@ from trtattn.routes.prepare import forms as forms_mod
 from trtattn.verify import adapter_for
 from trtattn.routes.prepare import prepare
 from trtattn.errors import TrtattnError
-from trtattn.graph.inputs import make_feeds
+from trtattn.graph.feeds import make_feeds
 
 
 def ops(model):

@@ -1,5 +1,5 @@
 """Verification inputs the model can run on (issue 10, item 4) and that mean what the model means
-(the mask polarity of item 7): graph/inputs.py (roles, dims) and graph/dims.py (dims that fit).
+(the mask polarity of item 7): graph/roles.py, dim_names.py, feeds.py and graph/dims.py (dims that fit).
 
 Hand-built graphs for each case (a length baked into a Reshape, strided convolutions, two
 symbolic names for one dim, dims written -1 or '?', masks True at the padding with and without
@@ -15,8 +15,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from trtattn.graph.dim_names import name_free_dims, resolve_dims
 from trtattn.graph.dims import DimsDoNotFit, fit_dims
-from trtattn.graph.inputs import input_specs, kept_tokens, make_feeds, name_free_dims, resolve_dims
+from trtattn.graph.feeds import make_feeds
+from trtattn.graph.roles import input_specs, kept_tokens
 
 FILL = np.float32(-np.inf)
 

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from trtattn.testing.graphs import attention_model, control_flow_model, luong_model, two_attentions
 
-from trtattn.graph import inputs
+from trtattn.graph.feeds import make_feeds
 from trtattn.match import logit_ops, match
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.site import MaskStep
@@ -240,7 +240,7 @@ def test_fully_masked_row_keeps_the_models_answer():
     went unseen."""
     model = luong_model(fill=float(np.finfo(np.float32).min))
     fused = fuse_model(model).model
-    feeds = inputs.make_feeds(model)
+    feeds = make_feeds(model)
     feeds["src_key_padding_mask"][0, :] = True  # the first row masked everywhere
     a, b = (ort.InferenceSession(m.SerializeToString()).run(None, feeds)[0] for m in (model, fused))
     assert np.abs(a - b).max() < 1e-5

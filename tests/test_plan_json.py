@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from trtattn.graph.inputs import make_feeds
+from trtattn.graph.feeds import make_feeds
 from trtattn.rewrite.precision import precision_table
 
 SITE_KEYS = {"name", "dtype", "causal_kind", "mask", "kv_lengths", "normalization_quantize_to_type", "reason"}

@@ -21,7 +21,7 @@ from trtattn.errors import MissingDependencyError, TrtattnError, VerificationErr
 from trtattn.rewrite import precision as P
 
 try:
-    from trtattn.graph.inputs import make_feeds
+    from trtattn.graph.feeds import make_feeds
 except ImportError:  # before the package restructure (issue 14)
     from trtattn.inputs import make_feeds
 

@@ -17,7 +17,7 @@ import pytest
 from trtattn.testing.graphs import attention_model
 
 from trtattn.errors import MissingDependencyError, TrtattnError
-from trtattn.graph.inputs import make_feeds
+from trtattn.graph.feeds import make_feeds
 from trtattn.rewrite import quantize as Q
 
 SEQ = 32  # ModelOpt skips attention MatMuls whose K or N is < 16 at the calibration shapes

@@ -258,8 +258,8 @@ def test_entry_shows_its_classes(zoo_export, name, exporter):
 
 
 def _feeds(model: onnx.ModelProto, entry, **kwargs) -> dict:
-    """The inputs verification feeds (trtattn.graph.inputs), and the shapes a user gives "dims" entries."""
-    from trtattn.graph.inputs import make_feeds
+    """The inputs verification feeds (trtattn.graph.feeds), and the shapes a user gives "dims" entries."""
+    from trtattn.graph.feeds import make_feeds
 
     return make_feeds(model, shapes=entry.user_shapes or None, **kwargs)
 
@@ -288,7 +288,7 @@ def test_entry_runs_on_onnx_runtime(zoo_export, name, exporter):
 ])
 def test_dims_entries_fail_off_their_sizes(zoo_export, name, exporter, shapes):
     """What makes them "dims" entries: lengths the exported dims allow, which the model cannot run on."""
-    from trtattn.graph.inputs import make_feeds
+    from trtattn.graph.feeds import make_feeds
 
     path = zoo_export(name, exporter)
     with pytest.raises(Exception, match="Reshape|Conv|[Ss]hape|dimension"):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
-from ..graph.inputs import parse_dims
-from .common import add_report_html, check_report_html, exit_without_tensorrt, load_model
+from .common import add_inputs_opt, add_report_html, check_report_html, exit_without_tensorrt, given_inputs, load_model
+from .dims import parse_dims
 
 
 def add_parser(sub) -> None:
@@ -52,6 +52,7 @@ def add_parser(sub) -> None:
                    help="also output every attention's result, for per-site errors in trtattn verify")
     b.add_argument("--dims", help="symbolic dim values for verification, e.g. batch=2,seq=16")
     add_report_html(b)
+    add_inputs_opt(b)
 
 
 def run(args, progress) -> int:
@@ -70,7 +71,7 @@ def run(args, progress) -> int:
     prepared = prepare(model, name=name, form=args.form, precision=args.precision, io_dtype=args.io_dtype, calib=args.calib,
                        dims=parse_dims(args.dims),
                        decomposable=args.decomposable, shapes=shapes, limits=limits, progress=progress,
-                       source=str(args.model), mark_sites=args.mark_sites)
+                       source=str(args.model), mark_sites=args.mark_sites, inputs=given_inputs(args, model))
     print(describe(prepared.plan))
     if args.report_html:
         from ..pictures import build_entry, write_html

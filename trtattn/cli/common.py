@@ -40,9 +40,25 @@ def check_report_html(args) -> None:
 def add_verify_opts(p) -> None:
     p.add_argument("--dims", help="values of symbolic dims for verification, e.g. batch=2,seq=16")
     p.add_argument("--seed", type=int, default=0, help="seed of the verification inputs (default 0)")
+    add_inputs_opt(p)
     p.add_argument("--atol", type=float, default=None,
                    help="max abs error allowed, plus as much relative to each output's largest value (default: by the "
                         "precision the model computes in: 1e-4 fp32, 1e-2 fp16, 6e-2 bf16)")
+
+
+def add_inputs_opt(p) -> None:
+    p.add_argument("--inputs", metavar="FILE",
+                   help="verify on exactly these inputs: an .npz of arrays keyed by input name, or Polygraphy's "
+                        "inputs JSON (polygraphy run --save-inputs; one input set per entry) (default: inputs "
+                        "searched in the model's domain)")
+
+
+def given_inputs(args, model):
+    """The user's --inputs for `model` (graph.user_inputs.GivenInputs), checked against its inputs; None
+    without --inputs."""
+    from ..graph.user_inputs import GivenInputs
+
+    return GivenInputs.load(getattr(args, "inputs", None), model)
 
 
 def check_output(model, output, force: bool) -> None:
@@ -66,8 +82,19 @@ def verdict(v: OutcomeSummary) -> str:
         return "not run"
     err = v.get("max_abs_err")
     how = f", run in {v['slices']} slices of layers" if v.get("slices") else ""
-    return ("passed" if v["passed"] else "FAILED") + (f" (max abs error {err:.3g} over {v.get('iterations')} inputs{how})"
+    used = f"; {inputs_phrase(v['inputs'])}" if v.get("inputs") else ""
+    return ("passed" if v["passed"] else "FAILED") + (f" (max abs error {err:.3g} over {v.get('iterations')} inputs{how}{used})"
                                                        if err is not None else "")
+
+
+def inputs_phrase(inputs: dict) -> str:
+    """Which inputs a verification ran on, from its report entry: 'inputs from FILE', or 'searched inputs
+    (name: domain, ...)', and notes (random ops)."""
+    if inputs.get("source") == "file":
+        text = f"inputs from {inputs.get('path')}"
+    else:
+        text = "searched inputs (" + ", ".join(f"{k}: {d}" for k, d in inputs.get("domains", {}).items()) + ")"
+    return "; ".join([text, *inputs.get("notes", [])])
 
 
 # ---------------------------------------------------------------- run and bench: sessions, feeds, generation
@@ -120,8 +147,8 @@ def session_feeds(session, args) -> dict:
     """--inputs (checked against the session's inputs), the rest generated from --dims and --seed."""
     import numpy as np
 
-    from ..graph.inputs import parse_dims
     from ..runtime import synthesize_feeds
+    from .dims import parse_dims
 
     if not args.inputs:
         return synthesize_feeds(session, dims=parse_dims(args.dims), seed=args.seed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..errors import TrtattnError
 from ..folder import process_folder
-from ..graph.inputs import parse_dims
+from .dims import parse_dims
 from ..report import table, write_json
 from ..version import __version__
 

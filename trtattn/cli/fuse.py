@@ -9,12 +9,12 @@ then nothing is written, unless --allow-partial: the fused sites only, verified,
 from __future__ import annotations
 
 from ..graph import io as onnxio
-from ..graph.inputs import parse_dims
 from ..report import counts, site_table, summary_line, write_json
 from ..version import __version__
 from ..folder import is_folder
 from . import folder, fuse_trt
-from .common import add_model_out, add_verify_opts, check_output, check_report_html, load_model, verdict
+from .common import add_model_out, add_verify_opts, check_output, check_report_html, given_inputs, load_model, verdict
+from .dims import parse_dims
 
 
 def add_parser(sub) -> None:
@@ -37,7 +37,8 @@ def run(args, progress) -> int:
     check_output(args.model, args.output, args.force)
     check_report_html(args)
     model = load_model(args.model)  # weights stay on disk; bad input: one line, before any progress output
-    result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress)
+    result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress,
+                        inputs=given_inputs(args, model))
     code = report(result, model, args.model, args.output, args.report, progress, allow_partial=args.allow_partial)
     if args.report_html:
         from ..pictures import fuse_entry, write_html

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from ..errors import TrtattnError
 from ..graph import io as onnxio
-from ..graph.inputs import parse_dims
 from ..report import table, write_json
 from ..version import __version__
-from .common import check_output, verdict
+from .common import check_output, given_inputs, verdict
+from .dims import parse_dims
 
 OPS = ("onnx", "trt")
 COLUMNS = [("name", "site"), ("op", "TensorRT op"), ("form", "form"), ("heads", "heads q/kv"), ("head_size", "head"),
@@ -52,7 +52,8 @@ def run(args, progress) -> int:
     check_output(args.model, sidecar_path(args.output), args.force)
     model = onnxio.load(args.model)
     result = fuse_trt(model, name=Path(args.output).stem, form=args.form or "padded", precision=args.precision or "fp16",
-                      calib=args.calib, dims=parse_dims(args.dims), progress=progress, source=str(args.model))
+                      calib=args.calib, dims=parse_dims(args.dims), progress=progress, source=str(args.model),
+                      inputs=given_inputs(args, model))
     rows = result.rows()
     print(table(rows, COLUMNS))
     plan = result.prepared.plan

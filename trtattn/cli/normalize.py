@@ -6,11 +6,12 @@ from __future__ import annotations
 from ..errors import TrtattnError
 from ..folder import is_folder
 from ..graph import io as onnxio
-from ..graph.inputs import make_feeds, parse_dims
+from ..graph.feeds import make_feeds
 from ..report import table, write_json
 from ..version import __version__
 from . import folder
-from .common import add_model_out, add_verify_opts, check_output, check_report_html, load_model, verdict
+from .common import add_model_out, add_verify_opts, check_output, check_report_html, given_inputs, load_model, verdict
+from .dims import parse_dims
 
 COLUMNS = [("name", "site"), ("heads", "heads q/kv"), ("head_size", "head"), ("scale", "scale"),
            ("scale_before", "scale was"), ("scale_to", "scale to"), ("mask_form", "mask form"),
@@ -44,8 +45,10 @@ def run(args, progress) -> int:
     if args.quantize:
         args.precision = args.quantize
     dims = parse_dims(args.dims)
+    given = given_inputs(args, model)
     result = normalize_model(model, fold_scale_into_weights=args.fold_scale_into_weights, precision=args.precision,
-                             dims=dims, seed=args.seed, atol=args.atol, progress=progress)
+                             dims=dims, seed=args.seed, atol=args.atol, progress=progress,
+                             inputs=given)
     rows = [r.row() for r in result.sites]
     for r in rows:
         why = [w for w in (r.get("implicit_why"), r.get("iattention_why")) if w and w != "-"]
@@ -58,7 +61,8 @@ def run(args, progress) -> int:
     if args.quantize and result.ok:
         from ..rewrite.quantize import QUANT_COLUMNS, load_calibration, quantize_checked
 
-        feeds = [make_feeds(model, dims=dims, seed=args.seed + i, padding=False) for i in range(2)]
+        feeds = given.sets if given else [make_feeds(model, dims=dims, seed=args.seed + i, padding=False)
+                                          for i in range(2)]
         onnxio.materialize(model)  # ModelOpt calibrates with the weights in memory
         onnxio.materialize(result.model)
         quantized, summary, passed = quantize_checked(model, result.model, args.quantize,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..graph.inputs import parse_dims
 from ..report import table
-from .common import load_model
+from .common import add_inputs_opt, given_inputs, inputs_phrase, load_model
+from .dims import parse_dims
 
 
 def add_parser(sub) -> None:
@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
                    help="tolerances for this precision (default: the sidecar's, else fp32)")
     v.add_argument("--dims", help="symbolic dim values, e.g. batch=2,seq=16")
     v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--iterations", type=int, default=2, help="input sets to compare (default 2)")
+    v.add_argument("--iterations", type=int, default=2, help="input sets to compare (default 2; --inputs: its sets)")
+    add_inputs_opt(v)
     v.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -31,7 +32,8 @@ def run(args, progress) -> int:
     sidecar = json.loads(Path(args.sidecar).read_text()) if args.sidecar else None
     with progress.step(f"comparing {args.candidate} with {args.onnx}"):
         result = verify_candidate(args.candidate, original, sidecar=sidecar, precision=args.precision,
-                                  dims=parse_dims(args.dims), seed=args.seed, iterations=args.iterations)
+                                  dims=parse_dims(args.dims), seed=args.seed, iterations=args.iterations,
+                                  inputs=given_inputs(args, original))
     data = result.to_json()
     if args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -44,6 +46,8 @@ def run(args, progress) -> int:
         print(table(rows, [("name", "output"), ("err", "max abs error"), ("bound", "allowed"), ("ok", "ok")]))
         for note in data["notes"]:
             print(f"note: {note}")
+        if data.get("inputs"):
+            print(f"inputs: {inputs_phrase(data['inputs'])}")
         print(f"{result.runner} ({result.form}, {result.precision}) vs ONNX Runtime on the original: "
               f"{'passed' if data['passed'] else 'FAILED'} over {data['iterations']} input sets")
     return 0 if data["passed"] else 1

@@ -1,6 +1,6 @@
 """Dims the original model runs on, for verification and probing.
 
-The default dims (graph/inputs.py) fit most models. Some exports do not run on them: TorchScript
+The default dims (graph/dim_names.py) fit most models. Some exports do not run on them: TorchScript
 bakes the example's length into Reshape targets or padding (LED runs at lengths 7, 11, 15, ...);
 raw audio through strided convolutions needs hundreds of samples (wav2vec2); torch.export gives
 one dim several names. `fit_dims` checks the dims on ONNX Runtime and, when the model does not run
@@ -27,9 +27,10 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import TrtattnError
-from .inputs import (BATCH, DEFAULT_DIM, SEQ, declared_dims, dim_classes, evaluate, input_specs, make_feeds,
-                     resolve_dims)
+from .dim_names import BATCH, DEFAULT_DIM, SEQ, dim_classes, evaluate, resolve_dims
+from .feeds import make_feeds
 from .io import session_source
+from .roles import declared_dims, input_specs
 
 BOUND = 1 << 16  # the longest sequence tried
 MAX_TRIALS = 64  # runs of the model, at most, before giving up

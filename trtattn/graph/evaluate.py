@@ -49,10 +49,13 @@ def ort_session(model: onnx.ModelProto, *, level: str = "basic", providers=("CPU
     import onnxruntime as ort
 
     weights = io.weights_size(model)
-    options = session_options(level, weights=weights, folder=external.data_dir(model))
+    large = io.is_large(model)  # more than protobuf can serialize in the proto itself: opened from a file
+    # from bytes, the weights left on disk are found through the folder option; a file written by session_source
+    # has its data beside it (the folder option would send ONNX Runtime to the original's data instead)
+    options = session_options(level, weights=weights, folder=None if large else external.data_dir(model))
     if register is not None:
         register(options)
-    if io.is_large(model):  # more than protobuf can serialize in the proto itself
+    if large:
         with io.session_source(model) as path:
             return ort.InferenceSession(path, options, providers=list(providers))
     return ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))

@@ -125,18 +125,39 @@ def _onnx_shapes(model):
 def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """ONNX Runtime's symbolic shape inference through its public entry point, keeping what it inferred
     even when it could not infer everything: it then saves its partial result as
-    sym_shape_infer_temp.onnx in the working directory and raises, so it runs in a scratch directory."""
+    sym_shape_infer_temp.onnx in the working directory, with every tensor over 1 KB in external data
+    files beside it, and raises; so it runs in a scratch directory on the model's structure (the weights
+    set aside), and the result holds the model's own weights, not references to files that are gone."""
     inference = _symbolic_module().SymbolicShapeInference
     here = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="trtattn-shapes-") as scratch:
+    with weights_aside(model) as weights, tempfile.TemporaryDirectory(prefix="trtattn-shapes-") as scratch:
         os.chdir(scratch)
         try:
-            return inference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+            inferred = inference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
         except Exception:
             partial = os.path.join(scratch, "sym_shape_infer_temp.onnx")
-            return onnx.load(partial, load_external_data=False) if os.path.exists(partial) else None
+            inferred = onnx.load(partial, load_external_data=False) if os.path.exists(partial) else None
+            if inferred is not None:
+                _read_back(inferred, scratch)
         finally:
             os.chdir(here)
+    if inferred is not None:
+        attach_weights(inferred, weights)
+    return inferred
+
+
+def _read_back(model: onnx.ModelProto, folder: str) -> None:
+    """Read into the proto every tensor whose external data file is in `folder` (the small tensors the
+    partial result wrote out; the weights set aside name no file there)."""
+    from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor, uses_external_data
+
+    from .external import all_tensors
+
+    for t in all_tensors(model):
+        if uses_external_data(t) and os.path.exists(os.path.join(folder, ExternalDataInfo(t).location)):
+            load_external_data_for_tensor(t, folder)
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
 
 
 _SYMBOLIC = None

@@ -17,8 +17,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph import inputs as inputs_mod
+from ..graph.dim_names import resolve_dims
 from ..graph.evaluate import evaluator
+from ..graph.feeds import make_feeds
 from ..graph.view import GraphView, import_graph
 from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
 from . import logit_ops
@@ -170,7 +171,7 @@ def analyse(model: onnx.ModelProto, feeds=None) -> tuple[gs.Graph, MatchResult, 
     meanings = {}
     if result.sites:
         if feeds is None:
-            feeds = [inputs_mod.make_feeds(model, padding=False)]
+            feeds = [make_feeds(model, padding=False)]
         meanings = _agree(probe_masks(graph, model, result.sites, feeds))
         result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
     return graph, result, meanings
@@ -179,10 +180,10 @@ def analyse(model: onnx.ModelProto, feeds=None) -> tuple[gs.Graph, MatchResult, 
 def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
     """Inputs without padding at two sequence lengths: a band (sliding window) shorter than the
     first length would look causal; the second, doubled, length tells them apart."""
-    base = inputs_mod.resolve_dims(model, dims)
+    base = resolve_dims(model, dims)
     doubled = {k: (v if k.startswith("batch") else 2 * v) for k, v in base.items()}
-    return [inputs_mod.make_feeds(model, dims=base, padding=False),
-            inputs_mod.make_feeds(model, dims=doubled, padding=False)]
+    return [make_feeds(model, dims=base, padding=False),
+            make_feeds(model, dims=doubled, padding=False)]
 
 
 def _agree(probes: list[dict]) -> dict:

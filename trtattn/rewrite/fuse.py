@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..errors import TrtattnError
+from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
 from ..graph.emit import Emitter
 from ..graph.dims import fit_dims
@@ -182,11 +182,12 @@ def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
 
 
 def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None = None, seed: int = 0,
-               atol: float | None = None, rtol: float | None = None, progress=None) -> FuseResult:
+               atol: float | None = None, rtol: float | None = None, progress=None, inputs=None) -> FuseResult:
     """Fuse every site of `model` (not modified) and verify the result on ONNX Runtime, within the
     tolerance of the precision the model computes in unless atol/rtol are given (verify.tolerance_for).
     A model loaded with its weights left on disk (graph.io.load(..., load_external_data=False)) is
-    analysed, rewritten and verified without ever holding them."""
+    analysed, rewritten and verified without ever holding them. `inputs` (graph.user_inputs.GivenInputs):
+    verify on exactly these input sets instead of feeds searched in the model's domain."""
     progress = progress or Progress(enabled=False)
     atol, rtol = tolerance_for(model, atol, rtol)
     if not has_candidates(model):
@@ -220,7 +221,9 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
             try:
                 outcome = compare_models(model, fused, [r.site for r in active if not r.site.graph], dims=dims,
                                          seed=seed, atol=max([atol] + [quant_tolerance(r.site) for r in active]),
-                                         rtol=rtol)
+                                         rtol=rtol, given=inputs)
+            except VerificationError:  # the inputs, not the rewrite: one line for the whole command
+                raise
             except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
                 for r in _blame(e, active):
                     r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"

@@ -144,7 +144,8 @@ def synthesize_feeds(session, *, dims: dict | None = None, seed: int = 0, model=
     names and shapes; dynamic dims from `dims`, the sidecar's dim names and its profile's opt shape.
     The inputs the forms add get consistent values: cache_write_index 0, cu_seqlens splitting the
     tokens evenly, positions 0..S-1."""
-    from ..graph.inputs import DEFAULT_DIMS, dim_value, make_feeds, resolve_dims
+    from ..graph.dim_names import DEFAULT_DIMS, dim_value, resolve_dims
+    from ..graph.feeds import make_feeds
 
     rng = np.random.default_rng(seed)
     model = model if model is not None else getattr(session, "model", None)

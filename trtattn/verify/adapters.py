@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 
 from ..contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_padded
-from ..graph import inputs as inputs_mod
+from ..graph.feeds import make_feeds
+from ..graph.roles import input_specs
 
 
 class Adapter:
@@ -25,7 +26,7 @@ class Adapter:
         return ref, out
 
     def original_feeds(self, dims, seed) -> dict:
-        return inputs_mod.make_feeds(self.original, dims=dims, seed=seed)
+        return make_feeds(self.original, dims=dims, seed=seed)
 
 
 class PackedAdapter(Adapter):
@@ -34,7 +35,7 @@ class PackedAdapter(Adapter):
     form = "packed"
 
     def lengths(self, feeds: dict) -> list[int]:
-        masks = [s.name for s in inputs_mod.input_specs(self.original) if s.role.get("kind") == "padding_mask"]
+        masks = [s.name for s in input_specs(self.original) if s.role.get("kind") == "padding_mask"]
         batch, seq = next(v.shape for v in feeds.values() if v.ndim == 2)
         return [int(feeds[masks[0]][b].sum()) for b in range(batch)] if masks else [seq] * batch
 
@@ -52,7 +53,7 @@ class PackedAdapter(Adapter):
         return packed, {k: v for k, v in out.items() if k in packed}
 
     def original_feeds(self, dims, seed):
-        return inputs_mod.make_feeds(self.original, dims=dims, seed=seed, padding=True)
+        return make_feeds(self.original, dims=dims, seed=seed, padding=True)
 
 
 class CacheAdapter(Adapter):
@@ -68,7 +69,7 @@ class CacheAdapter(Adapter):
         self.caches = caches
 
     def original_feeds(self, dims, seed):
-        return inputs_mod.make_feeds(self.original, dims=dims, seed=seed, padding=False)
+        return make_feeds(self.original, dims=dims, seed=seed, padding=False)
 
     def feeds(self, feeds):
         out = {k: v for k, v in feeds.items() if k in self.inputs and k not in self.caches}

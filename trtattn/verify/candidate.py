@@ -34,7 +34,10 @@ class Verification:
 
 
 def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict | None = None,
-                     precision: str | None = None, dims=None, seed: int = 0, iterations: int = 2) -> Verification:
+                     precision: str | None = None, dims=None, seed: int = 0, iterations: int = 2,
+                     inputs=None) -> Verification:
+    """`candidate` against `original` on the user's input sets (`inputs`, a GivenInputs) or on feeds in the
+    original's domain (verify/inputs.py)."""
     precision = precision or (sidecar or {}).get("precision") or "fp32"
     if precision not in TOLERANCES:
         raise TrtattnError(f"unknown precision '{precision}'; one of {', '.join(TOLERANCES)}")
@@ -46,18 +49,18 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
         reference = onnx_runner(stack, original, list(site_names), "onnxruntime")
         if str(candidate).endswith(".onnx"):
             model = onnxio.load(candidate, load_external_data=False)
-            inputs = [i.name for i in model.graph.input]
+            names = [i.name for i in model.graph.input]
             caches = cache_inputs(model)
             present = {t.name for t in list(model.graph.value_info) + list(model.graph.output)} | \
                 {o for n in model.graph.node for o in n.output}
             runner = onnx_runner(stack, model, [n for n in site_names if n in present], "candidate")
             kind = "onnxruntime"
         else:
-            runner, inputs, caches = engine_runner(candidate, sidecar)
+            runner, names, caches = engine_runner(candidate, sidecar)
             kind = "tensorrt"
-        adapter = adapter_for(original, inputs, caches)
+        adapter = adapter_for(original, names, caches)
         outcome = compare_runners(reference, runner, adapter, dims=dims, seed=seed, iterations=iterations,
-                                  atol=atol, rtol=rtol)
+                                  atol=atol, rtol=rtol, given=inputs)
     site_errors = {site_names[k]: v for k, v in outcome.output_errors.items() if k in site_names}
     if adapter.form == "padded" and not site_errors:
         notes.append("per-site errors need the site outputs on the candidate (build with --mark-sites)")

@@ -18,9 +18,12 @@ import numpy as np
 import onnx
 
 from ..errors import VerificationError
-from ..graph import inputs as inputs_mod
 from ..graph.dims import fit_dims
+from ..graph.domains import random_nodes
+from ..graph.feeds import make_feeds
+from ..graph.user_inputs import GivenInputs
 from .adapters import Adapter
+from .inputs import default_domains, finite, search, searched_or_note, seeded_pair
 from .runners import onnx_runner, quiet_polygraphy
 
 # Tolerances by precision (absolute, relative) for engine-vs-ONNX-Runtime checks.
@@ -85,6 +88,7 @@ class Outcome:
     nan_mismatch: list[str] = field(default_factory=list)
     bounds: dict[str, float] = field(default_factory=dict)  # name -> the max abs error allowed (atol + rtol * max|ref|)
     slices: int = 0  # > 0: the largest model ran in this many slices of layers (verify/slices.py)
+    inputs: dict = field(default_factory=dict)  # which inputs it ran on (graph/user_inputs.InputsUsed)
 
     def within(self, name: str, error: float | None) -> bool:
         """Whether `error` (a max abs error of output or site `name`) is within its bound."""
@@ -95,12 +99,12 @@ class Outcome:
                 "max_abs_err": max(self.output_errors.values(), default=0.0),
                 "outputs": self.output_errors, "nan_mismatch": self.nan_mismatch,
                 "bounds": {k: v for k, v in self.bounds.items() if k in self.output_errors or k in self.site_errors},
-                **({"slices": self.slices} if self.slices else {})}
+                **({"slices": self.slices} if self.slices else {}), **({"inputs": self.inputs} if self.inputs else {})}
 
 
 def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
     dims = fit_dims(model, dims)  # dims the model runs on (graph/dims.py); nothing to do once fitted
-    return [inputs_mod.make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)]
+    return [make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)]
 
 
 def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outcome, dict[str, float]]:
@@ -150,38 +154,105 @@ def _prefetched(runners: list, feeds: list[dict]) -> list:
 
 
 def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=(), *, dims=None, seed: int = 0,
-                   atol: float = 1e-4, rtol: float = 1e-4, feeds: list[dict] | None = None) -> Outcome:
-    """Run both models on ONNX Runtime (CPU) through Polygraphy and compare every output."""
+                   atol: float = 1e-4, rtol: float = 1e-4, feeds: list[dict] | None = None,
+                   given: GivenInputs | None = None) -> Outcome:
+    """Run both models on ONNX Runtime (CPU) through Polygraphy and compare every output: on the user's
+    inputs (`given`), on `feeds`, or on feeds in the model's domain (searched when the original's outputs
+    are not finite on the default ones). Random ops are seeded alike in both models."""
+    quiet_polygraphy()
+    original, candidate, random_note = seeded_pair(original, candidate)
+    used = given.used() if given is not None else None
+    if given is not None:
+        feeds = given.sets
+    elif feeds is None:
+        dims = fit_dims(original, dims)
+        feeds = default_feeds(original, dims=dims, seed=seed)
+        used = default_domains(original)
+        used.iterations = len(feeds)
+    results, slices = _run_both(original, candidate, sites, feeds)
+    graph_outputs = {o.name for o in original.graph.output}
+    if used is not None and used.source == "searched" and not finite(
+            v for it in results[0][1] for k, v in it.items() if k in graph_outputs):  # not finite on these: search
+        found = searched_or_note(used, original, dims=dims, seed=seed, iterations=len(feeds))
+        if found is not None:
+            feeds, used = found
+            results, slices = _run_both(original, candidate, sites, feeds)
+    outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds))
+    outcome.slices = slices
+    site_outputs = [s.output for s in sites if s.output]
+    outcome.output_errors = {k: v for k, v in errors.items() if k in graph_outputs}
+    outcome.site_errors = {k: v for k, v in errors.items() if k in site_outputs}  # a site may be an output too
+    outcome.passed = outcome.passed and all(outcome.within(k, e) for k, e in outcome.output_errors.items())
+    if used is not None:
+        if random_note:
+            used.notes.append(random_note)
+        outcome.inputs = used.to_json()
+    return outcome
+
+
+def _run_both(original, candidate, sites, feeds: list[dict]):
+    """Polygraphy's RunResults of the original and the candidate on `feeds` (with the site outputs), and the
+    most slices of layers either ran in."""
     from polygraphy.comparator import Comparator
 
-    quiet_polygraphy()
     site_outputs = [s.output for s in sites if s.output]
-    feeds = feeds if feeds is not None else default_feeds(original, dims=dims, seed=seed)
     with contextlib.ExitStack() as stack:
         runners = [onnx_runner(stack, original, site_outputs, "original"),
                    onnx_runner(stack, candidate, site_outputs, "rewritten")]
         with contextlib.redirect_stdout(io.StringIO()):
             results = Comparator.run(_prefetched(runners, feeds), data_loader=feeds)
-    outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds))
-    outcome.slices = max(len(getattr(r, "slices", ())) for r in runners)
-    graph_outputs = {o.name for o in original.graph.output}
-    outcome.output_errors = {k: v for k, v in errors.items() if k in graph_outputs}
-    outcome.site_errors = {k: v for k, v in errors.items() if k in site_outputs}  # a site may be an output too
-    outcome.passed = outcome.passed and all(outcome.within(k, e) for k, e in outcome.output_errors.items())
-    return outcome
+    return results, max(len(getattr(r, "slices", ())) for r in runners)
 
 
 def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: int = 0, iterations: int = 2,
-                    atol: float = 1e-4, rtol: float = 1e-4) -> Outcome:
+                    atol: float = 1e-4, rtol: float = 1e-4, given: GivenInputs | None = None) -> Outcome:
     """Polygraphy runners for the original (ONNX Runtime) and a candidate with possibly different I/O (a
     form model on ONNX Runtime, an engine on TensorRT): each runs on its own feeds, the outputs are lined
-    up, and Polygraphy's comparator judges them."""
-    from polygraphy.comparator import Comparator, IterationResult, RunResults
-    from polygraphy.exception import PolygraphyException
+    up, and Polygraphy's comparator judges them. The original's feeds: the user's (`given`), or feeds in
+    its domain, searched when its outputs are not finite or (random ops, which an engine cannot seed) do
+    not repeat."""
+    from polygraphy.comparator import IterationResult, RunResults
 
     quiet_polygraphy()
-    dims = fit_dims(adapter.original, dims)  # dims the original runs on (graph/dims.py)
-    original_feeds = [adapter.original_feeds(dims, seed + i) for i in range(iterations)]
+    if given is not None:
+        original_feeds, used = given.sets, given.used()
+    else:
+        dims = fit_dims(adapter.original, dims)  # dims the original runs on (graph/dims.py)
+        randoms = random_nodes(adapter.original)
+        if randoms:  # the engine cannot be seeded: inputs on which the original repeats itself, or a refusal
+            original_feeds, used = search(adapter.original, dims=dims, seed=seed, iterations=iterations,
+                                          random=randoms)
+        else:
+            original_feeds = [adapter.original_feeds(dims, seed + i) for i in range(iterations)]
+            used = default_domains(adapter.original)
+            used.iterations = len(original_feeds)
+    ref_runs, new_runs = _run_each(reference, candidate, adapter, original_feeds)
+    graph_outputs = {o.name for o in adapter.original.graph.output}
+    if given is None and not finite(v for it in ref_runs for k, v in it.items() if k in graph_outputs):
+        found = searched_or_note(used, adapter.original, dims=dims, seed=seed, iterations=iterations)
+        if found is not None:
+            original_feeds, used = found
+            ref_runs, new_runs = _run_each(reference, candidate, adapter, original_feeds)
+    ref_iters, new_iters = [], []
+    for feeds, ref, new in zip(original_feeds, ref_runs, new_runs):
+        a, b = adapter.line_up(feeds, dict(ref.items()), dict(new.items()))
+        ref_iters.append(IterationResult(a, runner_name="original"))
+        new_iters.append(IterationResult(b, runner_name="candidate"))
+    lined = RunResults()
+    lined.append(("original", ref_iters))
+    lined.append(("candidate", new_iters))
+    outcome, errors = _judge(lined, atol=atol, rtol=rtol, iterations=len(original_feeds))
+    outcome.output_errors = errors
+    outcome.slices = max(len(getattr(r, "slices", ())) for r in (reference, candidate))
+    outcome.inputs = used.to_json()
+    return outcome
+
+
+def _run_each(reference, candidate, adapter: Adapter, original_feeds: list[dict]) -> tuple[list, list]:
+    """Each runner's iteration results on its own feeds (the candidate's made from the original's)."""
+    from polygraphy.comparator import Comparator
+    from polygraphy.exception import PolygraphyException
+
     candidate_feeds = [adapter.feeds(f) for f in original_feeds]
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -192,15 +263,4 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
         hint = f" (the original has no input for {', '.join(missing)}: is it the model the candidate came from?)" \
             if missing else ""
         raise VerificationError(f"cannot run the comparison: {str(e).splitlines()[0]}{hint}") from None
-    ref_iters, new_iters = [], []
-    for feeds, ref, new in zip(original_feeds, list(ref_runs.values())[0], list(new_runs.values())[0]):
-        a, b = adapter.line_up(feeds, dict(ref.items()), dict(new.items()))
-        ref_iters.append(IterationResult(a, runner_name="original"))
-        new_iters.append(IterationResult(b, runner_name="candidate"))
-    lined = RunResults()
-    lined.append(("original", ref_iters))
-    lined.append(("candidate", new_iters))
-    outcome, errors = _judge(lined, atol=atol, rtol=rtol, iterations=iterations)
-    outcome.output_errors = errors
-    outcome.slices = max(len(getattr(r, "slices", ())) for r in (reference, candidate))
-    return outcome
+    return list(ref_runs.values())[0], list(new_runs.values())[0]

@@ -74,8 +74,9 @@ def plugin_runner(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(
     from ..graph.evaluate import session_options
 
     def session():
-        options = session_options(level, weights=io.weights_size(model), folder=external.data_dir(model))
-        if io.is_large(model):  # trtattn_plugins.Session takes a model over 2 GB by its path
+        large = io.is_large(model)  # trtattn_plugins.Session takes a model over 2 GB by its path, data beside it
+        options = session_options(level, weights=io.weights_size(model), folder=None if large else external.data_dir(model))
+        if large:
             return trtattn_plugins.Session(stack.enter_context(io.session_source(model)), options=options)
         return trtattn_plugins.Session(model, options=options)
 

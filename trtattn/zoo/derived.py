@@ -83,7 +83,7 @@ def int8_qdq(base, exporter: str, tmp: Path) -> onnx.ModelProto:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from ..graph.inputs import make_feeds
+    from ..graph.feeds import make_feeds
 
     model = _export(base, exporter, tmp)
     src, out = tmp / "fp32.onnx", tmp / "int8.onnx"

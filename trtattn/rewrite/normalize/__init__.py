@@ -97,7 +97,7 @@ def already_normal(site) -> bool:
 
 def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False, precision: str = "fp16",
                     verify: bool = True, dims: dict | None = None, seed: int = 0, atol: float | None = None,
-                    rtol: float | None = None, progress=None) -> NormalizeResult:
+                    rtol: float | None = None, progress=None, inputs=None) -> NormalizeResult:
     """`model` normalised and verified (within the tolerance of the precision it computes in unless
     atol/rtol are given); a model whose weights were left on disk is worked on without reading them."""
     progress = progress or Progress(enabled=False)
@@ -176,7 +176,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
     if verify:
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
             outcome = compare_models(model, out, [r.site for r in rows if not r.site.graph], dims=dims, seed=seed,
-                                     atol=atol, rtol=rtol)  # a body's tensors are not the graph's to output
+                                     atol=atol, rtol=rtol, given=inputs)  # a body's tensors are not the graph's to output
         for r in rows:
             r.max_abs_err = outcome.site_errors.get(r.site.output)
         verification = outcome.summary()

@@ -43,7 +43,7 @@ def _unreadable(path: Path, e: Exception) -> CalibrationError:
 
 
 def stack_feeds(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Feed dicts (e.g. trtattn.graph.inputs.make_feeds with several seeds) -> ModelOpt's calibration dict."""
+    """Feed dicts (e.g. trtattn.graph.feeds.make_feeds with several seeds) -> ModelOpt's calibration dict."""
     return {k: np.concatenate([f[k] for f in feeds], axis=0) for k in feeds[0]}
 
 

@@ -142,7 +142,7 @@ def quantize(model: onnx.ModelProto, mode: str, calib: dict[str, np.ndarray], si
         if not dst.exists():
             raise _failed(f"ModelOpt {mode} quantization wrote no model", log)
         quantized = onnxio.load(dst)
-    if not quantized.metadata_props:  # keep what the model says about its inputs (trtattn.graph.inputs)
+    if not quantized.metadata_props:  # keep what the model says about its inputs (trtattn.graph.roles)
         quantized.metadata_props.extend(copy.deepcopy(list(model.metadata_props)))
     text = log.getvalue()
     records = inspect_sites(quantized, sites, cores, mode, text, named)

@@ -45,7 +45,7 @@ def qdq_types(model: onnx.ModelProto) -> set[str]:
 def quantized_model(model: onnx.ModelProto, mode: str, calib: str | dict | None, *, dims=None,
                     progress=None) -> tuple[onnx.ModelProto, dict]:
     """(the Q/DQ model, what was done). A model with Q/DQ already is kept (its type must be `mode`)."""
-    from ...graph.inputs import make_feeds
+    from ...graph.feeds import make_feeds
 
     if mode not in QDQ_DTYPES:
         raise TrtattnError(f"unknown quantization '{mode}'; choose one of: {', '.join(QDQ_DTYPES)}")

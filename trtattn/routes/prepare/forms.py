@@ -50,7 +50,7 @@ class Derived:
     notes: list[str] = field(default_factory=list)
 
 
-def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=None) -> Derived:
+def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=None, inputs=None) -> Derived:
     if form not in FORMS:
         raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
     progress = progress or Progress(enabled=False)
@@ -97,7 +97,7 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
         # within the tolerance fuse verified with (the model's precision; a quantized softmax's rounding)
         tolerance = {k: fused.verification[k] for k in ("atol", "rtol") if fused.verification.get(k) is not None}
         derived.verification = verify_form(form, original, derived.model, [r.site for r in reports], dims=dims,
-                                           **tolerance)
+                                           inputs=inputs, **tolerance)
     if not derived.verification["passed"]:
         raise TrtattnError(f"the {form} form does not match the original model on ONNX Runtime "
                            f"(max abs error {derived.verification.get('max_abs_err')}); not building it")
@@ -113,16 +113,16 @@ def form_adapter(original: onnx.ModelProto, inputs: list[str], caches: list[str]
 
 
 def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, sites, *, dims=None,
-                atol: float = 1e-4, rtol: float = 1e-4) -> OutcomeSummary:
+                atol: float = 1e-4, rtol: float = 1e-4, inputs=None) -> OutcomeSummary:
     """The form model against the original, both on ONNX Runtime through Polygraphy. A form ONNX Runtime
     cannot run is a TrtattnError naming the node, not a crash: the form does not fit this model."""
     try:
         if form == "padded":
-            return compare_models(original, derived, sites, dims=dims, atol=atol, rtol=rtol).summary()
+            return compare_models(original, derived, sites, dims=dims, atol=atol, rtol=rtol, given=inputs).summary()
         adapter = form_adapter(original, [i.name for i in derived.graph.input], cache_inputs(derived))
         with contextlib.ExitStack() as stack:
-            reference, candidate = onnx_runner(stack, original, name="original"), onnx_runner(stack, derived, name=form)
-            return compare_runners(reference, candidate, adapter, dims=dims, atol=atol, rtol=rtol).summary()
+            runners = [onnx_runner(stack, original, name="original"), onnx_runner(stack, derived, name=form)]
+            return compare_runners(*runners, adapter, dims=dims, atol=atol, rtol=rtol, given=inputs).summary()
     except Exception as e:
         if not type(e).__module__.startswith("onnxruntime"):
             raise

@@ -60,7 +60,7 @@ def packed_form(model: onnx.ModelProto, reports) -> tuple[onnx.ModelProto, list[
 def _replace_position_lookups(graph: gs.Graph, model: onnx.ModelProto, emit: Emitter, pos: gs.Tensor) -> None:
     """Embedding lookups whose indices are 0..S-1 computed from the shape (learned absolute
     positions) read the per-sequence positions instead."""
-    from ...graph.inputs import make_feeds
+    from ...graph.feeds import make_feeds
     from ...match.probe import depends_on_input_values
 
     inputs = {t.name for t in graph.inputs}

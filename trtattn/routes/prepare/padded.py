@@ -40,7 +40,7 @@ def value_inputs(tensor: gs.Tensor, graph_inputs: set[str]) -> set[str]:
 def padding_to_lengths(graph: gs.Graph, model: onnx.ModelProto, reports) -> tuple[list[AttentionLowering], list[str]]:
     """Rewrite the masks of the sites that qualify (see module doc). Returns their lowerings and the
     padding-mask inputs now read as lengths."""
-    from ...graph.inputs import input_specs
+    from ...graph.roles import input_specs
 
     specs = {s.name: s for s in input_specs(model)}
     right_padded = {n for n, s in specs.items() if s.role.get("kind") == "padding_mask" and s.role.get("side") != "left"

@@ -57,9 +57,10 @@ class Limits:
     max_cache: int | None = None  # None: the maximum positions
 
 
-def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None, atol: float | None = None) -> FuseResult:
+def fused_sites(model: onnx.ModelProto, *, dims=None, progress=None, atol: float | None = None,
+                inputs=None) -> FuseResult:
     """Every attention as the standard ONNX op, verified; an error naming the sites that are not."""
-    return all_fused(fuse_model(model, dims=dims, progress=progress, atol=atol))
+    return all_fused(fuse_model(model, dims=dims, progress=progress, atol=atol, inputs=inputs))
 
 
 def all_fused(fused: FuseResult) -> FuseResult:
@@ -95,6 +96,7 @@ class Request:
     limits: Limits = field(default_factory=Limits)
     source: str = ""
     mark_sites: bool = False
+    inputs: object = None  # a user's GivenInputs: the fused and form models are verified on exactly these
 
 
 @dataclass
@@ -153,12 +155,20 @@ def _quantize(work: Work) -> None:
                                                                    progress=work.progress)
 
 
+def _given_inputs(work: Work):
+    """The user's inputs where the model they were given for is the one checked (a quantized start takes the
+    user's inputs as the original does)."""
+    return work.request.inputs if work.start is work.model else None
+
+
 def _fuse(work: Work) -> None:
-    work.fused = fused_sites(work.start, dims=work.dims, progress=work.progress, atol=work.atol)
+    work.fused = fused_sites(work.start, dims=work.dims, progress=work.progress, atol=work.atol,
+                             inputs=_given_inputs(work))
 
 
 def _derive(work: Work) -> None:
-    work.derived = forms.derive(work.request.form, work.start, work.fused, dims=work.dims, progress=work.progress)
+    work.derived = forms.derive(work.request.form, work.start, work.fused, dims=work.dims, progress=work.progress,
+                                inputs=_given_inputs(work))
     work.notes += work.derived.notes
 
 
@@ -240,12 +250,12 @@ def describe_steps(steps: tuple[Step, ...] = STEPS) -> str:
 def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16",
             io_dtype: str | None = None, calib=None, dims: dict | None = None, decomposable: bool = False,
             shapes: tuple[dict, dict, dict] = ({}, {}, {}), limits: Limits | None = None, progress=None,
-            source: str = "", mark_sites: bool = False, steps: tuple[Step, ...] = STEPS) -> Prepared:
+            source: str = "", mark_sites: bool = False, inputs=None, steps: tuple[Step, ...] = STEPS) -> Prepared:
     """The verified form in `precision` (IO types kept unless io_dtype is the precision; fp8/int8: the model
     ModelOpt quantized on `calib`, or the model's own Q/DQ), its complete plan and the model TensorRT's parser
     gets: STEPS run in order."""
     request = Request(name, form, precision, io_dtype, calib, dims, decomposable, shapes, limits or Limits(), source,
-                      mark_sites)
+                      mark_sites, inputs)
     work = Work(model, request, progress or Progress(enabled=False))
     for step in steps:
         step.run(work)
@@ -255,7 +265,7 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
 
 def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, progress=None):
     """(the Q/DQ model, what was done, the tolerance its fused form is verified within)."""
-    from ...graph.inputs import make_feeds
+    from ...graph.feeds import make_feeds
     from ...rewrite.quantize.source import fuse_tolerance, quantized_model
 
     progress = progress or Progress(enabled=False)

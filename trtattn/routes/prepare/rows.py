@@ -12,7 +12,8 @@ import numpy as np
 import onnx
 
 from ...contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_rows
-from ...graph import inputs as inputs_mod
+from ...graph.feeds import make_feeds
+from ...graph.roles import input_specs
 from ...verify.adapters import Adapter
 
 
@@ -25,10 +26,10 @@ class PackedCacheAdapter(Adapter):
         super().__init__(original, candidate_inputs)
         self.caches = caches
         self.capacity = capacity  # an engine's static capacity; None: past + new + slack
-        self.roles = {s.name: s.role.get("kind") for s in inputs_mod.input_specs(original)}
+        self.roles = {s.name: s.role.get("kind") for s in input_specs(original)}
 
     def original_feeds(self, dims, seed):
-        return inputs_mod.make_feeds(self.original, dims=dims, seed=seed, padding=True)
+        return make_feeds(self.original, dims=dims, seed=seed, padding=True)
 
     def _rows(self, feeds: dict) -> tuple[np.ndarray, int, int]:
         """(valid [B, past + seq] booleans, past, seq) of the original's feeds."""

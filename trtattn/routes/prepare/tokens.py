@@ -36,7 +36,7 @@ class Tokens:
 
 
 def pack_tokens(graph: gs.Graph, model: onnx.ModelProto, emit: Emitter, form: str) -> Tokens:
-    from ...graph.inputs import input_specs
+    from ...graph.roles import input_specs
 
     specs = {s.name: s for s in input_specs(model)}
     kinds = {t.name: specs[t.name].role.get("kind") for t in graph.inputs if t.name in specs}

@@ -22,7 +22,7 @@ from trtattn_plugins import TrtOpError, schema
 
 from ...errors import TrtattnError
 from ...graph.emit import export_like
-from ...graph.inputs import make_feeds
+from ...graph.feeds import make_feeds
 from ...graph.shapes import tensor_types
 from ...report import Progress
 from ...site import SiteStatus
@@ -132,11 +132,11 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
 
 
 def fuse_trt(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16", calib=None,
-             dims=None, decomposable: bool = False, progress=None, source: str = "") -> TrtOpsResult:
+             dims=None, decomposable: bool = False, progress=None, source: str = "", inputs=None) -> TrtOpsResult:
     """prepare (routes/prepare: the verified form in `precision`, its plan), write its TensorRT ops, verify them."""
     progress = progress or Progress(enabled=False)
     prepared = prepare(model, name=name, form=form, precision=precision, calib=calib, dims=dims,
-                       decomposable=decomposable, progress=progress, source=source)
+                       decomposable=decomposable, progress=progress, source=source, inputs=inputs)
     with progress.step("writing every site as TensorRT's TRT_Attention / TRT_KVCacheUpdate ops"):
         written = write_trt_ops(prepared)
     with progress.step("verifying the TensorRT ops against the original on ONNX Runtime (trtattn_plugins)"):

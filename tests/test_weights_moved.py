@@ -1,0 +1,79 @@
+"""Weights the tool moves (issue 18, class 7): every model verifies whatever its size and wherever its
+weights are: in the proto, in external data files, or written out for a session because the model is
+over the size protobuf serializes.
+
+The case seen in the wild: ONNX Runtime's symbolic shape inference (used for com.microsoft ops) saves a
+partial result with every tensor over 1 KB in external data files in its working directory and raises;
+the rewrite took that result as its model, so the rewritten model named data files that were gone and
+every site failed with "External data path validation failed"."""
+
+import json
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trtattn.graph import io as onnxio
+from trtattn.graph import shapes
+from trtattn.rewrite.fuse import fuse_model
+
+
+def _mha_model(width=128, heads=4):
+    """A com.microsoft MultiHeadAttention with a bias over 1 KB (so it goes to external data)."""
+    rng = np.random.default_rng(0)
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", width]) for n in ("q", "k", "v")]
+    bias = numpy_helper.from_array((rng.standard_normal(3 * width) * 0.5).astype(np.float32), "bias")
+    w = numpy_helper.from_array((rng.standard_normal((width, width)) / width ** 0.5).astype(np.float32), "w_out")
+    nodes = [helper.make_node("MultiHeadAttention", ["q", "k", "v", "bias"], ["a"], domain="com.microsoft",
+                              num_heads=heads),
+             helper.make_node("MatMul", ["a", "w_out"], ["y"])]
+    graph = helper.make_graph(nodes, "mha", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [bias, w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    model.metadata_props.add(key="trtattn.inputs", value=json.dumps(
+        {"inputs": {i.name: {"kind": "float"} for i in inputs}, "dims": {"b": 2, "s": 6}}))
+    return model
+
+
+class _PartialInference:
+    """ONNX Runtime's SymbolicShapeInference.infer_shapes when it cannot infer every shape: it saves what it
+    has as sym_shape_infer_temp.onnx with external data in the working directory, then raises."""
+
+    class SymbolicShapeInference:
+        @staticmethod
+        def infer_shapes(model, **_):
+            partial = onnx.ModelProto()
+            partial.CopyFrom(model)
+            onnx.save_model(partial, "sym_shape_infer_temp.onnx", save_as_external_data=True)
+            raise Exception("Incomplete symbolic shape inference")
+
+
+def test_partial_shape_inference_keeps_the_weights(monkeypatch):
+    monkeypatch.setattr(shapes, "_symbolic_module", lambda: _PartialInference)
+    model = _mha_model()
+    inferred = shapes.symbolic_shapes(model)
+    assert inferred is not None
+    assert not any(t.data_location == TensorProto.EXTERNAL for t in inferred.graph.initializer)
+    assert np.array_equal(numpy_helper.to_array(inferred.graph.initializer[1]),
+                          numpy_helper.to_array(model.graph.initializer[1]))
+    result = fuse_model(model)  # the rewrite reads the contrib op's shapes through it
+    assert result.ok, [r.row() for r in result.reports]
+    assert result.verification["passed"] and result.verification["max_abs_err"] <= 1e-4
+
+
+def test_model_past_the_protobuf_size_verifies(monkeypatch, tmp_path):
+    """A model over the size where sessions get a file with external data (lowered here to just under its
+    weights, so the model stays small): fused and verified, weights in the proto or left on disk."""
+    model = _mha_model()
+    weights = onnxio.weight_bytes(model)
+    monkeypatch.setattr(onnxio, "PROTOBUF_LIMIT", weights + (64 << 20) - 1024)  # is_large's margin is 64 MB
+    assert onnxio.is_large(model)
+    result = fuse_model(model)
+    assert result.ok and result.verification["passed"], [r.row() for r in result.reports]
+    onnxio.save(model, tmp_path / "m.onnx", external_data=True)
+    assert os.path.exists(tmp_path / "m.onnx.data")
+    lazy = onnxio.load(tmp_path / "m.onnx", load_external_data=False)
+    result = fuse_model(lazy)
+    assert result.ok and result.verification["passed"], [r.row() for r in result.reports]

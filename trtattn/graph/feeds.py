@@ -1,0 +1,63 @@
+"""Feeds for verification that mean what the model means: token ids inside the vocabulary, padding
+masks with real padding, positions after the cache, flags; a fixed seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from .dim_names import dim_value, resolve_dims
+from .roles import InputSpec, input_specs
+
+
+def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, seed: int = 0,
+               padding: bool = True, shapes: dict[str, list[int]] | None = None,
+               specs: list[InputSpec] | None = None) -> dict[str, np.ndarray]:
+    """One feed dict. `padding=False` gives masks without padding (used to probe what a mask means)."""
+    rng = np.random.default_rng(seed)
+    specs = specs if specs is not None else input_specs(model)
+    dims = resolve_dims(model, dims, specs=specs)
+    feeds = {}
+    for spec in specs:
+        if shapes and spec.name in shapes:
+            shape = list(shapes[spec.name])
+        else:
+            shape = [d if isinstance(d, int) else dim_value(d, dims) for d in spec.shape]
+        feeds[spec.name] = _value(spec, shape, rng, padding, dims)
+        if spec.role.get("kind") == "flag" and "value" not in spec.role:
+            # an If condition alternates with the seed, so that feeds of two seeds run both branches
+            feeds[spec.name] = np.full(shape, seed % 2 == 0, dtype=spec.dtype)
+    return feeds
+
+
+def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, dims: dict) -> np.ndarray:
+    kind = spec.role.get("kind", "float")
+    dt = spec.dtype
+    if kind == "token_ids":
+        vocab = int(spec.role.get("vocab") or 2)
+        low = 3 if vocab > 8 else 0  # keep clear of special tokens (pad/bos/eos) when there are many
+        return rng.integers(low, vocab, size=shape).astype(dt)
+    if kind in ("padding_mask", "ones_mask"):
+        keep = np.ones(shape, dtype=bool)
+        if kind == "padding_mask" and padding and len(shape) == 2 and shape[0] >= 2 and shape[1] >= 4:
+            pad = max(1, shape[1] // 4)
+            if spec.role.get("side") == "left":
+                keep[-1, :pad] = False
+            else:
+                keep[-1, shape[1] - pad:] = False
+        return (~keep if spec.role.get("true_at") == "padding" else keep).astype(dt)
+    if kind == "flag":
+        return np.full(shape, spec.role.get("value", True), dtype=dt)
+    if kind == "write_index":  # every row appends after a cache of the past length
+        return np.full(shape, dim_value("past", dims), dtype=dt)
+    if kind == "cu_seqlens":  # rows of the sequence length, end to end
+        return (np.arange(shape[0]) * dim_value("seq", dims)).astype(dt)
+    if kind == "position_ids":  # positions continue after the cache ("offset": the past length dim)
+        seq = shape[-1] if shape else 1
+        offset = dim_value(spec.role["offset"], dims) if spec.role.get("offset") else 0
+        return np.broadcast_to(np.arange(seq) + offset, shape).astype(dt).copy()
+    if dt.kind in "iu":
+        return rng.integers(0, 2, size=shape).astype(dt)
+    if dt == np.bool_:
+        return np.ones(shape, dtype=np.bool_)
+    return rng.standard_normal(shape).astype(dt)

@@ -1,0 +1,225 @@
+"""What each input of a model means (its role): token ids inside the vocabulary, padding masks and which
+way they point, positions, caches, flags, plain floats.
+
+The roles come from the model's `trtattn.inputs` metadata (written by the zoo) or, for other models,
+from its name, dtype and how the graph uses it: an integer input that indexes an embedding table is
+token ids (the table's rows are the vocabulary); a mask is True at the padding when the graph fills
+the logits where it is True (masked_fill), at the tokens when it keeps them.
+Each input's shape is read as ints and dim names; dims written -1, '?' or '' are named after their
+place (`input_ids[1]`), for graph/dim_names.py to unify.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+_ANONYMOUS = {"", "?", "-1"}
+_FILL = -1e4  # a constant at or below this, where a mask is True or False, masks the logits
+
+
+@dataclass
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    shape: list  # ints, dim names (str; anonymous dims named "input[axis]")
+    role: dict = field(default_factory=dict)
+
+
+def _metadata(model: onnx.ModelProto) -> dict:
+    for p in model.metadata_props:
+        if p.key == "trtattn.inputs":
+            try:
+                return json.loads(p.value)
+            except ValueError:
+                return {}
+    return {}
+
+
+def declared_dims(model: onnx.ModelProto) -> dict[str, int]:
+    """The example dims the model's metadata declares (it was exported at them)."""
+    return dict(_metadata(model).get("dims", {}))
+
+
+# ---------------------------------------------------------------- how the graph uses an input
+class GraphUses:
+    """Consumers, producers and small constants of one graph and its subgraphs, indexed once."""
+
+    PASS = ("Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Slice", "Tile",
+            "Gather", "GatherND", "GatherElements",
+            "And", "Or", "Concat")
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.consumers: dict[str, list] = {}
+        self.producers = {}
+        self.inits = {}
+        self._index(graph)
+        self.dtypes = {v.name: v.type.tensor_type.elem_type for v in graph.input}
+
+    def _index(self, graph: onnx.GraphProto) -> None:
+        """Subgraphs too (If branches, Loop bodies): they read the outer graph's tensors by name."""
+        self.inits.update((i.name, i) for i in graph.initializer)
+        for n in graph.node:
+            for i, t in enumerate(n.input):
+                self.consumers.setdefault(t, []).append((n, i))
+            for o in n.output:
+                self.producers[o] = n
+            if n.op_type in ("If", "Loop", "Scan"):
+                for a in n.attribute:
+                    for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+                        self._index(g)
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of a small constant (an initializer or Constant node, through Cast/Expand/...)."""
+        for _ in range(8):
+            if name in self.inits:
+                t = self.inits[name]
+                small = np.prod(t.dims, dtype=np.int64) <= 64 and t.data_location != onnx.TensorProto.EXTERNAL
+                return numpy_helper.to_array(t) if small else None
+            node = self.producers.get(name)
+            if node is None:
+                return None
+            if node.op_type == "Constant":
+                attr = next((a for a in node.attribute if a.name in ("value", "value_float", "value_int")), None)
+                if attr is None:
+                    return None
+                return numpy_helper.to_array(attr.t) if attr.name == "value" else np.array(onnx.helper.get_attribute_value(attr))
+            if node.op_type not in ("Cast", "Identity", "Expand", "Reshape", "Unsqueeze", "Squeeze"):
+                return None
+            name = node.input[0]
+        return None
+
+    def is_fill(self, name: str) -> bool:
+        value = self.constant(name)
+        return value is not None and value.size > 0 and np.issubdtype(value.dtype, np.floating) and bool((value <= _FILL).all())
+
+    def vocab(self, name: str) -> int | None:
+        """Rows of the embedding table an integer input indexes (Gather(table, ids))."""
+        frontier, seen = [name], set()
+        while frontier:
+            t = frontier.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            for n, i in self.consumers.get(t, ()):
+                if n.op_type == "Gather" and i == 1:
+                    table = n.input[0]
+                    while table in self.producers and self.producers[table].op_type in ("Identity", "Cast", "DequantizeLinear"):
+                        table = self.producers[table].input[0]
+                    dims = self.inits[table].dims if table in self.inits else getattr(self.constant(table), "shape", ())
+                    if len(dims) >= 1:
+                        return int(dims[0])
+                elif n.op_type in ("Cast", "Identity", "Reshape", "Unsqueeze", "Flatten", "Transpose") and i == 0:
+                    frontier.extend(n.output)
+        return None
+
+    def mask_true_at(self, name: str) -> str | None:
+        """Where a mask input is True: 'padding' when the graph masks the logits where it is True
+        (Where(mask, -inf, logits) as masked_fill writes it, logits - 1e30 * mask), 'tokens' when it
+        keeps them there (Where(mask, logits, -inf), (1 - mask) * -big, ONNX Attention's boolean
+        mask). Not, Equal(mask, 0), Less(mask, 1) and Sub(1, mask) flip the meaning on the way.
+        None when the graph does not say, or says both."""
+        boolean = self.dtypes.get(name) == onnx.TensorProto.BOOL
+        votes, seen = set(), set()
+        frontier = [(name, False, boolean, False)]  # tensor, flipped (truthy here: falsy at the input), bool, x big
+        while frontier:
+            state = frontier.pop()
+            if state in seen or len(seen) > 512:
+                continue
+            seen.add(state)
+            t, flipped, boolean, big = state
+            for n, i in self.consumers.get(t, ()):
+                op, ins = n.op_type, n.input
+                other = self.constant(ins[1 - i]) if len(ins) == 2 else None
+                scalar = float(other.reshape(-1)[0]) if other is not None and other.size == 1 else None
+                masked, follow = None, None  # masked: the logits are masked where this tensor is truthy
+                if op == "Where" and i == 0 and self.is_fill(ins[1]) != self.is_fill(ins[2]):
+                    masked = self.is_fill(ins[1])  # the branch taken where the mask is truthy is the fill
+                elif op == "Attention" and i == 3 and boolean:
+                    masked = False  # ONNX Attention: True takes part
+                elif op == "Mul" and scalar is not None and abs(scalar) >= -_FILL:
+                    masked, follow = (True, None) if scalar < 0 else (None, (flipped, False, True))
+                elif op == "Sub" and i == 1 and (big or other is not None):
+                    masked, follow = (True, None) if big else (None, (not flipped, False, False))  # c - big*m; 1 - m
+                elif op == "Not" or (op == "Less" and i == 0 and scalar is not None and 0 < scalar <= 1):
+                    follow = (not flipped, True, False)
+                elif op == "Equal" and scalar is not None:
+                    follow = (flipped != (scalar == 0), True, False)
+                elif op == "Greater" and i == 0 and scalar is not None and 0 <= scalar < 1:
+                    follow = (flipped, True, False)
+                elif op == "Cast":
+                    follow = (flipped, onnx.helper.get_attribute_value(n.attribute[0]) == onnx.TensorProto.BOOL, big)
+                elif op in self.PASS and (i == 0 or op in ("And", "Or", "Concat")):
+                    follow = (flipped, boolean, big)
+                if masked is not None:
+                    votes.add("padding" if masked != flipped else "tokens")
+                if follow is not None:
+                    frontier.extend((o, *follow) for o in n.output)
+        return votes.pop() if len(votes) == 1 else None
+
+    def is_condition(self, name: str) -> bool:
+        return any(n.op_type == "If" and i == 0 for n, i in self.consumers.get(name, ()))
+
+
+def _guess_role(uses: GraphUses, name: str, dtype: np.dtype, shape: list) -> dict:
+    low = name.lower()
+    if name == "cache_write_index":  # trtattn's kv-cache form
+        return {"kind": "write_index"}
+    if name == "cu_seqlens":  # trtattn's packed form
+        return {"kind": "cu_seqlens"}
+    single = all(isinstance(d, int) for d in shape) and int(np.prod(shape, dtype=np.int64)) <= 1
+    if uses.is_condition(name) or (dtype == np.bool_ and single):
+        return {"kind": "flag"}
+    if "mask" in low:
+        return _mask_role(uses, name)
+    if "position" in low or low.startswith("pos"):
+        return {"kind": "position_ids"}
+    if "past" in low or "cache" in low:
+        return {"kind": "cache"}
+    if dtype.kind in "iu":
+        return {"kind": "token_ids", "vocab": uses.vocab(name) or 2}
+    if dtype == np.bool_:
+        return _mask_role(uses, name)
+    return {"kind": "float"}
+
+
+def _mask_role(uses: GraphUses, name: str) -> dict:
+    true_at = uses.mask_true_at(name)
+    return {"kind": "padding_mask", **({"true_at": true_at} if true_at else {})}
+
+
+def dim_name(d: onnx.TensorShapeProto.Dimension, input_name: str, axis: int):
+    """A static int, or the dim's name (anonymous dims named after their place)."""
+    if d.HasField("dim_value") and d.dim_value >= 0:
+        return int(d.dim_value)
+    name = d.dim_param.strip() if d.HasField("dim_param") else ""
+    return f"{input_name}[{axis}]" if name in _ANONYMOUS else name
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    meta = _metadata(model).get("inputs", {})
+    inits = {i.name for i in model.graph.initializer}
+    uses = None
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        shape = [dim_name(d, vi.name, axis) for axis, d in enumerate(tt.shape.dim)]
+        role = meta.get(vi.name)
+        if role is None:
+            uses = uses or GraphUses(model.graph)
+            role = _guess_role(uses, vi.name, dtype, shape)
+        specs.append(InputSpec(vi.name, dtype, shape, role))
+    return specs
+
+
+def kept_tokens(role: dict, mask: np.ndarray) -> np.ndarray:
+    """A mask input's value as booleans True at the tokens to keep, whichever way the model writes it."""
+    keep = np.asarray(mask) != 0
+    return ~keep if role.get("true_at") == "padding" else keep
