@@ -9,7 +9,7 @@ from collections import OrderedDict
 import numpy as np
 import onnx
 import pytest
-from graphs import attention_model
+from trtattn.testing.graphs import attention_model
 from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.errors import TrtattnError, VerificationError
