@@ -24,10 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fusion.measure import count_attention  # noqa: E402
+from fusion.measure import count_attention  # noqa: E402  (benchmarks/fusion: next to this script, on its path)
 
 
 def run_trtattn(path: Path, tmp: Path, timeout: float) -> dict:
