@@ -14,6 +14,8 @@ them all); the ones the node left unset are listed in `absent`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx
 from onnx import TensorProto, helper
 
@@ -89,7 +91,7 @@ class _Rewrite:
             self.casts.append(helper.make_node("Cast", [tensor], [wide], name=_fresh(names, wide), to=TensorProto.FLOAT))
             inputs.append(wide)
         values = schema.attributes(node)
-        attrs = {a.name: values.get(a.name, _ZERO[a.type]) for a in spec.attributes}
+        attrs: dict[str, Any] = {a.name: values.get(a.name, _ZERO[a.type]) for a in spec.attributes}
         absent = [a.name for a in spec.attributes if values.get(a.name) is None]
         result = _fresh(names, f"{node.output[0]}__f32")
         self.kernel = helper.make_node(
@@ -125,8 +127,8 @@ class _Rewrite:
         self.kernel.op_type = ort_ops.variant_name(self.node.op_type, tuple(self.given), mask_kind)
 
 
-_DTYPE_NAMES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
-                TensorProto.BOOL: "bool", TensorProto.INT32: "int32"}
+_DTYPE_NAMES: dict[int, str] = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16",
+                                 TensorProto.BFLOAT16: "bfloat16", TensorProto.BOOL: "bool", TensorProto.INT32: "int32"}
 
 
 def _dtype_name(dtype: int) -> str:

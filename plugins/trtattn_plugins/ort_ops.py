@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,7 +32,7 @@ RUNNER_ATTRIBUTES = ("trt_node", "trt_session", "fully_masked", "absent")
 
 # Documented attribute -> reference keyword (None: no numerical effect).
 _RENAMED = {"TRT_normalization_op": "normalization_op", "TRT_decomposable": None}
-_FUNCTIONS = {
+_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {  # op type -> its numpy reference
     "TRT_Attention": reference.trt_attention,
     "TRT_QuantizedAttention": reference.trt_quantized_attention,
     "TRT_KVCacheUpdate": reference.trt_kv_cache_update,

@@ -229,10 +229,10 @@ def trt_quantized_attention(q, k, v, attn_mask=None, normalization_quantize_scal
     with the normalization output quantized and dequantized with normalization_quantize_scale."""
     if normalization_quantize_scale is None:
         raise TrtOpError("normalization_quantize_scale is missing (the doc lists 5-7 inputs)")
-    s = np.asarray(normalization_quantize_scale, np.float64)
-    if s.size != 1 or not s.reshape(-1)[0] > 0:
-        raise TrtOpError(f"normalization_quantize_scale must be one positive number, got {s.tolist()}")
-    s = float(s.reshape(-1)[0])
+    given = np.asarray(normalization_quantize_scale, np.float64)
+    if given.size != 1 or not given.reshape(-1)[0] > 0:
+        raise TrtOpError(f"normalization_quantize_scale must be one positive number, got {given.tolist()}")
+    s = float(given.reshape(-1)[0])
     q, k, v = (np.asarray(x, F32) for x in (q, k, v))
     three_d = query_form == "padded_bhnd" and q.ndim == 3
     if query_form == "padded_bhnd":

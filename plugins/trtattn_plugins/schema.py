@@ -156,9 +156,8 @@ def attributes(node: onnx.NodeProto) -> dict[str, object]:
     schema = OPS[node.op_type]
     values = {a.name: a.default for a in schema.attributes if a.default is not None}
     for attr in node.attribute:
-        values[attr.name] = onnx.helper.get_attribute_value(attr)
-        if isinstance(values[attr.name], bytes):
-            values[attr.name] = values[attr.name].decode()
+        value = onnx.helper.get_attribute_value(attr)
+        values[attr.name] = value.decode() if isinstance(value, bytes) else value
     return values
 
 
@@ -190,15 +189,15 @@ def check_node(node: onnx.NodeProto) -> list[str]:
             value = value.decode() if isinstance(value, bytes) else value
             if spec.allowed is not None and value not in spec.allowed:
                 problems.append(f"{where}: {attr.name}={value!r} is not one of {list(spec.allowed)}")
-            elif spec.type == "INT" and spec.allowed is None and value < 1:
+            elif spec.type == "INT" and spec.allowed is None and isinstance(value, int) and value < 1:
                 problems.append(f"{where}: {attr.name}={value} must be positive")
     count = len(node.input)
     if count > len(schema.inputs):
         problems.append(f"{where}: {count} inputs, the doc lists at most {len(schema.inputs)} "
                         f"({', '.join(i.name for i in schema.inputs)})")
-    for index, spec in enumerate(schema.inputs):
-        if not spec.optional and (index >= count or not node.input[index]):
-            problems.append(f"{where}: required input {index} '{spec.name}' is missing")
+    for index, input_spec in enumerate(schema.inputs):
+        if not input_spec.optional and (index >= count or not node.input[index]):
+            problems.append(f"{where}: required input {index} '{input_spec.name}' is missing")
     if len(node.output) != 1 or not node.output[0]:
         problems.append(f"{where}: {len(node.output)} outputs, the doc has exactly one (Y)")
     if not problems:

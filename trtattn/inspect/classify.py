@@ -83,9 +83,9 @@ def _verdict(site: Site, layers: list[Layer], names_only: bool) -> tuple[dict, l
             types = ", ".join(dict.fromkeys(layer.type for layer in layers if layer.type)) or "layers"
             row["reason"] = f"no fused attention kernel: runs as {len(layers)} layer(s) ({types})"
         failures.append(f"{site.name}: not fused ({row['reason']})")
-    row["precision"] = ran_in(layers) if layers else None
-    row["built_for"] = built_for(site.record)
-    problem = precision_problem(row["precision"], row["built_for"]) if layers else None
+    ran, built = (ran_in(layers) if layers else None), built_for(site.record)
+    row["precision"], row["built_for"] = ran, built
+    problem = precision_problem(ran, built) if layers else None
     if problem:
         row["precision_problem"] = problem
         failures.append(f"{site.name}: {problem}")

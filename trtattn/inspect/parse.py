@@ -249,10 +249,10 @@ def _parse_builder_line(line: str, index: int) -> Layer | None:
         name = rest[:at]
         tail = rest[at + len(", Tactic: "):]
         tactic, _, io = tail.partition(", ")
-    inputs, _, outputs = io.partition(" -> ")
+    input_text, _, output_text = io.partition(" -> ")
     if not keep_layer(name, m["type"]):
         return None
-    (inputs, input_types), (outputs, output_types) = _builder_tensors(inputs), _builder_tensors(outputs)
+    (inputs, input_types), (outputs, output_types) = _builder_tensors(input_text), _builder_tensors(output_text)
     # these lines carry no metadata (layer names only)
     return make_layer(index, name, m["type"], _named_tactic(None, (tactic or "").strip()), None, inputs, outputs,
                       detailed=False, input_formats=input_types, output_formats=output_types)

@@ -117,9 +117,9 @@ class _Finder:
                                    "reason": reason})
                 continue
             base = scope if scope else name
-            n = used[norm(base)]
+            seen = used[norm(base)]
             used[norm(base)] += 1
-            site = self.site(base if n == 0 else f"{base}#{n}", first)
+            site = self.site(base if seen == 0 else f"{base}#{seen}", first)
             site.core |= core
             site.softmax = name
         # ForeignNode[A...B] over the MatMul..MatMul_1 of one module: that module's attention, softmax inside.

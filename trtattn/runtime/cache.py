@@ -191,7 +191,7 @@ class ConcatCache(KVCache):
 
     def load(self, presents, lengths):
         lengths = self._new(lengths, None)
-        seq = None
+        seq = 0  # the presents' length; pairs is never empty (__init__)
         for past, _ in self.pairs:
             if past not in presents:
                 raise TrtattnError(f"no present for {past} to seed the cache with")

@@ -181,7 +181,7 @@ def pack_requests(session, requests: list[dict]) -> tuple[dict, np.ndarray]:
 def unpack(outputs: dict[str, np.ndarray], cu: np.ndarray) -> list[dict[str, np.ndarray]]:
     """Packed outputs [1, T, ...] back into one [S_i, ...] per request; other outputs are shared."""
     total = int(cu[-1])
-    rows = [dict() for _ in range(len(cu) - 1)]
+    rows: list[dict[str, np.ndarray]] = [{} for _ in range(len(cu) - 1)]
     for name, value in outputs.items():
         per_token = value.ndim >= 2 and value.shape[0] == 1 and value.shape[1] == total
         for row, part in zip(rows, unpack_rows(value, cu) if per_token else [value] * len(rows)):

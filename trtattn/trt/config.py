@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 PROFILING_VERBOSITY = "DETAILED"  # the sidecar records it: inspect proves fusion from kernel names
 
 
-def progress_monitor(trt, stream=None):
+def progress_monitor(trt: Any, stream=None):
     """An IProgressMonitor that prints TensorRT's build phases and steps (a text progress bar)."""
     stream = stream or sys.stderr
 

@@ -56,7 +56,7 @@ def cut(form_model: onnx.ModelProto, lowered: dict, static: dict[str, dict[int, 
     if missing:
         raise TrtattnError(f"the plan replaces nodes the form model does not have: {sorted(missing)[:3]}")
     produced = {p.output for p in plans}
-    result = CutModel(model=None)
+    result = CutModel(model=onnx.ModelProto())  # the cut model is set below
     extra_outputs: list[gs.Tensor] = []
     for p in plans:
         for name in p.reads():

@@ -10,6 +10,9 @@ marked under their ONNX names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 from ..errors import TrtattnError
 from ..graph.io import session_source
 from .cut import CutModel
@@ -46,7 +49,7 @@ def build_network(trt, builder, logger, cut: CutModel, plan: BuildPlan):
     network = create_network(trt, builder)
     parse(trt, network, logger, cut)
     tensors = _tensors(network)
-    produced: dict[str, object] = {}
+    produced: dict[str, Any] = {}  # TensorRT ITensors (its bindings are untyped)
 
     def get(name: str):
         if name in produced:
@@ -59,7 +62,8 @@ def build_network(trt, builder, logger, cut: CutModel, plan: BuildPlan):
     lowered = plan.lowered()
     for node in plan.order:
         p = lowered[node]
-        produced[p.output] = LOWER[type(p)](trt, network, p, get)
+        lower = cast(Callable[..., Any], LOWER[type(p)])  # LOWER maps each plan type to its lowering
+        produced[p.output] = lower(trt, network, p, get)
 
     reconnect(network, tensors, produced, cut.placeholders)
     for name, exposed in cut.exposed.items():

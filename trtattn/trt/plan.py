@@ -30,8 +30,9 @@ from ..errors import TrtattnError
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import tensor_types
 
-DTYPE_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16",
-               onnx.TensorProto.FLOAT8E4M3FN: "fp8", onnx.TensorProto.INT8: "int8"}
+DTYPE_NAMES: dict[int, str] = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
+                               onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.FLOAT8E4M3FN: "fp8",
+                               onnx.TensorProto.INT8: "int8"}
 
 
 @dataclass
@@ -109,6 +110,9 @@ class CacheUpdatePlan:
         return [t for t in (self.cache, self.update, self.write_indices, self.update_lengths) if t]
 
 
+LoweredPlan = AttentionPlan | RopePlan | CacheUpdatePlan  # an op TensorRT gets as its own layer
+
+
 @dataclass
 class BuildPlan:
     name: str
@@ -133,8 +137,9 @@ class BuildPlan:
         """The sites that become an IAttention."""
         return [a for a in self.attentions if a.reason is None]
 
-    def lowered(self) -> dict:
-        return {p.node: p for p in [*self.native, *self.ropes, *self.cache_updates]}
+    def lowered(self) -> dict[str, LoweredPlan]:
+        plans: list[LoweredPlan] = [*self.native, *self.ropes, *self.cache_updates]
+        return {p.node: p for p in plans}
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -182,10 +187,10 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
             if a.reason is not None:
                 continue
         elif node.op_type == "RotaryEmbedding":
-            a = _attrs(node)
+            attrs = _attrs(node)
             plan.ropes.append(RopePlan(node.name, node.input[0], node.input[1], node.input[2], node.output[0],
-                                       _opt(node, 3), bool(a.get("interleaved", 0)),
-                                       int(a.get("rotary_embedding_dim", 0))))
+                                       _opt(node, 3), bool(attrs.get("interleaved", 0)),
+                                       int(attrs.get("rotary_embedding_dim", 0))))
         elif node.op_type == "TensorScatter":
             plan.cache_updates.append(_tensor_scatter(node, types))
         elif node.name in by_scatter:
@@ -200,7 +205,7 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
             site=site.name, node=node, layer=f"trtattn/attn/{site.name}", query=site.query, key=site.key,
             value=site.value, output=site.output, q_scale=float(site.softmax_scale), mask_kind=site.mask.value,
             q_heads=site.q_heads, kv_heads=site.kv_heads, head_size=site.head_size,
-            rank=site.rank, dtype=DTYPE_NAMES.get(types.get(site.query, (None, None))[0], "fp32"),
+            rank=site.rank, dtype=DTYPE_NAMES.get(types.get(site.query, (onnx.TensorProto.UNDEFINED, None))[0], "fp32"),
             decomposable=decomposable, reason=implicit_reason, region=()))
     missing = set(by_scatter) - {c.node for c in plan.cache_updates}
     if missing:

@@ -75,7 +75,7 @@ def _position_tables(model: onnx.ModelProto) -> list[int]:
         if name in inputs:
             return "position" in name.lower() or name.lower().startswith("pos")
         if name in inits or name in consts:  # a position buffer sliced to the length (BERT's position_ids)
-            return _is_arange(inits.get(name) or consts.get(name))
+            return _is_arange(inits[name] if name in inits else consts[name])
         if node is None or depth > 12:
             return False
         if node.op_type == "Range":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -111,7 +112,8 @@ class TrtSession(Session):
         if profile:
             if not self.context.set_optimization_profile_async(profile, int(self.stream)):
                 raise TrtattnError(f"{name}: cannot select optimisation profile {profile}")
-        inputs, outputs = [], []
+        inputs: list[TensorInfo] = []
+        outputs: list[TensorInfo] = []
         for i in range(self.engine.num_io_tensors):
             tname = self.engine.get_tensor_name(i)
             info = TensorInfo(tname, compat.numpy_dtype(trt, self.engine.get_tensor_dtype(tname)),
@@ -124,13 +126,13 @@ class TrtSession(Session):
         self._state: dict[str, _DeviceTensor] = {}
         self._bound_shape: dict[str, tuple] = {}
         self._bound_addr: dict[str, int] = {}
-        self._allocator = None
+        self._allocator: Any = None  # a trt.IOutputAllocator subclass, made for the first data-dependent output
         self.cuda_graph = bool(cuda_graph)
         self.graph_note: str | None = None
         self.graph_captures = 0
         self.graph_launches = 0
-        self._graph = None  # (key, graph, graph_exec)
-        self._last_key = None
+        self._graph: tuple[Any, Any, Any] | None = None  # (key, graph, graph_exec)
+        self._last_key: tuple | None = None
 
     def _engine_aliases(self, outputs, sidecar) -> dict[str, str]:
         """The engine says which outputs alias which inputs (TensorRT >= 10.15); the sidecar must agree."""
@@ -305,14 +307,15 @@ class TrtSession(Session):
             if not ctx.execute_async_v3(int(self.stream)):
                 raise TrtattnError(f"{self.name}: execute_async_v3 failed (see TensorRT's log above)")
             return
-        captured = self._capture(key)
-        if captured:
-            cuda.launch(self._graph[2], self.stream)
+        graph_exec = self._capture(key)
+        if graph_exec is not None:
+            cuda.launch(graph_exec, self.stream)
             self.graph_launches += 1
         elif not ctx.execute_async_v3(int(self.stream)):
             raise TrtattnError(f"{self.name}: execute_async_v3 failed (see TensorRT's log above)")
 
-    def _capture(self, key) -> bool:
+    def _capture(self, key) -> Any | None:
+        """Captures one enqueue into a CUDA graph; its executable, or None if the engine must run eagerly."""
         ctx, cuda = self.context, self._cuda
         cuda.sync(self.stream)  # the input copies are done; nothing but the engine gets captured
         cuda.begin_capture(self.stream)
@@ -330,17 +333,17 @@ class TrtSession(Session):
                 cuda.destroy_graph(graph, None)
             self.graph_note = self.graph_note or "execute_async_v3 failed under stream capture; running eagerly"
             self.cuda_graph = False
-            return False
+            return None
         try:
             graph_exec = cuda.instantiate(graph)
         except CudaError as e:
             cuda.destroy_graph(graph, None)
             self.graph_note = f"cannot instantiate the captured CUDA graph ({e}); running eagerly"
             self.cuda_graph = False
-            return False
+            return None
         self._graph = (key, graph, graph_exec)
         self.graph_captures += 1
-        return True
+        return graph_exec
 
     def _drop_graph(self) -> None:
         if self._graph is not None:

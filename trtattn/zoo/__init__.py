@@ -67,7 +67,7 @@ class ZooEntry:
         return self.base is not None
 
     def config(self):
-        if self.derived:
+        if self.base is not None:
             return get(self.base).config()
         module = importlib.import_module(f"{__name__}.{self.module}")
         return getattr(module, f"{self.builder}_config")(self.impl)
@@ -240,7 +240,7 @@ def listing_json() -> str:
 def export(name: str, exporter: str, path, *, opset: int | None = None, force: bool = False):
     """Export zoo entry `name` with `exporter` to `path` (see trtattn.zoo.export)."""
     entry = get(name)
-    if entry.derived:
+    if entry.base is not None:
         from .derived import export_derived
 
         return export_derived(entry, get(entry.base), exporter, path, force=force)

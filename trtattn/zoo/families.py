@@ -24,17 +24,17 @@ from __future__ import annotations
 import torch
 import transformers as T
 
-from .models import BATCH, FLOAT, VOCAB, Built, _decoder, _encoder, _encoder_decoder, _wrap
+from .models import BATCH, FLOAT, VOCAB, Built, _config, _decoder, _encoder, _encoder_decoder, _wrap
 
 SOFTCAP = 5.0  # Gemma 2 ships 50.0; 5.0 keeps the tanh far from linear on these logits, so it matters
 
 
 def gemma2_config(impl: str):
-    return T.Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-                          max_position_embeddings=64, sliding_window=4, attn_logit_softcapping=SOFTCAP,
-                          final_logit_softcapping=None, layer_types=["sliding_attention", "full_attention"],
-                          attn_implementation=impl)
+    return _config(T.Gemma2Config, vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                   max_position_embeddings=64, sliding_window=4, attn_logit_softcapping=SOFTCAP,
+                   final_logit_softcapping=None, layer_types=["sliding_attention", "full_attention"],
+                   attn_implementation=impl)
 
 
 def gemma2(cfg) -> Built:
@@ -42,7 +42,7 @@ def gemma2(cfg) -> Built:
 
 
 def bloom_config(impl: str):
-    return T.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4, attn_implementation=impl)
+    return _config(T.BloomConfig, vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4, attn_implementation=impl)
 
 
 def bloom(cfg) -> Built:
@@ -51,10 +51,10 @@ def bloom(cfg) -> Built:
 
 def deberta_v2_config(impl: str):
     # as deberta-v3: relative attention with log buckets, shared key projections, both terms
-    return T.DebertaV2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             intermediate_size=64, max_position_embeddings=64, relative_attention=True,
-                             position_buckets=8, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
-                             share_att_key=True, position_biased_input=False, attn_implementation=impl)
+    return _config(T.DebertaV2Config, vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=64, max_position_embeddings=64, relative_attention=True,
+                   position_buckets=8, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+                   share_att_key=True, position_biased_input=False, attn_implementation=impl)
 
 
 def deberta_v2(cfg) -> Built:
@@ -62,7 +62,8 @@ def deberta_v2(cfg) -> Built:
 
 
 def xlnet_config(impl: str):
-    return T.XLNetConfig(vocab_size=VOCAB, d_model=64, n_layer=2, n_head=4, d_inner=64, attn_implementation=impl)
+    return _config(T.XLNetConfig, vocab_size=VOCAB, d_model=64, n_layer=2, n_head=4, d_inner=64,
+                   attn_implementation=impl)
 
 
 def xlnet(cfg) -> Built:
@@ -70,9 +71,9 @@ def xlnet(cfg) -> Built:
 
 
 def fsmt_config(impl: str):
-    return T.FSMTConfig(langs=["en", "de"], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=64, encoder_layers=2,
-                        decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                        decoder_ffn_dim=64, max_position_embeddings=64, attn_implementation=impl)
+    return _config(T.FSMTConfig, langs=["en", "de"], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=64,
+                   encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                   encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, attn_implementation=impl)
 
 
 def fsmt(cfg) -> Built:
@@ -84,9 +85,9 @@ AUDIO_SAMPLES = 4000  # the example: a quarter second at 16 kHz, 12 frames after
 
 def wav2vec2_config(impl: str):
     # wav2vec2-base's convolution stack (strides 5,2,2,2,2,2,2; kernels 10,3,3,3,3,2,2) with narrow channels
-    return T.Wav2Vec2Config(vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=64, conv_dim=(32,) * 7, num_conv_pos_embeddings=16,
-                            num_conv_pos_embedding_groups=4, attn_implementation=impl)
+    return _config(T.Wav2Vec2Config, vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=64, conv_dim=(32,) * 7, num_conv_pos_embeddings=16,
+                   num_conv_pos_embedding_groups=4, attn_implementation=impl)
 
 
 def wav2vec2(cfg) -> Built:
@@ -103,9 +104,10 @@ def wav2vec2(cfg) -> Built:
 
 
 def led_config(impl: str):
-    return T.LEDConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                       decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, attention_window=4,
-                       max_encoder_position_embeddings=64, max_decoder_position_embeddings=64, attn_implementation=impl)
+    return _config(T.LEDConfig, vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
+                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                   attention_window=4, max_encoder_position_embeddings=64, max_decoder_position_embeddings=64,
+                   attn_implementation=impl)
 
 
 def led(cfg) -> Built:

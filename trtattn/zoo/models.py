@@ -8,7 +8,9 @@ vocabulary, padding masks, positions, caches).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import transformers as T
@@ -26,6 +28,12 @@ class Built:
     outputs: list[str]
     dims: dict[str, int] = field(default_factory=dict)  # example value of every dim name
     config: object = None
+
+
+def _config(cls: Callable[..., T.PreTrainedConfig], **fields: Any) -> T.PreTrainedConfig:
+    """Builds a config: transformers' config classes declare only their own fields, yet accept the
+    base config's keywords (attn_implementation) and legacy fields at run time."""
+    return cls(**fields)
 
 
 def _ids(b, s, vocab=VOCAB):
@@ -67,14 +75,14 @@ def _randomize(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-TOKENS = {"kind": "token_ids", "vocab": VOCAB}
-PADDING = {"kind": "padding_mask"}
-FLOAT = {"kind": "float"}
+TOKENS: dict[str, object] = {"kind": "token_ids", "vocab": VOCAB}
+PADDING: dict[str, object] = {"kind": "padding_mask"}
+FLOAT: dict[str, object] = {"kind": "float"}
 
 
 # ---------------------------------------------------------------- encoder-decoder
 def bart_config(impl: str):
-    return T.BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
+    return _config(T.BartConfig, vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
                        decoder_ffn_dim=64, max_position_embeddings=64, attn_implementation=impl)
 
@@ -101,11 +109,11 @@ def _encoder_decoder(model, cfg) -> Built:
 
 
 def whisper_config(impl: str):
-    return T.WhisperConfig(vocab_size=VOCAB, num_mel_bins=16, d_model=64, encoder_layers=2, decoder_layers=2,
-                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                           decoder_ffn_dim=64, max_source_positions=16, max_target_positions=64,
-                           pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0,
-                           attn_implementation=impl)
+    return _config(T.WhisperConfig, vocab_size=VOCAB, num_mel_bins=16, d_model=64, encoder_layers=2, decoder_layers=2,
+                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                   decoder_ffn_dim=64, max_source_positions=16, max_target_positions=64,
+                   pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0,
+                   attn_implementation=impl)
 
 
 def whisper(cfg) -> Built:
@@ -162,7 +170,8 @@ def whisper_decoder_cache(cfg) -> Built:
         return (out.last_hidden_state, *presents)
 
     axes = {"input_ids": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"}, "encoder_hidden_states": {0: "batch"}}
-    roles = {"input_ids": TOKENS, "position_ids": {"kind": "position_ids", "offset": "past"}, "encoder_hidden_states": FLOAT}
+    roles: dict[str, dict] = {"input_ids": TOKENS, "position_ids": {"kind": "position_ids", "offset": "past"},
+                              "encoder_hidden_states": FLOAT}
     outputs = ["last_hidden_state"] + whisper_cache_io(layers, axes, roles)
     return Built(_wrap(decoder, fn, inputs), inputs, axes, roles, outputs,
                  {"batch": BATCH, "seq": 1, "past": PAST}, cfg)
@@ -184,7 +193,7 @@ def whisper_cache_io(layers: int, axes: dict, roles: dict) -> list[str]:
 
 
 def t5_config(impl: str):
-    return T.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2,
+    return _config(T.T5Config, vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2,
                      num_heads=4, relative_attention_num_buckets=16, attn_implementation=impl)
 
 
@@ -206,8 +215,8 @@ def _image_model(model, cfg, size):
 def swin_config(impl: str):
     # 64x64 image, patch 4 -> 16x16 tokens in stage 1 and 8x8 in stage 2: windows of 4x4 with
     # shifted windows (and their mask) in every second block of both stages.
-    return T.SwinConfig(image_size=64, patch_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4],
-                        window_size=4, attn_implementation=impl)
+    return _config(T.SwinConfig, image_size=64, patch_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4],
+                   window_size=4, attn_implementation=impl)
 
 
 def swin(cfg) -> Built:
@@ -215,8 +224,8 @@ def swin(cfg) -> Built:
 
 
 def vit_config(impl: str):
-    return T.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64, attn_implementation=impl)
+    return _config(T.ViTConfig, image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=64, attn_implementation=impl)
 
 
 def vit(cfg) -> Built:
@@ -224,8 +233,8 @@ def vit(cfg) -> Built:
 
 
 def bert_config(impl: str):
-    return T.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=64, attn_implementation=impl)
+    return _config(T.BertConfig, vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=64, max_position_embeddings=64, attn_implementation=impl)
 
 
 def bert(cfg) -> Built:
@@ -253,7 +262,7 @@ def _decoder(model, cfg, positions: bool = False) -> Built:
     which ONNX Runtime's RotaryEmbedding requires."""
     inputs = {"input_ids": _ids(BATCH, SEQ), "attention_mask": _padding_mask(BATCH, SEQ)}
     axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
-    roles = {"input_ids": TOKENS, "attention_mask": PADDING}
+    roles: dict[str, dict] = {"input_ids": TOKENS, "attention_mask": PADDING}
     if positions:
         inputs["position_ids"] = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ).contiguous()
         axes["position_ids"] = {0: "batch", 1: "seq"}
@@ -269,8 +278,8 @@ def _decoder(model, cfg, positions: bool = False) -> Built:
 
 def gpt2_config(impl: str):
     # <|endoftext|> is the last token, as in GPT-2's vocabulary (its default id 50256 is outside this one)
-    return T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=VOCAB - 1,
-                        eos_token_id=VOCAB - 1, attn_implementation=impl)
+    return _config(T.GPT2Config, vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                   bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1, attn_implementation=impl)
 
 
 def gpt2(cfg) -> Built:
@@ -278,9 +287,9 @@ def gpt2(cfg) -> Built:
 
 
 def llama_config(impl: str):
-    return T.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         attn_implementation=impl)
+    return _config(T.LlamaConfig, vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                   attn_implementation=impl)
 
 
 def llama(cfg) -> Built:
@@ -288,7 +297,7 @@ def llama(cfg) -> Built:
 
 
 def gemma3_config(impl: str):
-    return T.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+    return _config(T.Gemma3TextConfig, vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=256, max_position_embeddings=64,
                              sliding_window=4, layer_types=["sliding_attention", "full_attention"],
                              attn_implementation=impl)
@@ -324,8 +333,8 @@ def _with_past(model, cfg, n_kv, head, *, output: str = "last_hidden_state", wra
 
     axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "past+seq"},
             "position_ids": {0: "batch", 1: "seq"}}
-    roles = {"input_ids": TOKENS, "attention_mask": {"kind": "padding_mask", "side": "left"},
-             "position_ids": {"kind": "position_ids", "offset": "past"}}
+    roles: dict[str, dict] = {"input_ids": TOKENS, "attention_mask": {"kind": "padding_mask", "side": "left"},
+                              "position_ids": {"kind": "position_ids", "offset": "past"}}
     outputs = [output]
     for i in range(layers):
         for part in ("key", "value"):

@@ -63,12 +63,14 @@ def _export_dynamo(built, path: str, opset: int):
                                 output_names=built.outputs, dynamic_shapes=(shapes,),  # forward(*args)
                                 opset_version=opset,
                                 dynamo=True, verbose=False, optimize=True)
+    if program is None:  # only the TorchScript exporter returns nothing
+        raise RuntimeError(f"{path}: torch.onnx.export(dynamo=True) returned no ONNX program")
     program.save(path)
 
 
 def _name_dims(model: onnx.ModelProto, built):
     """Give the symbolic dims of the inputs our names (dynamo calls them s0, s1, ...), everywhere."""
-    rename = {}
+    rename: dict[str, str] = {}
     for vi in model.graph.input:
         for axis, name in built.axes.get(vi.name, {}).items():
             dim = vi.type.tensor_type.shape.dim[axis]

@@ -57,7 +57,7 @@ def masked_logits(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning, 
     dtype = _np_dtype(site)
     pure = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding and not meaning.bias
     if pure and site.causal != CausalKind.NONE:
-        key = ("range", site.causal, site.window, site.rank)
+        key: tuple = ("range", site.causal, site.window, site.rank)
         if key not in cache.built:
             cache.built[key] = (range_mask(graph, site, tensors, f"trtattn/masks/{len(cache.built)}"), MaskKind.BOOLEAN)
         mask, kind = cache.built[key]
@@ -69,8 +69,8 @@ def masked_logits(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning, 
         if key not in cache.built:
             cache.built[key] = materialize(graph, tensors, steps, f"trtattn/masks/{len(cache.built)}", dtype, score_shape)
         mask, kind = cache.built[key]
-        fill = fill_value(steps)
-        fill = fill if fill is not None else float(np.finfo(dtype).min)
+        found = fill_value(steps)
+        fill = found if found is not None else float(np.finfo(dtype).min)
         desc = {MaskKind.NONE: "none", MaskKind.BOOLEAN: "Where (boolean)", MaskKind.ADDITIVE: "Add (float)"}[kind]
     if mask is None:
         out = logits

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from numpy.typing import DTypeLike
 from onnx import TensorProto
 
 from ...errors import TrtattnError, VerificationError
@@ -146,5 +147,5 @@ def _reference_runner(model: onnx.ModelProto, why: str):
     return run, f"onnx's reference evaluator (ONNX Runtime: {why.split(':')[-1].strip()})"
 
 
-def _cast(feeds: Mapping[str, np.ndarray], casts: dict[str, np.dtype]) -> dict[str, np.ndarray]:
+def _cast(feeds: Mapping[str, np.ndarray], casts: Mapping[str, DTypeLike]) -> dict[str, np.ndarray]:
     return {k: (np.asarray(v).astype(casts[k]) if k in casts else v) for k, v in feeds.items()}

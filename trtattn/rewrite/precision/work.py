@@ -130,8 +130,8 @@ def _macs(n: onnx.NodeProto, static: dict[str, list[int]]) -> int:
         return int(np.prod(static[n.output[0]], dtype=np.int64)) * int(np.prod(static[n.input[1]][1:], dtype=np.int64))
     a, b = static[n.input[0]], static[n.input[1]]
     if n.op_type == "MatMul":
-        batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
-        return int(np.prod(batch, dtype=np.int64)) * (a[-2] if len(a) > 1 else 1) * a[-1] * (b[-1] if len(b) > 1 else 1)
+        lead = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))  # the broadcast batch dims
+        return int(np.prod(lead, dtype=np.int64)) * (a[-2] if len(a) > 1 else 1) * a[-1] * (b[-1] if len(b) > 1 else 1)
     if n.op_type == "Gemm":
         m, k = (a[1], a[0]) if attrs.get("transA") else (a[0], a[1])
         return m * k * (b[0] if attrs.get("transB") else b[1])
@@ -155,7 +155,8 @@ def _dtype_of(tensor: str, types: dict[str, int], producer) -> str:
         p, hops = producer.get(p.input[0]), hops + 1
     if p is not None and p.op_type == "DequantizeLinear":
         tensor = p.input[0]
-    return DTYPE_NAMES.get(types.get(tensor, 0), "unknown")
+    # onnx's stubs key DTYPE_NAMES by TensorProto.DataType, not the plain ints elem types are
+    return DTYPE_NAMES.get(types.get(tensor, 0), "unknown")  # type: ignore[call-overload]
 
 
 

@@ -65,10 +65,10 @@ def compare(original: onnx.ModelProto, quantized: onnx.ModelProto, feeds: list[d
             ref_max = float(np.fmax.reduce(np.abs(x).ravel(), initial=0.0))
             rel = diff_norm if math.isinf(diff_norm) else \
                 diff_norm / max(float(np.linalg.norm(np.asarray(x, np.float64))), 1e-12)
-            e = errors.setdefault(name, {"max_abs": 0.0, "rel": 0.0, "ref_max": 0.0})
-            e["max_abs"] = max(e["max_abs"], worst_abs)
-            e["rel"] = max(e["rel"], rel)
-            e["ref_max"] = max(e["ref_max"], ref_max)
+            worst = errors.setdefault(name, {"max_abs": 0.0, "rel": 0.0, "ref_max": 0.0})
+            worst["max_abs"] = max(worst["max_abs"], worst_abs)
+            worst["rel"] = max(worst["rel"], rel)
+            worst["ref_max"] = max(worst["ref_max"], ref_max)
     return errors
 
 

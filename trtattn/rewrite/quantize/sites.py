@@ -136,14 +136,15 @@ def _inspect(nodes: dict, types: dict, site: AttentionSite, core: CoreNodes, mod
         where = ", ".join(_ROLES[m] for m in missing)
         rec.reason = f"no Q/DQ on {where}: " + why_not(core, log, original)
         return rec
+    found = {role: p for role, p in pairs.items() if p is not None}  # every role, after the check above
     problems = []
     between = _qdq_between(b1, nodes.get(core.softmax))
     if between:
         problems.append(f"ModelOpt put Q/DQ between BMM1 and the Softmax ({', '.join(between)}), which TensorRT's "
                         "fused attention pattern does not allow")
-    if not _reaches(pairs["softmax"].q.inputs[0], core.softmax):
+    if core.softmax is None or not _reaches(found["softmax"].q.inputs[0], core.softmax):
         problems.append("the Q/DQ on BMM2's first input does not quantize the Softmax output")
-    if any(p.scale is None or not np.isfinite(p.scale) or p.scale <= 0 for p in pairs.values()):
+    if any(p.scale is None or not np.isfinite(p.scale) or p.scale <= 0 for p in found.values()):
         problems.append("a Q/DQ scale is not one positive per-tensor value")
     if rec.qdq_dtype != QDQ_DTYPES[mode]:
         problems.append(f"the Q/DQ type is {rec.qdq_dtype}, not {QDQ_DTYPES[mode]}")

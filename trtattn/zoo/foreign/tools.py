@@ -119,7 +119,9 @@ def inlined_softmax(tmp: Path):
     float_type = helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None).SerializeToString()
     for i, node in enumerate(n for n in model.graph.node if n.op_type == "Softmax"):
         body = onnx.FunctionProto()
-        body.ParseFromString(schema.get_context_dependent_function(node.SerializeToString(), [float_type]))
+        # onnx's stubs omit OpSchema.get_context_dependent_function, which its bindings define
+        function = schema.get_context_dependent_function  # type: ignore[attr-defined]
+        body.ParseFromString(function(node.SerializeToString(), [float_type]))
         body.domain, body.name = "trtattn.corpus", f"Softmax_{i}"
         del body.attribute[:]  # the node's axis is already in the body
         # the schema states the opset it wrote the body in (13); its ops mean the same at the model's
