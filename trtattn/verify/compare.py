@@ -50,7 +50,7 @@ def model_precision(model: onnx.ModelProto) -> str:
             p = _PRECISION_OF.get(o.type.tensor_type.elem_type)
             if p:
                 weight[p] = weight.get(p, 0) + 1
-    return max(weight, key=weight.get) if weight else "fp32"
+    return max(weight, key=lambda p: weight[p]) if weight else "fp32"
 
 
 def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
