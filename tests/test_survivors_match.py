@@ -138,12 +138,14 @@ def test_position_table_with_an_offset_limits_the_positions(zoo_export):
 
 
 def _softcap_written(cap: float, inner: str):
-    """cap * tanh(logits * (1/cap)) with the constant on the left (inner="mul_left"), or cap * tanh(logits / d)
+    """cap * tanh(logits * (1/cap)) with the constant on the left or right (inner="mul_left"/"mul_right"), or
+    cap * tanh(logits / d)
     with d a constant 0 (inner="div_zero") or a tensor computed from the input (inner="div_tensor")."""
     g = gs.import_onnx(attention_model(softcap=cap))
     div = next(n for n in g.nodes if n.op == "Div" and n.outputs[0].outputs[0].op == "Tanh")
-    if inner == "mul_left":
-        div.op, div.inputs = "Mul", [gs.Constant("inv_cap", np.asarray(1 / cap, np.float32)), div.inputs[0]]
+    if inner in ("mul_left", "mul_right"):
+        inputs = [gs.Constant("inv_cap", np.asarray(1 / cap, np.float32)), div.inputs[0]]
+        div.op, div.inputs = "Mul", inputs if inner == "mul_left" else inputs[::-1]
     elif inner == "div_zero":
         div.inputs[1] = gs.Constant("zero_cap", np.asarray(0.0, np.float32))
     else:  # a scalar computed from the activations: not a constant
@@ -157,7 +159,7 @@ def _softcap_written(cap: float, inner: str):
 def test_softcap_forms_and_what_is_not_one():
     """softcap.py:28-34: the cap as Mul by 1/cap with the constant first (the loop over both Mul inputs),
     a cap of 1; a Tanh of the logits divided by 0 or by a tensor is listed, not a crash."""
-    for cap, inner in ((2.0, "mul_left"), (1.0, "mul_left")):
+    for cap, inner in ((2.0, "mul_left"), (2.0, "mul_right"), (1.0, "mul_left")):
         result = fuse_model(_softcap_written(cap, inner))
         assert [s for s, _ in _statuses(result)] == ["fused"], (cap, inner, _statuses(result))
         assert result.reports[0].site.softcap == pytest.approx(cap)
