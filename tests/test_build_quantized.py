@@ -90,6 +90,7 @@ def test_network_with_normalization_quantize_matches_the_qdq_model(checked_trt, 
     assert unquantized > 10 * TOLERANCE  # measured: 0.027 (int8), 0.079 (fp8) of the output's largest value
 
 
+@pytest.mark.slow  # ModelOpt PTQ on CPU: ~35 s
 def test_build_quantizes_with_modelopt_on_the_calibration_data(bert, calib, quantized):
     """The --calib route: normalised (scale on Q), ModelOpt PTQ with fp16 around the Q/DQ, checked against fp32,
     then every site's softmax Q/DQ as normalization quantize."""

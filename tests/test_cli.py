@@ -141,6 +141,7 @@ def test_python_module_entry_point(tmp_path):
     assert proc.returncode == 0 and "llama-cache" in proc.stdout and "cannot export" in proc.stdout
 
 
+@pytest.mark.slow  # exports BART in a subprocess: ~55 s
 def test_demo_runs_the_default_model(tmp_path):
     proc = run("demo", "--out-dir", tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -145,6 +145,7 @@ def test_forms_refuse_what_they_cannot_express(zoo_export, name, form, message):
         prepare(model, name=name, form=form, precision="fp32")
 
 
+@pytest.mark.slow  # ~30 s
 def test_build_without_tensorrt_prints_the_plan_and_one_sentence(zoo_export, tmp_path):
     src = zoo_export("llama", "torchscript")
     script = Path(sys.executable).parent / "trtattn"

@@ -85,6 +85,26 @@ def test_one_element_off_by_a_tenth_of_the_largest_fails_the_precision_check():
         check.verify(original, wrong, feeds, precision="fp16")
 
 
+def test_every_element_off_by_a_little_fails_on_the_l2_criterion():
+    """check.py:63 (the relative-L2 half): every element off by 1.5% of the largest value is within the max
+    criterion (0.02) but not the L2 one (0.026 > 0.01): a drift that is everywhere fails."""
+    from trtattn.rewrite.precision import check
+
+    n = 1000
+    feeds = [{"x": np.linspace(-1.0, 1.0, n, dtype=np.float32)}]
+    _, original, _ = _line_and_copy(n, 0, 0.0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n])
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
+             helper.make_node("Add", ["x16", "drift"], ["y16"]),
+             helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT)]
+    drift = numpy_helper.from_array(np.asarray(0.015, np.float16), "drift")
+    drifted = helper.make_model(helper.make_graph(nodes, "c", [x], [y], [drift]),
+                                opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(VerificationError, match=r"output 'y' is off by 0\.015 .*relative L2 0\.02"):
+        check.verify(original, drifted, feeds, precision="fp16")
+
+
 # ------------------------------------------------------------------ rewrite/forms: a form that fails is not built
 def _tampering(real):
     """forms.verify_form that checks a copy of the derived model with its largest weight scaled by 1.5: a form
