@@ -14,7 +14,7 @@ from . import contraction
 from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, projection_source
 from .core import Core, find_core
-from .errors import NotAttention, Unsupported
+from .errors import NotAttention, OverWeights, Unsupported
 from .heads import (candidates, choose, heads_of, kv_heads_in, layout_of, resolve_key, size_of, strip_scale,
                     target, upstream_scale)
 from .logit_ops import kind_of, logit_scale, softcap
@@ -44,7 +44,7 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
             if not isinstance(e, (NotAttention, Unsupported)):  # a matcher bug must not take the run down
                 e = Unsupported(f"the matcher failed on it ({type(e).__name__}: {e}; a trtattn bug, please report it)")
             where = f" (in {_where(path)})" if path else ""
-            if node.op != "Softmax" or likeness.attention_like(view, node):
+            if node.op != "Softmax" or (not isinstance(e, OverWeights) and likeness.attention_like(view, node)):
                 name = _site_name(node.name or node.outputs[0].name, names)
                 result.skipped.append(Skipped(name, str(e) + where, node.name))
             else:
