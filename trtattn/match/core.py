@@ -96,6 +96,9 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
             frame = layout_ops.forward(view, node, frame, atoms)
         shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(node.outputs[0].name, [])]
     logit_ops.check(steps)
+    for step in steps:
+        if step.op == "head_scale":
+            _per_head(view, step, atoms)
     scores = frame
     normalised = softmax_axes(view, sm, len(frame))
     over = [a for i in normalised for a in atoms.resolve((frame[i],))[0]]
@@ -232,6 +235,16 @@ def _with_frame(view: GraphView, step: MaskStep, frame: Frame, atoms: Atoms) -> 
             if isinstance(d, int) and d > 1 and all(atoms.known(a) == 1 for a in g):
                 raise Unsupported(f"{step.node}: its operand ({d}) broadcasts the logits up on an axis of size 1")
     return MaskStep(step.op, step.operand, step.value, step.node, frame=mine)
+
+
+def _per_head(view: GraphView, step: MaskStep, atoms: Atoms) -> None:
+    """A tensor scale of the logits may vary over batch and heads only (the fused op's Q takes it); over
+    the positions it is a multiplicative mask."""
+    shape = view.shape(view.tensors[step.operand])
+    for group, size in zip(atoms.resolve(step.frame), shape):
+        if size != 1 and not all(a.startswith("x") for a in group):
+            raise Unsupported(f"{step.node} multiplies the logits by a tensor that varies over "
+                              f"{show((group,))}, not per head")
 
 
 def quant_params(view: GraphView, dq: gs.Node) -> QuantParams | None:

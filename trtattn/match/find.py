@@ -152,7 +152,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     bnsh = frames["q"] == target(batch, heads, "q", "d") and len(frames["q"]) == 4
     rope = find_rope(view, q.tensor, k.tensor, head) if bnsh else None
 
-    notes = list(core.notes)
+    notes = list(core.notes) + _defaults_taken(view, core.steps)
     if upstream != 1.0:
         notes.append(f"query pre-scaled by {upstream:g} before the head split")
     if kv != heads and q_heads and kv_heads:
@@ -197,6 +197,18 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         softcap=softcap(steps),
         quant=quant if any(vars(quant).values()) else None,
     )
+
+
+def _defaults_taken(view: GraphView, steps) -> list[str]:
+    """A scale read from a graph input that has a default (keep_initializers_as_inputs) is taken at that
+    default: ONNX Runtime feeds it unless told otherwise, and the fused op's scale is an attribute."""
+    if not view.defaults:
+        return []
+    names = {s.node for s in steps if s.op == "scale"}
+    return [f"scale {t.name} is a graph input with a default: taken at its default {view.scalar(t):g} (the "
+            "rewritten model no longer reads it)"
+            for n in view.graph.nodes if n.name in names for t in n.inputs if t.name in view.defaults
+            and view.scalar(t) is not None]
 
 
 def _perm(src: tuple, dst: tuple) -> tuple[int, ...] | None:

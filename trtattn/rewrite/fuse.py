@@ -116,6 +116,8 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
     mask = built.m
+    for factor in built.q_scales:  # a per-head logit scale: [.., heads, 1, 1] broadcasts over Q's BNSH
+        q = emit("Mul", [q, factor], dtype=dtype, name="q_head_scale")
     if mask is not None:
         mask = emit.full_query_rows(mask, q)
     attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
