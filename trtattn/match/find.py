@@ -123,6 +123,10 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         raise Unsupported(f"Reshape {node} writes the {what} length {size} into the graph where the model's length "
                           "is symbolic: at other lengths it attends within blocks of that length, which no fused "
                           "attention computes")
+    precisions = {str(view.dtype(x.tensor)) for x in (q, k, v) if view.dtype(x.tensor) is not None}
+    if len(precisions) > 1:
+        raise Unsupported(f"Q, K and V of {core.bmm1.node.name} and {core.bmm2.node.name} are in different "
+                          f"precisions ({', '.join(sorted(precisions))}): one fused op takes one")
     logit = logit_scale(core.steps)
     upstream = upstream_scale(view, q.tensor)
     rename = {core.query: "q", core.key: "k", "c": "d", "e": "e"}
@@ -157,6 +161,8 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         notes.append(f"query pre-scaled by {upstream:g} before the head split")
     if kv != heads and q_heads and kv_heads:
         notes.append(f"GQA head repeat x{q_heads // kv_heads} dropped")
+    if core.logits_cast is not None:
+        notes.append("the softmax's own precision cast dropped: the fused op computes it in the products' precision")
     if bmm1.op == "Einsum" or core.bmm2.node.op == "Einsum":
         notes.append("products written as Einsum")
     quant = SiteQuant(q.quant, k.quant, v.quant, core.logits_quant, core.probs_quant)
