@@ -130,3 +130,27 @@ def test_mixtral_routers_are_ignored_and_attention_fused():
     assert [r.status for r in result.reports] == ["fused", "fused"] and result.ok
     routers = [i for i in result.ignored if "/mlp/gate/" in i.name]
     assert len(routers) == 2 and all("a classifier head or a router" in i.reason for i in routers), result.ignored
+
+
+class BatchedRouter(torch.nn.Module):
+    """A router whose weights are expanded over the batch (a batched MatMul of the same rank as its input):
+    read by frames, its softmax runs over the weights' free axis."""
+
+    def __init__(self, d=32, experts=4):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(1, d, experts) / d ** 0.5)
+        self.mix = torch.nn.Linear(d, d * experts)
+        self.experts = experts
+
+    def forward(self, x):
+        b, t, d = x.shape
+        w = torch.softmax(x @ self.w.expand(b, -1, -1), -1).reshape(b, t, 1, self.experts)
+        return (w @ self.mix(x).reshape(b, t, self.experts, d)).reshape(b, t, d)
+
+
+def test_router_read_by_frames_is_not_attention():
+    torch.manual_seed(0)
+    model = export(BatchedRouter(), (torch.randn(2, 7, 32),), ["x"], {"x": {0: "batch", 1: "seq"}})
+    result = fuse_model(model)
+    assert result.reports == [] and len(result.ignored) == 1, ([r.row() for r in result.reports], result.ignored)
+    assert "normalises over the 4 outputs of weights" in result.ignored[0].reason, result.ignored
