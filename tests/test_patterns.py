@@ -115,7 +115,7 @@ def test_tf2onnx_style_opset11():
 
 
 # ------------------------------------------------------------------ negatives
-@pytest.mark.parametrize("extra,reason", [("classifier", "graph output"), ("reduction", "not a product with V")])
+@pytest.mark.parametrize("extra,reason", [("classifier", "a classifier head or a router"), ("reduction", "not a product with V")])
 def test_non_attention_softmax_is_left_alone(extra, reason):
     model = attention_model(extra_softmax=extra)
     result = fuse_model(model)

@@ -114,6 +114,9 @@ class GraphView:
         self.tensors = graph.tensors()
         self.outputs = {t.name for t in graph.outputs}
         self.inputs = {t.name for t in graph.inputs}
+        # initializers that are also graph inputs (keep_initializers_as_inputs): constants at their default
+        self.defaults = ({i.name for i in model.graph.input} & {t.name for t in model.graph.initializer}
+                         if model is not None else set())
 
     # ------------------------------------------------------------ set-up
     def _fold(self):

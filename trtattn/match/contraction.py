@@ -6,8 +6,11 @@ operand and the output, that operand's free axis. Attention's first product cont
 and leaves the query and key positions free; its second contracts the key positions.
 
 An *activation* is a tensor whose values depend on a graph input (not only on its shape): the
-logits are the product of two activations; a product of an activation with weights only (DeBERTa's
-content-to-position term, XLNet's position term) is a bias.
+logits are usually the product of two activations. One operand may be weights (a learned query: attention
+pooling, object queries, latent arrays); whether such a product is attention is decided by axes in
+core.py (the softmax must normalise over the free axis of the activation operand, the input's positions),
+not here. On a logits chain that holds both, the product of two activations is the logits and a product
+of an activation with weights (DeBERTa's content-to-position term, XLNet's position term) is a bias.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from .layout_ops import rank_of
 from .errors import Unsupported
 
 PRODUCTS = {"MatMul", "Einsum"}
+# other ops that contract an operand with weights (a linear layer): the nearest such op computes the logits
+LINEAR = {"Gemm", "MatMulInteger", "QLinearMatMul", "FusedMatMul", "Conv"}
 SHAPE_ONLY = {"Shape", "Size"}  # their outputs carry no values of their inputs
 
 
@@ -153,3 +158,11 @@ def attention_product(view, node: gs.Node | None) -> bool:
         return False
     act = activations(view)
     return all(act(i) for i in node.inputs)
+
+
+def input_product(view, node: gs.Node | None) -> bool:
+    """A MatMul or Einsum with at least one activation operand (its other operand may be weights)."""
+    if node is None or node.op not in PRODUCTS or len(node.inputs) != 2:
+        return False
+    act = activations(view)
+    return any(act(i) for i in node.inputs)

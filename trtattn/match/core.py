@@ -3,7 +3,8 @@
 Anchored on each Softmax. Upstream, the logits may pass through logit ops (scale, masks, biases,
 soft-cap: logit_ops/), layout ops (layout_ops.py: heads merged into the batch around the softmax, the
 Flatten -> Softmax -> Reshape of an opset-12 export, Swin's 5-D view), float Casts and Q/DQ pairs, up
-to a MatMul or Einsum of two activations. Downstream, the probabilities may pass through layout ops,
+to a MatMul or Einsum of two activations, or of an activation and weights (a learned query) when the
+softmax normalises over the activation's positions (_over_input). Downstream, the probabilities may pass through layout ops,
 Cast, Identity, Dropout, Q/DQ and torch's NaN guard (Where(IsNaN(p), 0, p)) to a product with V.
 Shape nodes may read any tensor on the way (the rewrite recomputes what they read).
 
@@ -22,7 +23,8 @@ from ..graph.view import PASSTHROUGH, GraphView
 from ..site import MaskStep, QuantParams
 from . import contraction, layout_ops, logit_ops
 from .axes import Atoms, Frame, show
-from .errors import NotAttention, Unsupported
+from .errors import NotAttention, OverWeights, Unsupported
+from .normalised import over_weights, softmax_axes
 
 
 @dataclass
@@ -62,21 +64,23 @@ class Core:
         return self.bmm2.operands[1 - self.p_index]
 
 
-def softmax_axes(view: GraphView, sm: gs.Node, rank: int) -> list[int]:
-    """The axes a Softmax normalises over (opset < 13: every axis from `axis` on)."""
-    axis = sm.attrs.get("axis", -1 if view.opset >= 13 else 1)
-    if not -rank <= axis < rank:
-        raise Unsupported(f"Softmax {sm.name}: axis {axis} out of range for rank {rank}")
-    axis %= rank
-    return list(range(axis, rank)) if view.opset < 13 else [axis]
-
-
 def find_core(view: GraphView, sm: gs.Node) -> Core:
-    down, bmm2_node, probs_shapes = _follow_probabilities(view, sm)
-    up, bmm1_node, logit_shapes = _walk_logits(view, sm.inputs[0])
-    bmm1 = contraction.read(view, bmm1_node)
-    atoms = Atoms()
-    frame = _product_frame(view, bmm1, atoms, "the first product")
+    try:
+        down, bmm2_node, probs_shapes = _follow_probabilities(view, sm)
+    except (NotAttention, Unsupported):
+        _by_sizes(view, sm)  # a router's probabilities feed TopK: say why it is not attention at all
+        raise
+    up, bmm1_node, logit_shapes = _walk_logits(view, sm)
+    if bmm1_node.op in contraction.LINEAR:
+        _by_sizes(view, sm)
+        raise NotAttention(f"the logits come from {bmm1_node.op} {bmm1_node.name} (a linear layer)")
+    try:
+        bmm1 = contraction.read(view, bmm1_node)
+        atoms = Atoms()
+        frame = _product_frame(view, bmm1, atoms, "the first product")
+    except Unsupported:  # no frames to decide by (weights broadcast over the batch): decide by sizes
+        _by_sizes(view, sm)
+        raise
     shape_reads: list[tuple[str, Frame]] = []
     steps: list[MaskStep] = []
     cast = logits_quant = None
@@ -92,6 +96,9 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
             frame = layout_ops.forward(view, node, frame, atoms)
         shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(node.outputs[0].name, [])]
     logit_ops.check(steps)
+    for step in steps:
+        if step.op == "head_scale":
+            _per_head(view, step, atoms)
     scores = frame
     normalised = softmax_axes(view, sm, len(frame))
     over = [a for i in normalised for a in atoms.resolve((frame[i],))[0]]
@@ -103,6 +110,7 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
                           f"not over the positions of one operand of {bmm1_node.name}")
     key = over[0]
     query = "n" if key == "m" else "m"
+    _over_input(view, sm, bmm1, key, atoms)
     # the probabilities: their frame down to the second product
     probs_quant = None
     shape_reads += [(s.outputs[0].name, frame) for s in probs_shapes.get(sm.outputs[0].name, [])]
@@ -115,11 +123,39 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
     bmm2 = contraction.read(view, bmm2_node)
     probs = down[-1].outputs[0] if down else sm.outputs[0]
     p_index = 0 if bmm2.operands[0] is probs else 1
+    if not contraction.activations(view)(bmm2.operands[1 - p_index]):
+        raise NotAttention(f"{bmm2_node.op} {bmm2_node.name} weighs constants, not values of the input "
+                           "(a softmax-weighted sum of weights)")
     v_frame, out_frame = _second_product(bmm2, p_index, frame, atoms, query, key)
     q_index = 0 if query == "m" else 1
     return Core(sm, bmm1, bmm2, steps, down, atoms, query, key, atoms_of_batch(bmm1), q_index, p_index,
                 _operand_frame(bmm1, q_index), _operand_frame(bmm1, 1 - q_index), v_frame, out_frame, scores,
                 shape_reads, cast, logits_quant, probs_quant)
+
+
+def _over_input(view: GraphView, sm: gs.Node, bmm1: contraction.Contraction, key: str, atoms: Atoms) -> None:
+    """Attention normalises over positions of the input: the key axis must be a free axis of an activation
+    operand of the first product. The other operand may be weights (a learned query). Over a weight's free
+    axis (a classifier head's classes, a router's experts) it is not attention, whatever else it looks like."""
+    k_index = 0 if key == "m" else 1
+    if contraction.activations(view)(bmm1.operands[k_index]):
+        return
+    size = atoms.known(key)
+    raise OverWeights(f"Softmax {sm.name} normalises over the {size if size is not None else 'fixed'} outputs of "
+                      f"weights {bmm1.operands[k_index].name} in {bmm1.node.op} {bmm1.node.name} (a classifier "
+                      "head or a router), not over positions of the input")
+
+
+def _by_sizes(view: GraphView, sm: gs.Node) -> None:
+    """Raise OverWeights when the product nearest the Softmax gives the normalised length from its weights
+    (where frames cannot be read); nothing otherwise."""
+    try:
+        _, product, _ = _walk_logits(view, sm)
+    except (NotAttention, Unsupported):
+        return
+    if over_weights(view, sm, product):
+        raise OverWeights(f"Softmax {sm.name} normalises over the outputs of the weights of {product.op} "
+                          f"{product.name} (a classifier head or a router), not over positions of the input") from None
 
 
 # ---------------------------------------------------------------- frames of the products
@@ -201,6 +237,16 @@ def _with_frame(view: GraphView, step: MaskStep, frame: Frame, atoms: Atoms) -> 
     return MaskStep(step.op, step.operand, step.value, step.node, frame=mine)
 
 
+def _per_head(view: GraphView, step: MaskStep, atoms: Atoms) -> None:
+    """A tensor scale of the logits may vary over batch and heads only (the fused op's Q takes it); over
+    the positions it is a multiplicative mask."""
+    shape = view.shape(view.tensors[step.operand])
+    for group, size in zip(atoms.resolve(step.frame), shape):
+        if size != 1 and not all(a.startswith("x") for a in group):
+            raise Unsupported(f"{step.node} multiplies the logits by a tensor that varies over "
+                              f"{show((group,))}, not per head")
+
+
 def quant_params(view: GraphView, dq: gs.Node) -> QuantParams | None:
     """(type, scale, zero point) of a DequantizeLinear fed by a QuantizeLinear, per tensor."""
     q = view.producer(dq.inputs[0])
@@ -259,9 +305,10 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
 
 
 # ---------------------------------------------------------------- upstream
-def _walk_logits(view: GraphView, t: gs.Tensor):
+def _walk_logits(view: GraphView, sm: gs.Node):
     """From the Softmax input up to the first product: [(node, its logit step or None for a layout op)],
     nearest the Softmax first, the product, and Shape readers by tensor name."""
+    t = sm.inputs[0]
     path: list[tuple[gs.Node, MaskStep | None]] = []
     shapes: dict[str, list[gs.Node]] = {}
     for _ in range(32):
@@ -270,8 +317,10 @@ def _walk_logits(view: GraphView, t: gs.Tensor):
         if n is None:
             raise NotAttention(f"the Softmax input {t.name} does not come from a product")
         if n.op in contraction.PRODUCTS:
-            if not contraction.attention_product(view, n):
-                raise NotAttention(f"the logits come from {n.op} {n.name} with weights (a linear layer)")
+            if not contraction.input_product(view, n):
+                raise NotAttention(f"the logits come from {n.op} {n.name} of constants")
+            return path, n, shapes
+        if n.op in contraction.LINEAR:
             return path, n, shapes
         if layout_ops.is_layout(view, n):
             path.append((n, None))

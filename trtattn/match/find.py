@@ -14,7 +14,7 @@ from . import contraction
 from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, projection_source
 from .core import Core, find_core
-from .errors import NotAttention, Unsupported
+from .errors import NotAttention, OverWeights, Unsupported
 from .heads import (candidates, choose, heads_of, kv_heads_in, layout_of, resolve_key, size_of, strip_scale,
                     target, upstream_scale)
 from .logit_ops import kind_of, logit_scale, softcap
@@ -44,7 +44,7 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
             if not isinstance(e, (NotAttention, Unsupported)):  # a matcher bug must not take the run down
                 e = Unsupported(f"the matcher failed on it ({type(e).__name__}: {e}; a trtattn bug, please report it)")
             where = f" (in {_where(path)})" if path else ""
-            if node.op != "Softmax" or likeness.attention_like(view, node):
+            if node.op != "Softmax" or (not isinstance(e, OverWeights) and likeness.attention_like(view, node)):
                 name = _site_name(node.name or node.outputs[0].name, names)
                 result.skipped.append(Skipped(name, str(e) + where, node.name))
             else:
@@ -123,6 +123,10 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         raise Unsupported(f"Reshape {node} writes the {what} length {size} into the graph where the model's length "
                           "is symbolic: at other lengths it attends within blocks of that length, which no fused "
                           "attention computes")
+    precisions = {str(view.dtype(x.tensor)) for x in (q, k, v) if view.dtype(x.tensor) is not None}
+    if len(precisions) > 1:
+        raise Unsupported(f"Q, K and V of {core.bmm1.node.name} and {core.bmm2.node.name} are in different "
+                          f"precisions ({', '.join(sorted(precisions))}): one fused op takes one")
     logit = logit_scale(core.steps)
     upstream = upstream_scale(view, q.tensor)
     rename = {core.query: "q", core.key: "k", "c": "d", "e": "e"}
@@ -152,11 +156,13 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     bnsh = frames["q"] == target(batch, heads, "q", "d") and len(frames["q"]) == 4
     rope = find_rope(view, q.tensor, k.tensor, head) if bnsh else None
 
-    notes = list(core.notes)
+    notes = list(core.notes) + _defaults_taken(view, core.steps)
     if upstream != 1.0:
         notes.append(f"query pre-scaled by {upstream:g} before the head split")
     if kv != heads and q_heads and kv_heads:
         notes.append(f"GQA head repeat x{q_heads // kv_heads} dropped")
+    if core.logits_cast is not None:
+        notes.append("the softmax's own precision cast dropped: the fused op computes it in the products' precision")
     if bmm1.op == "Einsum" or core.bmm2.node.op == "Einsum":
         notes.append("products written as Einsum")
     quant = SiteQuant(q.quant, k.quant, v.quant, core.logits_quant, core.probs_quant)
@@ -197,6 +203,18 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         softcap=softcap(steps),
         quant=quant if any(vars(quant).values()) else None,
     )
+
+
+def _defaults_taken(view: GraphView, steps) -> list[str]:
+    """A scale read from a graph input that has a default (keep_initializers_as_inputs) is taken at that
+    default: ONNX Runtime feeds it unless told otherwise, and the fused op's scale is an attribute."""
+    if not view.defaults:
+        return []
+    names = {s.node for s in steps if s.op == "scale"}
+    return [f"scale {t.name} is a graph input with a default: taken at its default {view.scalar(t):g} (the "
+            "rewritten model no longer reads it)"
+            for n in view.graph.nodes if n.name in names for t in n.inputs if t.name in view.defaults
+            and view.scalar(t) is not None]
 
 
 def _perm(src: tuple, dst: tuple) -> tuple[int, ...] | None:

@@ -194,6 +194,8 @@ def candidates(view: GraphView, t: gs.Tensor, frame: Frame, atoms: Atoms, repeat
         if n.op == "DequantizeLinear":  # Q/DQ on an operand stay outside the fused op
             out[-1].quant = quant_params(view, n)
             break
+        if n.op == "Cast" and not view.is_noop_cast(n):  # a change of precision (autocast, fp16 conversion)
+            break  # stays outside the fused op: it computes in the precision of the products
         if n.op in ("Mul", "Div") and scales:
             values = [view.scalar(i) for i in n.inputs]
             if n.op == "Mul" and values[1] is not None:

@@ -1,26 +1,30 @@
 """Which softmaxes are attention-like, whatever sits around them (the never-silent rule).
 
-A Softmax is attention-like when its input comes from a product (MatMul or Einsum) of two activations
-and its output reaches a product with a third activation, through any ops but other products. Such a
-Softmax that the matcher cannot fuse is listed as not fused, with why; any other Softmax (a classifier
-head, a router, a softmax-weighted pooling) is ignored.
+A Softmax is attention-like when it normalises over positions of the input and its probabilities reach a
+product with an activation (V), through any ops but other products. Upstream, the nearest product on
+each path computes the logits: a product of two activations is attention's; a product of an activation
+with weights is attention's (a learned query) only when the softmax axis is not the weights' own free
+axis, and a linear layer (Gemm and kin) is a classifier head's or a router's. Such a Softmax that the
+matcher cannot fuse is listed as not fused, with why; any other Softmax (a classifier head, a router) is
+ignored.
 """
 
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from .contraction import PRODUCTS, activations, attention_product
+from .contraction import LINEAR, PRODUCTS, activations, attention_product, input_product
+from .normalised import over_weights
 
 UP_HOPS, DOWN_HOPS = 48, 32  # Longformer's sliding chunks put ~30 ops between product and Softmax
 
 
 def attention_like(view, sm: gs.Node) -> bool:
-    return _from_product(view, sm.inputs[0]) and _to_product(view, sm.outputs[0])
+    return _from_product(view, sm) and _to_product(view, sm.outputs[0])
 
 
-def _from_product(view, t: gs.Tensor) -> bool:
-    frontier, seen = [(t, 0)], set()
+def _from_product(view, sm: gs.Node) -> bool:
+    frontier, seen = [(sm.inputs[0], 0)], set()
     while frontier:
         x, hops = frontier.pop()
         n = view.producer(x)
@@ -30,9 +34,11 @@ def _from_product(view, t: gs.Tensor) -> bool:
         if n.op in PRODUCTS:
             if attention_product(view, n):
                 return True
+            if input_product(view, n) and not over_weights(view, sm, n):
+                return True  # a learned query: the softmax runs over the input's positions
             continue
-        if n.op in ("Softmax", "Shape", "Size"):
-            continue
+        if n.op in LINEAR or n.op in ("Softmax", "Shape", "Size"):
+            continue  # a linear layer's outputs are the weights' axis: a classifier head, a router
         frontier.extend((i, hops + 1) for i in n.inputs if isinstance(i, gs.Variable))
     return False
 

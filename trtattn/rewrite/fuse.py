@@ -26,7 +26,7 @@ from ..match.fused_ops import MICROSOFT_OPS
 from ..match import logit_ops, subgraphs
 from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
-from ..verify import OutcomeSummary, compare_models, tolerance_for
+from ..verify import REWRITE_TOLERANCES, OutcomeSummary, compare_models, tolerance_for
 from ..version import __version__
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
@@ -132,6 +132,8 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
     mask = built.m
+    for factor in built.q_scales:  # a per-head logit scale: [.., heads, 1, 1] broadcasts over Q's BNSH
+        q = emit("Mul", [q, factor], dtype=dtype, name="q_head_scale")
     if mask is not None:
         mask = emit.full_query_rows(mask, q)
     attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
@@ -189,6 +191,7 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     analysed, rewritten and verified without ever holding them. `inputs` (graph.user_inputs.GivenInputs):
     verify on exactly these input sets instead of feeds searched in the model's domain."""
     progress = progress or Progress(enabled=False)
+    given = atol is not None, rtol is not None
     atol, rtol = tolerance_for(model, atol, rtol)
     if not has_candidates(model):
         return FuseResult(model, [], [], {"passed": True, "note": "no attention found"})
@@ -217,11 +220,12 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
             return FuseResult(fused, reports, result.ignored, {"passed": None}, bool(active))
         if not active:
             return FuseResult(model, reports, result.ignored, {"passed": True, "note": "no site fused"}, False)
+        site_atol, site_rtol = _precision_tolerance([r.site for r in active], atol, rtol, given)
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
             try:
                 outcome = compare_models(model, fused, [r.site for r in active if not r.site.graph], dims=dims,
-                                         seed=seed, atol=max([atol] + [quant_tolerance(r.site) for r in active]),
-                                         rtol=rtol, given=inputs)
+                                         seed=seed, atol=max([site_atol] + [quant_tolerance(r.site) for r in active]),
+                                         rtol=site_rtol, given=inputs)
             except VerificationError:  # the inputs, not the rewrite: one line for the whole command
                 raise
             except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
@@ -231,7 +235,7 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
         for r in active:
             r.max_abs_err = _site_error(r, outcome)
         bad = [r for r in active if r.max_abs_err is None
-               or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, atol), quant_tolerance(r.site))]
+               or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, site_atol), quant_tolerance(r.site))]
         if not bad and not outcome.passed:  # each site within its bound, an output not: keep the original
             for r in active:
                 r.status, r.reason = NOT_FUSED, _output_reason(outcome)
@@ -240,6 +244,18 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
             return FuseResult(fused, reports, result.ignored, outcome.summary(), True)
         for r in bad:  # leave the failing sites as they were and verify the others again
             r.status, r.reason = NOT_FUSED, _verify_reason(r)
+
+
+def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, bool]) -> tuple[float, float]:
+    """The tolerance to verify at: the model's (or the user's), loosened to that of the lowest precision a
+    fused site computes in (an fp32 model whose products autocast or a converter put in fp16 computes its
+    attention in fp16, and so does the fused op, with the casts outside it)."""
+    names = {"float16": "fp16", "bfloat16": "bf16"}
+    loosest = [REWRITE_TOLERANCES[names[s.dtype]] for s in sites if s.dtype in names]
+    if not loosest:
+        return atol, rtol
+    return (atol if given[0] else max(atol, *(a for a, _ in loosest)),
+            rtol if given[1] else max(rtol, *(r for _, r in loosest)))
 
 
 def _site_error(r: SiteReport, outcome) -> float | None:

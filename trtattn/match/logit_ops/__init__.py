@@ -17,11 +17,12 @@ from .base import LogitOp, MaskBuilder
 from .bias import Add, Sub
 from .boolean import Where, WhereNot
 from .reshape import Reshape
-from .scale import Scale
+from .scale import HeadScale, Scale
 from .softcap import Softcap
 
 # in the order `read` tries them on a node type (the soft-cap's outer Mul before a plain scale)
-UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), Scale(), Add(), Sub(), Where(), WhereNot(), Reshape())}
+UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), Scale(), HeadScale(), Add(), Sub(), Where(), WhereNot(),
+                                                   Reshape())}
 _BY_ONNX_OP: dict[str, list[LogitOp]] = {}
 for _u in UNITS.values():
     for _op in _u.onnx_ops:
@@ -96,6 +97,8 @@ def materialize(graph: gs.Graph, tensors: dict, steps, prefix: str, dtype, score
         unit(step).lower(b, step)
     if b.softcap is not None:  # M alone cannot carry it: the caller would drop the tanh
         raise ValueError(f"the logits are soft-capped (cap {b.softcap:g}): that is not a mask")
+    if b.q_scales:  # M alone cannot carry it either: it scales the logits per head
+        raise ValueError("the logits are scaled per head: that is not a mask (it goes on Q)")
     return b.m, b.kind
 
 

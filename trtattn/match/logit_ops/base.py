@@ -61,6 +61,7 @@ class MaskBuilder:
         self.shape = shape
         self.softcap: float | None = None  # set by a soft-cap step: the Attention's softcap attribute
         self.convert = None  # (tensor, step) -> the tensor in the attention's score frame (fuse sets it)
+        self.q_scales: list[gs.Tensor] = []  # per-head factors for Q, in the score frame (scale.HeadScale)
 
     def to_float(self) -> None:
         """A boolean M becomes additive: 0 where allowed, the dtype's lowest value elsewhere."""

@@ -1,0 +1,156 @@
+"""Attention decided by axes (issue 18, class 2): a learned query (attention pooling, a MAP head,
+Perceiver's latents) is attention, because the softmax runs over the input's positions and the
+probabilities weigh input values; a classifier head or an MoE router normalises over a weight's axis
+(classes, experts) and is never attention, whatever product follows it. Real torch exports."""
+
+import collections
+import io
+import warnings
+
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch", reason="the exports need torch")
+transformers = pytest.importorskip("transformers", reason="the exports need transformers")
+
+from trtattn.rewrite.fuse import fuse_model  # noqa: E402
+
+
+def export(module, args, names, axes) -> onnx.ModelProto:
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), args, buf, input_names=names, dynamic_axes=axes, opset_version=17,
+                          dynamo=False)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def fused_ops(result):
+    return collections.Counter(n.op_type for n in result.model.graph.node)
+
+
+class Pooling(torch.nn.Module):
+    """Attention pooling with a learned probe (CLIP/SigLIP MAP heads, Set Transformer's PMA)."""
+
+    def __init__(self, d=32, heads=4, probes=2):
+        super().__init__()
+        self.probe = torch.nn.Parameter(torch.randn(1, probes, d))
+        self.mha = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+
+    def forward(self, x):
+        return self.mha(self.probe.expand(x.shape[0], -1, -1), x, x, need_weights=False)[0]
+
+
+class DenseMoE(torch.nn.Module):
+    """Self-attention, then experts mixed by a softmax router whose probabilities are contracted with the
+    experts' outputs (a product with activations, like attention's): layer 0's router is a MatMul, layer
+    1's a Gemm over flattened tokens."""
+
+    def __init__(self, d=32, heads=4, experts=4):
+        super().__init__()
+        self.heads, self.experts = heads, experts
+        self.qkv = torch.nn.ModuleList([torch.nn.Linear(d, 3 * d) for _ in range(2)])
+        self.router = torch.nn.ModuleList([torch.nn.Linear(d, experts) for _ in range(2)])
+        self.mix = torch.nn.ModuleList([torch.nn.Linear(d, d * experts) for _ in range(2)])
+
+    def forward(self, x):
+        b, t, d = x.shape
+        for i in range(2):
+            q, k, v = self.qkv[i](x).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            a = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, -1) @ v
+            x = x + a.transpose(1, 2).reshape(b, t, d)
+            h = x.reshape(-1, d) if i == 1 else x
+            w = torch.softmax(self.router[i](h), -1).reshape(b, t, 1, self.experts)
+            x = x + (w @ self.mix[i](x).reshape(b, t, self.experts, d)).reshape(b, t, d)
+        return x
+
+
+def test_attention_pooling_with_a_learned_probe_is_fused():
+    torch.manual_seed(0)
+    model = export(Pooling(), (torch.randn(2, 7, 32),), ["x"], {"x": {0: "batch"}})
+    result = fuse_model(model)
+    assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
+    assert result.ok and result.verification["max_abs_err"] <= 1e-4
+    assert fused_ops(result)["Attention"] == 1 and fused_ops(result)["Softmax"] == 0
+
+
+@pytest.mark.slow
+def test_siglip_map_head_is_fused():
+    """SigLIP's vision tower with its multihead-attention-pooling head: the encoder's self-attention and
+    the head's attention from a learned probe both fuse."""
+    torch.manual_seed(0)
+    config = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, image_size=32, patch_size=8,
+                                             vision_use_head=True)
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = transformers.SiglipVisionModel(config)
+
+        def forward(self, pixel_values):
+            return self.m(pixel_values).pooler_output
+
+    model = export(Head(), (torch.randn(2, 3, 32, 32),), ["pixel_values"], {"pixel_values": {0: "batch"}})
+    result = fuse_model(model)
+    assert sorted(r.site.name for r in result.reports if r.status == "fused") == ["m/encoder/layers.0/self_attn",
+                                                                           "m/head/attention"]
+    assert result.ok and fused_ops(result)["Attention"] == 2 and fused_ops(result)["Softmax"] == 0
+
+
+def test_routers_are_not_attention_and_every_attention_fuses():
+    """Both routers are ignored, for the same reason (they normalise over the experts, a weight's axis),
+    whether the router is a MatMul or a Gemm; both attentions fuse."""
+    torch.manual_seed(0)
+    model = export(DenseMoE(), (torch.randn(2, 7, 32),), ["x"], {"x": {0: "batch", 1: "seq"}})
+    result = fuse_model(model)
+    assert [r.status for r in result.reports] == ["fused", "fused"], [r.row() for r in result.reports]
+    assert result.ok
+    assert len(result.ignored) == 2, result.ignored
+    assert all("/router." in i.reason and "a classifier head or a router" in i.reason for i in result.ignored)
+
+
+@pytest.mark.slow
+def test_mixtral_routers_are_ignored_and_attention_fused():
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, experts_implementation="eager")
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = transformers.MixtralModel(config)
+
+        def forward(self, input_ids):
+            return self.m(input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False).last_hidden_state
+
+    model = export(Wrap(), (torch.randint(0, 100, (2, 7)),), ["input_ids"], {"input_ids": {0: "batch", 1: "seq"}})
+    result = fuse_model(model)
+    assert [r.status for r in result.reports] == ["fused", "fused"] and result.ok
+    routers = [i for i in result.ignored if "/mlp/gate/" in i.name]
+    assert len(routers) == 2 and all("a classifier head or a router" in i.reason for i in routers), result.ignored
+
+
+class BatchedRouter(torch.nn.Module):
+    """A router whose weights are expanded over the batch (a batched MatMul of the same rank as its input):
+    read by frames, its softmax runs over the weights' free axis."""
+
+    def __init__(self, d=32, experts=4):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(1, d, experts) / d ** 0.5)
+        self.mix = torch.nn.Linear(d, d * experts)
+        self.experts = experts
+
+    def forward(self, x):
+        b, t, d = x.shape
+        w = torch.softmax(x @ self.w.expand(b, -1, -1), -1).reshape(b, t, 1, self.experts)
+        return (w @ self.mix(x).reshape(b, t, self.experts, d)).reshape(b, t, d)
+
+
+def test_router_read_by_frames_is_not_attention():
+    torch.manual_seed(0)
+    model = export(BatchedRouter(), (torch.randn(2, 7, 32),), ["x"], {"x": {0: "batch", 1: "seq"}})
+    result = fuse_model(model)
+    assert result.reports == [] and len(result.ignored) == 1, ([r.row() for r in result.reports], result.ignored)
+    assert "normalises over the 4 outputs of weights" in result.ignored[0].reason, result.ignored

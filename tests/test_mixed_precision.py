@@ -1,0 +1,86 @@
+"""Mixed precision around the products (issue 18, classes 4 and 14): Q, K and V cast to fp16 before the
+products and the result cast back after (torch.autocast on CUDA, onnxconverter-common's fp16 conversion
+with keep_io_types). The fused Attention reads the fp16 tensors and runs in fp16, the casts stay outside
+it, the model's outputs keep their types, and the site is verified at fp16's tolerance."""
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from trtattn.rewrite.fuse import fuse_model
+from trtattn.verify import REWRITE_TOLERANCES
+
+torch = pytest.importorskip("torch", reason="the exports need torch")
+
+
+class Attention(torch.nn.Module):
+    """Self-attention; with `mixed`, what autocast writes on CUDA: products in fp16, the softmax in fp32."""
+
+    def __init__(self, mixed: bool, d=32, heads=4):
+        super().__init__()
+        self.qkv, self.o = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.heads, self.mixed = heads, mixed
+        self.scale = (d // heads) ** -0.5  # a Python float: not computed from the traced shape
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if self.mixed:
+            logits = (q.half() @ k.half().transpose(-1, -2)).float() * self.scale
+            a = (torch.softmax(logits, -1).half() @ v.half()).float()
+        else:  # no Cast at all: the fp16 converter leaves a model's own Casts to fp32 as they are
+            a = torch.softmax(q @ k.transpose(-1, -2) * self.scale, -1) @ v
+        return self.o(a.transpose(1, 2).reshape(b, t, d))
+
+
+def export(module) -> onnx.ModelProto:
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (torch.randn(2, 7, 32),), buf, input_names=["x"],
+                          output_names=["last_hidden_state"], dynamic_axes={"x": {0: "batch", 1: "seq"}},
+                          opset_version=17, dynamo=False)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def check_fp16_site(result, casts_at_the_products: bool):
+    assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
+    assert result.ok and result.reports[0].site.dtype == "float16"
+    assert result.verification["atol"] == REWRITE_TOLERANCES["fp16"][0]  # the precision the site computes in
+    x = np.random.default_rng(0).standard_normal((3, 5, 32)).astype(np.float32)
+    (y,) = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    assert y.dtype == np.float32 and y.shape == (3, 5, 32)  # the model's edge keeps its types
+    if not casts_at_the_products:
+        return
+    graph = result.model.graph
+    made_by = {o: n for n in graph.node for o in n.output}
+    attention = next(n for n in graph.node if n.op_type == "Attention")
+    for name in attention.input[:3]:  # Q, K, V: the fp16 casts stay outside, before the op
+        n = made_by[name]
+        while n.op_type in ("Transpose", "Reshape", "Squeeze", "Unsqueeze"):
+            n = made_by[n.input[0]]
+        assert n.op_type == "Cast" and n.attribute[0].i == onnx.TensorProto.FLOAT16, (name, n.op_type)
+    out = attention.output[0]
+    readers = [n for n in graph.node if out in n.input]
+    while readers and readers[0].op_type in ("Transpose", "Reshape"):
+        readers = [n for n in graph.node if readers[0].output[0] in n.input]
+    assert readers[0].op_type == "Cast" and readers[0].attribute[0].i == onnx.TensorProto.FLOAT  # and back after
+
+
+def test_autocast_products_run_in_fp16_with_the_casts_outside():
+    check_fp16_site(fuse_model(export(Attention(mixed=True))), casts_at_the_products=True)
+
+
+def test_fp16_conversion_with_fp32_io():
+    """onnxconverter-common with keep_io_types: fp16 inside, Casts at the model's edge only."""
+    float16 = pytest.importorskip("onnxconverter_common.float16", reason="needs onnxconverter-common")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = float16.convert_float_to_float16(export(Attention(mixed=False)), keep_io_types=True)
+    check_fp16_site(fuse_model(model), casts_at_the_products=False)
