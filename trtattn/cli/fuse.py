@@ -30,7 +30,7 @@ def run(args, progress) -> int:
 
     if fuse_trt.wanted(args):
         return fuse_trt.run(args, progress)
-    check_output(args.model, args.output, args.force)
+    check_output(args.model, args.output, args.force, args.report)
     model = load_model(args.model)  # weights stay on disk; bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress)
     return report(result, model, args.model, args.output, args.report, progress, allow_partial=args.allow_partial)

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
 def run(args, progress) -> int:
     from ..rewrite.normalize import normalize_model
 
-    check_output(args.model, args.output, args.force)
+    check_output(args.model, args.output, args.force, args.report)
     model = load_model(args.model)
     if args.quantize and not args.calib:
         raise TrtattnError("--quantize needs calibration data: --calib DATA.npz (arrays keyed by input name)")

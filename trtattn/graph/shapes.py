@@ -8,13 +8,12 @@ splits). Both run on the model's structure with its weights set aside.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import onnx
 from onnx import version_converter
 
 from ..errors import TrtattnError
-from .io import attach_weights, weights_aside
+from .io import attach_weights, scratch_dir, weights_aside
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 DEFAULT_OPSET = 17
@@ -128,7 +127,7 @@ def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     sym_shape_infer_temp.onnx in the working directory and raises, so it runs in a scratch directory."""
     inference = _symbolic_module().SymbolicShapeInference
     here = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="trtattn-shapes-") as scratch:
+    with scratch_dir("shapes") as scratch:
         os.chdir(scratch)
         try:
             return inference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
