@@ -83,10 +83,16 @@ def scratch_dir(kind: str = ""):
 @contextlib.contextmanager
 def writing(path: str | os.PathLike):
     """Any OSError while writing `path` as one line naming it: a full disk (ENOSPC, or EFBIG from a file-size
-    limit) says so."""
+    limit) says so. Folders made for `path` are removed again when the write fails."""
+    missing = [p for p in Path(path).absolute().parents if not p.exists()]
     try:
         yield
-    except OSError as e:
+    except BaseException as e:
+        for folder in missing:  # innermost first; a folder something else wrote into stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if not isinstance(e, OSError):
+            raise
         if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             raise TrtattnError(f"no space left writing {path} ({e.strerror})") from None
         raise TrtattnError(f"cannot write {path}: {e.strerror or e}") from None
