@@ -7,7 +7,7 @@ import collections
 import numpy as np
 import onnx
 import pytest
-from graphs import attention_model
+from trtattn.testing.graphs import attention_model
 from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.rewrite.fuse import fuse_model

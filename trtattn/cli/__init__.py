@@ -13,13 +13,14 @@ import sys
 from ..errors import TrtattnError
 from ..report import Progress
 from . import bench, build, demo, fuse, inspect, normalize, run, verify, zoo
+from .values import OneLineParser
 
 COMMANDS = {"zoo": zoo, "fuse": fuse, "normalize": normalize, "build": build, "inspect": inspect, "verify": verify,
             "run": run, "bench": bench, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="trtattn", description="Turn transformer ONNX exports into TensorRT engines "
+    ap = OneLineParser(prog="trtattn", description="Turn transformer ONNX exports into TensorRT engines "
                                  "whose every attention is a native fused IAttention, and prove it.")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -32,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from ..graph import memory
+
+        memory.set_budget(getattr(args, "max_memory", None))  # None: the default budget (graph/memory.py)
         return COMMANDS[args.command].run(args, Progress(enabled=not args.quiet))
     except TrtattnError as e:
         print(f"trtattn: error: {e}", file=sys.stderr)

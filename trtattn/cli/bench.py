@@ -9,14 +9,15 @@ import json
 from ..errors import MissingDependencyError
 from .common import add_session_opts, exit_without_tensorrt, generate_from_args, generation_parts, open_model, \
     prompts, session_feeds
+from .values import non_negative, positive
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="latency percentiles, throughput and peak memory of a model or engine (markdown table)")
     add_session_opts(p)
-    p.add_argument("--iterations", type=int, default=20, help="timed runs (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
-    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: ONNX Runtime's)")
+    p.add_argument("--iterations", type=positive, default=20, help="timed runs (default 20)")
+    p.add_argument("--warmup", type=non_negative, default=3, help="untimed runs first (default 3)")
+    p.add_argument("--threads", type=positive, help="ONNX Runtime intra-op threads (default: ONNX Runtime's)")
 
 
 def run(args, progress) -> int:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
-from .common import add_inputs_opt, add_report_html, check_report_html, exit_without_tensorrt, given_inputs, load_model
+from .common import (add_inputs_opt, add_memory_opt, add_report_html, check_report_html, exit_without_tensorrt,
+                     given_inputs, load_model)
 from .dims import parse_dims
+from .values import dims_text, positive
 
 
 def add_parser(sub) -> None:
@@ -37,20 +39,21 @@ def add_parser(sub) -> None:
     b.add_argument("--min-shapes", help="trtexec style, e.g. input_ids:1x1,attention_mask:1x1")
     b.add_argument("--opt-shapes")
     b.add_argument("--max-shapes")
-    b.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+    b.add_argument("--max-batch", type=positive, default=DEFAULT_MAX_BATCH,
                    help=f"the profiles' largest batch (default {DEFAULT_MAX_BATCH})")
-    b.add_argument("--max-positions", type=int,
+    b.add_argument("--max-positions", type=positive,
                    help="the profiles' longest sequence (default: the model's maximum positions)")
-    b.add_argument("--max-cache", type=int,
+    b.add_argument("--max-cache", type=positive,
                    help="kv-cache form: the caches' static capacity (default: the maximum positions)")
     b.add_argument("--timing-cache", help="read and update this timing cache file")
-    b.add_argument("--workspace", type=int, help="workspace limit in MiB")
+    b.add_argument("--workspace", type=positive, help="workspace limit in MiB")
     b.add_argument("--save-onnx", help="also write the verified form model and the cut model to this folder")
     b.add_argument("--plan-json", help="write the build plan as JSON here (with or without TensorRT)")
     b.add_argument("--force", action="store_true", help="replace an existing engine")
     b.add_argument("--mark-sites", action="store_true",
                    help="also output every attention's result, for per-site errors in trtattn verify")
-    b.add_argument("--dims", help="symbolic dim values for verification, e.g. batch=2,seq=16")
+    b.add_argument("--dims", type=dims_text, help="symbolic dim values for verification, e.g. batch=2,seq=16")
+    add_memory_opt(b)
     add_report_html(b)
     add_inputs_opt(b)
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import TrtattnError
 from ..graph.io import refuse_overwrite
+from .values import dims_text, memory_size, non_negative, positive, tolerance
 
 if TYPE_CHECKING:  # the commands start without importing verify/
     from ..verify import OutcomeSummary
@@ -38,10 +39,11 @@ def check_report_html(args) -> None:
 
 
 def add_verify_opts(p) -> None:
-    p.add_argument("--dims", help="values of symbolic dims for verification, e.g. batch=2,seq=16")
-    p.add_argument("--seed", type=int, default=0, help="seed of the verification inputs (default 0)")
+    p.add_argument("--dims", type=dims_text, help="values of symbolic dims for verification, e.g. batch=2,seq=16")
+    p.add_argument("--seed", type=non_negative, default=0, help="seed of the verification inputs (default 0)")
     add_inputs_opt(p)
-    p.add_argument("--atol", type=float, default=None,
+    add_memory_opt(p)
+    p.add_argument("--atol", type=tolerance, default=None,
                    help="max abs error allowed, plus as much relative to each output's largest value (default: by the "
                         "precision the model computes in: 1e-4 fp32, 1e-2 fp16, 6e-2 bf16)")
 
@@ -61,18 +63,29 @@ def given_inputs(args, model):
     return GivenInputs.load(getattr(args, "inputs", None), model)
 
 
-def check_output(model, output, force: bool) -> None:
-    """Before any work: never the input, and an existing output only with --force."""
+def add_memory_opt(p) -> None:
+    p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
+                   help="memory the probes and searches on ONNX Runtime may use for activations, e.g. 8G "
+                        "(default: a quarter of the available memory, at most 1G)")
+
+
+def check_output(model, output, force: bool, report=None) -> None:
+    """Before any work: never the input, and an existing output only with --force; a path that cannot be
+    written (under a file, a directory) is refused now, not after the work."""
     refuse_overwrite(output, (model,), force=force)
+    if report:
+        refuse_overwrite(report, (model, output))
 
 
 def load_model(path):
     """The input model with its weights left on disk (read where something needs them: ONNX Runtime maps
     them, outputs copy them file to file), so a model of any size loads in a moment; bad input gives one
     line (ModelLoadError)."""
-    from ..graph import io
+    from ..graph import io, validate
 
-    return io.load(path, load_external_data=False)
+    model = io.load(path, load_external_data=False)
+    validate.check(model, str(path))  # an invalid model is refused before any work (graph/validate.py)
+    return model
 
 
 def verdict(v: OutcomeSummary) -> str:
@@ -113,11 +126,11 @@ def add_session_opts(p) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "ort", "tensorrt"],
                    help="auto (default): .engine/.plan/.trt files run on TensorRT, anything else on ONNX Runtime")
     p.add_argument("--inputs", help="feeds as .npz, one array per input name (default: generated from the inputs' roles)")
-    p.add_argument("--dims", help="symbolic dim values for generated feeds, e.g. batch=2,seq=16")
-    p.add_argument("--seed", type=int, default=0, help="seed of generated feeds (default 0)")
+    p.add_argument("--dims", type=dims_text, help="symbolic dim values for generated feeds, e.g. batch=2,seq=16")
+    p.add_argument("--seed", type=non_negative, default=0, help="seed of generated feeds (default 0)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="TensorRT: replay runs with unchanged shapes and buffers (decode steps) as one CUDA graph")
-    p.add_argument("--generate", type=int, metavar="N",
+    p.add_argument("--generate", type=positive, metavar="N",
                    help="greedy-decode N new tokens; MODEL is a decoder step with logits and a KV cache")
     p.add_argument("--prompt", action="append", metavar="IDS",
                    help="token ids of one request, comma separated (repeat for a ragged batch)")
@@ -126,7 +139,7 @@ def add_session_opts(p) -> None:
     p.add_argument("--decoder-init", help="encoder-decoder generation: the first decoder step (returns the cross K/V)")
     p.add_argument("--features", help="encoder-decoder generation: the encoder's input, .npy [batch, ...]")
     p.add_argument("--eos", type=int, help="generation: stop a request at this token id")
-    p.add_argument("--capacity", type=int, help="generation with a kv-cache form: cache capacity (default: the model's, else 256)")
+    p.add_argument("--capacity", type=positive, help="generation with a kv-cache form: cache capacity (default: the model's, else 256)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -138,8 +151,10 @@ def open_model(path, args, threads=None):
     options = {}
     if args.backend == "tensorrt" or (args.backend == "auto" and is_engine_path(path)):
         options["cuda_graph"] = args.cuda_graph
-    elif threads:
-        options["threads"] = threads
+    else:
+        load_model(path)  # an invalid ONNX model: one line from trtattn, not ONNX Runtime's error
+        if threads:
+            options["threads"] = threads
     return open_session(path, backend=args.backend, **options)
 
 

@@ -34,7 +34,7 @@ def run(args, progress) -> int:
         return folder.run(args, progress, "fuse")
     if fuse_trt.wanted(args):
         return fuse_trt.run(args, progress)
-    check_output(args.model, args.output, args.force)
+    check_output(args.model, args.output, args.force, args.report)
     check_report_html(args)
     model = load_model(args.model)  # weights stay on disk; bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import TrtattnError
 from ..graph import io as onnxio
+from ..graph import validate
 from ..report import table, write_json
 from ..version import __version__
 from .common import check_output, given_inputs, verdict
@@ -51,6 +52,7 @@ def run(args, progress) -> int:
     check_output(args.model, args.output, args.force)
     check_output(args.model, sidecar_path(args.output), args.force)
     model = onnxio.load(args.model)
+    validate.check(model, str(args.model))
     result = fuse_trt(model, name=Path(args.output).stem, form=args.form or "padded", precision=args.precision or "fp16",
                       calib=args.calib, dims=parse_dims(args.dims), progress=progress, source=str(args.model),
                       inputs=given_inputs(args, model))

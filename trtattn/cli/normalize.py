@@ -37,7 +37,7 @@ def run(args, progress) -> int:
 
     if is_folder(args.model):  # an export folder: every model in it (cli/folder.py)
         return folder.run(args, progress, "normalize")
-    check_output(args.model, args.output, args.force)
+    check_output(args.model, args.output, args.force, args.report)
     check_report_html(args)
     model = load_model(args.model)
     if args.quantize and not args.calib:

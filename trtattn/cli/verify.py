@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..contract import is_engine_path
 from ..report import table
-from .common import add_inputs_opt, given_inputs, inputs_phrase, load_model
+from .common import add_inputs_opt, add_memory_opt, given_inputs, inputs_phrase, load_model
 from .dims import parse_dims
+from .values import dims_text, non_negative, positive
 
 
 def add_parser(sub) -> None:
@@ -18,9 +20,10 @@ def add_parser(sub) -> None:
     v.add_argument("--sidecar", help="the engine's NAME.json (default: next to the engine)")
     v.add_argument("--precision", choices=["fp32", "tf32", "fp16", "bf16", "fp8", "int8"],
                    help="tolerances for this precision (default: the sidecar's, else fp32)")
-    v.add_argument("--dims", help="symbolic dim values, e.g. batch=2,seq=16")
-    v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--iterations", type=int, default=2, help="input sets to compare (default 2; --inputs: its sets)")
+    v.add_argument("--dims", type=dims_text, help="symbolic dim values, e.g. batch=2,seq=16")
+    v.add_argument("--seed", type=non_negative, default=0)
+    add_memory_opt(v)
+    v.add_argument("--iterations", type=positive, default=2, help="input sets to compare (default 2; --inputs: its sets)")
     add_inputs_opt(v)
     v.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -29,6 +32,8 @@ def run(args, progress) -> int:
     from ..verify import verify_candidate
 
     original = load_model(args.onnx)  # weights left on disk: ONNX Runtime maps them
+    if not is_engine_path(args.candidate):
+        load_model(args.candidate)  # an invalid candidate: one line naming it
     sidecar = json.loads(Path(args.sidecar).read_text()) if args.sidecar else None
     with progress.step(f"comparing {args.candidate} with {args.onnx}"):
         result = verify_candidate(args.candidate, original, sidecar=sidecar, precision=args.precision,

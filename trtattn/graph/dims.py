@@ -10,6 +10,10 @@ time, then every sequence-like dim together, then the unified dims taken apart. 
 output shapes (torch.export writes them as expressions of the input dims) would be empty are
 skipped without a run. When none runs, one line names the node that fails and the `--dims` to give.
 
+Memory: before any run, the activations it would hold are estimated from the shapes (graph/memory.py);
+a candidate over the budget (--max-memory) is skipped and named in the reasons, and dims given or
+declared that are over it are refused with one line, so no probe can take the machine down.
+
 Cost: nothing for a model whose metadata (`trtattn.inputs`, written by the zoo and kept by trtattn's
 outputs) declares the dims it was exported at, nor with `check=False`; otherwise one ONNX Runtime
 session (graph optimizations off, so it opens fast) and a run per candidate, stopping at the first
@@ -27,8 +31,10 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import TrtattnError
+from . import memory
 from .dim_names import BATCH, DEFAULT_DIM, SEQ, dim_classes, evaluate, resolve_dims
 from .feeds import make_feeds
+from .roles import declared_dims, input_specs
 from .io import session_source
 from .roles import declared_dims, input_specs
 
@@ -47,9 +53,10 @@ class Fit(dict):
     """Dims (name -> value) the model runs on, with why they are what they are (`reasons`, one
     sentence each); passing a Fit back to fit_dims returns it as it is."""
 
-    def __init__(self, dims: dict, reasons: list[str] | None = None):
+    def __init__(self, dims: dict, reasons: list[str] | None = None, skipped: list[str] | None = None):
         super().__init__(dims)
         self.reasons = list(reasons or [])
+        self.skipped = list(skipped or [])  # candidate dims not tried because their run would pass the memory budget
 
 
 def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = True,
@@ -66,6 +73,7 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
     classes = dim_classes(specs)
     guess = resolve_dims(model, user, specs=specs)
     notes = _unified(classes, guess)
+    _within_budget(model, guess, user)
     if failure is None and (not check or declared_dims(model)):
         return _done(Fit(guess, notes), progress)  # trusted, or the model says it is dynamic in its dims
     variables = _variables(specs, classes, user)
@@ -74,23 +82,45 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
         if first is None:
             return _done(Fit(guess, notes), progress)
         hints = _hints(model)
-        tried = 1
+        tried, skipped, limit = 1, [], memory.budget()
         for change in _candidates(variables, guess, classes, hints):
             candidate = resolve_dims(model, {**user, **change}, specs=specs)
             if _empty_output(model, candidate):
+                continue
+            need = memory.activation_bytes(model, candidate)
+            if need > limit:
+                skipped.append(f"{_show(change, change)} (~{memory.show(need)})")
                 continue
             tried += 1
             if problem(candidate) is None:
                 shown = ", ".join(f"{k}={v}" for k, v in change.items())
                 was = ", ".join(f"{k}={guess.get(k, DEFAULT_DIM)}" for k in change)
-                return _done(Fit(candidate, notes + [f"{shown} (the model does not run at {was}: {first})"]), progress)
+                return _done(Fit(candidate, notes + [f"{shown} (the model does not run at {was}: {first})"]
+                                 + _skipped_note(skipped, limit), skipped), progress)
             if tried >= MAX_TRIALS:
                 break
     names = list(dict.fromkeys([*user, *variables]))
     if not names:
         raise DimsDoNotFit(f"the model does not run on ONNX Runtime at its static shapes: {first}")
-    raise DimsDoNotFit(f"the model does not run at {_show(guess, names)} (nor at {tried - 1} other dims tried): "
+    raise DimsDoNotFit(f"the model does not run at {_show(guess, names)} (nor at {tried - 1} other dims tried"
+                       f"{f'; {len(skipped)} skipped for memory, over {memory.show(limit)}' if skipped else ''}): "
                        f"{first}; give sizes it runs on with --dims {','.join(f'{n}=N' for n in names)}")
+
+
+def _within_budget(model: onnx.ModelProto, dims: dict, user: dict) -> None:
+    """Refuse dims (the user's, declared or default) whose run would pass the memory budget."""
+    need, limit = memory.activation_bytes(model, dims), memory.budget()
+    if need > limit:
+        given = _show(dims, user) if user else "its default dims"
+        raise TrtattnError(f"running the model at {given} needs about {memory.show(need)} of activations, over the "
+                           f"memory budget of {memory.show(limit)}; give smaller --dims or a larger --max-memory")
+
+
+def _skipped_note(skipped: list[str], limit: int) -> list[str]:
+    if not skipped:
+        return []
+    shown = ", ".join(skipped[:6]) + (f" and {len(skipped) - 6} more" if len(skipped) > 6 else "")
+    return [f"skipped for memory (over the budget of {memory.show(limit)}): {shown}"]
 
 
 def _done(fit: Fit, progress) -> Fit:

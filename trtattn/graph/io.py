@@ -8,12 +8,18 @@
 - A model whose weights are on disk, or which is over 2 GB, is saved with one external data file
   PATH.data, written by copying byte ranges file to file.
 - Every file trtattn writes (models, reports, engines, sidecars) goes through atomic_write.
+- Temporary files and scratch folders carry the writer's pid in their names (`.NAME.trtattn-PID-...`,
+  `trtattn-PID-...`): a run killed before it could clean up leaves them, and the next run that writes
+  beside them (or opens a scratch folder) removes those whose process is gone.
+- A failed write (full disk, file-size limit, a parent that is a file) is one line naming the path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,27 +28,110 @@ import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from ..errors import ModelLoadError, TrtattnError
-from . import external
+from . import external, validate
 from .external import all_tensors, data_dir, materialize  # noqa: F401  (part of this module's API)
 
 PROTOBUF_LIMIT = 2**31 - 1
+_OURS = re.compile(r"(?:^\..*\.|^)trtattn-(\d+)-")  # temporary names trtattn gives: pid after "trtattn-"
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.trtattn-{os.getpid()}-"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files and scratch folders trtattn left in `folder` from runs that were killed
+    (their pid is in the name and no longer runs); returns what it removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _OURS.match(entry.name)
+        if not m or int(m.group(1)) == os.getpid() or alive(int(m.group(1))):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)  # hard links inside: only the links go, never the user's files
+            else:
+                os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:
+            pass
+    return removed
+
+
+@contextlib.contextmanager
+def scratch_dir(kind: str = ""):
+    """A temporary folder for the duration, named with this process's pid: stale ones of dead runs go first."""
+    remove_stale(tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(prefix=f"trtattn-{os.getpid()}-{kind + '-' if kind else ''}") as folder:
+        yield folder
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike):
+    """Any OSError while writing `path` as one line naming it: a full disk (ENOSPC, or EFBIG from a file-size
+    limit) says so. Folders made for `path` are removed again when the write fails."""
+    missing = [p for p in Path(path).absolute().parents if not p.exists()]
+    try:
+        yield
+    except BaseException as e:
+        for folder in missing:  # innermost first; a folder something else wrote into stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if not isinstance(e, OSError):
+            raise
+        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise TrtattnError(f"no space left writing {path} ({e.strerror})") from None
+        raise TrtattnError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def check_target(path: str | os.PathLike) -> None:
+    """An output path must be a file whose nearest existing ancestor is a folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise TrtattnError(f"cannot write {path}: it is a directory")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise TrtattnError(f"cannot write {path}: {parent} is not a directory")
+            break
+
+
+def _make_parent(path: Path) -> None:
+    check_target(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(path.parent)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
     """Write `data` to `path` through a temporary file in the same folder and a rename: a reader never
     sees a half-written file and a failure leaves the old one. New files get the usual mode (umask)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with writing(path):
+        _make_parent(path)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
     return path
 
 
@@ -53,7 +142,9 @@ def _umask() -> int:
 
 
 def refuse_overwrite(path, protect=(), force: bool = True) -> None:
-    """Never write over an input (`protect`); replace an existing output only when forced."""
+    """Never write over an input (`protect`); replace an existing output only when forced; a path that
+    cannot be a file (a directory, under a file) is refused."""
+    check_target(path)
     for p in protect:
         if p is not None and same_file(p, path):
             raise TrtattnError(f"refusing to write over the input {p}; choose another output path")
@@ -116,13 +207,17 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return a.resolve() == b.resolve()
 
 
-def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = (), external_data: bool | None = None) -> Path:
+def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = (), external_data: bool | None = None,
+         check: bool = True) -> Path:
     """Write `model` atomically. Never writes over any path in `protect` (the inputs) or over a data file
     the model reads. With external data (the default for a model whose weights are on disk, and past
     2 GB) every tensor over 1 KB goes to PATH.data, written before the model that names it; weights on
-    disk are copied file to file. The model is left as it was."""
+    disk are copied file to file. The model is left as it was. `check`: refuse an invalid model
+    (graph/validate.py) rather than write it."""
     path = Path(path)
     refuse_overwrite(path, protect)
+    if check:
+        validate.check(model, f"not writing {path}, the model made for it is invalid")
     if data_dir(model) is None:
         lost = next((t.name for t in all_tensors(model) if uses_external_data(t)), None)
         if lost is not None:  # written as it is, the output would name data files that are not beside it
@@ -139,14 +234,17 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
     for src in external.source_files(model) | {Path(str(p) + ".data") for p in protect if p is not None}:
         if same_file(src, data_path):
             raise TrtattnError(f"refusing to write {data_path}: the input's weights are in it; choose another output path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as scratch:
-        with external.externalized(model, scratch, data_name):
-            with open(os.path.join(scratch, path.name), "wb") as f:
-                f.write(model.SerializeToString())
-        for name in (data_name, path.name):
-            os.chmod(os.path.join(scratch, name), 0o666 & ~_umask())
-            os.replace(os.path.join(scratch, name), path.parent / name)
+    with writing(path):
+        _make_parent(path)
+        # both files in a scratch folder beside the target, renamed at the end (the data first): a kill
+        # leaves no output or a complete one, and the scratch folder for the next run to remove
+        with tempfile.TemporaryDirectory(prefix=_temp_prefix(path), dir=path.parent) as scratch:
+            with external.externalized(model, scratch, data_name):
+                with open(os.path.join(scratch, path.name), "wb") as f:
+                    f.write(model.SerializeToString())
+            for name in (data_name, path.name):
+                os.chmod(os.path.join(scratch, name), 0o666 & ~_umask())
+                os.replace(os.path.join(scratch, name), path.parent / name)
     return path
 
 
@@ -166,12 +264,20 @@ def copy_model(src: str | os.PathLike, dst: str | os.PathLike, model: onnx.Model
     if data_dir(model) is not None or any(uses_external_data(t) for t in all_tensors(model)) or is_large(model):
         return save(model, dst, protect=(src,))
     refuse_overwrite(dst, (src,))
+    validate.check(model, f"not writing {dst}, the model is invalid")
     dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    shutil.copyfile(src, tmp)
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, dst)
+    with writing(dst):
+        _make_parent(dst)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(dst), suffix=".tmp", dir=dst.parent)
+        os.close(fd)
+        try:
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, dst)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
     return dst
 
 
@@ -208,13 +314,13 @@ def session_source(model: onnx.ModelProto):
     if folder is None and not is_large(model):
         yield model.SerializeToString()
         return
-    with tempfile.TemporaryDirectory(prefix="trtattn-") as scratch:
+    with scratch_dir("session") as scratch:  # hard links to the user's weights: gone even after a kill (next run)
         path = os.path.join(scratch, "model.onnx")
         if folder is not None and not is_large(model) and _link_data(model, folder, Path(scratch)):
             with open(path, "wb") as f:
                 f.write(model.SerializeToString())
         else:
-            save(model, path, external_data=True)
+            save(model, path, external_data=True, check=False)  # a scratch copy: its owner checks what it writes
         yield path
 
 

@@ -8,13 +8,12 @@ splits). Both run on the model's structure with its weights set aside.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import onnx
 from onnx import version_converter
 
 from ..errors import TrtattnError
-from .io import attach_weights, weights_aside
+from .io import attach_weights, scratch_dir, weights_aside
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 DEFAULT_OPSET = 17
@@ -130,7 +129,7 @@ def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     set aside), and the result holds the model's own weights, not references to files that are gone."""
     inference = _symbolic_module().SymbolicShapeInference
     here = os.getcwd()
-    with weights_aside(model) as weights, tempfile.TemporaryDirectory(prefix="trtattn-shapes-") as scratch:
+    with weights_aside(model) as weights, scratch_dir("shapes") as scratch:
         os.chdir(scratch)
         try:
             inferred = inference.infer_shapes(model, auto_merge=True, guess_output_rank=True)

@@ -25,21 +25,10 @@ from onnx import helper
 from ..errors import TrtattnError
 from ..graph import external
 from ..graph.evaluate import ort_session
+from ..graph.memory import available_memory  # noqa: F401  (part of this module's API)
 
 SLICE_ENV = "TRTATTN_SLICE_MB"
 MIN_BUDGET = 256 << 20
-
-
-def available_memory() -> int:
-    """Bytes the kernel says can be used without swapping (MemAvailable)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def resident_bytes(t: onnx.TensorProto) -> int:
@@ -52,14 +41,15 @@ def resident_size(model: onnx.ModelProto) -> int:
     return sum(resident_bytes(t) for t in model.graph.initializer)
 
 
-def slice_budget(model: onnx.ModelProto) -> int | None:
+def slice_budget(model: onnx.ModelProto, available: int | None = None) -> int | None:
     """Resident bytes of weights per slice for `model`, or None to run it whole: whole unless its weights,
     as a session holds them, are more than half the available memory (then an eighth of it per slice), or
-    as TRTATTN_SLICE_MB says."""
+    as TRTATTN_SLICE_MB says. `available`: the memory figure to decide by (default: the kernel's)."""
     if os.environ.get(SLICE_ENV):
         mb = int(os.environ[SLICE_ENV])
         return (mb << 20) if mb > 0 else None
-    weights, available = resident_size(model), available_memory()
+    weights = resident_size(model)
+    available = available_memory() if available is None else available
     if not available or weights <= available // 2:
         return None
     return max(available // 8, MIN_BUDGET)

@@ -9,7 +9,6 @@ import io
 import logging
 import os
 import re
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import onnx
 from onnx import TensorProto
 
 from ...errors import MissingDependencyError, TrtattnError, require
+from ...graph.io import scratch_dir
 from .common import (
     FLOATS,
     INSTALL,
@@ -53,7 +53,7 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
     autocast = load_autocast()
     feeds = [calibration_feeds] if isinstance(calibration_feeds, Mapping) else list(calibration_feeds or [])
     with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trtattn-autocast-")))
+        tmp = Path(stack.enter_context(scratch_dir("autocast")))  # pid-named: a killed run's goes next time
         if isinstance(model, onnx.ModelProto):
             work, src_dir = copy.deepcopy(model), None
         elif Path(model).is_file():

@@ -26,7 +26,6 @@ import io
 import logging
 import os
 import re
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,7 +121,7 @@ def quantize(model: onnx.ModelProto, mode: str, calib: dict[str, np.ndarray], si
                 "excluded_logit_ops": keep, **(extra_options or {})}
     with contextlib.ExitStack() as stack:
         tmp = Path(workdir) if workdir else Path(
-            stack.enter_context(tempfile.TemporaryDirectory(prefix="trtattn-quant-")))
+            stack.enter_context(onnxio.scratch_dir("quant")))
         src, dst = tmp / "model.onnx", tmp / f"model.{mode}.onnx"
         large = onnxio.is_large(named)
         onnxio.save(named, src, external_data=large)
