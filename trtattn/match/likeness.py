@@ -16,7 +16,12 @@ UP_HOPS, DOWN_HOPS = 48, 32  # Longformer's sliding chunks put ~30 ops between p
 
 
 def attention_like(view, sm: gs.Node) -> bool:
-    return _from_product(view, sm.inputs[0]) and _to_product(view, sm.outputs[0])
+    return attention_like_between(view, sm.inputs[0], sm.outputs[0])
+
+
+def attention_like_between(view, logits: gs.Tensor, probs: gs.Tensor) -> bool:
+    """The same question for a normalisation written without a Softmax op (canonical.py: unproven)."""
+    return _from_product(view, logits) and _to_product(view, probs)
 
 
 def _from_product(view, t: gs.Tensor) -> bool:
