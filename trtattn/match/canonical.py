@@ -28,7 +28,7 @@ class Found:
     the Softmax replaces, and the reductions whose axes the check compares."""
 
     anchor: gs.Node
-    x: gs.Tensor
+    x: gs.Tensor  # the Softmax input (y, before the check looks at a shift)
     reductions: list[gs.Node]
     exps: list[gs.Node] = field(default_factory=list)
     axis: int | None = None  # set when the pattern reads it from a LogSoftmax
@@ -73,15 +73,16 @@ def _reduce(n: gs.Node) -> tuple[list[int] | None, int]:
     return ([int(a) for a in axes] if axes is not None else None), keep
 
 
-def _shift_removed(y: gs.Tensor) -> tuple[gs.Tensor, gs.Node | None]:
-    """x for y = x - ReduceMax(x) (the reduction returned for the check), else y itself: Exp(y)/Sum(Exp(y))
-    is Softmax(y) whatever y is, so the shift is removed only when it is provably the max of x."""
+def _shift_of(y: gs.Tensor) -> tuple[gs.Tensor, gs.Node] | None:
+    """(x, the ReduceMax) for y = x - ReduceMax(x): the "safe softmax" shift, removed when the check proves
+    it runs over the softmax axis. Exp(y) / Sum(Exp(y)) is Softmax(y) whatever y is, so a shift over another
+    axis stays, as part of the logits."""
     sub = _producer(y)
     if sub is not None and sub.op == "Sub":
         shift = _producer(sub.inputs[1])
         if shift is not None and shift.op in _NEG_SHIFTS and shift.inputs[0] is sub.inputs[0]:
             return sub.inputs[0], shift
-    return y, None
+    return None
 
 
 def _same_exp(a: gs.Tensor, b: gs.Tensor) -> bool:
@@ -129,6 +130,8 @@ class Rule:
         if found.axis is not None:
             axes.append(found.axis)
         rank = rank_of(found.x)
+        if not axes:
+            return "it names no axis"
         norm = {a % rank for a in axes} if rank is not None else set(axes)
         if len(norm) != 1:
             return (f"its reductions ({', '.join(r.name or r.op for r in found.reductions)}) run over different "
@@ -137,6 +140,12 @@ class Rule:
         if opset < 13 and found.axis is None and not (axis == -1 or (rank is not None and axis == rank - 1)):
             return f"opset {opset}'s Softmax normalises every axis from its axis on, and this sums over axis {axis} only"
         found.axis = axis
+        shift = _shift_of(found.x)
+        if shift is not None:
+            got, keep = _reduce(shift[1])
+            if keep and got is not None and len(got) == 1 and (got[0] == axis or (
+                    rank is not None and got[0] % rank == axis % rank)):
+                found.x = shift[0]
         return None
 
     def rewrite(self, graph: gs.Graph, found: Found, index: dict) -> gs.Node:
@@ -205,13 +214,11 @@ class ExpSubLogSumExp(Rule):
         if r is not None and r.op == "ReduceLogSumExp":
             if r.inputs[0] is not y:
                 return Found(node, y, [r], why=f"ReduceLogSumExp {r.name} reads another tensor than the logits")
-            x, shift = _shift_removed(y)
-            return Found(node, x, [r] + ([shift] if shift is not None else []))
+            return Found(node, y, [r])
         if r is not None and r.op == "Log" and (s := _producer(r.inputs[0])) is not None and s.op == "ReduceSum":
             if not _same_exp(s.inputs[0], _exp_of(y)):
                 return Found(node, y, [s], why=f"ReduceSum {s.name} sums other exponentials than Exp of the logits")
-            x, shift = _shift_removed(y)
-            return Found(node, x, [s] + ([shift] if shift is not None else []))
+            return Found(node, y, [s])
         return None
 
 
@@ -224,8 +231,7 @@ def _normalised(e: gs.Tensor, s: gs.Tensor, anchor: gs.Node) -> Found | None:
     exp, total = _producer(e), _producer(s)
     if exp is None or exp.op != "Exp" or total is None or total.op != "ReduceSum":
         return None
-    x, shift = _shift_removed(exp.inputs[0])
-    found = Found(anchor, x, [total] + ([shift] if shift is not None else []), exps=[exp])
+    found = Found(anchor, exp.inputs[0], [total], exps=[exp])
     if not _same_exp(total.inputs[0], e):
         found.why = f"ReduceSum {total.name} sums other values than the exponentials {e.name} it divides"
     return found
