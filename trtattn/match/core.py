@@ -4,7 +4,8 @@ Anchored on each Softmax. Upstream, the logits may pass through logit ops (scale
 soft-cap: logit_ops/), layout ops (layout_ops.py: heads merged into the batch around the softmax, the
 Flatten -> Softmax -> Reshape of an opset-12 export, Swin's 5-D view), float Casts and Q/DQ pairs, up
 to a MatMul or Einsum of two activations. Downstream, the probabilities may pass through layout ops,
-Cast, Identity, Dropout, Q/DQ and torch's NaN guard (Where(IsNaN(p), 0, p)) to a product with V.
+Cast, Identity, Dropout, Q/DQ, torch's NaN guard (Where(IsNaN(p), 0, p)) and a mask re-applied to them
+(P * mask, masked_fill by Where: logit_ops/probs_mask.py, one more mask step) to a product with V.
 Shape nodes may read any tensor on the way (the rewrite recomputes what they read).
 
 The frames (axes.py) check that this is attention: the Softmax normalises over the key positions,
@@ -72,7 +73,7 @@ def softmax_axes(view: GraphView, sm: gs.Node, rank: int) -> list[int]:
 
 
 def find_core(view: GraphView, sm: gs.Node) -> Core:
-    down, bmm2_node, probs_shapes = _follow_probabilities(view, sm)
+    down, bmm2_node, probs_shapes, probs_masks = _follow_probabilities(view, sm)
     up, bmm1_node, logit_shapes = _walk_logits(view, sm.inputs[0])
     bmm1 = contraction.read(view, bmm1_node)
     atoms = Atoms()
@@ -109,6 +110,8 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
     for node in down:
         if node.op == "DequantizeLinear":
             probs_quant = probs_quant or quant_params(view, node)
+        elif id(node) in probs_masks:  # a mask re-applied to the probabilities: one more mask step
+            steps.append(_with_frame(view, probs_masks[id(node)], frame, atoms))
         elif not _is_nan_guard_node(view, node):
             frame = layout_ops.forward(view, node, frame, atoms)
         shape_reads += [(s.outputs[0].name, frame) for s in probs_shapes.get(node.outputs[0].name, [])]
@@ -231,6 +234,7 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
     t = sm.outputs[0]
     passed: list[gs.Node] = []
     shapes: dict[str, list[gs.Node]] = {}
+    masks: dict[int, MaskStep] = {}  # id(node) -> its step, for nodes re-applying a mask (logit_ops/probs_mask)
     for _ in range(16):
         if t.name in view.outputs:
             raise Unsupported(f"the probabilities {t.name} are a graph output (the model returns its attention "
@@ -246,6 +250,12 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
         for g in guards:  # an IsNaN is allowed only as the condition of the guard below
             if [x for x in g.outputs[0].outputs if x is not c] or not _is_nan_guard(view, c, t):
                 raise NotAttention(f"the probabilities feed IsNaN {g.name} outside a NaN guard")
+        again = None if _is_nan_guard(view, c, t) else logit_ops.read_probabilities(view, c, t)
+        if again is not None:
+            masks[id(c)] = again
+            passed.append(c)
+            t = c.outputs[0]
+            continue
         if layout_ops.is_layout(view, c) or _is_nan_guard(view, c, t):
             if layout_ops.is_layout(view, c) and c.inputs[0] is not t:
                 raise NotAttention(f"the probabilities are the shape operand of {c.op} {c.name}")
@@ -253,7 +263,7 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
             t = c.outputs[0]
             continue
         if c.op in contraction.PRODUCTS and len(c.inputs) == 2:
-            return passed, c, shapes
+            return passed, c, shapes, masks
         raise NotAttention(f"the probabilities feed {c.op} {c.name}, not a product with V")
     raise NotAttention("the probabilities pass through too many nodes")
 

@@ -16,12 +16,14 @@ from ...site import MaskKind, MaskStep
 from .base import LogitOp, MaskBuilder
 from .bias import Add, Sub
 from .boolean import Where, WhereNot
+from .probs_mask import ProbsMul, ProbsWhere, ProbsWhereNot, read_probabilities
 from .reshape import Reshape
 from .scale import Scale
 from .softcap import Softcap
 
 # in the order `read` tries them on a node type (the soft-cap's outer Mul before a plain scale)
-UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), Scale(), Add(), Sub(), Where(), WhereNot(), Reshape())}
+UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), Scale(), Add(), Sub(), Where(), WhereNot(), Reshape(),
+                                                  ProbsMul(), ProbsWhere(), ProbsWhereNot())}
 _BY_ONNX_OP: dict[str, list[LogitOp]] = {}
 for _u in UNITS.values():
     for _op in _u.onnx_ops:
@@ -126,4 +128,4 @@ def _finite_floor(b: MaskBuilder) -> gs.Tensor:
 
 
 __all__ = ["LogitOp", "MaskBuilder", "UNITS", "unit", "read", "check", "masking", "kind_of", "logit_scale",
-           "has_layout_change", "fill_value", "softcap", "materialize", "build"]
+           "has_layout_change", "fill_value", "softcap", "materialize", "build", "read_probabilities"]
