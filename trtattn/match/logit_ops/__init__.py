@@ -16,13 +16,15 @@ from ...site import MaskKind, MaskStep
 from .base import LogitOp, MaskBuilder
 from .bias import Add, Sub
 from .boolean import Where, WhereNot
+from .mul_mask import MulMask
 from .probs_mask import ProbsMul, ProbsWhere, ProbsWhereNot, read_probabilities
 from .reshape import Reshape
 from .scale import Scale
 from .softcap import Softcap
 
-# in the order `read` tries them on a node type (the soft-cap's outer Mul before a plain scale)
-UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), Scale(), Add(), Sub(), Where(), WhereNot(), Reshape(),
+# in the order `read` tries them on a node type (the soft-cap's outer Mul, then a product with a mask
+# from the input, before a plain scale)
+UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), MulMask(), Scale(), Add(), Sub(), Where(), WhereNot(), Reshape(),
                                                   ProbsMul(), ProbsWhere(), ProbsWhereNot())}
 _BY_ONNX_OP: dict[str, list[LogitOp]] = {}
 for _u in UNITS.values():

@@ -48,6 +48,12 @@ def scalar(view, t: gs.Tensor) -> float | None:
     return float((quantized - zp) * s_dq)
 
 
+def offset_after(steps, i: int, units) -> bool:
+    """An additive step (Add / Sub of a tensor) after steps[i]: what masks the logits a step set to a value
+    that is not far below the others (mul_mask.py, a finite-fill Where)."""
+    return any(u.kind in ("add", "sub") for u in units[i + 1:])
+
+
 class MaskBuilder:
     """M under construction: a tensor (or None) and its kind; `shape` is the logits' shape at the
     current step where a layout op needs it."""
