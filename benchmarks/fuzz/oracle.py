@@ -29,6 +29,7 @@ from trtattn.graph.emit import export_like
 
 from . import preserving  # noqa: F401, I001  (registers the kinds: preserving first, for the table's order)
 from . import changing  # noqa: F401
+from . import softmax_forms  # noqa: F401  (issue 18's kinds)
 from .graphops import KINDS, Ctx, NotApplicable
 from .sites import count_attention, facts, locate
 from .sources import difference, feed_sets, load_source, metadata, run, session

@@ -12,7 +12,7 @@ import onnx_graphsurgeon as gs
 # each equal to Softmax(x, axis); "sum_eps" adds a tiny epsilon to the sum: the same numbers in float32
 # (the sum is >= 1), but nothing proves it equal to a Softmax, so it must be listed, never silent
 FORMS = ("onnx_body", "plain", "mul_reciprocal", "reciprocal_first", "exp_logsoftmax", "exp_sub_logsumexp",
-         "logsoftmax_body")
+         "logsoftmax_body", "shifted_softmax")
 UNPROVEN = ("sum_eps",)
 
 
@@ -59,6 +59,8 @@ def write_softmax(graph: gs.Graph, sm: gs.Node, form: str, tag: str | None = Non
     elif form == "logsoftmax_body":  # ONNX's LogSoftmax function body, under an Exp
         y = shifted(x)
         last = op("Exp", [op("Sub", [y, op("Log", [reduce("ReduceSum", op("Exp", [y]))])])])
+    elif form == "shifted_softmax":  # a Softmax of x - max(x) (gpt-oss, hand-written "safe" code)
+        last = op("Softmax", [shifted(x)], axis=axis)
     elif form == "sum_eps":
         e = op("Exp", [shifted(x)])
         eps = gs.Constant(f"{tag}/eps", np.asarray(1e-30, np.float32))
@@ -68,3 +70,76 @@ def write_softmax(graph: gs.Graph, sm: gs.Node, form: str, tag: str | None = Non
     node = last.inputs[0]
     node.outputs[0] = probs
     graph.toposort()
+
+
+# ---------------------------------------------------------------- the fuzzer's kinds (issue 18: classes 1, 11, 12)
+from onnx import TensorProto  # noqa: E402
+
+from .graphops import Ctx, NotApplicable, kind, need  # noqa: E402
+
+KEEP_ABOVE = -5000.0  # an additive mask's value above which a position is kept (masks write -1e4 and below)
+
+
+@kind("softmax_written", preserving=True, variants=FORMS)
+def softmax_written(ctx: Ctx):
+    """The site's Softmax written without a Softmax op (ONNX's function body, x Reciprocal(sum), Exp(LogSoftmax)...)."""
+    need(ctx.opset >= 13, "the forms are of a single-axis Softmax (opset >= 13)")
+    need(ctx.site.probs not in ctx.graph.outputs, "the probabilities are a graph output")
+    write_softmax(ctx.graph, ctx.site.softmax, ctx.variant, tag=ctx.fresh("softmax_written"))
+
+
+def _depends_on(t: gs.Tensor, node: gs.Node) -> bool:
+    """Whether `node` computes `t` or an ancestor of it, through any op (a Shape of the logits too)."""
+    stack, seen = [t], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen or not x.inputs:
+            continue
+        seen.add(id(x))
+        if x.inputs[0] is node:
+            return True
+        stack.extend(i for i in x.inputs[0].inputs if isinstance(i, gs.Variable))
+    return False
+
+
+def _kept(ctx: Ctx, before_logits: bool = False):
+    """A float 0/1 tensor, 1 where the site's mask keeps a position, broadcasting to the logits (one that
+    exists before the logits if `before_logits`: not built from their shape)."""
+    for node, slot in ctx.masks():
+        if before_logits and _depends_on(node.inputs[slot if node.op == "Add" else 0], ctx.site.bmm1):
+            continue  # built from the logits (their shape): it cannot be applied before them
+        if node.op == "Add":
+            keep = ctx.op("Greater", [node.inputs[slot], ctx.const(KEEP_ABOVE)])
+        elif node.op == "Where":
+            keep = node.inputs[0] if ctx.path_operand(node) == 1 else ctx.op("Not", [node.inputs[0]])
+        else:
+            continue
+        return ctx.op("Cast", [keep], to=TensorProto.FLOAT)
+    raise NotApplicable("the site has no mask")
+
+
+@kind("mask_reapplied", preserving=True, variants=("mul", "where", "where_not"))
+def mask_reapplied(ctx: Ctx):
+    """The site's mask applied again to the probabilities (Keras 3 / flax: P * mask; DeBERTa: masked_fill)."""
+    m = _kept(ctx)
+    zero = ctx.const(0.0)
+    if ctx.variant == "mul":
+        ctx.insert("probs", lambda p: ctx.op("Mul", [p, m]))
+    elif ctx.variant == "where":
+        ctx.insert("probs", lambda p: ctx.op("Where", [ctx.op("Cast", [m], to=TensorProto.BOOL), p, zero]))
+    else:
+        masked = ctx.op("Not", [ctx.op("Cast", [m], to=TensorProto.BOOL)])
+        ctx.insert("probs", lambda p: ctx.op("Where", [masked, zero, p]))
+
+
+@kind("mask_multiplied", preserving=True, variants=("mul", "where"))
+def mask_multiplied(ctx: Ctx):
+    """The site's mask applied once more to the raw logits by multiplication and an offset, as tf2onnx and
+    hand-written paddle code write it: x * m + (1 - m) * -1e9, or Where(m, x, 0) + (1 - m) * -1e9."""
+    m = _kept(ctx, before_logits=True)
+    offset = ctx.op("Mul", [ctx.op("Sub", [ctx.const(1.0), m]), ctx.const(-1e9)])
+    if ctx.variant == "mul":
+        ctx.insert("logits", lambda x: ctx.op("Add", [ctx.op("Mul", [x, m]), offset]))
+    else:
+        cond = ctx.op("Cast", [m], to=TensorProto.BOOL)
+        ctx.insert("logits", lambda x: ctx.op("Add", [ctx.op("Where", [cond, x, ctx.const(0.0)]), offset]))

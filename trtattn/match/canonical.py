@@ -222,6 +222,33 @@ class ExpSubLogSumExp(Rule):
         return None
 
 
+class ShiftedSoftmax(Rule):
+    """Softmax(x - ReduceMax(x)) over the same axis: the shift changes nothing (gpt-oss, hand-written code)."""
+
+    name = "softmax_of_shifted"
+    anchors = ("Softmax",)
+
+    def pattern(self, node):
+        shift = _shift_of(node.inputs[0])
+        if shift is None:
+            return None
+        return Found(node, node.inputs[0], [shift[1]], axis=int(node.attrs.get("axis", -1)))
+
+    def check(self, found, opset, rank_of):
+        got, keep = _reduce(found.reductions[0])
+        rank = rank_of(found.x)
+        axis = found.axis
+        if opset < 13:  # the Softmax normalises every axis from its axis on: only the last one is one axis
+            if rank is None or axis % rank != rank - 1:
+                return "an opset < 13 Softmax over several axes"
+        same = got is not None and len(got) == 1 and (got[0] == axis or (rank is not None and got[0] % rank == axis % rank))
+        return None if keep and same else "left as it is"  # another shift: part of the logits, not rewritten
+
+    def rewrite(self, graph, found, index):
+        found.anchor.inputs[0] = _shift_of(found.x)[0]
+        return found.anchor
+
+
 def _exp_of(y: gs.Tensor) -> gs.Tensor | None:
     return next((c.outputs[0] for c in y.outputs if c.op == "Exp"), None)
 
@@ -237,7 +264,7 @@ def _normalised(e: gs.Tensor, s: gs.Tensor, anchor: gs.Node) -> Found | None:
     return found
 
 
-RULES: list[Rule] = [ExpDivSum(), ExpMulReciprocalSum(), ExpLogSoftmax(), ExpSubLogSumExp()]
+RULES: list[Rule] = [ExpDivSum(), ExpMulReciprocalSum(), ExpLogSoftmax(), ExpSubLogSumExp(), ShiftedSoftmax()]
 _BY_OP: dict[str, list[Rule]] = {}
 for _r in RULES:
     for _op in _r.anchors:
@@ -260,6 +287,8 @@ def canonicalize(graph: gs.Graph, opset: int, rank_of=lambda t: None) -> Canonic
                 continue
             why = found.why or rule.check(found, opset, rank_of)
             claimed.update(id(e) for e in found.exps)
+            if why is not None and isinstance(rule, ShiftedSoftmax):
+                break  # a Softmax already: the matcher reads the shift as part of the logits
             if why is not None:
                 out.unproven.append(Unproven(node, found.x, f"a softmax written without a Softmax op that "
                                                             f"cannot be proven one: {why}"))
@@ -267,7 +296,7 @@ def canonicalize(graph: gs.Graph, opset: int, rank_of=lambda t: None) -> Canonic
             old = _cone(found.anchor)
             made = rule.rewrite(graph, found, {id(n): i for i, n in enumerate(graph.nodes)})
             out.made[made.name] = rule.name
-            _remove_dead(graph, old, keep=found.x)
+            _remove_dead(graph, old, keep=made.inputs[0])
             out.counts[rule.name] = out.counts.get(rule.name, 0) + 1
             break
     out.unproven += _stray_normalisations(graph, claimed)

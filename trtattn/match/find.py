@@ -22,6 +22,8 @@ from .rope import find_rope
 
 
 def match(model: onnx.ModelProto | gs.Graph, view: GraphView | None = None) -> MatchResult:
+    """The sites of `model`. A gs.Graph given is made canonical in place (canonical.py: each softmax written
+    without a Softmax op becomes one, writing the same probabilities tensor); a ModelProto is not modified."""
     if view is None:
         graph = gs.import_onnx(model) if isinstance(model, onnx.ModelProto) else model
         view = GraphView(graph, model if isinstance(model, onnx.ModelProto) else None)
