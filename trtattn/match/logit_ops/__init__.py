@@ -20,12 +20,13 @@ from .mul_mask import MulMask
 from .probs_mask import ProbsMul, ProbsWhere, ProbsWhereNot, read_probabilities
 from .reshape import Reshape
 from .scale import Scale
+from .sink import Sink
 from .softcap import Softcap
 
 # in the order `read` tries them on a node type (the soft-cap's outer Mul, then a product with a mask
 # from the input, before a plain scale)
 UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), MulMask(), Scale(), Add(), Sub(), Where(), WhereNot(), Reshape(),
-                                                  ProbsMul(), ProbsWhere(), ProbsWhereNot())}
+                                                  ProbsMul(), ProbsWhere(), ProbsWhereNot(), Sink())}
 _BY_ONNX_OP: dict[str, list[LogitOp]] = {}
 for _u in UNITS.values():
     for _op in _u.onnx_ops:

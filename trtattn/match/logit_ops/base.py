@@ -66,6 +66,7 @@ class MaskBuilder:
         self.kind = MaskKind.NONE
         self.shape = shape
         self.softcap: float | None = None  # set by a soft-cap step: the Attention's softcap attribute
+        self.sink: gs.Tensor | None = None  # set by a sink step: the logit of one extra key with zero K and V
         self.convert = None  # (tensor, step) -> the tensor in the attention's score frame (fuse sets it)
 
     def to_float(self) -> None:
