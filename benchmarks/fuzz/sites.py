@@ -18,9 +18,9 @@ from .sources import run
 PRODUCTS = {"MatMul", "Einsum"}
 BACKWARD = {"Add", "Sub", "Mul", "Div", "Where", "Cast", "CastLike", "Identity", "Dropout", "Reshape", "Flatten",
             "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tanh", "Clip", "Max", "Min", "Neg", "QuantizeLinear",
-            "DequantizeLinear"}
+            "DequantizeLinear", "Concat"}  # Concat: a sink column before the softmax
 FORWARD = {"Cast", "CastLike", "Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
-           "Expand", "Where", "Mul", "QuantizeLinear", "DequantizeLinear"}
+           "Expand", "Where", "Mul", "QuantizeLinear", "DequantizeLinear", "Slice"}  # Slice: a sink's column dropped
 # fused attention ops a model may already hold (each one an attention)
 ATTENTION_OPS = {("", "Attention"), ("com.microsoft", "Attention"), ("com.microsoft", "MultiHeadAttention"),
                  ("com.microsoft", "GroupQueryAttention")}

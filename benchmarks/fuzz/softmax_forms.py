@@ -143,3 +143,31 @@ def mask_multiplied(ctx: Ctx):
     else:
         cond = ctx.op("Cast", [m], to=TensorProto.BOOL)
         ctx.insert("logits", lambda x: ctx.op("Add", [ctx.op("Where", [cond, x, ctx.const(0.0)]), offset]))
+
+
+@kind("sink", preserving=False, variants=("last", "first", "shifted"))
+def sink(ctx: Ctx):
+    """Attention sinks (gpt-oss): a learned per-head logit column concatenated to the scores before the
+    softmax, its probabilities sliced off after ("shifted": then the max subtracted, as gpt-oss does)."""
+    s = ctx.site
+    r = ctx.rank(s.scores)
+    need(s.softmax.attrs.get("axis", -1 if ctx.opset >= 13 else 1) in (-1, r - 1), "softmax not over the last axis")
+    need(s.probs not in ctx.graph.outputs, "the probabilities are a graph output")
+    shape = ctx.facts.shape(s.scores)
+    heads = shape[1] if r == 4 and isinstance(shape[1], int) else 1
+    sinks = ctx.const(np.linspace(-1.0, 2.0, heads).reshape((1, heads) + (1,) * (r - 2)))
+    column = ctx.op("Expand", [sinks, ctx.op("Concat", [ctx.shape_of(s.scores, 0, r - 1), ctx.ints([1])], axis=0)])
+    first = ctx.variant == "first"
+    scores = s.scores
+    wide = ctx.op("Concat", [column, scores] if first else [scores, column], axis=-1)
+    if ctx.variant == "shifted":
+        top = ctx.op("ReduceMax", [wide, ctx.ints([-1])], keepdims=1) if ctx.opset >= 18 else \
+            ctx.op("ReduceMax", [wide], axes=[-1], keepdims=1)
+        wide = ctx.op("Sub", [wide, top])
+    s.softmax.inputs[0] = wide
+    probs = s.probs
+    out = gs.Variable(ctx.fresh("probs_with_sink"))
+    s.softmax.outputs[0] = out
+    start, end = ([1], [2 ** 62]) if first else ([0], [-1])
+    ctx.graph.nodes.append(gs.Node("Slice", ctx.fresh("drop_sink"), {},
+                                   [out, ctx.ints(start), ctx.ints(end), ctx.ints([-1])], [probs]))
