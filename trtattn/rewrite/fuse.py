@@ -82,9 +82,12 @@ def quant_tolerance(site: AttentionSite) -> float:
 
 
 def has_candidates(model: onnx.ModelProto) -> bool:
-    """Anything the matcher could take: a Softmax (or an Exp: one written without it, match/canonical.py) or
-    an attention op, also in an If branch or a loop body."""
-    return any(n.op_type in ("Softmax", "Attention", "Exp") or (n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS)
+    """Anything the matcher could take: a Softmax (or Exp with a sum or a LogSoftmax: one written without it,
+    match/canonical.py) or an attention op, also in an If branch or a loop body."""
+    ops = {n.op_type for n in model.graph.node}
+    if "Exp" in ops and ops & {"ReduceSum", "ReduceLogSumExp", "LogSoftmax"}:
+        return True
+    return any(n.op_type in ("Softmax", "Attention") or (n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS)
                for n in model.graph.node) or subgraphs.has_subgraph_softmax(model.graph)
 
 
