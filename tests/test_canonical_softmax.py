@@ -143,3 +143,46 @@ def test_zoo_bert_with_onnx_softmax_body_fuses_every_site(zoo_export):
     assert len(result.reports) == 2
     for r in result.reports:
         assert r.status == "fused" and r.max_abs_err < 1e-4 and r.site.q_heads == 4, r.reason
+
+
+def inlined(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every Softmax replaced by ONNX's own function body for it (the schema's context-dependent function at
+    the model's opset), as a function-inlining pass writes it."""
+    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for k, node in enumerate(out.graph.node):
+        if node.op_type != "Softmax":
+            nodes.append(node)
+            continue
+        version = max(v for v in onnx.defs.get_schema("Softmax", opset).context_dependent_function_opset_versions
+                      if v <= opset)
+        any_float = onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None)
+        body = onnx.FunctionProto()
+        body.ParseFromString(onnx.defs.get_schema("Softmax", opset).get_context_dependent_function_with_opset_version(
+            version, node.SerializeToString(), [any_float.SerializeToString()]))
+        rename = {"input": node.input[0], "output": node.output[0]}
+        for inner in body.node:
+            inner.input[:] = [rename.get(i, f"inlined{k}/{i}") for i in inner.input]
+            inner.output[:] = [rename.get(o, f"inlined{k}/{o}") for o in inner.output]
+            inner.name = f"{node.name}/inlined/{inner.op_type}"
+            nodes.append(inner)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+@pytest.mark.parametrize("source", [("bert", "torchscript"), ("llama", "dynamo")])
+def test_zoo_with_onnx_inlined_softmax_fuses_every_site(zoo_export, source):
+    """ONNX's own Softmax function body (schema, at the export's opset: axes as attribute or input) in place
+    of every Softmax of a real export: each site fused, verified, described as before."""
+    model = onnx.load(str(zoo_export(*source)))
+    before = sorted((s.q_heads, s.kv_heads, s.head_size) for s in match(model).sites)
+    body = inlined(model)
+    assert not any(n.op_type == "Softmax" for n in body.graph.node)
+    result = fuse_model(body)
+    assert len(result.reports) == len(before) == 2
+    assert sorted((r.site.q_heads, r.site.kv_heads, r.site.head_size) for r in result.reports) == before
+    for r in result.reports:
+        assert r.status == "fused" and r.max_abs_err < 1e-4 and "softmax written as exp_div_sum" in r.site.notes, r.reason
