@@ -22,6 +22,22 @@ from .boolean import Where
 from .chain import split
 
 
+def _from_input_values(view, t, budget: int = 64) -> bool:
+    """Whether `t` depends on the values of a graph input (not only on shapes)."""
+    seen, stack = set(), [t]
+    while stack and len(seen) < budget:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.name in view.inputs:
+            return True
+        n = view.producer(x)
+        if n is not None and n.op not in ("Shape", "Size"):
+            stack.extend(n.inputs)
+    return False
+
+
 class MulMask(Where):
     kind = "mul_mask"
     onnx_ops = ("Mul",)
@@ -30,7 +46,12 @@ class MulMask(Where):
     def read(self, view, node):
         chain, other = split(view, node)
         if scalar(view, other) is not None or view.const(other) is not None:
-            return None  # a scale (scale.py), or a constant tensor (not a mask that comes from the input)
+            return None  # a scale (scale.py), or a constant tensor (a per-head scale, not a mask)
+        shape = view.shape(other)
+        if shape is not None and all(d == 1 for d in shape):
+            return None  # one number computed at run time: a scale (1 / sqrt of a shape), not a mask
+        if shape is None and not _from_input_values(view, other):
+            return None  # nothing says it is a mask: scale.py says what it cannot read
         return MaskStep(self.kind, operand=other.name, value=0.0, node=node.name), node.inputs[chain]
 
     def check(self, steps, i, units):
