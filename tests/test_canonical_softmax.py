@@ -186,3 +186,15 @@ def test_zoo_with_onnx_inlined_softmax_fuses_every_site(zoo_export, source):
     assert sorted((r.site.q_heads, r.site.kv_heads, r.site.head_size) for r in result.reports) == before
     for r in result.reports:
         assert r.status == "fused" and r.max_abs_err < 1e-4 and "softmax written as exp_div_sum" in r.site.notes, r.reason
+
+
+@pytest.mark.parametrize("form", ["onnx_body", "exp_logsoftmax", "exp_sub_logsumexp"])
+def test_opset_12_forms_with_axes_attributes_fuse(form):
+    """Opset 12: reductions take axes as an attribute and the Softmax flattens from its axis (the last here)."""
+    model = rewritten(attention_model(opset=12), form)
+    g = gs.import_onnx(model)
+    assert all("axes" in n.attrs for n in g.nodes if n.op.startswith("Reduce"))
+    (site,) = match(model).sites
+    assert f"softmax written as {RULE[form]}" in site.notes
+    (r,) = fuse_model(model).reports
+    assert r.status == "fused" and r.max_abs_err < 1e-5, r.reason

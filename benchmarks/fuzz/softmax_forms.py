@@ -1,6 +1,7 @@
 """A Softmax written without a Softmax op, as exporters and hand-written code spell it (issue 18, class 1).
 
-`write_softmax(graph, softmax_node, form)` replaces one Softmax (opset >= 13) by the form; the last node
+`write_softmax(graph, softmax_node, form)` replaces one Softmax (before opset 13: one over the last axis only)
+by the form; the last node
 writes the original probabilities tensor. Used by the fuzzer's `softmax_written` kind and by the tests.
 """
 
@@ -18,9 +19,7 @@ UNPROVEN = ("sum_eps",)
 
 def write_softmax(graph: gs.Graph, sm: gs.Node, form: str, tag: str | None = None) -> None:
     opset = int(graph.opset)
-    if opset < 13:
-        raise ValueError(f"opset {opset}: the forms here are of a single-axis Softmax (opset >= 13)")
-    axis = int(sm.attrs.get("axis", -1))
+    axis = int(sm.attrs.get("axis", -1 if opset >= 13 else 1))  # before opset 13: the caller's is the last axis
     x, probs = sm.inputs[0], sm.outputs[0]
     tag = tag or f"{sm.name or probs.name}_as_{form}"
     count = [0]
