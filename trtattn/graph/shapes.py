@@ -128,6 +128,7 @@ def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     files beside it, and raises; so it runs in a scratch directory on the model's structure (the weights
     set aside), and the result holds the model's own weights, not references to files that are gone."""
     inference = _symbolic_module().SymbolicShapeInference
+    model = _shape_stand_ins(model)
     here = os.getcwd()
     with weights_aside(model) as weights, scratch_dir("shapes") as scratch:
         os.chdir(scratch)
@@ -157,6 +158,35 @@ def _read_back(model: onnx.ModelProto, folder: str) -> None:
             load_external_data_for_tensor(t, folder)
             t.data_location = onnx.TensorProto.DEFAULT
             del t.external_data[:]
+
+
+# Every Reduce op shares one shape rule (axes, keepdims, noop_with_empty_axes); ONNX Runtime's symbolic
+# inference reads axes given as an input (opset 18+) only for ReduceSum and ReduceMean. For any other, it
+# leaves the output without a shape and then fails on the first Add/Sub/Mul/Div reading it, on the whole
+# model and with no partial result: one layer's softmax written as Exp(x - ReduceMax(x)) / ReduceSum took
+# the dims of every other layer with it (issue 18, class 10). Shapes are inferred with those reductions
+# standing in as ReduceSum, which has the same output shape by definition.
+_SAME_SHAPE_AS_REDUCE_SUM = ("ReduceMax", "ReduceMin", "ReduceProd", "ReduceLogSumExp", "ReduceLogSum",
+                             "ReduceL1", "ReduceL2", "ReduceSumSquare")
+
+
+def _shape_stand_ins(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A structure-only copy for shape inference, with reductions by an axes input written as ReduceSum."""
+    def reductions(g: onnx.GraphProto):
+        for n in g.node:
+            if n.op_type in _SAME_SHAPE_AS_REDUCE_SUM and n.domain in STANDARD_DOMAINS and len(n.input) > 1:
+                yield n
+            for attr in n.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from reductions(attr.g)
+
+    if next(reductions(model.graph), None) is None:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # the caller has set the weights aside: this copies the structure only
+    for n in reductions(copy.graph):
+        n.op_type = "ReduceSum"
+    return copy
 
 
 _SYMBOLIC = None

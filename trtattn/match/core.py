@@ -4,8 +4,9 @@ Anchored on each Softmax. Upstream, the logits may pass through logit ops (scale
 soft-cap: logit_ops/), layout ops (layout_ops.py: heads merged into the batch around the softmax, the
 Flatten -> Softmax -> Reshape of an opset-12 export, Swin's 5-D view), float Casts and Q/DQ pairs, up
 to a MatMul or Einsum of two activations, or of an activation and weights (a learned query) when the
-softmax normalises over the activation's positions (_over_input). Downstream, the probabilities may pass through layout ops,
-Cast, Identity, Dropout, Q/DQ and torch's NaN guard (Where(IsNaN(p), 0, p)) to a product with V.
+softmax normalises over the activation's positions (_over_input). Downstream, the probabilities may pass through
+layout ops, Cast, Identity, Dropout, Q/DQ, torch's NaN guard (Where(IsNaN(p), 0, p)) and a mask re-applied to them
+(P * mask, masked_fill by Where: logit_ops/probs_mask.py, one more mask step) to a product with V.
 Shape nodes may read any tensor on the way (the rewrite recomputes what they read).
 
 The frames (axes.py) check that this is attention: the Softmax normalises over the key positions,
@@ -66,7 +67,7 @@ class Core:
 
 def find_core(view: GraphView, sm: gs.Node) -> Core:
     try:
-        down, bmm2_node, probs_shapes = _follow_probabilities(view, sm)
+        down, bmm2_node, probs_shapes, probs_masks = _follow_probabilities(view, sm)
     except (NotAttention, Unsupported):
         _by_sizes(view, sm)  # a router's probabilities feed TopK: say why it is not attention at all
         raise
@@ -117,6 +118,10 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
     for node in down:
         if node.op == "DequantizeLinear":
             probs_quant = probs_quant or quant_params(view, node)
+        elif id(node) in probs_masks:  # a mask re-applied to the probabilities: one more mask step
+            steps.append(_with_frame(view, probs_masks[id(node)], frame, atoms))
+        elif node.op == "Slice" and not layout_ops.is_layout(view, node):
+            _check_sink_slice(view, node, steps, len(frame))  # the sink's column dropped: the frame stays
         elif not _is_nan_guard_node(view, node):
             frame = layout_ops.forward(view, node, frame, atoms)
         shape_reads += [(s.outputs[0].name, frame) for s in probs_shapes.get(node.outputs[0].name, [])]
@@ -277,6 +282,7 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
     t = sm.outputs[0]
     passed: list[gs.Node] = []
     shapes: dict[str, list[gs.Node]] = {}
+    masks: dict[int, MaskStep] = {}  # id(node) -> its step, for nodes re-applying a mask (logit_ops/probs_mask)
     for _ in range(16):
         if t.name in view.outputs:
             raise Unsupported(f"the probabilities {t.name} are a graph output (the model returns its attention "
@@ -292,6 +298,16 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
         for g in guards:  # an IsNaN is allowed only as the condition of the guard below
             if [x for x in g.outputs[0].outputs if x is not c] or not _is_nan_guard(view, c, t):
                 raise NotAttention(f"the probabilities feed IsNaN {g.name} outside a NaN guard")
+        if c.op == "Slice" and c.inputs[0] is t and not layout_ops.is_layout(view, c):  # a sink's column dropped?
+            passed.append(c)  # find_core checks it against the logits' sink step
+            t = c.outputs[0]
+            continue
+        again = None if _is_nan_guard(view, c, t) else logit_ops.read_probabilities(view, c, t)
+        if again is not None:
+            masks[id(c)] = again
+            passed.append(c)
+            t = c.outputs[0]
+            continue
         if layout_ops.is_layout(view, c) or _is_nan_guard(view, c, t):
             if layout_ops.is_layout(view, c) and c.inputs[0] is not t:
                 raise NotAttention(f"the probabilities are the shape operand of {c.op} {c.name}")
@@ -299,9 +315,27 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
             t = c.outputs[0]
             continue
         if c.op in contraction.PRODUCTS and len(c.inputs) == 2:
-            return passed, c, shapes
+            return passed, c, shapes, masks
         raise NotAttention(f"the probabilities feed {c.op} {c.name}, not a product with V")
     raise NotAttention("the probabilities pass through too many nodes")
+
+
+def _check_sink_slice(view: GraphView, node: gs.Node, steps: list[MaskStep], rank: int) -> None:
+    """A Slice of the probabilities must drop exactly the column a sink step added (logit_ops/sink.py)."""
+    sink = next((s for s in steps if s.op == "sink"), None)
+    starts, ends = (view.ints(node.inputs[i]) if len(node.inputs) > i else None for i in (1, 2))
+    axes = view.ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3].name else list(range(rank))
+    steps_ok = len(node.inputs) < 5 or not node.inputs[4].name or view.ints(node.inputs[4]) == [1]
+    last = axes is not None and len(axes) == 1 and axes[0] % rank == rank - 1
+    drops = None
+    if last and steps_ok and starts is not None and ends is not None:
+        if starts == [0] and ends == [-1]:
+            drops = 1.0  # the last column
+        elif starts == [1] and ends[0] >= 2 ** 31 - 1:
+            drops = 0.0  # the first column
+    if sink is None or drops is None or drops != sink.value:
+        raise Unsupported(f"Slice {node.name} takes part of the probabilities"
+                          + ("" if sink is None else ", not exactly the sink's column"))
 
 
 # ---------------------------------------------------------------- upstream

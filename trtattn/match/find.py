@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 from ..graph.view import GraphView
 from ..site import (AttentionSite, CacheKind, CausalKind, MaskStep, MatchResult, ScalePlacement, SiteKind,
                     SiteLayout, SiteQuant, Skipped)
-from . import fused_ops, likeness, subgraphs
+from . import canonical, fused_ops, likeness, subgraphs
 from . import contraction
 from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, projection_source
@@ -22,6 +22,8 @@ from .rope import find_rope
 
 
 def match(model: onnx.ModelProto | gs.Graph, view: GraphView | None = None) -> MatchResult:
+    """The sites of `model`. A gs.Graph given is made canonical in place (canonical.py: each softmax written
+    without a Softmax op becomes one, writing the same probabilities tensor); a ModelProto is not modified."""
     if view is None:
         graph = gs.import_onnx(model) if isinstance(model, onnx.ModelProto) else model
         view = GraphView(graph, model if isinstance(model, onnx.ModelProto) else None)
@@ -31,11 +33,22 @@ def match(model: onnx.ModelProto | gs.Graph, view: GraphView | None = None) -> M
 
 
 def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], path: tuple) -> None:
-    """The sites of one graph, then of the subgraphs of its control-flow nodes (subgraphs.py)."""
+    """The sites of one graph, then of the subgraphs of its control-flow nodes (subgraphs.py). Softmaxes
+    written without a Softmax op become one first (canonical.py); those it cannot prove are listed."""
+    canon = canonical.canonicalize(view.graph, view.opset, view.rank)
+    for u in canon.unproven:
+        where = f" (in {_where(path)})" if path else ""
+        record = Skipped(_site_name(u.anchor.name or u.anchor.outputs[0].name, names), u.reason + where, u.anchor.name)
+        if likeness.attention_like_between(view, u.logits, u.anchor.outputs[0]):
+            result.skipped.append(record)
+        else:
+            result.ignored.append(record)
     for node in list(view.graph.nodes):
         try:
             if node.op == "Softmax":
                 site = _site_from_softmax(view, node)
+                if node.name in canon.made:
+                    site = site.replace(notes=site.notes + (f"softmax written as {canon.made[node.name]}",))
             elif fused_ops.is_fused_attention(node):
                 site = fused_ops.site_from_node(view, node)
             else:

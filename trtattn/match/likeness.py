@@ -20,11 +20,17 @@ UP_HOPS, DOWN_HOPS = 48, 32  # Longformer's sliding chunks put ~30 ops between p
 
 
 def attention_like(view, sm: gs.Node) -> bool:
-    return _from_product(view, sm) and _to_product(view, sm.outputs[0])
+    return _from_product(view, sm.inputs[0], sm) and _to_product(view, sm.outputs[0])
 
 
-def _from_product(view, sm: gs.Node) -> bool:
-    frontier, seen = [(sm.inputs[0], 0)], set()
+def attention_like_between(view, logits: gs.Tensor, probs: gs.Tensor) -> bool:
+    """The same question for a normalisation written without a Softmax op (canonical.py: unproven). With no
+    Softmax to read the axis from, a product with weights counts as attention's: listed, never silent."""
+    return _from_product(view, logits, None) and _to_product(view, probs)
+
+
+def _from_product(view, logits: gs.Tensor, sm: gs.Node | None) -> bool:
+    frontier, seen = [(logits, 0)], set()
     while frontier:
         x, hops = frontier.pop()
         n = view.producer(x)
@@ -34,7 +40,7 @@ def _from_product(view, sm: gs.Node) -> bool:
         if n.op in PRODUCTS:
             if attention_product(view, n):
                 return True
-            if input_product(view, n) and not over_weights(view, sm, n):
+            if input_product(view, n) and (sm is None or not over_weights(view, sm, n)):
                 return True  # a learned query: the softmax runs over the input's positions
             continue
         if n.op in LINEAR or n.op in ("Softmax", "Shape", "Size"):

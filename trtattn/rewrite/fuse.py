@@ -98,7 +98,11 @@ def quant_tolerance(site: AttentionSite) -> float:
 
 
 def has_candidates(model: onnx.ModelProto) -> bool:
-    """Anything the matcher could take: a Softmax or an attention op, also in an If branch or a loop body."""
+    """Anything the matcher could take: a Softmax (or Exp with a sum or a LogSoftmax: one written without it,
+    match/canonical.py) or an attention op, also in an If branch or a loop body."""
+    ops = {n.op_type for n in model.graph.node}
+    if "Exp" in ops and ops & {"ReduceSum", "ReduceLogSumExp", "LogSoftmax"}:
+        return True
     return any(n.op_type in ("Softmax", "Attention") or (n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS)
                for n in model.graph.node) or subgraphs.has_subgraph_softmax(model.graph)
 
@@ -126,7 +130,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)
     v = convert(emit, tensors[lay.value], lay.v, (lay.batch, lay.kv_heads, ("k",), ("e",)), dims)
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
-                  and not meaning.padding and not meaning.bias)
+                  and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps))
     steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
     mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
     built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
@@ -134,6 +138,8 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     mask = built.m
     for factor in built.q_scales:  # a per-head logit scale: [.., heads, 1, 1] broadcasts over Q's BNSH
         q = emit("Mul", [q, factor], dtype=dtype, name="q_head_scale")
+    if built.sink is not None:
+        k, v, mask = _with_sink(emit, q, k, v, built, dtype)
     if mask is not None:
         mask = emit.full_query_rows(mask, q)
     attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
@@ -151,6 +157,26 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
             read.inputs[0].outputs.clear()
             _produce(read, shape)
     return attention
+
+
+def _with_sink(emit: Emitter, q, k, v, built, dtype):
+    """Attention sinks (match/logit_ops/sink.py) as one extra key: K and V get a zero row, the mask a column
+    holding the sink's logit (softmax over a set of keys: where the column stands does not matter)."""
+    i64 = lambda values: emit.const(values, np.int64)  # noqa: E731
+    part = lambda t, lo, hi: emit("Slice", [emit("Shape", [t], dtype=np.int64), i64([lo]), i64([hi])],  # noqa: E731
+                                  dtype=np.int64)
+    zero = emit.const(0.0, dtype)
+
+    def zero_row(t):
+        shape = emit("Concat", [part(t, 0, 2), i64([1]), part(t, 3, 4)], {"axis": 0}, dtype=np.int64)
+        return emit("Concat", [t, emit("Expand", [zero, shape], dtype=dtype)], {"axis": 2}, dtype=dtype, name="sink_key")
+
+    built.to_float()
+    scores = emit("Concat", [part(q, 0, 3), part(k, 2, 3)], {"axis": 0}, dtype=np.int64)
+    column = emit("Concat", [part(q, 0, 3), i64([1])], {"axis": 0}, dtype=np.int64)
+    m = emit("Expand", [built.m if built.m is not None else zero, scores], dtype=dtype)
+    sink = emit("Expand", [built.sink, column], dtype=dtype)
+    return zero_row(k), zero_row(v), emit("Concat", [m, sink], {"axis": 3}, dtype=dtype, name="sink_column")
 
 
 def _produce(target: gs.Tensor, made: gs.Tensor) -> None:

@@ -16,13 +16,18 @@ from ...site import MaskKind, MaskStep
 from .base import LogitOp, MaskBuilder
 from .bias import Add, Sub
 from .boolean import Where, WhereNot
+from .mul_mask import MulMask
+from .probs_mask import ProbsMul, ProbsWhere, ProbsWhereNot, read_probabilities
 from .reshape import Reshape
 from .scale import HeadScale, Scale
+from .sink import Sink
 from .softcap import Softcap
 
-# in the order `read` tries them on a node type (the soft-cap's outer Mul before a plain scale)
-UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), Scale(), HeadScale(), Add(), Sub(), Where(), WhereNot(),
-                                                   Reshape())}
+# in the order `read` tries them on a node type (the soft-cap's outer Mul, then a product with a mask
+# from the input, before a plain or per-head scale)
+UNITS: dict[str, LogitOp] = {u.kind: u for u in (Softcap(), MulMask(), Scale(), HeadScale(), Add(), Sub(), Where(),
+                                                  WhereNot(), Reshape(), ProbsMul(), ProbsWhere(), ProbsWhereNot(),
+                                                  Sink())}
 _BY_ONNX_OP: dict[str, list[LogitOp]] = {}
 for _u in UNITS.values():
     for _op in _u.onnx_ops:
@@ -129,4 +134,4 @@ def _finite_floor(b: MaskBuilder) -> gs.Tensor:
 
 
 __all__ = ["LogitOp", "MaskBuilder", "UNITS", "unit", "read", "check", "masking", "kind_of", "logit_scale",
-           "has_layout_change", "fill_value", "softcap", "materialize", "build"]
+           "has_layout_change", "fill_value", "softcap", "materialize", "build", "read_probabilities"]

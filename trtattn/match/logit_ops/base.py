@@ -48,6 +48,12 @@ def scalar(view, t: gs.Tensor) -> float | None:
     return float((quantized - zp) * s_dq)
 
 
+def offset_after(steps, i: int, units) -> bool:
+    """An additive step (Add / Sub of a tensor) after steps[i]: what masks the logits a step set to a value
+    that is not far below the others (mul_mask.py, a finite-fill Where)."""
+    return any(u.kind in ("add", "sub") for u in units[i + 1:])
+
+
 class MaskBuilder:
     """M under construction: a tensor (or None) and its kind; `shape` is the logits' shape at the
     current step where a layout op needs it."""
@@ -60,6 +66,7 @@ class MaskBuilder:
         self.kind = MaskKind.NONE
         self.shape = shape
         self.softcap: float | None = None  # set by a soft-cap step: the Attention's softcap attribute
+        self.sink: gs.Tensor | None = None  # set by a sink step: the logit of one extra key with zero K and V
         self.convert = None  # (tensor, step) -> the tensor in the attention's score frame (fuse sets it)
         self.q_scales: list[gs.Tensor] = []  # per-head factors for Q, in the score frame (scale.HeadScale)
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...site import MaskKind, MaskStep
 from ..errors import MASKED_FILL, Unsupported
-from .base import LogitOp, scalar
+from .base import LogitOp, offset_after, scalar
 from .chain import reaches_matmul
 
 
@@ -37,9 +37,14 @@ class Where(LogitOp):
             keep, fill, kind = b, scalar(view, a), "where_not"
         else:
             raise Unsupported(f"Where {node.name} selects between two computed tensors")
-        if fill > MASKED_FILL:
-            raise Unsupported(f"Where {node.name} fills masked logits with {fill}, not a large negative value")
         return MaskStep(kind, operand=cond.name, value=fill, node=node.name), keep
+
+    def check(self, steps, i, units):
+        """A fill that is not far below any logit masks only with an offset after it (TF's SelectV2 then
+        `+ (1 - m) * -1e9`, mul_mask.py); alone, it replaces logits without masking them."""
+        if steps[i].value > MASKED_FILL and not offset_after(steps, i, units):
+            raise Unsupported(f"Where {steps[i].node} fills masked logits with {steps[i].value}, not a large "
+                              "negative value")
 
     def condition(self, b, step):
         return b.operand(step, cast=False)

@@ -31,6 +31,7 @@ from trtattn.graph.emit import export_like
 from . import (
     changing,  # noqa: F401
     preserving,  # noqa: F401, I001  (registers the kinds: preserving first, for the table's order)
+    softmax_forms,  # noqa: F401  (issue 18's kinds)
 )
 from .graphops import KINDS, Ctx, NotApplicable
 from .sites import Facts, count_attention, facts, locate

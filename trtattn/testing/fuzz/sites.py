@@ -18,9 +18,9 @@ from .sources import run
 PRODUCTS = {"MatMul", "Einsum"}
 BACKWARD = {"Add", "Sub", "Mul", "Div", "Where", "Cast", "CastLike", "Identity", "Dropout", "Reshape", "Flatten",
             "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tanh", "Clip", "Max", "Min", "Neg", "QuantizeLinear",
-            "DequantizeLinear"}
+            "DequantizeLinear", "Concat"}  # Concat: a sink column before the softmax
 FORWARD = {"Cast", "CastLike", "Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
-           "Expand", "Where", "Mul", "QuantizeLinear", "DequantizeLinear"}
+           "Expand", "Where", "Mul", "QuantizeLinear", "DequantizeLinear", "Slice"}  # Slice: a sink's column dropped
 # fused attention ops a model may already hold (each one an attention)
 ATTENTION_OPS = {("", "Attention"), ("com.microsoft", "Attention"), ("com.microsoft", "MultiHeadAttention"),
                  ("com.microsoft", "GroupQueryAttention")}
@@ -110,8 +110,29 @@ class Site:
         return [t for t in out if not isinstance(t, gs.Constant) and t.name]
 
 
+def _producer_op(t) -> str | None:
+    return t.inputs[0].op if t.inputs else None
+
+
+def _written_softmax_input(n: gs.Node):
+    """The logits of a softmax written without a Softmax op that ends at `n`, else None: Exp(y) / sum,
+    Exp(y) * Reciprocal(sum), Exp(LogSoftmax(y)), Exp(y - ReduceLogSumExp | Log(sum)) (issue 18, class 1)."""
+    if n.op in ("Div", "Mul") and len(n.inputs) == 2:
+        for e, other in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
+            if _producer_op(e) == "Exp" and (
+                    _producer_op(other) in ("ReduceSum", "Add") if n.op == "Div" else _producer_op(other) == "Reciprocal"):
+                return e.inputs[0].inputs[0]
+    if n.op == "Exp" and n.inputs[0].inputs:
+        p = n.inputs[0].inputs[0]
+        if p.op == "LogSoftmax":
+            return p.inputs[0]
+        if p.op == "Sub" and _producer_op(p.inputs[1]) in ("ReduceLogSumExp", "Log"):
+            return p.inputs[0]
+    return None
+
+
 def _backward(softmax: gs.Node, act: Activations, depth: int = 12):
-    start = softmax.inputs[0]
+    start = softmax.inputs[0] if softmax.op == "Softmax" else _written_softmax_input(softmax)
     queue: deque = deque([(start, [])])
     seen: set = set()
     while queue:
@@ -151,7 +172,7 @@ def locate(graph: gs.Graph) -> list[Site]:
     act = Activations(graph)
     sites: list[Site] = []
     for n in graph.nodes:
-        if n.op != "Softmax":
+        if n.op != "Softmax" and _written_softmax_input(n) is None:
             continue
         bmm1, pre = _backward(n, act)
         if bmm1 is None:
