@@ -16,8 +16,7 @@ from trtattn.match import match
 from trtattn.match.canonical import canonicalize
 from trtattn.rewrite.fuse import fuse_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from fuzz.softmax_forms import FORMS, write_softmax  # noqa: E402
+from trtattn.testing.fuzz.softmax_forms import FORMS, write_softmax
 
 RULE = {"onnx_body": "exp_div_sum", "plain": "exp_div_sum", "mul_reciprocal": "exp_mul_reciprocal_sum",
         "reciprocal_first": "exp_mul_reciprocal_sum", "exp_logsoftmax": "exp_logsoftmax",
