@@ -21,11 +21,10 @@ ROWS = load_manifest()
 
 # file -> why it does not pass yet (the issue-18 class whose fix it waits for)
 WAITING = {
-    "bert-inlined-softmax.inliner.onnx": "class 1: Softmax written as ONNX's own function body after inlining "
-                                         "(Exp(x - ReduceMax) / ReduceSum) is not found: silent today",
-    "flax-mha-mask.jax2onnx.onnx": "class 12: flax multiplies the probabilities by the mask after the softmax",
-    "keras-block.tf2onnx.onnx": "class 11: tf2onnx writes Keras's mask as logits * SelectV2(mask) + offset",
-    "tf-plain.tf2onnx.onnx": "class 11: logits * mask - 1e4 * (1 - mask)",
+    "flax-mha-mask.jax2onnx.onnx": "class 12: flax zeroes masked probabilities and renormalises them (P * m / "
+                                   "ReduceSum(P * m)): listed as 'the probabilities feed 2 nodes (Div, ReduceSum)'",
+    "keras-block.tf2onnx.onnx": "class 8: its multiplied mask (class 11) now reads, then the same Einsum lowering as "
+                                "keras-mha: a Reshape to [B, S, N, H, 1] the layout search cannot regroup",
     "keras-mha.tf2onnx.onnx": "class 8: tf2onnx's Einsum lowering of Keras MultiHeadAttention, a Reshape to "
                               "[B, S, N, H, 1] the layout search cannot regroup",
 }
