@@ -37,9 +37,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from trtattn.cli.dims import parse_dims
-    from trtattn.routes.prepare import describe, prepare
     from trtattn.graph import external, io
     from trtattn.report import Progress
+    from trtattn.routes.prepare import describe, prepare
 
     steps = []
 

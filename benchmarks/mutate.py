@@ -24,8 +24,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ("trtattn", "plugins", "tests", "benchmarks", "pyproject.toml")

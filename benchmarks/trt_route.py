@@ -28,8 +28,8 @@ import traceback
 from pathlib import Path
 
 import onnx
-import trtattn_plugins
 
+import trtattn_plugins
 from trtattn import zoo
 from trtattn.cli.dims import parse_dims
 from trtattn.errors import TrtattnError

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import onnx
 import pytest
 
-from trtattn.routes.prepare import Limits, prepare
 from trtattn.errors import TrtattnError
 from trtattn.graph.feeds import make_feeds
 from trtattn.rewrite.quantize import stack_feeds
 from trtattn.rewrite.quantize.source import normalization_quantize, qdq_types
+from trtattn.routes.prepare import Limits, prepare
 
 DIMS = {"seq": 32}
 LIMITS = Limits(max_batch=4, max_positions=64)

@@ -234,9 +234,9 @@ def test_a_bf16_scale_is_an_fp32_constant_cast_to_bf16(checked_trt):
 def test_build_refuses_a_fused_model_whose_outputs_failed_verification(zoo_export):
     """Every site within its bound but an output off (an 8B fp16 cache model): fuse keeps the original model,
     so build must stop there, naming the output (it went on and failed with a KeyError in the kv-cache form)."""
-    from trtattn.routes.prepare import all_fused
     from trtattn.errors import TrtattnError
     from trtattn.rewrite.fuse import fuse_model
+    from trtattn.routes.prepare import all_fused
 
     result = fuse_model(onnx.load(str(zoo_export("llama", "torchscript"))))
     assert all_fused(result) is result  # verified: taken as it is

@@ -14,13 +14,12 @@ reference: the recorded network runs in trtsim's numpy executor (TensorRT's docu
 import numpy as np
 import onnx
 import pytest
-from trtattn.testing.graphs import attention_model
 
 from trtattn import zoo
-from trtattn.routes.builder import build
-from trtattn.routes.prepare import Limits, prepare
-from trtattn.routes.prepare import form_adapter
 from trtattn.rewrite.precision import TOLERANCE, cpu_runner
+from trtattn.routes.builder import build
+from trtattn.routes.prepare import Limits, form_adapter, prepare
+from trtattn.testing.graphs import attention_model
 from trtattn.trt.network import build_network
 
 CASES = [  # (zoo model, exporter, form): every site kind the zoo has

@@ -2,21 +2,18 @@
 listed (never silent); a site's description does not depend on how its neighbour is written."""
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from trtattn.testing.graphs import attention_model, two_attentions
 
 from trtattn.cli import main
 from trtattn.match import match
 from trtattn.match.canonical import canonicalize
 from trtattn.rewrite.fuse import fuse_model
-
 from trtattn.testing.fuzz.softmax_forms import FORMS, write_softmax
+from trtattn.testing.graphs import attention_model, two_attentions
 
 RULE = {"onnx_body": "exp_div_sum", "plain": "exp_div_sum", "mul_reciprocal": "exp_mul_reciprocal_sum",
         "reciprocal_first": "exp_mul_reciprocal_sum", "exp_logsoftmax": "exp_logsoftmax",

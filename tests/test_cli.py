@@ -8,10 +8,10 @@ from pathlib import Path
 import onnx
 import pytest
 from conftest import sha256
-from trtattn.testing.graphs import attention_model
 
-from trtattn.graph import io as onnxio
 from trtattn.cli import main
+from trtattn.graph import io as onnxio
+from trtattn.testing.graphs import attention_model
 
 
 def run(*args):

@@ -19,7 +19,6 @@ import numpy as np
 import onnx
 import pytest
 from conftest import sha256
-from trtattn.testing.graphs import attention_model
 from onnx import TensorProto, helper
 
 from trtattn.cli import main
@@ -27,6 +26,7 @@ from trtattn.errors import TrtattnError
 from trtattn.graph import io as onnxio
 from trtattn.graph import memory, validate
 from trtattn.graph.dims import fit_dims
+from trtattn.testing.graphs import attention_model
 from trtattn.verify import slices
 
 WT = Path(__file__).resolve().parents[1]

@@ -10,9 +10,9 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+from conftest import sha256
 
 import trtattn
-from conftest import sha256
 from trtattn.cli import main
 from trtattn.errors import TrtattnError
 from trtattn.folder import fuse_folder

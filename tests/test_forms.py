@@ -13,11 +13,11 @@ import onnxruntime as ort
 import pytest
 
 from trtattn import contract as forms
-from trtattn.routes.prepare import forms as forms_mod
-from trtattn.verify import adapter_for
-from trtattn.routes.prepare import prepare
 from trtattn.errors import TrtattnError
 from trtattn.graph.feeds import make_feeds
+from trtattn.routes.prepare import forms as forms_mod
+from trtattn.routes.prepare import prepare
+from trtattn.verify import adapter_for
 
 
 def ops(model):
@@ -90,7 +90,7 @@ def test_kv_cache_form_ragged_rows_match_the_original_row_by_row(zoo_export):
         batch_feeds[name] = buf
     out = run(form, batch_feeds)
     hidden = forms.unpack_rows(out["last_hidden_state"], forms.cu_seqlens(seqs))
-    for b, (f, ref) in enumerate(rows):
+    for b, (_, ref) in enumerate(rows):
         assert np.abs(hidden[b] - ref["last_hidden_state"][0]).max() <= 1e-4
         present = out["present.0.key"][b, :, :pasts[b] + seqs[b]]
         assert np.abs(present - ref["present.0.key"][0]).max() <= 1e-4
@@ -137,7 +137,8 @@ def test_packed_form_matches_the_padded_model_token_for_token(zoo_export, name, 
     assert np.abs(out[name0][0] - expect).max() <= 1e-4
 
 
-@pytest.mark.parametrize("name,form,message", [("gemma3", "packed", "window"), ("bart", "packed", "cross-attention"), ("t5", "packed", "a bias"),
+@pytest.mark.parametrize("name,form,message", [("gemma3", "packed", "window"), ("bart", "packed", "cross-attention"),
+                                               ("t5", "packed", "a bias"),
                                                ("bart", "kv-cache", "past cache"), ("vit", "packed", "token inputs")])
 def test_forms_refuse_what_they_cannot_express(zoo_export, name, form, message):
     model = onnx.load(str(zoo_export(name, "torchscript")))
@@ -174,8 +175,8 @@ ADAPTER_PENDING = pytest.mark.xfail(strict=True, reason="verify/adapters.py's ad
 @pytest.mark.parametrize("name,form", [("llama", "padded"), pytest.param("llama-cache", "kv-cache", marks=ADAPTER_PENDING),
                                        ("bert", "packed")])
 def test_verify_command_compares_a_form_model_with_the_original(zoo_export, tmp_path, name, form):
-    from trtattn.graph import io as onnxio
     from trtattn.cli import main
+    from trtattn.graph import io as onnxio
 
     src = zoo_export(name, "torchscript")
     prepared = prepare(onnx.load(str(src)), name=name, form=form, precision="fp32")
@@ -195,8 +196,8 @@ def test_verify_command_compares_a_form_model_with_the_original(zoo_export, tmp_
 
 def test_verify_a_broken_candidate_fails(zoo_export, tmp_path):
     """A form model whose attention scale is off by 2%: verify must say FAILED, exit 1."""
-    from trtattn.graph import io as onnxio
     from trtattn.cli import main
+    from trtattn.graph import io as onnxio
 
     src = zoo_export("bert", "torchscript")
     model = prepare(onnx.load(str(src)), name="bert", precision="fp32").form_model

@@ -6,10 +6,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from trtattn.testing.graphs import attention_model
 
 from trtattn.match import match
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.graphs import attention_model
 
 
 def reapplied(form: str, mask_style="additive_input", same_mask=True) -> onnx.ModelProto:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtattn.rewrite.fuse import fuse_model
 from trtattn.match import match
+from trtattn.rewrite.fuse import fuse_model
 
 
 def ops(model):

@@ -6,10 +6,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from trtattn.testing.graphs import attention_model
 
 from trtattn.match import match
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.graphs import attention_model
 
 
 def multiplied(model: onnx.ModelProto, form: str, mask_input: str, offset=True) -> onnx.ModelProto:
@@ -25,7 +25,8 @@ def multiplied(model: onnx.ModelProto, form: str, mask_input: str, offset=True) 
         return out
 
     const = lambda name, v: gs.Constant(f"mulmask/{name}", np.asarray(v, np.float32))  # noqa: E731
-    m = op("Unsqueeze", [op("Cast", [mask], to=onnx.TensorProto.FLOAT), gs.Constant("mulmask/axes", np.asarray([1, 2], np.int64))])
+    axes = gs.Constant("mulmask/axes", np.asarray([1, 2], np.int64))
+    m = op("Unsqueeze", [op("Cast", [mask], to=onnx.TensorProto.FLOAT), axes])
     big = op("Mul", [op("Sub", [const("one", 1.0), m]), const("big", -1e9)])
     for sm in [n for n in g.nodes if n.op == "Softmax"]:
         s = sm.inputs[0]

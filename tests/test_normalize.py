@@ -8,13 +8,13 @@ import numpy as np
 import onnx
 import pytest
 from conftest import sha256, zoo_cases
-from trtattn.testing.graphs import attention_model
 
 from trtattn.cli import main
 from trtattn.match import match
-from trtattn.rewrite.normalize.fusability import verdict
 from trtattn.rewrite.normalize import normalize_model
+from trtattn.rewrite.normalize.fusability import verdict
 from trtattn.site import AttentionSite, MaskKind, MaskStep, ScalePlacement, SiteKind
+from trtattn.testing.graphs import attention_model
 
 
 def chain_violations(model: onnx.ModelProto | onnx.GraphProto) -> list:

@@ -7,14 +7,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from trtattn.testing.graphs import attention_model
 from onnx import helper
 
 from trtattn.rewrite.normalize import normalize_model
 from trtattn.rewrite.normalize.fusability import verdict
 from trtattn.rewrite.normalize.probabilities import between
 from trtattn.site import AttentionSite, SiteKind
+from trtattn.testing.graphs import attention_model
 from trtattn.testing.patterns import documented_pattern_violations
+
 
 def with_nan_guard(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with torch's SDPA guard after its attention Softmax: Where(IsNaN(P), 0, P) -> MatMul."""

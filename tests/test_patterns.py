@@ -10,12 +10,12 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
-from trtattn.testing.graphs import attention_model, control_flow_model, luong_model, two_attentions
 
 from trtattn.graph.feeds import make_feeds
 from trtattn.match import logit_ops, match
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.site import MaskStep
+from trtattn.testing.graphs import attention_model, control_flow_model, luong_model, two_attentions
 
 
 def fuse_one(**kwargs):
@@ -303,9 +303,9 @@ def test_no_attention_found_only_when_there_is_none(tmp_path):
 def test_an_output_off_with_every_site_within_its_bound_keeps_the_original(monkeypatch):
     """Each site within its bound but a model output not (fp16 over many layers, say): fuse keeps the original
     and says so on every site, naming the output; build stops there with the same words."""
-    from trtattn.routes import prepare as prepare_mod
     from trtattn.errors import TrtattnError
     from trtattn.rewrite import fuse as fuse_module
+    from trtattn.routes import prepare as prepare_mod
 
     real = fuse_module.compare_models
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import onnx
 import pytest
-from trtattn.testing.graphs import attention_model, two_attentions
 
 from trtattn.report import Progress
+from trtattn.testing.graphs import attention_model, two_attentions
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (apt-get install "
                                                                    "graphviz; .ci/run installs it)")

@@ -307,7 +307,8 @@ def test_control_flow_is_refused_naming_the_node():
     refused up front, naming the node that holds the subgraphs."""
     x = helper.make_tensor_value_info("x", T.FLOAT, [2])
     branch = lambda name: helper.make_graph(  # noqa: E731
-        [helper.make_node("Identity", ["x"], [f"{name}_y"])], name, [], [helper.make_tensor_value_info(f"{name}_y", T.FLOAT, [2])])
+        [helper.make_node("Identity", ["x"], [f"{name}_y"])], name, [],
+        [helper.make_tensor_value_info(f"{name}_y", T.FLOAT, [2])])
     cond = helper.make_tensor_value_info("cond", T.BOOL, [])
     node = helper.make_node("If", ["cond"], ["y"], name="use_cache_branch", then_branch=branch("a"), else_branch=branch("b"))
     model = helper.make_model(helper.make_graph([node], "g", [cond, x], [helper.make_tensor_value_info("y", T.FLOAT, [2])]),

@@ -14,11 +14,11 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from trtattn.testing.graphs import attention_model
 
 from trtattn.errors import MissingDependencyError, TrtattnError
 from trtattn.graph.feeds import make_feeds
 from trtattn.rewrite import quantize as Q
+from trtattn.testing.graphs import attention_model
 
 SEQ = 32  # ModelOpt skips attention MatMuls whose K or N is < 16 at the calibration shapes
 DIMS = {"seq": SEQ, "dec_seq": SEQ}

@@ -23,11 +23,22 @@ import onnx
 import pytest
 
 from trtattn import contract
-from trtattn.routes.prepare import prepare
 from trtattn.errors import TrtattnError
 from trtattn.graph.feeds import make_feeds
-from trtattn.runtime import (ConcatCache, OrtSession, StaticCache, bench, bench_callable, generate,
-                             generate_encoder_decoder, markdown_table, open_session, run_packed, synthesize_feeds)
+from trtattn.routes.prepare import prepare
+from trtattn.runtime import (
+    ConcatCache,
+    OrtSession,
+    StaticCache,
+    bench,
+    bench_callable,
+    generate,
+    generate_encoder_decoder,
+    markdown_table,
+    open_session,
+    run_packed,
+    synthesize_feeds,
+)
 from trtattn.trt import compat
 
 ATOL = 1e-4

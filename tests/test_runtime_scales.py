@@ -7,10 +7,10 @@ import collections
 import numpy as np
 import onnx
 import pytest
-from trtattn.testing.graphs import attention_model
 from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.graphs import attention_model
 
 HEADS, HEAD = 4, 8
 

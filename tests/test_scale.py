@@ -237,10 +237,9 @@ def test_kv_cache_form_of_a_lazily_loaded_model_counts_its_precision(written):
 def test_the_work_count_runs_a_model_too_large_for_one_session_in_slices(written, monkeypatch):
     """precision's work count needs a run where ONNX's inference leaves shapes open (the kv-cache form); a model
     too large for one session (the 8B fp16 cache model's form: killed at 24 GB) runs in slices, counting the same."""
-    from trtattn.routes.prepare import prepare
     from trtattn.contract import cache_inputs
-    from trtattn.routes.prepare import forms
     from trtattn.rewrite.precision import work
+    from trtattn.routes.prepare import forms, prepare
 
     path = written("float16", form="cache")
     original = io.load(path, load_external_data=False)

@@ -5,10 +5,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from trtattn.testing.graphs import attention_model
 
 from trtattn.match import match
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.graphs import attention_model
 
 
 def with_sinks(model: onnx.ModelProto, heads: int, *, shift=False, first=False, slice_wrong=False,

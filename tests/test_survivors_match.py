@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from trtattn.testing.graphs import attention_model
 from onnx import TensorProto, helper
 
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.graphs import attention_model
 from trtattn.trt import profiles
 
 

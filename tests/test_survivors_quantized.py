@@ -9,9 +9,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from trtattn.testing.graphs import attention_model
 
 from trtattn.routes.prepare import prepare
+from trtattn.testing.graphs import attention_model
 
 
 def probs_qdq_model(zero_point: int) -> onnx.ModelProto:

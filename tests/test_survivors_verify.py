@@ -4,12 +4,12 @@ its docstring is mutated (the tolerances, the guards that refuse a failed check,
 import numpy as np
 import onnx
 import pytest
-from trtattn.testing.graphs import attention_model
 from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.errors import TrtattnError, VerificationError
-from trtattn.routes.prepare import forms
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.routes.prepare import forms
+from trtattn.testing.graphs import attention_model
 from trtattn.trt.plan import AttentionPlan
 from trtattn.verify import compare_models, tolerance_for
 

@@ -30,9 +30,9 @@ PACKED = [("bert", "torchscript"), ("gpt2", "torchscript"), ("llama", "torchscri
 
 def _build_and_check(tmp_path, zoo_export, name, exporter, form):
     trt = _tensorrt()
+    from trtattn.inspect import classify, load_sites, read_engine
     from trtattn.routes.builder import build
     from trtattn.routes.prepare import prepare
-    from trtattn.inspect import classify, load_sites, read_engine
     from trtattn.verify import verify_candidate
 
     src = zoo_export(name, exporter)

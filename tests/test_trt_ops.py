@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import trtattn_plugins as tp
 from onnx import TensorProto, helper
 
+import trtattn_plugins as tp
 from trtattn.cli import main
 from trtattn.errors import TrtattnError
 from trtattn.routes.trt_ops import (

@@ -14,8 +14,8 @@ import onnx
 import pytest
 from trtsim import bindings
 from trtsim.errors import ArgumentError, BuildValidationError, MissingMemberError, NetworkError
-from trtsim.values import NotAnEngine
 from trtsim.signatures import parse_signatures
+from trtsim.values import NotAnEngine
 from trtsim_cases import attention_network, new_network, rand, two_output_model
 
 conformance = pytest.mark.conformance

@@ -12,7 +12,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 from trtsim.checked import aliased_inputs
-from trtsim.values import NotAnEngine
 from trtsim.execute import (
     DroppedCacheWritesWarning,
     ExecutionError,
@@ -20,6 +19,7 @@ from trtsim.execute import (
     run,
 )
 from trtsim.graph import plan
+from trtsim.values import NotAnEngine
 from trtsim_cases import (
     TOL,
     add_inputs,

@@ -9,12 +9,12 @@ from collections import OrderedDict
 import numpy as np
 import onnx
 import pytest
-from trtattn.testing.graphs import attention_model
 from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.errors import TrtattnError, VerificationError
 from trtattn.graph.user_inputs import GivenInputs, load_inputs
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.graphs import attention_model
 
 
 def _tail(model: onnx.ModelProto, kind: str) -> onnx.ModelProto:

@@ -133,7 +133,8 @@ class Progress:
             return
         t, n = time.perf_counter(), 0
         self._plain(f"[trtattn] {text} ({total} {unit}) ..." if total else f"[trtattn] {text} ...")
-        for n, item in enumerate(items, 1):
+        for item in items:
+            n += 1
             yield item
         self._plain(f"[trtattn] {text}: {n} done ({time.perf_counter() - t:.1f}s)")
 

@@ -194,7 +194,7 @@ class AttentionSite:
     quant: SiteQuant | None = None  # Q/DQ pairs around a quantized attention
     graph: tuple = ()  # the subgraph holding the site: ((node output, attribute), ...); () the main graph
 
-    def replace(self, **changes) -> "AttentionSite":
+    def replace(self, **changes) -> AttentionSite:
         return dataclasses.replace(self, **changes)
 
     @property

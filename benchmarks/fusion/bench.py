@@ -61,7 +61,8 @@ class Bench:
     def say(self, msg: str):
         print(msg, file=sys.stderr, flush=True)
 
-    def export(self, base: str, exporter: str, name: str | None = None, overrides: dict | None = None) -> tuple[Path | None, dict]:
+    def export(self, base: str, exporter: str, name: str | None = None,
+               overrides: dict | None = None) -> tuple[Path | None, dict]:
         name = name or base
         d = self.work / "models" / f"{name}.{exporter}"
         d.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from .measure import PEERS, TOOLS
 
-NAMES = {"floor": "load + save (floor)", "trtattn": "trtattn fuse (verified)", "trtattn_noverify": "trtattn fuse (no verification)",
+NAMES = {"floor": "load + save (floor)", "trtattn": "trtattn fuse (verified)",
+         "trtattn_noverify": "trtattn fuse (no verification)",
          "ort_optimizer": "ONNX Runtime optimizer", "onnxscript": "onnxscript rewriter"}
 
 

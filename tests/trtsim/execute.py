@@ -428,7 +428,8 @@ def _rotary_embedding(st, inputs, real):
     elif packed:
         raise NotEmulatedError("IRotaryEmbeddingLayer with a packed input and no position ids (cos/sin layout not documented)")
     if wide_cos.shape[-1] != rotary_dim // 2:
-        raise ExecutionError(f"IRotaryEmbeddingLayer '{st.name}': cos/sin last dimension {wide_cos.shape[-1]} != {rotary_dim // 2}")
+        raise ExecutionError(f"IRotaryEmbeddingLayer '{st.name}': cos/sin last dimension {wide_cos.shape[-1]} "
+                             f"!= {rotary_dim // 2}")
     # Broadcast over heads: padded [B, 1, S, R/2], packed [T, 1, R/2].
     axis = 1
     out = rotate(x.astype(np.float64), np.expand_dims(wide_cos, axis), np.expand_dims(wide_sin, axis),

@@ -161,7 +161,8 @@ class RecNetwork(Recorded):
         array = weights._array if isinstance(weights, SimWeights) else np.asarray(weights)
         dtype = dtypes.from_numpy(self._sim.real, array.dtype)
         if dtype is None:
-            raise ArgumentError(f"add_constant: numpy dtype {array.dtype} has no TensorRT DataType (cast to float32/float16/int32/...)")
+            raise ArgumentError(f"add_constant: numpy dtype {array.dtype} has no TensorRT DataType "
+                                "(cast to float32/float16/int32/...)")
         expected = shapes.volume(shape)
         if expected is None:
             raise NetworkError(f"add_constant: shape {tuple(shape)} must be fully known")
@@ -255,6 +256,7 @@ class RecNetwork(Recorded):
 
     def _m_add_rotary_embedding(self, input, cos_cache, sin_cache, interleaved, rotary_embedding_dim):
         if int(rotary_embedding_dim) < 0 or int(rotary_embedding_dim) % 2:
-            raise NetworkError(f"add_rotary_embedding: rotary_embedding_dim must be non-negative and even, got {rotary_embedding_dim}")
+            raise NetworkError("add_rotary_embedding: rotary_embedding_dim must be non-negative and even, "
+                               f"got {rotary_embedding_dim}")
         props = {"interleaved": bool(interleaved), "rotary_embedding_dim": int(rotary_embedding_dim)}
         return self._layer_handle("IRotaryEmbeddingLayer", [input, cos_cache, sin_cache], props)

@@ -22,7 +22,7 @@ class Recorded:
     """Base of every recording object. Public attribute access goes through the checker; the
     implementation lives in underscore members (_m_<method>, _get_<prop>, _set_<prop>)."""
 
-    def __init__(self, sim: "Simulation", cls: str):
+    def __init__(self, sim: Simulation, cls: str):
         object.__setattr__(self, "_sim", sim)
         object.__setattr__(self, "_cls", cls)
         object.__setattr__(self, "_props", {})

@@ -317,7 +317,8 @@ class Simulation:
         if owner == "INetworkDefinition" and name.startswith("add_") and hasattr(self.real, returns):
             return obj._add_generic(returns, bound)
         raise NotEmulatedError(f"trtsim does not emulate {owner}.{name} (valid in tensorrt {self.version}, "
-                               f"returns {returns}); add it to the recorded class in tests/trtsim (objects.py, network.py, builder.py)")
+                               f"returns {returns}); add it to the recorded class in tests/trtsim "
+                               "(objects.py, network.py, builder.py)")
 
     def recast(self, obj: Recorded, target) -> None:
         """`layer.__class__ = trt.IShuffleLayer`: the bindings' way to downcast a layer from get_layer."""
@@ -337,7 +338,7 @@ class SimClass:
     """Stands in for a real class: isinstance() works on recorded objects, class attributes (enums,
     constants) read through, and calling it constructs a recording object when trtsim can."""
 
-    def __init__(self, sim: "Simulation", name: str, factory=None):
+    def __init__(self, sim: Simulation, name: str, factory=None):
         self._sim = sim
         self._name = name
         self._factory = factory

@@ -7,8 +7,15 @@ import contextlib
 import json
 
 from ..errors import MissingDependencyError
-from .common import add_session_opts, exit_without_tensorrt, generate_from_args, generation_parts, open_model, \
-    prompts, session_feeds
+from .common import (
+    add_session_opts,
+    exit_without_tensorrt,
+    generate_from_args,
+    generation_parts,
+    open_model,
+    prompts,
+    session_feeds,
+)
 from .values import non_negative, positive
 
 

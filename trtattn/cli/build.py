@@ -8,8 +8,15 @@ from pathlib import Path
 
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
-from .common import (add_inputs_opt, add_memory_opt, add_report_html, check_report_html, exit_without_tensorrt,
-                     given_inputs, load_model)
+from .common import (
+    add_inputs_opt,
+    add_memory_opt,
+    add_report_html,
+    check_report_html,
+    exit_without_tensorrt,
+    given_inputs,
+    load_model,
+)
 from .dims import parse_dims
 from .values import dims_text, positive
 
@@ -107,10 +114,10 @@ def _run_folder(args, progress) -> int:
     """`build DIR`: every part prepared (verified forms, plans) into OUT_DIR/DIR-name with pipeline.json;
     with TensorRT each part built. Exit 4 without TensorRT (forms, plans and sidecar written), 1 when a
     part cannot be prepared (listed with why)."""
-    from ..routes.builder import build
-    from ..routes.prepare import describe
     from ..folder_engines import prepare_folder, write_sidecar
     from ..report import table
+    from ..routes.builder import build
+    from ..routes.prepare import describe
     from ..trt import compat
 
     out = Path(args.out_dir) / Path(args.model).resolve().name

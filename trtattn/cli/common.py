@@ -139,7 +139,8 @@ def add_session_opts(p) -> None:
     p.add_argument("--decoder-init", help="encoder-decoder generation: the first decoder step (returns the cross K/V)")
     p.add_argument("--features", help="encoder-decoder generation: the encoder's input, .npy [batch, ...]")
     p.add_argument("--eos", type=int, help="generation: stop a request at this token id")
-    p.add_argument("--capacity", type=positive, help="generation with a kv-cache form: cache capacity (default: the model's, else 256)")
+    p.add_argument("--capacity", type=positive,
+                   help="generation with a kv-cache form: cache capacity (default: the model's, else 256)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 

@@ -19,9 +19,9 @@ def add_parser(sub) -> None:
 
 def run(args, progress) -> int:
     from .. import zoo
+    from ..rewrite.fuse import fuse_model
     from ..routes.builder import build
     from ..routes.prepare import describe, prepare
-    from ..rewrite.fuse import fuse_model
     from ..trt import compat
 
     name = args.model or zoo.DEFAULT_MODEL

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from ..errors import TrtattnError
 from ..folder import process_folder
-from .dims import parse_dims
 from ..report import table, write_json
 from ..version import __version__
+from .dims import parse_dims
 
 FILE_COLUMNS = [("file", "file"), ("action", "action"), ("sites", "sites"), ("done", "done"),
                 ("not_done", "not done"), ("verification", "verification")]

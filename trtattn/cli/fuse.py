@@ -8,10 +8,10 @@ then nothing is written, unless --allow-partial: the fused sites only, verified,
 
 from __future__ import annotations
 
+from ..folder import is_folder
 from ..graph import io as onnxio
 from ..report import counts, site_table, summary_line, write_json
 from ..version import __version__
-from ..folder import is_folder
 from . import folder, fuse_trt
 from .common import add_model_out, add_verify_opts, check_output, check_report_html, given_inputs, load_model, verdict
 from .dims import parse_dims

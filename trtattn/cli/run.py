@@ -14,8 +14,14 @@ import numpy as np
 
 from ..errors import MissingDependencyError
 from ..report import table
-from .common import add_session_opts, exit_without_tensorrt, generate_from_args, generation_parts, open_model, \
-    session_feeds
+from .common import (
+    add_session_opts,
+    exit_without_tensorrt,
+    generate_from_args,
+    generation_parts,
+    open_model,
+    session_feeds,
+)
 
 
 def add_parser(sub) -> None:

@@ -34,7 +34,6 @@ from ..errors import TrtattnError
 from . import memory
 from .dim_names import BATCH, DEFAULT_DIM, SEQ, dim_classes, evaluate, resolve_dims
 from .feeds import make_feeds
-from .roles import declared_dims, input_specs
 from .io import session_source
 from .roles import declared_dims, input_specs
 
@@ -169,7 +168,7 @@ def _candidates(variables: dict[str, bool], guess: dict, classes: dict[str, str]
         for value in _values(DEFAULT_DIM, hints, False):
             yield {name: value for name in lengths}
     for label, batch in variables.items():
-        members = [n for n, l in classes.items() if l == label and n != label]
+        members = [n for n, cls in classes.items() if cls == label and n != label]
         if len(members) > 1:
             for name in members:
                 for value in _values(guess.get(name, DEFAULT_DIM), hints, batch):

@@ -173,7 +173,8 @@ def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.Model
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError and friends
-        raise ModelLoadError(f"{path}: not a valid ONNX model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot parse'})") from None
+        why = str(e).splitlines()[0] if str(e) else "cannot parse"
+        raise ModelLoadError(f"{path}: not a valid ONNX model ({type(e).__name__}: {why})") from None
     if not model.graph.node and not model.graph.input and not model.graph.output:
         raise ModelLoadError(f"{path}: not a valid ONNX model (no graph)")
     external.set_data_dir(model, None)  # a folder recorded by someone else means nothing here
@@ -187,7 +188,8 @@ def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.Model
             raise ModelLoadError(f"{path}: external data file '{info.location}' of tensor '{name}' is missing")
         needed = (info.offset or 0) + (info.length or 0)
         if info.length and target.stat().st_size < needed:
-            raise ModelLoadError(f"{path}: external data file '{info.location}' is truncated (tensor '{name}' needs {needed} bytes)")
+            raise ModelLoadError(f"{path}: external data file '{info.location}' is truncated "
+                                 f"(tensor '{name}' needs {needed} bytes)")
     try:
         if load_external_data:
             onnx.load_external_data_for_model(model, str(base))

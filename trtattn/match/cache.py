@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from ..site import CacheKind
 from ..graph.view import GraphView
+from ..site import CacheKind
 
 
 @dataclass

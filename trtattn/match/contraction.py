@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from .layout_ops import rank_of
 from .errors import Unsupported
+from .layout_ops import rank_of
 
 PRODUCTS = {"MatMul", "Einsum"}
 # other ops that contract an operand with weights (a linear layer): the nearest such op computes the logits

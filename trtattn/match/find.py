@@ -7,16 +7,35 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
-from ..site import (AttentionSite, CacheKind, CausalKind, MaskStep, MatchResult, ScalePlacement, SiteKind,
-                    SiteLayout, SiteQuant, Skipped)
-from . import canonical, fused_ops, likeness, subgraphs
-from . import contraction
+from ..site import (
+    AttentionSite,
+    CacheKind,
+    CausalKind,
+    MaskStep,
+    MatchResult,
+    ScalePlacement,
+    SiteKind,
+    SiteLayout,
+    SiteQuant,
+    Skipped,
+)
+from . import canonical, contraction, fused_ops, likeness, subgraphs
 from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, projection_source
 from .core import Core, find_core
 from .errors import NotAttention, OverWeights, Unsupported
-from .heads import (candidates, choose, heads_of, kv_heads_in, layout_of, resolve_key, size_of, strip_scale,
-                    target, upstream_scale)
+from .heads import (
+    candidates,
+    choose,
+    heads_of,
+    kv_heads_in,
+    layout_of,
+    resolve_key,
+    size_of,
+    strip_scale,
+    target,
+    upstream_scale,
+)
 from .logit_ops import kind_of, logit_scale, softcap
 from .rope import find_rope
 
@@ -257,7 +276,7 @@ def _dims(atoms: Atoms, rename: dict, tensors: list) -> tuple:
         key = (ren(a),)
         if atoms.known(a) is not None:
             recipes[key] = ("static", atoms.known(a))
-    for parent, parts in atoms.parts.items():
+    for parent in atoms.parts:
         leaves = atoms.resolve(((parent,),))[0]
         whole = recipes.get(tuple(ren(a) for a in leaves))
         unknown = [a for a in leaves if atoms.known(a) is None]

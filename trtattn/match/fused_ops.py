@@ -13,10 +13,10 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..graph.view import GraphView
 from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, ScalePlacement, SiteKind
 from .cache import CacheRole, find_cache, projection_source
 from .errors import Unsupported
-from ..graph.view import GraphView
 from .heads import heads_and_size, strip_repeat
 from .logit_ops import kind_of
 from .rope import find_rope

@@ -67,7 +67,7 @@ def upstream_scale(view: GraphView, t: gs.Tensor) -> float:
             t = n.inputs[0]
             continue
         if n.op == "Mul":
-            for i, other in ((0, 1), (1, 0)):
+            for other in (1, 0):
                 v = view.scalar(n.inputs[other])
                 if v is not None:
                     return v

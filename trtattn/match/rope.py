@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from ..site import Rope, RopeKind
 from ..graph.view import GraphView
+from ..site import Rope, RopeKind
 
 
 def _slice_range(view: GraphView, n: gs.Node):

@@ -17,13 +17,12 @@ import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
-from ..graph.emit import Emitter
 from ..graph.dims import fit_dims
+from ..graph.emit import Emitter
 from ..graph.shapes import symbolic_shapes, upgrade_opset
 from ..graph.view import export_graph, import_graph
-from ..match import analyse, probe_feeds
+from ..match import analyse, logit_ops, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
-from ..match import logit_ops, subgraphs
 from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
 from ..verify import REWRITE_TOLERANCES, OutcomeSummary, compare_models, tolerance_for

@@ -172,7 +172,8 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         else:
             v_width = width
         head_q, head_v = width // heads, v_width // heads
-    q4, k4, v4 = _heads(emit, q, heads, head_q, dtype), _heads(emit, k, heads, head_q, dtype), _heads(emit, v, heads, head_v, dtype)
+    q4, k4 = _heads(emit, q, heads, head_q, dtype), _heads(emit, k, heads, head_q, dtype)
+    v4 = _heads(emit, v, heads, head_v, dtype)
     additive = None
     if mask is not None:
         additive = _key_padding(emit, mask, k4, filter_value, dtype)

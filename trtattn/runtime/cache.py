@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TrtattnError
 from ..contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_rows
+from ..errors import TrtattnError
 
 PAST_PREFIXES = ("past_key_values.", "past_key_values_", "past.", "past_")
 PRESENT_PREFIXES = ("present.", "present_", "present_key_values.")

@@ -219,8 +219,9 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
     return model
 
 
-def _qdq(g: _G, t, scale, zero=np.int8(0)):
+def _qdq(g: _G, t, scale, zero: np.integer | None = None):
     """A per-tensor QuantizeLinear -> DequantizeLinear pair, as ONNX Runtime's static quantization writes."""
+    zero = np.int8(0) if zero is None else zero
     sc, zp = g.scalar(scale), g.init(np.asarray(zero), "zp")
     return g.op("DequantizeLinear", [g.op("QuantizeLinear", [t, sc, zp]), sc, zp])
 
@@ -340,7 +341,8 @@ def control_flow_model(kind: str = "if", **kwargs) -> onnx.ModelProto:
     out = body.output[0].name
     del body.input[:]  # x is read from the outer scope
     meta = json.loads(next(p.value for p in inner.metadata_props if p.key == "trtattn.inputs"))
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", inner.graph.input[0].type.tensor_type.shape.dim[2].dim_value])
+    width = inner.graph.input[0].type.tensor_type.shape.dim[2].dim_value
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", width])
     if kind == "if":
         other = onnx.GraphProto()
         other.CopyFrom(body)

@@ -66,7 +66,7 @@ def build_network(trt, builder, logger, cut: CutModel, plan: BuildPlan):
         produced[p.output] = lower(trt, network, p, get)
 
     reconnect(network, tensors, produced, cut.placeholders)
-    for name, exposed in cut.exposed.items():
+    for exposed in cut.exposed.values():
         if exposed in tensors and tensors[exposed].is_network_output and exposed not in {o["name"] for o in plan.outputs}:
             network.unmark_output(tensors[exposed])
     for name in cut.layer_outputs:

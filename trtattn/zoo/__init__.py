@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 EXPORTERS = ("torchscript", "dynamo")
 DEFAULT_MODEL = "bart"

@@ -17,7 +17,6 @@ chunked_loop   a streaming encoder that runs its layers chunk by chunk (Emformer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
 
 import torch
 from torch import nn
@@ -227,7 +226,7 @@ class ChunkedEncoder(nn.Module):
 
     def forward(self, input_ids):
         x = self.embedding(input_ids)
-        outs: List[torch.Tensor] = []
+        outs: list[torch.Tensor] = []
         for i in range(x.size(1) // self.chunk):
             h = x[:, i * self.chunk:(i + 1) * self.chunk]
             for layer in self.layers:

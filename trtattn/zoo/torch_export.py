@@ -16,8 +16,8 @@ from pathlib import Path
 
 import onnx
 
-from ..graph import io as onnxio
 from ..errors import TrtattnError
+from ..graph import io as onnxio
 
 TORCHSCRIPT_OPSET = 17
 DYNAMO_OPSET = 23  # torch lowers SDPA to the standard ONNX Attention op from opset 23

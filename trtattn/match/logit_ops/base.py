@@ -100,7 +100,7 @@ class LogitOp:
         """(the step, the input carrying the logits on) if this unit takes `node`, else None."""
         raise NotImplementedError
 
-    def check(self, steps: list[MaskStep], i: int, units: list["LogitOp"]) -> None:
+    def check(self, steps: list[MaskStep], i: int, units: list[LogitOp]) -> None:
         """Raise Unsupported if steps[i] cannot stand where it is among the others (their units: `units`);
         by default a step may stand anywhere."""
 

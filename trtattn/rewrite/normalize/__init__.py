@@ -5,7 +5,8 @@
 
 The result keeps to ops TensorRT's ONNX parser supports, so it serves both trtattn's network
 builder and `trtexec --onnx` (TensorRT's implicit fusion). A site already in TensorRT's form (scale on Q/K, one
-masking op before the Softmax, nothing but Q/DQ after it) is left alone; a model with nothing to improve comes back unchanged, and the result says so.
+masking op before the Softmax, nothing but Q/DQ after it) is left alone; a model with nothing to improve comes
+back unchanged, and the result says so.
 Sites in If/Loop/Scan bodies (a merged decoder's branches, a scripted loop) are rewritten in their body,
 and checked through the model's outputs (feeds of two seeds take both branches of an If).
 """
@@ -48,7 +49,8 @@ class SiteNormalization:
         s = self.site
         return {"name": s.name, "kind": s.kind.value, "heads": f"{s.q_heads}/{s.kv_heads}", "head_size": s.head_size,
                 "scale": s.softmax_scale, "scale_before": s.scale_placement.value, "scale_to": self.scale_to,
-                "mask_form": self.mask_form, "probabilities": self.probabilities, "action": self.action, "max_abs_err": self.max_abs_err,
+                "mask_form": self.mask_form, "probabilities": self.probabilities, "action": self.action,
+                "max_abs_err": self.max_abs_err,
                 "implicit_before": self.before.get("implicit"), "implicit": self.after.get("implicit"),
                 "implicit_why": self.after.get("implicit_why"), "iattention": self.after.get("iattention"),
                 "iattention_why": self.after.get("iattention_why"), "causal_skip": self.after.get("causal_skip")}

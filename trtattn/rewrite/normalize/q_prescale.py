@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ...match.heads import SHAPE_OPS
 from ...graph.emit import Emitter
+from ...match.heads import SHAPE_OPS
 from ...site import AttentionSite
 
 

@@ -24,6 +24,7 @@ from .autocast import convert
 from .check import OutputError, verify
 from .common import PRECISIONS, TOLERANCE
 
+
 @dataclass
 class FormPrecision:
     model: onnx.ModelProto

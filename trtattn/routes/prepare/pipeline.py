@@ -74,10 +74,10 @@ def all_fused(fused: FuseResult) -> FuseResult:
     v = fused.verification
     if v.get("passed") is False:  # fuse marks its sites not fused then; a result made otherwise is refused too
         worst = max(v.get("outputs", {}).items(), key=lambda kv: kv[1], default=("?", None))
+        nan = "; NaN where the original has none: " + ", ".join(v["nan_mismatch"]) if v.get("nan_mismatch") else ""
         raise TrtattnError(f"the fused model does not match the original on ONNX Runtime: output '{worst[0]}' is off "
                            f"by {worst[1]} (tolerance atol {v.get('atol')}, rtol {v.get('rtol')}"
-                           f"{', in ' + str(v['slices']) + ' slices of layers' if v.get('slices') else ''}"
-                           f"{'; NaN where the original has none: ' + ', '.join(v['nan_mismatch']) if v.get('nan_mismatch') else ''})")
+                           f"{', in ' + str(v['slices']) + ' slices of layers' if v.get('slices') else ''}{nan})")
     return fused
 
 

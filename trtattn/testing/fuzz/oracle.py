@@ -268,7 +268,8 @@ def _classify(res: CaseResult, a: Analysis, mutant, outs, result) -> None:
     if silent > 0:
         ignored = "; ".join(f"{i.name}: {i.reason}" for i in result.ignored)[:200]
         res.outcome = "missed"
-        res.reason = f"{res.sites} attention-like softmaxes, {len(rows)} report rows" + (f" (ignored: {ignored})" if ignored else "")
+        res.reason = (f"{res.sites} attention-like softmaxes, {len(rows)} report rows"
+                      + (f" (ignored: {ignored})" if ignored else ""))
         return
     if remaining is not None and remaining > len(listed):
         res.outcome = "missed"
