@@ -62,7 +62,7 @@ def _export(kind: str, root):
     elif kind == "whisper":
         cfg = transformers.WhisperConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
                                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                         decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=1500,  # exported at 3000 frames
+                                         decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=1500,  # 3000 frames
                                          max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                          decoder_start_token_id=1, begin_suppress_tokens=None, suppress_tokens=None)
         model, task = transformers.WhisperForConditionalGeneration(cfg), "automatic-speech-recognition-with-past"
