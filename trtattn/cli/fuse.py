@@ -70,6 +70,7 @@ def report(result, model, model_path, output, report_path, progress, allow_parti
     if report_path:
         write_json({"trtattn_version": __version__, "input": str(model_path), "output": str(written) if written else None,
                     "sites": rows, "ignored": [{"name": i.name, "reason": i.reason} for i in result.ignored],
-                    "verification": result.verification, "counts": counts(rows, result.ignored)},
+                    "verification": result.verification, "dims": result.dims,
+                    "counts": counts(rows, result.ignored)},
                    report_path, protect=(model_path, output))
     return 0 if result.ok or partial else 1

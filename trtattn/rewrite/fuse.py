@@ -70,6 +70,7 @@ class FuseResult:
     verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())
     changed: bool = False
     original: onnx.ModelProto | None = field(default=None, repr=False)  # the input, for the pictures
+    dims: dict = field(default_factory=dict)  # the dims verification ran at, why, and those skipped for memory
 
     def _repr_html_(self) -> str:
         """A notebook shows the result as the HTML report's section: every site drawn."""
@@ -225,7 +226,21 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
 
         return fuse_branches(model, fuse_model, verify=verify, dims=dims, seed=seed, atol=atol, rtol=rtol,
                              progress=progress)
-    dims = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py)
+    fit = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py)
+    result = _fuse_fitted(model, fit, verify=verify, seed=seed, atol=atol, rtol=rtol, given=given, progress=progress,
+                          inputs=inputs)
+    result.dims = fit_record(fit)
+    return result
+
+
+def fit_record(fit) -> dict:
+    """The dims a run used, why, and which candidates the memory budget ruled out (for reports)."""
+    return {"values": dict(fit), "why": list(getattr(fit, "reasons", [])),
+            "skipped_for_memory": list(getattr(fit, "skipped", []))}
+
+
+def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol: float, rtol: float,
+                 given: tuple[bool, bool], progress, inputs) -> FuseResult:
     with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(model, ATTENTION_OPSET)
         graph, result, meanings = analyse(working, probe_feeds(working, dims))
