@@ -9,7 +9,7 @@ restricted to the changed (or given) lines and to the operators that make sense 
 modulo swaps). Tests per module: [tool.trtattn.mutation.tests] in pyproject.toml, else the test files that import
 the module, always with -m "not slow" -x. Prints each module's kill rate and every surviving mutant (file:line,
 operator, the mutated line): each survivor gets a test, or a reason in the issue's closing note.
-cosmic-ray runs from its own venv (--cosmic-ray, default: on PATH, else /work/venvs/mut/bin): it needs none of
+cosmic-ray runs from its own venv (--cosmic-ray, default: on PATH, else .venv-mut/bin): it needs none of
 trtattn's dependencies; the tests run with this interpreter (--python).
 """
 
@@ -80,11 +80,11 @@ def tests_for(module: str) -> list[str]:
 
 
 def cosmic_ray(explicit: str | None) -> Path:
-    for candidate in (explicit, shutil.which("cosmic-ray"), "/work/venvs/mut/bin/cosmic-ray"):
+    for candidate in (explicit, shutil.which("cosmic-ray"), str(ROOT / ".venv-mut" / "bin" / "cosmic-ray")):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
-    raise SystemExit("mutate: cosmic-ray not found: python3 -m venv /work/venvs/mut && "
-                     "/work/venvs/mut/bin/pip install 'cosmic-ray>=8.7' (or pass --cosmic-ray PATH)")
+    raise SystemExit("mutate: cosmic-ray not found: python3 -m venv .venv-mut && "
+                     ".venv-mut/bin/pip install 'cosmic-ray>=8.7' (or pass --cosmic-ray PATH)")
 
 
 def run_module(module: str, spans: list[str], tests: list[str], args, work: Path) -> list[dict]:
