@@ -109,12 +109,12 @@ def _merge(model: onnx.ModelProto, cond: str, bodies: dict) -> onnx.ModelProto:
     nodes.append(new)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    kept_inits = {}  # the main graph's weights: a branch may have dropped one only the other reads
+    # the main graph's weights: a branch may have dropped one only the other reads
+    kept_inits: dict[str, onnx.TensorProto] = {}
     for fused in bodies.values():
         kept_inits.update({t.name: t for t in fused.graph.initializer if t.name in main_inits and t.name not in kept_inits})
-    kept_inits = list(kept_inits.values())
     del out.graph.initializer[:]
-    out.graph.initializer.extend(kept_inits)
+    out.graph.initializer.extend(kept_inits.values())
     if cond not in {i.name for i in out.graph.input}:
         out.graph.input.extend([i for i in model.graph.input if i.name == cond])
     order = [i.name for i in model.graph.input]
