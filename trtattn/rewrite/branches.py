@@ -18,6 +18,7 @@ import onnx
 from ..errors import TrtattnError
 from ..graph.branches import branch_inputs, empty_outputs, take_branch
 from ..graph.shapes import upgrade_opset
+from ..verify import OutcomeSummary
 
 BRIDGE = "/branch"  # suffix of the Identity take_branch adds from a branch output to the If's output
 
@@ -68,11 +69,11 @@ def fuse_branches(model: onnx.ModelProto, fuse, **options):
     return FuseResult(merged or model, reports, ignored, verification(cond, results), merged is not None)
 
 
-def verification(cond: str, results: dict) -> dict:
+def verification(cond: str, results: dict) -> OutcomeSummary:
     parts = {f"{cond}={v}": r.verification for v, r in results.items()}
     passed = [p.get("passed") for p in parts.values()]
     errors = [p["max_abs_err"] for p in parts.values() if p.get("max_abs_err") is not None]
-    out = {"passed": False if False in passed else (None if None in passed else True), "branches": parts,
+    out: OutcomeSummary = {"passed": False if False in passed else (None if None in passed else True), "branches": parts,
            "note_branches": f"each branch verified on its own ({cond} forced False, with no past; True, with a past)"}
     if errors:
         out["max_abs_err"] = max(errors)
