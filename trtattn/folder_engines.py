@@ -20,11 +20,15 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import TrtattnError
 from .graph import io as onnxio
 from .graph.branches import branch_inputs, take_branch
 from .runtime.pipeline import PIPELINE_JSON, find_parts, generation_settings
+
+if TYPE_CHECKING:  # imported where it runs (prepare_folder): listing a folder's parts needs no route
+    from .routes.prepare.pipeline import Prepared
 
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
           "special_tokens_map.json")
@@ -36,11 +40,11 @@ class PartPlan:
     source: Path
     form: str
     branch: str | None = None  # "use_cache_branch=True" for a part taken from a merged decoder
-    prepared: object = None
+    prepared: Prepared | None = None
     error: str | None = None
 
     def entry(self, engine: str | None) -> dict:
-        row = {"source": self.source.name, "form": self.form, "branch": self.branch, "file": engine}
+        row: dict[str, object] = {"source": self.source.name, "form": self.form, "branch": self.branch, "file": engine}
         if self.prepared is not None:
             plan = self.prepared.plan.plan_json()
             row.update(inputs=plan["inputs"], profiles=plan["profiles"], sites=len(plan["sites"]),

@@ -23,7 +23,7 @@ def run(args, progress) -> int:
     if args.text and tokenizer is None:
         raise TrtattnError(f"--text needs a tokenizer.json in {pipeline.folder}")
     encoder_inputs = None
-    if args.text:
+    if args.text and tokenizer is not None:
         requests = [tokenizer.encode(t).ids for t in args.text]
     elif args.features:
         if pipeline.kind != "encoder-decoder":

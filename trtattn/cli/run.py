@@ -89,9 +89,9 @@ def _run_once(args, session, progress) -> None:
 
 
 def _summary(name: str, v: np.ndarray) -> dict:
-    numeric = v.size and v.dtype.kind in "fiub"
-    f = v.astype(np.float64) if numeric else None
-    return {"name": name, "shape": "x".join(str(d) for d in v.shape) or "scalar", "dtype": v.dtype.name,
-            "min": float(np.nanmin(f)) if numeric else None, "max": float(np.nanmax(f)) if numeric else None,
-            "mean": float(np.nanmean(f)) if numeric else None,
-            "nan": int(np.isnan(f).sum()) if numeric and v.dtype.kind == "f" else 0}
+    head = {"name": name, "shape": "x".join(str(d) for d in v.shape) or "scalar", "dtype": v.dtype.name}
+    if not (v.size and v.dtype.kind in "fiub"):
+        return {**head, "min": None, "max": None, "mean": None, "nan": 0}
+    f = v.astype(np.float64)
+    return {**head, "min": float(np.nanmin(f)), "max": float(np.nanmax(f)), "mean": float(np.nanmean(f)),
+            "nan": int(np.isnan(f).sum()) if v.dtype.kind == "f" else 0}

@@ -41,7 +41,7 @@ def dim_classes(specs: list[InputSpec]) -> dict[str, str]:
             x = parent[x]
         return x
 
-    labels = {}
+    labels: dict[str, str] = {}
     for spec in specs:
         seq_axis = 1 if len(spec.shape) == 2 and spec.role.get("kind") in SEQUENCE_KINDS else None
         for axis, d in enumerate(spec.shape):

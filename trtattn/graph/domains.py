@@ -58,6 +58,7 @@ def feeds_in(model: onnx.ModelProto, domains: dict[str, str], *, dims: dict, see
         if domain is None or domain == ladder(spec)[0]:
             continue
         shape, dtype = feeds[spec.name].shape, spec.dtype
+        value: np.ndarray
         if domain == "positive":
             value = np.abs(rng.standard_normal(shape)) + 0.1
         elif domain == "[0, 1]":

@@ -12,6 +12,7 @@ place (`input_ids[1]`), for graph/dim_names.py to unify.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,8 +56,8 @@ class GraphUses:
 
     def __init__(self, graph: onnx.GraphProto):
         self.consumers: dict[str, list] = {}
-        self.producers = {}
-        self.inits = {}
+        self.producers: dict[str, onnx.NodeProto] = {}
+        self.inits: dict[str, onnx.TensorProto] = {}
         self._index(graph)
         self.dtypes = {v.name: v.type.tensor_type.elem_type for v in graph.input}
 
@@ -110,7 +111,8 @@ class GraphUses:
                     table = n.input[0]
                     while table in self.producers and self.producers[table].op_type in ("Identity", "Cast", "DequantizeLinear"):
                         table = self.producers[table].input[0]
-                    dims = self.inits[table].dims if table in self.inits else getattr(self.constant(table), "shape", ())
+                    dims: Sequence[int] = self.inits[table].dims if table in self.inits else \
+                        getattr(self.constant(table), "shape", ())
                     if len(dims) >= 1:
                         return int(dims[0])
                 elif n.op_type in ("Cast", "Identity", "Reshape", "Unsqueeze", "Flatten", "Transpose") and i == 0:
@@ -124,7 +126,8 @@ class GraphUses:
         mask). Not, Equal(mask, 0), Less(mask, 1) and Sub(1, mask) flip the meaning on the way.
         None when the graph does not say, or says both."""
         boolean = self.dtypes.get(name) == onnx.TensorProto.BOOL
-        votes, seen = set(), set()
+        votes: set[str] = set()
+        seen: set[tuple[str, bool, bool, bool]] = set()
         frontier = [(name, False, boolean, False)]  # tensor, flipped (truthy here: falsy at the input), bool, x big
         while frontier:
             state = frontier.pop()

@@ -74,7 +74,7 @@ class Atoms:
         for g, d in zip(self.resolve(frame), dims):
             unknown = [a for a in g if self.known(a) is None]
             if isinstance(d, int) and d > 0 and len(unknown) == 1:
-                rest = math.prod(self.known(a) for a in g if a != unknown[0])
+                rest = math.prod(s for a in g if a != unknown[0] if (s := self.known(a)) is not None)
                 if rest and d % rest == 0:
                     self.size[unknown[0]] = d // rest
             elif isinstance(d, str) and len(g) == 1 and not d.startswith("unk__"):
@@ -121,7 +121,8 @@ def _run_ok(atoms: Atoms, run: list[str], d) -> tuple[bool, int]:
     m = monomial(d)
     if m is not None and m[1]:
         names = [atoms.symbol.get(a) for a in run if atoms.known(a) is None]
-        if None not in names and sorted(names) == list(m[1]) and static == m[0]:
+        named = [n for n in names if n is not None]
+        if len(named) == len(names) and sorted(named) == list(m[1]) and static == m[0]:
             return True, 3  # the inference names exactly these atoms
     if unknown:
         return True, 0
@@ -155,7 +156,7 @@ def _best(atoms: Atoms, seq: list[str], frame: Frame, dims_to: list) -> list[lis
                 score += 1
             if best_score is None or score > best_score:
                 best, best_score, tied = runs, score, False
-            elif score == best_score and not _same_up_to_units(atoms, runs, best):
+            elif score == best_score and best is not None and not _same_up_to_units(atoms, runs, best):
                 tied = True
     return None if tied else best
 
@@ -194,7 +195,7 @@ def _refined(atoms: Atoms, frame: Frame, seq: list[str], dims_to: list) -> list[
     for a in (x for x in seq if x.startswith("x")):
         size = atoms.known(a)
         for d in statics:
-            options = [[None, d], [d, None]] if size is None else \
+            options: list[list[int | None]] = [[None, d], [d, None]] if size is None else \
                 ([[size // d, d]] if size % d == 0 and d < size else [])
             for sizes in options:
                 trial = Atoms()

@@ -75,7 +75,9 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
     softcap = float(n.attrs.get("softcap", 0.0) or 0.0)
     if n.attrs.get("qk_matmul_output_mode", 0) and len(n.outputs) > 3 and n.outputs[3].name:
         raise Unsupported(f"Attention {n.name} also outputs its QK matmul (qk_matmul_output_mode)")
-    if past_k is not None:
+    if (past_k is None) != (past_v is None):  # the spec gives both or neither
+        raise Unsupported(f"Attention {n.name} has only one of past_key and past_value")
+    if past_k is not None and past_v is not None:
         role = CacheRole(CacheKind.CONCAT, past_k.name, past_v.name, k, v)
     else:  # the past concatenated in front of the op (dynamo's SDPA with HF's cache: Concat, then GQA repeat)
         seq_axis = 2 if rank == 4 else None

@@ -289,5 +289,6 @@ def rank_of(view, t: gs.Tensor, budget: int = 48) -> int | None:
         if n.op == "Expand":
             shape = view.shape(n.inputs[1])
             ranks.append(shape[0] if shape and isinstance(shape[0], int) else None)
-        return None if not ranks or None in ranks else max(ranks)
+        known = [r for r in ranks if r is not None]
+        return None if not ranks or len(known) < len(ranks) else max(known)
     return None

@@ -61,6 +61,8 @@ def expected(pattern: str, causal: CausalKind, window: int | None, sq: int, skv:
     diag = i + (skv - sq) if causal == CausalKind.LOWER_RIGHT else i
     allowed = j <= diag
     if pattern == "window":
+        if window is None:
+            raise ValueError("a window pattern needs its window size")
         allowed &= j > diag - window
     return allowed
 
@@ -125,7 +127,7 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
             run = evaluator(graph, list(wanted.values()), model)
         except Exception:
             return [{} for _ in feeds_list]
-        results = []
+        results: list[dict[str, MaskMeaning]] = []
         for feeds in feeds_list:
             try:
                 values = run(feeds)
@@ -194,14 +196,15 @@ def _agree(probes: list[dict]) -> dict:
         return {}
     out = {}
     for name, first in probes[0].items():
-        seen = [p.get(name) for p in probes]
-        if any(m is None or m.allowed is None for m in seen):
+        seen = [m for p in probes if (m := p.get(name)) is not None]
+        allowed = [m.allowed for m in seen if m.allowed is not None]
+        if len(allowed) < len(probes):
             first.pattern, first.causal, first.window = "custom", CausalKind.NONE, None
             out[name] = first
             continue
         candidates = sorted({(m.pattern, m.causal, m.window) for m in seen}, key=lambda c: c[0] == "none")
         for pattern, causal, window in candidates:
-            if pattern != "custom" and all(consistent(pattern, causal, window, m.allowed) for m in seen):
+            if pattern != "custom" and all(consistent(pattern, causal, window, a) for a in allowed):
                 break
         else:
             pattern, causal, window = "custom", CausalKind.NONE, None

@@ -18,6 +18,7 @@ import onnx
 from ..errors import TrtattnError
 from ..graph.branches import branch_inputs, empty_outputs, take_branch
 from ..graph.shapes import upgrade_opset
+from ..verify import OutcomeSummary
 
 BRIDGE = "/branch"  # suffix of the Identity take_branch adds from a branch output to the If's output
 
@@ -68,11 +69,11 @@ def fuse_branches(model: onnx.ModelProto, fuse, **options):
     return FuseResult(merged or model, reports, ignored, verification(cond, results), merged is not None)
 
 
-def verification(cond: str, results: dict) -> dict:
+def verification(cond: str, results: dict) -> OutcomeSummary:
     parts = {f"{cond}={v}": r.verification for v, r in results.items()}
     passed = [p.get("passed") for p in parts.values()]
     errors = [p["max_abs_err"] for p in parts.values() if p.get("max_abs_err") is not None]
-    out = {"passed": False if False in passed else (None if None in passed else True), "branches": parts,
+    out: OutcomeSummary = {"passed": False if False in passed else (None if None in passed else True), "branches": parts,
            "note_branches": f"each branch verified on its own ({cond} forced False, with no past; True, with a past)"}
     if errors:
         out["max_abs_err"] = max(errors)
@@ -109,12 +110,12 @@ def _merge(model: onnx.ModelProto, cond: str, bodies: dict) -> onnx.ModelProto:
     nodes.append(new)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    kept_inits = {}  # the main graph's weights: a branch may have dropped one only the other reads
+    # the main graph's weights: a branch may have dropped one only the other reads
+    kept_inits: dict[str, onnx.TensorProto] = {}
     for fused in bodies.values():
         kept_inits.update({t.name: t for t in fused.graph.initializer if t.name in main_inits and t.name not in kept_inits})
-    kept_inits = list(kept_inits.values())
     del out.graph.initializer[:]
-    out.graph.initializer.extend(kept_inits)
+    out.graph.initializer.extend(kept_inits.values())
     if cond not in {i.name for i in out.graph.input}:
         out.graph.input.extend([i for i in model.graph.input if i.name == cond])
     order = [i.name for i in model.graph.input]

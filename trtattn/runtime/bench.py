@@ -174,6 +174,7 @@ def synthesize_feeds(session, *, dims: dict | None = None, seed: int = 0, model=
             continue
         low = info.name.lower()
         if info.dtype.kind in "iu":
+            value: np.ndarray
             if "position" in low:
                 value = np.broadcast_to(np.arange(shape[-1] if shape else 1), shape)
             elif "mask" in low:

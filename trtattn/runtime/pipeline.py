@@ -203,7 +203,9 @@ def _one(pipeline: Pipeline, sessions: dict, request, n: int, eos: set, is_feeds
         ids = np.asarray([[start]], np.int64)
     else:
         ids = np.asarray([request], np.int64)
-    tokens, past, length = [], {}, 0
+    tokens: list[int] = []
+    past: dict[str, np.ndarray] = {}
+    length = 0
     session = first
     for _ in range(n):
         logits, past = _step(session, ids, past, length, extra, config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import onnx
 
@@ -56,7 +57,7 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
             runner = onnx_runner(stack, model, [n for n in site_names if n in present], "candidate")
             kind = "onnxruntime"
         else:
-            runner, names, caches = engine_runner(candidate, sidecar)
+            runner, names, caches = engine_runner(Path(candidate), sidecar)
             kind = "tensorrt"
         adapter = adapter_for(original, names, caches)
         outcome = compare_runners(reference, runner, adapter, dims=dims, seed=seed, iterations=iterations,

@@ -75,6 +75,9 @@ class OutcomeSummary(TypedDict, total=False):
     bounds: dict[str, float]  # name -> the max abs error allowed
     slices: int  # the largest model ran in this many slices of layers
     error: str  # a check that could not run its inputs, in one line (routes/trt_ops: a kernel's refusal)
+    inputs: dict  # which inputs it ran on (graph/user_inputs.InputsUsed)
+    branches: dict[str, OutcomeSummary]  # a merged decoder: each If branch's own (rewrite/branches.py)
+    note_branches: str
 
 
 @dataclass

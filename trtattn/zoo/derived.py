@@ -126,7 +126,7 @@ def merged_decoder(base, exporter: str, tmp: Path) -> onnx.ModelProto:
     meta = _metadata(with_past)
     if [o.name for o in no_past.graph.output] != [o.name for o in with_past.graph.output]:
         raise ExportError("the decoders without and with a cache have different outputs")
-    inputs = {}
+    inputs: dict[str, onnx.ValueInfoProto] = {}
     for model in (no_past, with_past):
         for vi in model.graph.input:
             inputs.setdefault(vi.name, vi)
@@ -141,7 +141,7 @@ def merged_decoder(base, exporter: str, tmp: Path) -> onnx.ModelProto:
         then_branch=_branch(with_past.graph, "with_past"), else_branch=_branch(no_past.graph, "no_past"))
     graph = onnx.helper.make_graph([if_node], "merged", [*inputs.values(), use_cache], list(with_past.graph.output),
                                    initializer=shared)
-    opsets = {}
+    opsets: dict[str, onnx.OperatorSetIdProto] = {}
     for model in (no_past, with_past):
         for o in model.opset_import:
             opsets.setdefault(o.domain, o)
@@ -160,7 +160,8 @@ def _share_initializers(models: list[onnx.ModelProto], suffix: str) -> list[onnx
     """One outer-graph initializer per distinct content, renamed NAME_SUFFIX_K (two exports may give one
     name to different data), the models' nodes pointed at it."""
     by_content: dict[tuple, str] = {}
-    shared, used = [], {}
+    shared: list[onnx.TensorProto] = []
+    used: dict[str, int] = {}
     for model in models:
         rename = {}
         for t in model.graph.initializer:
@@ -224,7 +225,7 @@ def llama_no_past(cfg):
         return (out.last_hidden_state, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
 
     axes = {name: {0: "batch", 1: "seq"} for name in inputs}
-    roles = {"input_ids": TOKENS, "attention_mask": PADDING, "position_ids": {"kind": "position_ids"}}
+    roles: dict[str, dict] = {"input_ids": TOKENS, "attention_mask": PADDING, "position_ids": {"kind": "position_ids"}}
     outputs = ["last_hidden_state"] + [f"present.{i}.{p}" for i in range(cfg.num_hidden_layers) for p in ("key", "value")]
     return Built(_Wrapper(model, fn, list(inputs)), inputs, axes, roles, outputs, {"batch": BATCH, "seq": SEQ}, cfg)
 

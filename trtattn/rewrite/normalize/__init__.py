@@ -24,7 +24,7 @@ from ...graph.dims import fit_dims
 from ...graph.emit import Emitter, export_like
 from ...match import analyse, logit_ops, probe_feeds, subgraphs
 from ...report import Progress
-from ...site import MaskKind, ScalePlacement
+from ...site import AttentionSite, MaskKind, ScalePlacement
 from ...verify import OutcomeSummary, compare_models, tolerance_for
 from . import canonical
 from .cleanup import cleanup
@@ -36,7 +36,7 @@ from .q_prescale import prescaled_logits
 
 @dataclass
 class SiteNormalization:
-    site: object  # the AttentionSite as matched in the input
+    site: AttentionSite  # as matched in the input
     action: str  # "rewritten" | "kept: ..." | "skipped: ..."
     scale_to: str = "-"
     mask_form: str = "-"
@@ -78,7 +78,8 @@ def _by_branch(model: onnx.ModelProto, **options) -> NormalizeResult:
     from ..branches import by_branch, in_branch, tagged, verification
 
     cond, results, merged = by_branch(model, normalize_model, **options)
-    rows, ignored, skipped, cleanup_stats = [], [], [], {}
+    rows, ignored, skipped = [], [], []
+    cleanup_stats: dict = {}
     for value, r in results.items():
         rows += [dataclasses.replace(row, site=in_branch(model, cond, value, row.site)) for row in r.sites]
         ignored += [tagged(cond, value, i) for i in r.ignored]
@@ -160,7 +161,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
                 if move_nan_guard(scope, nodes[site.softmax], f"trtattn/{site.name}"):
                     row.probabilities, row.action = "NaN guard moved after BMM2", "rewritten"
                 elif not_documented(probs):
-                    row.probabilities = f"{', '.join(probs)} left (not TensorRT's form)"
+                    row.probabilities = f"{', '.join(probs or [])} left (not TensorRT's form)"
                     if logits_normal:
                         row.action = f"kept: {', '.join(not_documented(probs))} between the Softmax and BMM2"
             rewritten += row.action == "rewritten"
@@ -189,16 +190,17 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         s2 = by_softmax.get(r.site.softmax or r.site.output)
         if s2 is not None:
             r.after = verdict(s2, precision=precision, meaning=after_meanings.get(s2.name),
-                              mask_ops=_mask_ops(out, s2), probs_ops=between(_graph_of(out, s2), s2.softmax)).row()
+                              mask_ops=_mask_ops(out, s2), probs_ops=between(_graph_of(out, s2), s2.softmax)
+                              if s2.softmax is not None else None).row()
     return NormalizeResult(out, rows, True, stats, verification, result.ignored, skipped=list(result.skipped))
 
 
-def _graph_of(model: onnx.ModelProto, site) -> onnx.GraphProto:
+def _graph_of(model: onnx.ModelProto, site: AttentionSite) -> onnx.GraphProto:
     """The graph a site is in: the main graph or an If/Loop/Scan body."""
     return subgraphs.find_proto(model.graph, site.graph) if site.graph else model.graph
 
 
-def _mask_ops(model: onnx.ModelProto, site) -> set[str]:
+def _mask_ops(model: onnx.ModelProto, site: AttentionSite) -> set[str]:
     """Op types in the subgraph that computes the site's mask operand (in the site's own graph)."""
     operands = {s.operand for s in site.mask_steps if s.operand}
     producers = {o: n for n in _graph_of(model, site).node for o in n.output}

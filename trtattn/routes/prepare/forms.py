@@ -121,8 +121,10 @@ def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, 
             return compare_models(original, derived, sites, dims=dims, atol=atol, rtol=rtol, given=inputs).summary()
         adapter = form_adapter(original, [i.name for i in derived.graph.input], cache_inputs(derived))
         with contextlib.ExitStack() as stack:
-            runners = [onnx_runner(stack, original, name="original"), onnx_runner(stack, derived, name=form)]
-            return compare_runners(*runners, adapter, dims=dims, atol=atol, rtol=rtol, given=inputs).summary()
+            reference = onnx_runner(stack, original, name="original")
+            candidate = onnx_runner(stack, derived, name=form)
+            return compare_runners(reference, candidate, adapter, dims=dims, atol=atol, rtol=rtol,
+                                   given=inputs).summary()
     except Exception as e:
         if not type(e).__module__.startswith("onnxruntime"):
             raise
