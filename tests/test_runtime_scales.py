@@ -146,3 +146,21 @@ def test_swinv2_cosine_attention_is_fused():
     assert [r.status for r in result.reports] == ["fused", "fused"], [r.row() for r in result.reports]
     assert result.ok and all(r.site.scale == 1.0 for r in result.reports)
     assert all(any(s.op == "head_scale" for s in r.site.mask_steps) for r in result.reports)
+
+
+def test_per_head_scale_of_unknown_shape_is_unsupported():
+    """A per-head logit scale whose operand has no known shape cannot be told per-head from per-position:
+    refused by name (it used to be a TypeError from zip over None)."""
+    import onnx_graphsurgeon as gs
+
+    from trtattn.graph.view import GraphView
+    from trtattn.match.axes import Atoms
+    from trtattn.match.core import _per_head
+    from trtattn.match.errors import Unsupported
+    from trtattn.site import MaskStep
+
+    s, y = gs.Variable("s", dtype=np.float32), gs.Variable("y", dtype=np.float32)
+    graph = gs.Graph(nodes=[gs.Node("Identity", inputs=[s], outputs=[y])], inputs=[s], outputs=[y], opset=17)
+    step = MaskStep("head_scale", operand="s", node="scale/Mul", frame=(("x0",),))
+    with pytest.raises(Unsupported, match="scale/Mul multiplies the logits by s, whose shape is not known"):
+        _per_head(GraphView(graph, fold=False), step, Atoms())

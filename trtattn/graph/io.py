@@ -49,10 +49,10 @@ def alive(pid: int) -> bool:
     return True
 
 
-def remove_stale(folder: str | os.PathLike) -> list[Path]:
+def remove_stale(folder: str | os.PathLike[str]) -> list[Path]:
     """Remove the temporary files and scratch folders trtattn left in `folder` from runs that were killed
     (their pid is in the name and no longer runs); returns what it removed."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(folder))
     except OSError:

@@ -94,7 +94,8 @@ def activation_bytes(model: onnx.ModelProto, dims: dict) -> int:
         inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
     except Exception:  # a model shape inference cannot follow: size what the inputs alone take
         inferred = skeleton
-    sizes, shapes = {}, {}
+    sizes: dict[str, int] = {}
+    shapes = {}  # now of every value, not only the inputs
     for vi in _values(inferred.graph):
         n = _nbytes(vi)
         if n is not None:

@@ -39,9 +39,9 @@ def upgrade_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
             import onnx_ir as ir
             from onnxscript import version_converter as ir_converter
 
-            converted = ir.from_proto(model)
-            ir_converter.convert_version(converted, version, fallback=False)
-            return ir.to_proto(converted)
+            ir_model = ir.from_proto(model)
+            ir_converter.convert_version(ir_model, version, fallback=False)
+            return ir.to_proto(ir_model)
         except Exception:
             raise TrtattnError(f"cannot convert the model from opset {opset_of(model)} to {version}: "
                                f"{str(first).splitlines()[0]}") from None
@@ -60,7 +60,7 @@ def infer(model: onnx.ModelProto) -> list[onnx.ModelProto]:
     symbolic one where ONNX's leaves dims it could not name (it names them unk__N: TorchScript's head
     splits; dynamo exports have none, and skipping it saves importing sympy, 1.5 s). The weights are set
     aside while they run."""
-    results = []
+    results: list[onnx.ModelProto] = []
     with weights_aside(model):
         for inference in (_onnx_shapes, symbolic_shapes):
             if results and not _unnamed_dims(results[-1]):
@@ -204,6 +204,8 @@ def _symbolic_module():
 
         path = os.path.join(os.path.dirname(onnxruntime.__file__), "tools", "symbolic_shape_infer.py")
         spec = importlib.util.spec_from_file_location("trtattn_symbolic_shape_infer", path)
+        if spec is None or spec.loader is None:  # onnxruntime's layout changed: say which file
+            raise ImportError(f"cannot load ONNX Runtime's symbolic shape inference from {path}")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         _SYMBOLIC = module

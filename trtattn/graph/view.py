@@ -32,7 +32,7 @@ class MappedValues(LazyValues):
     def __init__(self, tensor: onnx.TensorProto, folder):
         super().__init__(tensor)
         self.folder = folder
-        self.array = None
+        self.array: np.ndarray | None = None
 
     def load(self):
         if self.array is None:
@@ -48,7 +48,11 @@ class _Mapped:
 
     def add(self, constant: gs.Constant, values: MappedValues) -> None:
         key = id(constant)
-        self.items[key] = (weakref.ref(constant, lambda _, k=key: self.items.pop(k, None)), values)
+
+        def forget(_: weakref.ref) -> None:  # the constant is gone: so is its entry
+            self.items.pop(key, None)
+
+        self.items[key] = (weakref.ref(constant, forget), values)
 
     def get(self, constant: gs.Constant) -> MappedValues | None:
         item = self.items.get(id(constant))

@@ -150,6 +150,8 @@ class Rule:
 
     def rewrite(self, graph: gs.Graph, found: Found, index: dict) -> gs.Node:
         probs = found.anchor.outputs[0]
+        if found.axis is None:  # check() sets it; a rewrite without one is a caller's bug
+            raise ValueError(f"{found.anchor.op} {found.anchor.name}: rewritten before its axis was checked")
         sm = gs.Node("Softmax", name=f"{found.anchor.name or probs.name}_softmax",  # the anchor's scope: the site name
                      attrs={"axis": int(found.axis)}, inputs=[found.x], outputs=[])
         found.anchor.outputs.clear()
@@ -245,7 +247,10 @@ class ShiftedSoftmax(Rule):
         return None if keep and same else "left as it is"  # another shift: part of the logits, not rewritten
 
     def rewrite(self, graph, found, index):
-        found.anchor.inputs[0] = _shift_of(found.x)[0]
+        shift = _shift_of(found.x)
+        if shift is None:  # pattern() found it: the graph changed between pattern and rewrite
+            raise ValueError(f"{found.anchor.op} {found.anchor.name}: its input is no longer x - ReduceMax(x)")
+        found.anchor.inputs[0] = shift[0]
         return found.anchor
 
 
@@ -305,7 +310,8 @@ def canonicalize(graph: gs.Graph, opset: int, rank_of=lambda t: None) -> Canonic
 
 def _cone(anchor: gs.Node) -> list[gs.Node]:
     """The anchor's ancestors within a few hops: the nodes a rewrite may leave unread."""
-    seen, stack = [], [(anchor, 0)]
+    seen: list[gs.Node] = []
+    stack = [(anchor, 0)]
     while stack:
         n, depth = stack.pop()
         for t in n.inputs:

@@ -15,6 +15,8 @@ of an activation with weights (DeBERTa's content-to-position term, XLNet's posit
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Set
 from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
@@ -98,7 +100,7 @@ def _expand(term: str, rank: int | None, node) -> list[str]:
 class Activations:
     """Which tensors depend on the values of a graph input (or, in a subgraph, of anything outside it)."""
 
-    def __init__(self, graph: gs.Graph, sources: set[str], constants: set[str] = frozenset()):
+    def __init__(self, graph: gs.Graph, sources: set[str], constants: Set[str] = frozenset()):
         self.graph = graph
         self.sources = sources
         self.constants = constants  # tensors from outside that hold weights, not values (a subgraph's)
@@ -135,15 +137,13 @@ class Activations:
         return any(self._memo.get(i.name, False) for i in n.inputs if i.name)
 
 
-_ACTIVATIONS = None  # view -> Activations, weakly keyed
+_ACTIVATIONS: weakref.WeakKeyDictionary[object, Activations] | None = None  # view -> Activations, weakly keyed
 
 
 def activations(view, constants: set[str] | None = None) -> Activations:
     """The activation test of a view's graph (built once per view; `constants` on the first call: inputs
     that hold weights, as the outer scope's initializers a subgraph reads)."""
     global _ACTIVATIONS
-    import weakref
-
     if _ACTIVATIONS is None:
         _ACTIVATIONS = weakref.WeakKeyDictionary()
     if view not in _ACTIVATIONS:

@@ -246,6 +246,8 @@ def _per_head(view: GraphView, step: MaskStep, atoms: Atoms) -> None:
     """A tensor scale of the logits may vary over batch and heads only (the fused op's Q takes it); over
     the positions it is a multiplicative mask."""
     shape = view.shape(view.tensors[step.operand])
+    if step.frame is None or shape is None:  # nothing to tell per-head from per-position by
+        raise Unsupported(f"{step.node} multiplies the logits by {step.operand}, whose shape is not known")
     for group, size in zip(atoms.resolve(step.frame), shape):
         if size != 1 and not all(a.startswith("x") for a in group):
             raise Unsupported(f"{step.node} multiplies the logits by a tensor that varies over "

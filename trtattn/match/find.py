@@ -227,7 +227,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         softmax=sm.name,
         dtype=str(view.dtype(q.tensor) or view.dtype(core.q_operand) or "float32"),
         key_perm=key_perm,
-        key_transposed=key.adjacent.name if key is not None else None,
+        key_transposed=key.adjacent.name if key is not None and key.adjacent is not None else None,
         key_transposed_scale=key.inner_scale if key is not None else 1.0,
         logits_cast=core.logits_cast,
         notes=tuple(notes),
@@ -283,8 +283,9 @@ def _dims(atoms: Atoms, rename: dict, tensors: list) -> tuple:
         if whole is not None and len(unknown) == 1 and (ren(unknown[0]),) not in recipes:
             divisor = 1
             for a in leaves:
-                if a != unknown[0]:
-                    divisor *= atoms.known(a)
+                size = atoms.known(a)
+                if size is not None:  # all but unknown[0]
+                    divisor *= size
             recipes[(ren(unknown[0]),)] = ("part", whole, divisor)
     return tuple(recipes.items())
 

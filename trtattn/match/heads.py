@@ -90,8 +90,8 @@ def resolve_key(view: GraphView, kt: gs.Tensor, rank: int, strip: bool = True) -
         t = view.skip_passthrough_up(t)
         n = view.producer(t)
         if n is not None and n.op == "Transpose":
-            inner = list(n.attrs.get("perm", reversed(range(rank))))
-            perm = _compose(perm, inner)
+            inner_perm = list(n.attrs.get("perm", reversed(range(rank))))
+            perm = _compose(perm, inner_perm)
             t = n.inputs[0]
             continue
         if n is not None and n.op in ("Mul", "Div"):
@@ -144,7 +144,7 @@ def strip_repeat(view: GraphView, t: gs.Tensor, rank: int) -> tuple[gs.Tensor, i
         reps = view.ints(expand.inputs[1])
         if reps is None or len(reps) != 5 or reps[:2] != [1, 1] or reps[3:] != [1, 1]:
             return t, 1
-        rep = reps[2]
+        rep: int | None = reps[2]
     else:
         target = view.ints(expand.inputs[1])
         rep = target[2] if target is not None and len(target) == 5 else None
@@ -152,8 +152,8 @@ def strip_repeat(view: GraphView, t: gs.Tensor, rank: int) -> tuple[gs.Tensor, i
             # the expand shape is computed: read the repeat from the shapes instead
             heads_out, heads_in = view.dim(t, 1), view.dim(kv, 1)
             rep = heads_out // heads_in if heads_out and heads_in and heads_out % heads_in == 0 else None
-        if rep is None:
-            return t, 1
+    if rep is None:
+        return t, 1
     return kv, rep
 
 
@@ -308,4 +308,5 @@ def kv_heads_in(c: Candidate, heads: tuple, atoms: Atoms) -> tuple | None:
 
 def size_of(group: tuple, atoms: Atoms) -> int | None:
     sizes = [atoms.known(a) for a in group]
-    return math.prod(sizes) if None not in sizes else None
+    known = [s for s in sizes if s is not None]
+    return math.prod(known) if len(known) == len(sizes) else None

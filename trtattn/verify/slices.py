@@ -98,7 +98,8 @@ def plan(model: onnx.ModelProto, outputs, budget: int) -> list[Slice]:
             crossing[last[name] + 1] -= 1
     for k in range(1, len(crossing)):
         crossing[k] += crossing[k - 1]
-    cuts, start, held = [0], 0, {}
+    cuts, start = [0], 0
+    held: dict[str, int] = {}
     for k, names in enumerate(reads):
         need = {n: weights[n] for n in names if n in weights}
         if k > start and sum({**held, **need}.values()) > budget:

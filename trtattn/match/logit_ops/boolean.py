@@ -24,7 +24,7 @@ def replacing_fill(dtype) -> float:
 
 class Where(LogitOp):
     kind = "where"
-    onnx_ops = ("Where",)
+    onnx_ops: tuple[str, ...] = ("Where",)  # the base's type: subclasses read none
     masks = True
     boolean = True
     implicit_ok = True

@@ -24,7 +24,8 @@ from .chain import split
 
 def _from_input_values(view, t, budget: int = 64) -> bool:
     """Whether `t` depends on the values of a graph input (not only on shapes)."""
-    seen, stack = set(), [t]
+    seen: set[int] = set()
+    stack = [t]
     while stack and len(seen) < budget:
         x = stack.pop()
         if id(x) in seen:

@@ -82,7 +82,7 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
         calib = tmp / "calibration"
         for i, f in enumerate(feeds):  # one .npz per batch: AutoCast aggregates the ranges
             calib.mkdir(exist_ok=True)
-            np.savez(calib / f"{i:04d}.npz", **{k: np.asarray(v) for k, v in f.items()})
+            np.savez(calib / f"{i:04d}.npz", **{k: np.asarray(v) for k, v in f.items()})  # type: ignore[arg-type]  # numpy's stub types **kwds as its allow_pickle flag
         log = io.StringIO()
         try:
             with _captured(log):
@@ -179,7 +179,7 @@ def _clamp_masks(model: onnx.ModelProto, types: dict[str, int], ranks: dict[str,
     gets a zero query (`_dead_rows`)."""
     from ...match.logit_ops.boolean import replacing_fill
 
-    clamped: dict[str, tuple[str, str]] = {}  # mask -> (clamped mask, its dead rows)
+    clamped: dict[str, tuple[str, str | None]] = {}  # mask -> (clamped mask, its dead rows if any)
     floor, position = "trtattn/fp16_mask_floor", 0
 
     def insert(added: list) -> None:  # before the node at `position`, which then moves past them

@@ -49,6 +49,8 @@ INSTALL = "pip install 'trtattn[quant]' (NVIDIA ModelOpt without its onnxruntime
 class QuantizationError(TrtattnError):
     """ModelOpt failed on the model."""
 
+    log: str = ""  # ModelOpt's debug log, for --debug
+
 
 @dataclass
 class QuantizeResult:

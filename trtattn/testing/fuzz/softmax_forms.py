@@ -153,7 +153,7 @@ def sink(ctx: Ctx):
     need(s.softmax.attrs.get("axis", -1 if ctx.opset >= 13 else 1) in (-1, r - 1), "softmax not over the last axis")
     need(s.probs not in ctx.graph.outputs, "the probabilities are a graph output")
     shape = ctx.facts.shape(s.scores)
-    heads = shape[1] if r == 4 and isinstance(shape[1], int) else 1
+    heads = shape[1] if shape is not None and r == 4 and isinstance(shape[1], int) else 1  # unknown: one sink for all
     sinks = ctx.const(np.linspace(-1.0, 2.0, heads).reshape((1, heads) + (1,) * (r - 2)))
     column = ctx.op("Expand", [sinks, ctx.op("Concat", [ctx.shape_of(s.scores, 0, r - 1), ctx.ints([1])], axis=0)])
     first = ctx.variant == "first"
