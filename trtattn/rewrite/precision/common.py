@@ -31,6 +31,8 @@ LARGE = 2**31 - 1 - 2**24  # protobuf's limit, with room
 class PrecisionError(TrtattnError):
     """AutoCast could not convert the model, or its matmul work cannot be counted."""
 
+    log: str = ""  # AutoCast's own log, when it has one to say why
+
 
 class NotRunnableOnCpu(TrtattnError):
     """Neither ONNX Runtime's CPU provider nor onnx's reference evaluator runs the model."""
