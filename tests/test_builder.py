@@ -105,7 +105,8 @@ def test_every_tensorrt_api_the_builder_uses(checked_trt, zoo_export, tmp_path):
     from trtsim.checked import checked
 
     used = set()
-    for name, exporter, form, *precision in CASES + PRECISION_CASES:
+    for case in CASES + PRECISION_CASES:
+        name, exporter, form, *precision = getattr(case, "values", case)  # a pytest.param carries its marks
         trt = checked(checked_trt.sim.real)
         _, prepared = _prepared(zoo_export, name, exporter, form, *precision)
         build(prepared, trt, tmp_path, write=False)

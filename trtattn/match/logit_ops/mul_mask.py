@@ -49,8 +49,10 @@ class MulMask(Where):
         if scalar(view, other) is not None or view.const(other) is not None:
             return None  # a scale (scale.py), or a constant tensor (a per-head scale, not a mask)
         shape = view.shape(other)
-        if shape is not None and all(d == 1 for d in shape):
-            return None  # one number computed at run time: a scale (1 / sqrt of a shape), not a mask
+        if shape is not None and (all(d == 1 for d in shape) or (shape and shape[-1] == 1)):
+            # one number computed at run time (1 / sqrt of a shape), or a factor constant along the keys
+            # (Swin-v2's per-head exp(logit_scale), [heads, 1, 1]): a scale, since a mask varies over the keys
+            return None
         if shape is None and not _from_input_values(view, other):
             return None  # nothing says it is a mask: scale.py says what it cannot read
         return MaskStep(self.kind, operand=other.name, value=0.0, node=node.name), node.inputs[chain]
