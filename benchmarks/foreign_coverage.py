@@ -77,7 +77,7 @@ def _matches(original: Path, rewritten: Path) -> tuple[bool | None, float | None
     import onnxruntime as ort
 
     from trtattn.graph.dims import fit_dims
-    from trtattn.graph.inputs import make_feeds
+    from trtattn.graph.feeds import make_feeds
     from trtattn.verify.compare import model_precision
 
     model = onnx.load(str(original))

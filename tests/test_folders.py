@@ -180,7 +180,7 @@ def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_orig
     """Class 6 on the zoo's llama-merged (Optimum's merge of the without- and with-cache decoders): each
     branch verified on its own, every site of both fused, and the fused If runs both ways as the original."""
     from trtattn.graph.branches import take_branch
-    from trtattn.graph.inputs import make_feeds
+    from trtattn.graph.feeds import make_feeds
     from trtattn.rewrite.fuse import fuse_model
 
     original = onnx.load(str(zoo_export("llama-merged", "torchscript")))

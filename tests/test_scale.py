@@ -18,8 +18,9 @@ import onnxruntime as ort
 import pytest
 from conftest import sha256
 
-from trtattn.graph import external, inputs, io
+from trtattn.graph import external, io
 from trtattn.graph.evaluate import ort_session
+from trtattn.graph.feeds import make_feeds
 from trtattn.graph.shapes import upgrade_opset
 from trtattn.match import analyse, probe_feeds
 from trtattn.rewrite.fuse import fuse_model
@@ -145,7 +146,7 @@ def test_a_sliced_run_computes_what_the_whole_model_computes(written):
     names = [o.name for o in model.graph.output]
     pieces = slices.plan(model, names, budget=1 << 20)
     assert len(pieces) >= 4 and all(p.weights <= 1 << 20 or len(p.nodes) == 1 for p in pieces)
-    feeds = [inputs.make_feeds(model, seed=seed) for seed in (0, 1)]
+    feeds = [make_feeds(model, seed=seed) for seed in (0, 1)]
     session = ort_session(model)
     for one, sliced in zip(feeds, slices.run(model, pieces, feeds, names)):
         for name, value in zip(names, session.run(names, one)):
@@ -219,7 +220,7 @@ def test_session_source_links_the_weights_for_tools_that_open_a_path(written):
     with io.session_source(model) as source:
         assert isinstance(source, str) and os.path.exists(source)
         session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
-        feeds = inputs.make_feeds(model)
+        feeds = make_feeds(model)
         np.testing.assert_allclose(session.run(None, feeds)[0], ort_session(model).run(None, feeds)[0], atol=1e-5)
 
 

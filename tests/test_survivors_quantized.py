@@ -57,7 +57,7 @@ DIMS = {"seq": 32}  # ModelOpt leaves GEMMs under 16 unquantized
 @pytest.fixture(scope="module")
 def bert_calib(zoo_export, tmp_path_factory):
     pytest.importorskip("modelopt.onnx.quantization", reason="ModelOpt's ONNX quantization (the quant extra)")
-    from trtattn.graph.inputs import make_feeds
+    from trtattn.graph.feeds import make_feeds
     from trtattn.rewrite.quantize import stack_feeds
 
     bert = zoo_export("bert", "torchscript")
