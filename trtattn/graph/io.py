@@ -122,17 +122,25 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
     path = Path(path)
     with writing(path):
         _make_parent(path)
-        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data.encode() if isinstance(data, str) else data)
-            os.chmod(tmp, 0o666 & ~_umask())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with _staged(path) as tmp:
+            Path(tmp).write_bytes(data.encode() if isinstance(data, str) else data)
     return path
+
+
+@contextlib.contextmanager
+def _staged(path: Path):
+    """A pid-named temporary file beside `path` (a killed run's is removed by the next: remove_stale),
+    renamed onto `path` with the usual mode when the block succeeds, removed when it fails."""
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _umask() -> int:
@@ -270,16 +278,8 @@ def copy_model(src: str | os.PathLike, dst: str | os.PathLike, model: onnx.Model
     dst = Path(dst)
     with writing(dst):
         _make_parent(dst)
-        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(dst), suffix=".tmp", dir=dst.parent)
-        os.close(fd)
-        try:
+        with _staged(dst) as tmp:
             shutil.copyfile(src, tmp)
-            os.chmod(tmp, 0o666 & ~_umask())
-            os.replace(tmp, dst)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
     return dst
 
 
