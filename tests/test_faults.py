@@ -416,3 +416,17 @@ def test_a_search_that_would_blow_up_stays_small(tmp_path):
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss << 10
     assert proc.returncode == 2 and "skipped for memory" in proc.stderr, proc.stderr
     assert peak < 1 << 30, f"peak {peak >> 20} MB"
+
+
+def test_a_failed_write_leaves_neither_a_temporary_nor_the_target(tmp_path):
+    """atomic_write and copy_model stage through a temporary beside the target: a write that fails midway
+    (here the data cannot be written) removes it, and the old target, if any, stays as it was."""
+    target = tmp_path / "out" / "r.json"
+    with pytest.raises(TypeError):
+        onnxio.atomic_write(target, object())  # type: ignore[arg-type]
+    assert not target.exists() and not [p for p in tmp_path.rglob("*") if p.is_file()]
+    target.parent.mkdir()  # (the failed write removed the folder it had made for the target)
+    target.write_text("old")
+    with pytest.raises(TypeError):
+        onnxio.atomic_write(target, object())  # type: ignore[arg-type]
+    assert target.read_text() == "old" and [p.name for p in target.parent.iterdir()] == ["r.json"]

@@ -154,3 +154,20 @@ def test_router_read_by_frames_is_not_attention():
     result = fuse_model(model)
     assert result.reports == [] and len(result.ignored) == 1, ([r.row() for r in result.reports], result.ignored)
     assert "normalises over the 4 outputs of weights" in result.ignored[0].reason, result.ignored
+
+
+def test_an_unprovable_softmax_over_a_learned_probe_is_listed_not_ignored():
+    """Exp / (ReduceSum + eps) (no rule proves it a softmax) after the probe's product with the input's keys:
+    with no Softmax to read the axis from, that product counts as attention's, so the site is listed."""
+    import onnx_graphsurgeon as gs
+
+    from trtattn.match import match
+    from trtattn.testing.fuzz.softmax_forms import write_softmax
+
+    torch.manual_seed(0)
+    model = export(Pooling(), (torch.randn(2, 7, 32),), ["x"], {"x": {0: "batch"}})
+    g = gs.import_onnx(model)
+    write_softmax(g, next(n for n in g.nodes if n.op == "Softmax"), "sum_eps")
+    result = match(gs.export_onnx(g))
+    assert not result.sites and len(result.skipped) == 1, (result.skipped, result.ignored)
+    assert "cannot be proven" in result.skipped[0].reason
