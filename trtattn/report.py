@@ -97,10 +97,13 @@ class Progress:
         self.bars = enabled and (bars if bars is not None else bool(isatty and isatty()))
         self.open_step: _Step | None = None  # a plain step line waiting for its ' done'
 
-    def _plain(self, text: str) -> None:
+    def _end_open_line(self) -> None:
         if self.open_step is not None:  # something prints inside a step: its line ends here, 'done' comes later
             print(file=self.stream)
             self.open_step.interrupted, self.open_step = True, None
+
+    def _plain(self, text: str) -> None:
+        self._end_open_line()
         print(text, file=self.stream, flush=True)
 
     def step(self, text: str):
@@ -151,9 +154,7 @@ class _Step:
             self.bar = tqdm(total=None, desc=f"[trtattn] {self.text}", bar_format="{desc} {elapsed}", file=self.p.stream,
                             leave=False)
         elif self.p.enabled:
-            if self.p.open_step is not None:
-                print(file=self.p.stream)
-                self.p.open_step.interrupted = True
+            self.p._end_open_line()
             print(f"[trtattn] {self.text} ...", file=self.p.stream, end="", flush=True)
             self.p.open_step = self
         return self
