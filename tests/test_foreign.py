@@ -13,6 +13,8 @@ import json
 import onnx
 import pytest
 
+from trtattn.graph import validate
+from trtattn.graph.shapes import upgrade_opset
 from trtattn.match import match
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.zoo.foreign import MANIFEST, ROOT, load_manifest
@@ -60,7 +62,9 @@ def _cases():
 
 @pytest.mark.parametrize("row", list(_cases()))
 def test_corpus_file(row):
-    model = onnx.load(ROOT / row["file"])
+    path = ROOT / row["file"]
+    model = onnx.load(path)
+    validate.check_read(model, path)  # read as the commands read it
     result = fuse_model(model)
     found = len(result.reports)
     assert found == row["expected_sites"], f"{row['expected_sites'] - found} silent misses ({found} found)"
@@ -70,6 +74,41 @@ def test_corpus_file(row):
     fused = [r for r in result.reports if r.status == "fused"]
     assert fused and result.verification.get("passed") is True
     assert _ops(result.model)["Attention"] >= len(fused)
+    validate.check(result.model, "the fused model")  # what the commands would write must be valid ONNX
+
+
+def test_a_model_only_onnx_runtime_accepts_is_read_with_a_note():
+    """paddle2onnx's opset-7 export has an int64 Constant, which opset 7's schema does not allow: ONNX's
+    strict inference refuses it, ONNX Runtime runs it, so it is read (with a note saying so); a model neither
+    accepts is still refused."""
+    path = ROOT / "paddle-mha-opset7.paddle2onnx.onnx"
+    model = onnx.load(path)
+    with pytest.raises(validate.InvalidModelError, match="unsupported type"):
+        validate.check(model, str(path))
+    note = validate.check_read(model, path)
+    assert note and "ONNX Runtime loads it" in note and "unsupported type" in note
+    assert validate.check_read(onnx.load(ROOT / "paddle-mha.paddle2onnx.onnx"), "x") is None
+
+
+def test_a_model_onnx_runtime_refuses_too_is_not_read(tmp_path):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    bad = helper.make_node("Add", ["x", "x"], ["y"])  # y typed int64 below: a type error for both
+    graph = helper.make_graph([bad], "g", [x], [helper.make_tensor_value_info("y", TensorProto.INT64, [2])])
+    path = tmp_path / "bad.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(validate.InvalidModelError, match="bad.onnx"):
+        validate.check_read(onnx.load(path), path)
+
+
+def test_an_opset_7_model_written_at_opset_23_gets_an_ir_version_that_types_its_initializers():
+    """Under IR 3 an initializer that is not a graph input has no type: the fused opset-7 export was written
+    invalid until the upgrade raised the IR version with the opset."""
+    model = onnx.load(ROOT / "plain-opset7.torchscript.onnx")
+    assert model.ir_version == 3
+    upgraded = upgrade_opset(model, 23)
+    assert upgraded.ir_version >= onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", 23)])
 
 
 def test_qattention_is_written_as_onnx_runtime_computes_it():

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TrtattnError
-from .graph import external
+from .graph import external, validate
 from .graph import io as onnxio
 
 MODES = ("fuse", "normalize")
@@ -165,8 +165,11 @@ def process_folder(source, output, *, mode: str = "fuse", force: bool = False, a
 def _one_model(path: Path, rel: Path, dst: Path, data: dict, mode: str, allow_partial: bool, progress,
                options) -> FileResult:
     model = onnxio.load(path, load_external_data=False)
+    note = validate.check_read(model, path)  # as a single model's command reads it
     if progress is not None:  # a heading: the steps inside print their own lines
         progress.note(f"{mode} {rel}:")
+        if note:
+            progress.note(note)
     result = _transform(model, mode, progress, options)
     verification = result.verification
     if mode == "fuse":

@@ -74,7 +74,7 @@ def run(args, progress) -> int:
     from ..trt.profiles import parse_shapes
 
     check_report_html(args)
-    model = load_model(args.model)  # weights stay on disk: memory follows the work (an 8B model is 16 GB)
+    model = load_model(args.model, progress)  # weights stay on disk: memory follows the work (an 8B model is 16 GB)
     name = args.name or Path(args.model).stem
     shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
     limits = Limits(max_batch=args.max_batch, max_positions=args.max_positions, max_cache=args.max_cache)

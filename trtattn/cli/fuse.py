@@ -36,7 +36,7 @@ def run(args, progress) -> int:
         return fuse_trt.run(args, progress)
     check_output(args.model, args.output, args.force, args.report)
     check_report_html(args)
-    model = load_model(args.model)  # weights stay on disk; bad input: one line, before any progress output
+    model = load_model(args.model, progress)  # weights stay on disk; bad input: one line, before any progress output
     result = fuse_model(model, dims=parse_dims(args.dims), seed=args.seed, atol=args.atol, progress=progress,
                         inputs=given_inputs(args, model))
     code = report(result, model, args.model, args.output, args.report, progress, allow_partial=args.allow_partial)

@@ -52,7 +52,9 @@ def run(args, progress) -> int:
     check_output(args.model, args.output, args.force)
     check_output(args.model, sidecar_path(args.output), args.force)
     model = onnxio.load(args.model)
-    validate.check(model, str(args.model))
+    note = validate.check_read(model, args.model)
+    if note:
+        progress.note(note)
     result = fuse_trt(model, name=Path(args.output).stem, form=args.form or "padded", precision=args.precision or "fp16",
                       calib=args.calib, dims=parse_dims(args.dims), progress=progress, source=str(args.model),
                       inputs=given_inputs(args, model))

@@ -39,7 +39,7 @@ def run(args, progress) -> int:
         return folder.run(args, progress, "normalize")
     check_output(args.model, args.output, args.force, args.report)
     check_report_html(args)
-    model = load_model(args.model)
+    model = load_model(args.model, progress)
     if args.quantize and not args.calib:
         raise TrtattnError("--quantize needs calibration data: --calib DATA.npz (arrays keyed by input name)")
     if args.quantize:

@@ -31,9 +31,9 @@ def add_parser(sub) -> None:
 def run(args, progress) -> int:
     from ..verify import verify_candidate
 
-    original = load_model(args.onnx)  # weights left on disk: ONNX Runtime maps them
+    original = load_model(args.onnx, progress)  # weights left on disk: ONNX Runtime maps them
     if not is_engine_path(args.candidate):
-        load_model(args.candidate)  # an invalid candidate: one line naming it
+        load_model(args.candidate, progress)  # an invalid candidate: one line naming it
     sidecar = json.loads(Path(args.sidecar).read_text()) if args.sidecar else None
     with progress.step(f"comparing {args.candidate} with {args.onnx}"):
         result = verify_candidate(args.candidate, original, sidecar=sidecar, precision=args.precision,

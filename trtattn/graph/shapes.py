@@ -33,7 +33,6 @@ def upgrade_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
         with weights_aside(model) as weights:  # the converter serializes the model: convert its structure
             converted = version_converter.convert_version(model, version)
         attach_weights(converted, weights)
-        return converted
     except Exception as first:
         try:
             import onnx_ir as ir
@@ -41,10 +40,15 @@ def upgrade_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
 
             ir_model = ir.from_proto(model)
             ir_converter.convert_version(ir_model, version, fallback=False)
-            return ir.to_proto(ir_model)
+            converted = ir.to_proto(ir_model)
         except Exception:
             raise TrtattnError(f"cannot convert the model from opset {opset_of(model)} to {version}: "
                                f"{str(first).splitlines()[0]}") from None
+    # the converters keep the IR version: an IR 3 model (opset 7) at opset 23 would be invalid, and under
+    # IR 3 an initializer that is not also a graph input has no type
+    needed = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", version)])
+    converted.ir_version = max(converted.ir_version, needed)
+    return converted
 
 
 def dims_of(value_info: onnx.ValueInfoProto) -> list | None:

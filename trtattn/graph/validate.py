@@ -10,6 +10,11 @@ Two checks, cheapest first, each failing with one line that names the node or va
 - ONNX's strict type and shape inference (the full check of `onnx.checker`, without its demand that every
   graph input and output have a shape: an unknown rank is valid) when the proto, without weights left on
   disk, is small enough to copy; a model past that gets the structural check only.
+
+A model read (`check_read`) that fails only ONNX's strict inference but loads in ONNX Runtime is taken,
+with a note: exporters write such models (paddle2onnx's opset-7 int64 Constant, which opset 7's schema
+does not allow) and ONNX Runtime, the reference every result is verified against, runs them. What
+trtattn writes is always held to the strict check.
 """
 
 from __future__ import annotations
@@ -43,6 +48,28 @@ def check(model: onnx.ModelProto, what: str, full: bool | None = None) -> None:
         except Exception as e:  # InferenceError: the first line names the node and what is wrong
             first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
             raise InvalidModelError(f"{what}: invalid ONNX ({first})") from None
+
+
+def check_read(model: onnx.ModelProto, path) -> str | None:
+    """check() of a model read from `path`; a strict-inference failure ONNX Runtime does not share is a note
+    (returned), not an error."""
+    try:
+        structural(model)
+    except TrtattnError as e:
+        raise InvalidModelError(f"{path}: {e}") from None
+    try:
+        check(model, str(path))
+    except InvalidModelError as strict:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception:
+            raise strict from None
+        return f"{strict} -- ONNX Runtime loads it, so it is read as ONNX Runtime reads it"
+    return None
 
 
 def structural(model: onnx.ModelProto) -> None:
