@@ -158,3 +158,16 @@ def test_make_regenerates_a_corpus_file(tmp_path):
     (tmp_path / name).write_bytes(b"x" * (make.MAX_FILE + 1))
     with pytest.raises(SystemExit, match="corpus files stay under"):  # make.py refuses a file over 2 MB
         make.main(["--out", str(tmp_path), "--skip-tools"])
+
+
+@pytest.mark.parametrize("name", ["plain-opset7.torchscript.onnx", "plain-opset9.torchscript.onnx",
+                                  "paddle-mha-opset7.paddle2onnx.onnx", "bert-opset10.torchscript.onnx"])
+def test_normalize_writes_low_opset_exports_as_valid_onnx(name):
+    """normalize keeps the export's opset: what it writes for an IR-3 export must still type its weights."""
+    from trtattn.rewrite.normalize import normalize_model
+
+    model = onnx.load(ROOT / name)
+    validate.check_read(model, ROOT / name)
+    result = normalize_model(model)
+    assert result.verification.get("passed") is True
+    validate.check(result.model, "the normalized model")

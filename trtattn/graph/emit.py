@@ -70,7 +70,6 @@ def export_like(graph: gs.Graph, like: onnx.ModelProto, opset: int | None = None
     sorted), its default-domain opset raised to `opset` if given."""
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     model = export_graph(graph, like)  # weights left on disk stay references (view.import_graph)
-    model.ir_version = like.ir_version
     del model.metadata_props[:]
     model.metadata_props.extend(list(like.metadata_props))
     if opset:

@@ -99,7 +99,6 @@ def cut_out(graph: gs.Graph, outputs, like: onnx.ModelProto) -> onnx.ModelProto:
     sub = gs.Graph(nodes=nodes, inputs=inputs, outputs=list(outputs), opset=graph.opset,
                    import_domains=graph.import_domains, functions=graph.functions)
     model = export_graph(sub, like, do_type_check=False)
-    model.ir_version = like.ir_version
     return model
 
 

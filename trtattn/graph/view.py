@@ -92,8 +92,15 @@ def export_graph(graph: gs.Graph, like: onnx.ModelProto, do_type_check: bool = T
         else:
             constant.data_location = None  # new values: they go in the proto
     model = gs.export_onnx(graph, do_type_check=do_type_check)
+    model.ir_version = ir_version_like(like)
     external.set_data_dir(model, external.data_dir(like))
     return model
+
+
+def ir_version_like(like: onnx.ModelProto) -> int:
+    """`like`'s IR version, at least 4: under IR 3 an initializer is typed only as a graph input too, and
+    onnx-graphsurgeon exports initializers without those inputs (an opset-7 export came out invalid)."""
+    return max(like.ir_version, 4)
 
 
 def _constants(graph: gs.Graph):

@@ -365,7 +365,6 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
                 f"the rewrite failed ({type(e).__name__}: {e}; a trtattn bug, please report it)"
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     fused = export_graph(graph, working)
-    fused.ir_version = working.ir_version
     del fused.metadata_props[:]
     fused.metadata_props.extend(copy.deepcopy(list(working.metadata_props)))
     fused.producer_name, fused.producer_version = "trtattn", __version__

@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
 from ..graph.shapes import tensor_types
+from ..graph.view import ir_version_like
 
 
 @dataclass
@@ -99,7 +100,7 @@ def cut(form_model: onnx.ModelProto, lowered: dict, static: dict[str, dict[int, 
             t.shape = [value if i == axis else d for i, d in enumerate(t.shape)]
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     model = gs.export_onnx(graph)
-    model.ir_version = form_model.ir_version
+    model.ir_version = ir_version_like(form_model)
     result.model = model
     result.inputs = [t.name for t in graph.inputs if t.name not in set(result.placeholders)]
     return result

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ...graph.view import GraphView
+from ...graph.view import GraphView, ir_version_like
 
 FOLD_LIMIT = 16 << 20  # never fold a constant bigger than this (an Expand of a mask, say)
 
@@ -57,5 +57,5 @@ def cleanup(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
     graph = gs.import_onnx(folded)
     removed = remove_noops(graph)
     out = gs.export_onnx(graph.toposort())
-    out.ir_version = model.ir_version
+    out.ir_version = ir_version_like(model)
     return out, {"folded_nodes": len(model.graph.node) - len(folded.graph.node), "noops_removed": removed}
