@@ -176,6 +176,28 @@ def test_build_folder_writes_forms_plans_and_pipeline_sidecar_and_its_forms_gene
     assert [got] == trtattn.generate(llama_folder, [[5, 6, 7]], 6)
 
 
+def _run_tokens(capsys, folder, *args) -> list[list[int]]:
+    capsys.readouterr()
+    assert main(["run", str(folder), "--generate", "8", "--json", *args]) == 0
+    return [r["tokens"] for r in json.loads(capsys.readouterr().out)["requests"]]
+
+
+def test_build_encoder_decoder_folder_generates_through_its_kv_cache_form_as_the_export_does(whisper_folder, tmp_path,
+                                                                                           capsys):
+    """`build DIR` on an encoder-decoder folder: the encoder and the first decoder step in the padded form, the
+    decoder with past as the kv-cache form (self-attention over its static cache, the cross-attention K/V of
+    the first step as plain inputs); `run OUT --backend ort` gives the export folder's tokens."""
+    main(["build", str(whisper_folder), "--out-dir", str(tmp_path), "--precision", "fp32"])
+    out = tmp_path / whisper_folder.name
+    forms = {role: p["form"] for role, p in json.loads((out / "pipeline.json").read_text())["parts"].items()}
+    assert forms == {"encoder": "padded", "decoder": "padded", "decoder_with_past": "kv-cache"}
+    features = tmp_path / "features.npy"
+    np.save(features, np.random.default_rng(0).standard_normal((2, 16, 32)).astype(np.float32))
+    want = _run_tokens(capsys, whisper_folder, "--features", str(features))
+    assert len(want) == 2 and len(want[0]) > 1
+    assert _run_tokens(capsys, out, "--backend", "ort", "--features", str(features)) == want
+
+
 def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_original(zoo_export):
     """Class 6 on the zoo's llama-merged (Optimum's merge of the without- and with-cache decoders): each
     branch verified on its own, every site of both fused, and the fused If runs both ways as the original."""
