@@ -47,18 +47,23 @@ def llama_folder(zoo_dir, tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def whisper_folder(zoo_dir, tmp_path_factory):
+def _encoder_decoder_folder(family, zoo_dir, root, start):
+    """An encoder-decoder export folder as Optimum lays it out, from the zoo's generation parts."""
     from trtattn.zoo import generation
 
-    paths = generation.export_family("whisper", zoo_dir)
-    folder = tmp_path_factory.mktemp("whisper") / "export"
+    paths = generation.export_family(family, zoo_dir)
+    folder = root / "export"
     folder.mkdir()
-    for part, stem in (("whisper-encoder", "encoder_model"), ("whisper-decoder-init", "decoder_model"),
-                       ("whisper-decoder-step", "decoder_with_past_model")):
-        shutil.copy(paths[part], folder / f"{stem}.onnx")
-    (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": 3, "eos_token_id": 999}))
+    for part, stem in (("encoder", "encoder_model"), ("decoder-init", "decoder_model"),
+                       ("decoder-step", "decoder_with_past_model")):
+        shutil.copy(paths[f"{family}-{part}"], folder / f"{stem}.onnx")
+    (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": start, "eos_token_id": 999}))
     return folder
+
+
+@pytest.fixture(scope="module")
+def whisper_folder(zoo_dir, tmp_path_factory):
+    return _encoder_decoder_folder("whisper", zoo_dir, tmp_path_factory.mktemp("whisper"), 3)
 
 
 def _snapshot(folder):
@@ -196,6 +201,34 @@ def test_build_encoder_decoder_folder_generates_through_its_kv_cache_form_as_the
     want = _run_tokens(capsys, whisper_folder, "--features", str(features))
     assert len(want) == 2 and len(want[0]) > 1
     assert _run_tokens(capsys, out, "--backend", "ort", "--features", str(features)) == want
+
+
+@pytest.mark.slow  # exporting the three BART parts afresh takes ~15 s
+@pytest.mark.parametrize("family", ["bart"])
+def test_build_text_encoder_decoder_folder_generates_through_its_kv_cache_form_as_the_export_does(family, zoo_dir,
+                                                                                                   tmp_path, capsys):
+    """BART as Optimum cuts it: the kv-cache form's cross-attention reads the encoder's padding mask as
+    lengths (kept as an input, set once per request); tokens equal the export folder's, prompt by prompt."""
+    folder = _encoder_decoder_folder(family, zoo_dir, tmp_path, 2)
+    assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp32"]) in (0, 4)
+    out = tmp_path / "built" / folder.name
+    part = json.loads((out / "pipeline.json").read_text())["parts"]["decoder_with_past"]
+    assert part["form"] == "kv-cache" and "encoder_attention_mask" in {i["name"] for i in part["inputs"]}
+    prompts = [["--prompt", "100,101,102,103,104,105,106"], ["--prompt", "8"], ["--prompt", "5,6,7,9,11"]]
+    want = [_run_tokens(capsys, folder, *p)[0] for p in prompts]
+    assert len({tuple(t) for t in want}) == 3 and any(len(set(t)) > 1 for t in want)  # not one token repeated
+    assert [_run_tokens(capsys, out, "--backend", "ort", *p)[0] for p in prompts] == want
+
+
+@pytest.mark.slow
+def test_build_t5_folder_lists_its_decoder_with_past_the_kv_cache_form_cannot_take(zoo_dir, tmp_path, capsys):
+    """T5's decoder self-attention adds a relative position bias derived from the cache's length: the
+    kv-cache form has no such bias over a static cache, so the part is listed with why and the command fails."""
+    folder = _encoder_decoder_folder("t5", zoo_dir, tmp_path, 2)
+    assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp32"]) == 1
+    parts = json.loads((tmp_path / "built" / folder.name / "pipeline.json").read_text())["parts"]
+    assert "error" not in parts["encoder"] and "error" not in parts["decoder"]
+    assert "SelfAttention" in parts["decoder_with_past"]["error"] and "bias" in parts["decoder_with_past"]["error"]
 
 
 def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_original(zoo_export):

@@ -139,11 +139,13 @@ def generate_encoder_decoder(encoder, decoder_init, decoder_step, features: np.n
 
 def continue_decoding(step, presents: dict[str, np.ndarray], first_logits: np.ndarray, lengths, max_new_tokens: int, *,
                       eos_token_id: int | Collection[int] | None = None, capacity: int | None = None,
-                      record_logits: bool = True, source: str = "the first step") -> Generation:
+                      record_logits: bool = True, source: str = "the first step",
+                      fixed: dict[str, np.ndarray] | None = None) -> Generation:
     """Greedy decoding on `step` after a first step run elsewhere (an encoder-decoder's first decoder part):
     its presents ({step's past input: [B, N, S, H]}) seed the cache (`lengths` valid tokens per row), the
     ones with no present output on `step` (cross-attention K/V) are set once as its state, and the first
-    token comes from `first_logits` [B, V]. eos_token_id: one id or several (any of them ends a row)."""
+    token comes from `first_logits` [B, V]. eos_token_id: one id or several (any of them ends a row). `fixed`:
+    inputs the same at every step (the encoder's padding mask), set once where `step` takes them."""
     lengths = np.asarray(lengths, np.int64).reshape(-1)
     cache = make_cache(step, len(lengths), capacity=capacity)
     cache.load({p: presents[p] for p, _ in cache.pairs if p in presents}, lengths)
@@ -151,6 +153,9 @@ def continue_decoding(step, presents: dict[str, np.ndarray], first_logits: np.nd
         if name not in presents:
             raise TrtattnError(f"{source} gives no value for {step.name}'s {name}")
         step.set_state(name, presents[name])
+    for name, value in (fixed or {}).items():
+        if name in step.input_names:
+            step.set_state(name, value)
     return _decode(step, cache, first_logits, max_new_tokens, eos_token_id, record_logits, lengths)
 
 

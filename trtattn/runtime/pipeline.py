@@ -227,7 +227,7 @@ def generate_folder(folder, prompts, max_new_tokens: int, *, backend: str = "ort
     """Open the parts of an export folder (ONNX Runtime by default) and generate greedily (generate_pipeline)."""
     from .backends import open_session
 
-    pipeline = load_pipeline(folder)
+    pipeline = load_pipeline(folder, backend=backend)  # a built folder's verified forms on "ort"
     sessions = {role: open_session(str(path), backend=backend) for role, path in pipeline.parts.items()}
     try:
         return generate_pipeline(pipeline, sessions, prompts, max_new_tokens, **kwargs)
@@ -239,12 +239,13 @@ def generate_folder(folder, prompts, max_new_tokens: int, *, backend: str = "ort
 def _then_kv_cache_form(first, step, ids: np.ndarray, extra: dict, config: dict, n: int, eos: set) -> list[int]:
     """The first decoder part (padded form, no past) runs on the start tokens; its presents seed the kv-cache
     form's static self-attention cache and its cross-attention K/V (present.*.encoder.*, which the kv-cache
-    step takes as plain inputs) are set once as that step's state; runtime.generate decodes from there."""
+    step takes as plain inputs) and the encoder's padding mask are set once as that step's state;
+    runtime.generate decodes from there."""
     from .generate import continue_decoding
 
     logits, presents = _step(first, ids, {}, 0, extra, config)
     return continue_decoding(step, presents, logits, [ids.shape[1]], n, eos_token_id=eos, record_logits=False,
-                             source=first.name).tokens[0]
+                             source=first.name, fixed=extra).tokens[0]
 
 
 def _kv_cache_form(pipeline: Pipeline, sessions: dict, prompts, n: int, eos: set) -> list[list[int]]:
