@@ -122,7 +122,8 @@ def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force
         except TrtattnError as e:
             part.error = str(e)
             continue
-        onnxio.save(part.prepared.form_model, out / f"{part.role}.{part.form}.onnx", protect=(part.source,))
+        onnxio.save(part.prepared.form_model, out / f"{part.role}.{part.form}.onnx", protect=(part.source,),
+                    progress=progress)
         onnxio.atomic_write(out / f"{part.role}.plan.json",
                             json.dumps(part.prepared.plan.plan_json(), indent=2) + "\n")
     for name in COPIED:
