@@ -41,7 +41,8 @@ def _model(cfg):
     torch.manual_seed(SEED)
     model = _randomize(cls(cfg)).eval()
     if cfg.model_type == "bart":
-        model.model.decoder.embed_positions = _GivenPositions(model.model.decoder.embed_positions)
+        decoder = _decoder(model)
+        decoder.embed_positions = _GivenPositions(decoder.embed_positions)
     return model
 
 
