@@ -166,6 +166,8 @@ def test_progress_on_a_terminal_and_not_in_a_pipe_nor_with_quiet(tmp_path):
     on_tty = cli("fuse", model, "-o", tmp_path / "a.onnx", tty=True)
     assert on_tty.returncode == 0, on_tty.stderr
     assert "\r" in on_tty.stderr and "[trtattn]" in on_tty.stderr
+    # a step's live timer drawn (not only the pty's \r\n line endings)
+    assert re.search(r"\r\[trtattn\] verifying against the original[^\r\n]* \d\d:\d\d", on_tty.stderr), on_tty.stderr
     piped = cli("fuse", model, "-o", tmp_path / "b.onnx")
     assert piped.returncode == 0 and "\r" not in piped.stderr and "[trtattn] verifying" in piped.stderr
     quiet = cli("--quiet", "fuse", model, "-o", tmp_path / "c.onnx", tty=True)
