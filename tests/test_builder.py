@@ -216,3 +216,21 @@ def test_soft_capped_sites_stay_in_tensorrts_implicit_form(checked_trt, zoo_expo
     assert errors and max(e for e, _ in errors.values()) <= 1e-4, errors
     with pytest.raises(TrtattnError, match="soft-capped.*only the padded form"):
         prepare(original, name="g", form="packed", precision="fp32", limits=LIMITS)
+
+
+@pytest.mark.reference
+def test_kv_cache_cross_attention_reads_the_encoder_padding_mask_as_lengths(checked_trt, zoo_dir):
+    """BART's decoder step as the kv-cache form: its cross-attention's only mask is the encoder's padding
+    mask (an input over the encoder's axis, not the tokens'), lowered as IAttention key/value lengths; the
+    recorded network equals ONNX Runtime on the original, a padded encoder row included."""
+    from trtattn.zoo import generation
+
+    path = zoo_dir / "bart-decoder-step.torchscript.onnx"
+    if not path.exists():
+        generation.export("bart-decoder-step", "torchscript", path)
+    original = onnx.load(str(path))
+    prepared = prepare(original, name="bart_step", form="kv-cache", precision="fp32", limits=LIMITS)
+    cross = [s for s in prepared.plan.plan_json()["sites"] if "encoder_attn" in s["name"]]
+    assert len(cross) == 2 and all(s["kv_lengths"] == "encoder_attention_mask/lengths" for s in cross), cross
+    errors = reference_errors(checked_trt, prepared, original, dims={"seq": 3})  # the padded row keeps 2 tokens
+    assert errors and max(e for e, _ in errors.values()) <= 1e-4, errors

@@ -47,18 +47,23 @@ def llama_folder(zoo_dir, tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def whisper_folder(zoo_dir, tmp_path_factory):
+def _encoder_decoder_folder(family, zoo_dir, root, start):
+    """An encoder-decoder export folder as Optimum lays it out, from the zoo's generation parts."""
     from trtattn.zoo import generation
 
-    paths = generation.export_family("whisper", zoo_dir)
-    folder = tmp_path_factory.mktemp("whisper") / "export"
+    paths = generation.export_family(family, zoo_dir)
+    folder = root / "export"
     folder.mkdir()
-    for part, stem in (("whisper-encoder", "encoder_model"), ("whisper-decoder-init", "decoder_model"),
-                       ("whisper-decoder-step", "decoder_with_past_model")):
-        shutil.copy(paths[part], folder / f"{stem}.onnx")
-    (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": 3, "eos_token_id": 999}))
+    for part, stem in (("encoder", "encoder_model"), ("decoder-init", "decoder_model"),
+                       ("decoder-step", "decoder_with_past_model")):
+        shutil.copy(paths[f"{family}-{part}"], folder / f"{stem}.onnx")
+    (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": start, "eos_token_id": 999}))
     return folder
+
+
+@pytest.fixture(scope="module")
+def whisper_folder(zoo_dir, tmp_path_factory):
+    return _encoder_decoder_folder("whisper", zoo_dir, tmp_path_factory.mktemp("whisper"), 3)
 
 
 def _snapshot(folder):
@@ -174,6 +179,52 @@ def test_build_folder_writes_forms_plans_and_pipeline_sidecar_and_its_forms_gene
     assert main(["run", str(out), "--backend", "ort", "--generate", "6", "--prompt", "5,6,7", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["requests"][0]["tokens"]
     assert [got] == trtattn.generate(llama_folder, [[5, 6, 7]], 6)
+
+
+def _run_tokens(capsys, folder, *args) -> list[list[int]]:
+    capsys.readouterr()
+    assert main(["run", str(folder), "--generate", "8", "--json", *args]) == 0
+    return [r["tokens"] for r in json.loads(capsys.readouterr().out)["requests"]]
+
+
+def test_build_encoder_decoder_folder_generates_through_its_kv_cache_form_as_the_export_does(whisper_folder, tmp_path,
+                                                                                           capsys):
+    """`build DIR` on an encoder-decoder folder: the encoder and the first decoder step in the padded form, the
+    decoder with past as the kv-cache form (self-attention over its static cache, the cross-attention K/V of
+    the first step as plain inputs); `run OUT --backend ort` gives the export folder's tokens."""
+    main(["build", str(whisper_folder), "--out-dir", str(tmp_path), "--precision", "fp32"])
+    out = tmp_path / whisper_folder.name
+    forms = {role: p["form"] for role, p in json.loads((out / "pipeline.json").read_text())["parts"].items()}
+    assert forms == {"encoder": "padded", "decoder": "padded", "decoder_with_past": "kv-cache"}
+    features = tmp_path / "features.npy"
+    np.save(features, np.random.default_rng(0).standard_normal((2, 16, 32)).astype(np.float32))
+    want = _run_tokens(capsys, whisper_folder, "--features", str(features))
+    assert len(want) == 2 and len(want[0]) > 1
+    assert _run_tokens(capsys, out, "--backend", "ort", "--features", str(features)) == want
+
+
+@pytest.mark.slow  # exporting the three parts afresh takes ~15 s
+@pytest.mark.parametrize("family,form", [("bart", "kv-cache"), ("t5", "padded")])
+def test_build_text_encoder_decoder_folder_generates_the_export_folders_tokens(family, form, zoo_dir, tmp_path,
+                                                                                capsys):
+    """BART as Optimum cuts it: the kv-cache form's cross-attention reads the encoder's padding mask as
+    lengths (kept as an input, set once per request). T5's decoder self-attention adds a relative position
+    bias derived from the cache's length, which the kv-cache form has no place for: its decoder with past
+    is the padded form (its past growing), and the table and pipeline.json say why. Either way the built
+    folder's tokens equal the export folder's, prompt by prompt."""
+    folder = _encoder_decoder_folder(family, zoo_dir, tmp_path, 2)
+    assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp32"]) in (0, 4)
+    out = tmp_path / "built" / folder.name
+    part = json.loads((out / "pipeline.json").read_text())["parts"]["decoder_with_past"]
+    assert part["form"] == form and "error" not in part
+    if form == "kv-cache":
+        assert "encoder_attention_mask" in {i["name"] for i in part["inputs"]} and "note" not in part
+    else:
+        assert "SelfAttention" in part["note"] and "bias" in part["note"]
+    prompts = [["--prompt", "100,101,102,103,104,105,106"], ["--prompt", "8"], ["--prompt", "5,6,7,9,11"]]
+    want = [_run_tokens(capsys, folder, *p)[0] for p in prompts]
+    assert len({tuple(t) for t in want}) == 3 and any(len(set(t)) > 1 for t in want)  # not one token repeated
+    assert [_run_tokens(capsys, out, "--backend", "ort", *p)[0] for p in prompts] == want
 
 
 def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_original(zoo_export):

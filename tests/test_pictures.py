@@ -11,6 +11,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -30,9 +31,13 @@ def cli(*args, tty=False, env=None):
     command = [sys.executable, "-m", "trtattn", *map(str, args)]
     if not tty:
         return subprocess.run(command, capture_output=True, text=True, env=env)
+    import fcntl
     import pty
+    import termios
 
     leader, follower = pty.openpty()
+    # a terminal 200 columns wide: a new pty is 0 x 0, where tqdm draws its bars cut to nothing
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=follower, text=True, env=env)
     os.close(follower)
     chunks = []
@@ -161,7 +166,48 @@ def test_progress_on_a_terminal_and_not_in_a_pipe_nor_with_quiet(tmp_path):
     on_tty = cli("fuse", model, "-o", tmp_path / "a.onnx", tty=True)
     assert on_tty.returncode == 0, on_tty.stderr
     assert "\r" in on_tty.stderr and "[trtattn]" in on_tty.stderr
+    # a step's live timer drawn (not only the pty's \r\n line endings)
+    assert re.search(r"\r\[trtattn\] verifying against the original[^\r\n]* \d\d:\d\d", on_tty.stderr), on_tty.stderr
     piped = cli("fuse", model, "-o", tmp_path / "b.onnx")
     assert piped.returncode == 0 and "\r" not in piped.stderr and "[trtattn] verifying" in piped.stderr
     quiet = cli("--quiet", "fuse", model, "-o", tmp_path / "c.onnx", tty=True)
+    assert quiet.returncode == 0 and quiet.stderr.strip() == ""
+
+
+def _long_work_model(path: Path) -> Path:
+    """A masked attention whose length is baked into a Reshape (the default dims fail: the dims search runs),
+    its weights in a data file (the output is written with one)."""
+    from onnx import helper, numpy_helper
+
+    m = attention_model(mask_style="causal_trilu")
+    m.graph.node.insert(0, helper.make_node("Reshape", ["x", "target"], ["x_fixed"], name="needs_seq_12"))
+    for n in m.graph.node[1:]:
+        n.input[:] = ["x_fixed" if i == "x" else i for i in n.input]
+    m.graph.initializer.append(numpy_helper.from_array(np.array([-1, 12, 32], np.int64), "target"))
+    del m.metadata_props[:]  # no declared dims: they are searched
+    onnx.save(m, str(path), save_as_external_data=True, location=path.name + ".data", size_threshold=0)
+    return path
+
+
+COUNTED = ("searching dims the model runs on", "probing the masks of 1 sites", "running the original model in slices",
+           "running the rewritten model in slices", "writing {output}.data")
+
+
+def test_counted_bars_for_the_dims_search_mask_probes_slices_and_writing_on_a_terminal_only(tmp_path):
+    """On a terminal each long loop inside a step draws a bar with its count (n/total); piped, the lines are
+    the steps' own as before (no bar, no count line), and --quiet prints nothing."""
+    model = _long_work_model(tmp_path / "m.onnx")
+    env = {**os.environ, "TRTATTN_SLICE_MB": "1"}  # verification runs each model in slices of layers
+    on_tty = cli("fuse", model, "-o", tmp_path / "o1.onnx", tty=True, env=env)
+    assert on_tty.returncode == 0, on_tty.stderr
+    for text in COUNTED:
+        text = re.escape(text.format(output="o1.onnx"))
+        assert re.search(rf"\[trtattn\] {text}[^\n\r]*: [^\n\r]*\d+/\d+ \[", on_tty.stderr), (text, on_tty.stderr)
+    piped = cli("fuse", model, "-o", tmp_path / "o1.onnx", env=env)  # same output name: the same data file name
+    assert piped.returncode == 2 and "exists" in piped.stderr  # nothing overwritten
+    piped = cli("fuse", model, "-o", tmp_path / "o2.onnx", env=env)
+    assert piped.returncode == 0 and "\r" not in piped.stderr, piped.stderr
+    assert not any(text.format(output="o2.onnx") in piped.stderr for text in COUNTED), piped.stderr
+    assert "[trtattn] verifying against the original" in piped.stderr and "[trtattn] dims: seq=12" in piped.stderr
+    quiet = cli("--quiet", "fuse", model, "-o", tmp_path / "o3.onnx", tty=True, env=env)
     assert quiet.returncode == 0 and quiet.stderr.strip() == ""

@@ -59,3 +59,29 @@ def test_zoo_engine_every_attention_fused_and_verified(tmp_path, zoo_export, nam
 @pytest.mark.parametrize("name,exporter", PACKED)
 def test_packed_engines(tmp_path, zoo_export, name, exporter):
     _build_and_check(tmp_path, zoo_export, name, exporter, "packed")
+
+
+@pytest.mark.parametrize("family", ["whisper", "bart", "t5"])
+def test_encoder_decoder_folder_of_engines_generates(tmp_path, zoo_dir, capsys, family):
+    """`build DIR` with TensorRT: one engine per part and pipeline.json; `run OUT --generate` decodes through
+    the engines (the kv-cache form's static cache on the GPU) and starts as the export folder does (fp16
+    engines: later tokens may part from the fp32 export's on a near tie)."""
+    _tensorrt()
+    import numpy as np
+    from test_folders import _encoder_decoder_folder, _run_tokens
+
+    from trtattn.cli import main
+
+    folder = _encoder_decoder_folder(family, zoo_dir, tmp_path, 3 if family == "whisper" else 2)
+    assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp16"]) == 0
+    out = tmp_path / "built" / folder.name
+    assert json.loads((out / "pipeline.json").read_text())["built"] is True
+    if family == "whisper":
+        features = tmp_path / "features.npy"
+        np.save(features, np.random.default_rng(0).standard_normal((1, 16, 32)).astype(np.float32))
+        request = ["--features", str(features)]
+    else:
+        request = ["--prompt", "100,101,102,103,104,105,106"]
+    want = _run_tokens(capsys, folder, *request)[0]
+    got = _run_tokens(capsys, out, *request)[0]
+    assert got[0] == want[0] and 1 <= len(got) <= 8

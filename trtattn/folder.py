@@ -184,7 +184,7 @@ def _one_model(path: Path, rel: Path, dst: Path, data: dict, mode: str, allow_pa
         _copy_with_data(path, dst, data)
         file.action = "unchanged" if not result.changed else "not written"
     elif result.ok or allow_partial:
-        onnxio.save(result.model, dst, protect=(path,))
+        onnxio.save(result.model, dst, protect=(path,), progress=progress)
         file.action = "fused" if mode == "fuse" else "normalized"
     else:
         file.action = "not written"

@@ -2,7 +2,8 @@
 
     encoder_model.onnx             the padded form
     decoder_model.onnx             the padded form (the first decoder step: no past)
-    decoder_with_past_model.onnx   the kv-cache form
+    decoder_with_past_model.onnx   the kv-cache form; where that form cannot take it (T5's relative position
+                                   bias over the cache), the padded form with its past growing, said why
     model.onnx (decoder-only)      the kv-cache form
     decoder_model_merged.onnx      its two branches (graph/branches.py): use_cache_branch=False as the
                                    first step (padded), True as the kv-cache form
@@ -42,6 +43,7 @@ class PartPlan:
     branch: str | None = None  # "use_cache_branch=True" for a part taken from a merged decoder
     prepared: Prepared | None = None
     error: str | None = None
+    note: str | None = None  # why the part is not in the form first planned for it
 
     def entry(self, engine: str | None) -> dict:
         row: dict[str, object] = {"source": self.source.name, "form": self.form, "branch": self.branch, "file": engine}
@@ -51,6 +53,8 @@ class PartPlan:
                        onnx=f"{self.role}.{self.form}.onnx")
         if self.error:
             row["error"] = self.error
+        if self.note:
+            row["note"] = self.note
         return row
 
 
@@ -116,13 +120,23 @@ def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force
         label = f"{part.role} ({part.source.name}{', ' + part.branch if part.branch else ''}, {part.form})"
         if progress is not None:  # a heading: prepare's steps print their own lines
             progress.note(f"preparing {label}:")
+        settings = dict(precision=precision, dims=dims, progress=progress, source=str(part.source), **options)
         try:
-            part.prepared = prepare(_load(part), name=part.role, form=part.form, precision=precision, dims=dims,
-                                    progress=progress, source=str(part.source), **options)
+            part.prepared = prepare(_load(part), name=part.role, form=part.form, **settings)
         except TrtattnError as e:
             part.error = str(e)
+        if part.error and part.role == "decoder_with_past" and part.form == "kv-cache":
+            # a decoder step the kv-cache form cannot take (T5's relative position bias over the cache) still
+            # generates as the padded form, its past growing each step: said in the table and pipeline.json
+            try:
+                part.prepared = prepare(_load(part), name=part.role, form="padded", **settings)
+            except TrtattnError:
+                continue  # the kv-cache form's reason stays the one listed
+            part.form, part.note, part.error = "padded", f"padded form (a growing cache), not kv-cache: {part.error}", None
+        if part.error or part.prepared is None:
             continue
-        onnxio.save(part.prepared.form_model, out / f"{part.role}.{part.form}.onnx", protect=(part.source,))
+        onnxio.save(part.prepared.form_model, out / f"{part.role}.{part.form}.onnx", protect=(part.source,),
+                    progress=progress)
         onnxio.atomic_write(out / f"{part.role}.plan.json",
                             json.dumps(part.prepared.plan.plan_json(), indent=2) + "\n")
     for name in COPIED:

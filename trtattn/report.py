@@ -87,8 +87,9 @@ def write_json(data: dict, path: str | Path, protect=()) -> None:
 
 class Progress:
     """Where a long run is, on stderr. On a terminal: tqdm bars with counts and an ETA for counted work
-    (`track`) and a live timer for each step; elsewhere (a log, a pipe, CI): plain lines,
-    '[trtattn] step ... done (1.2s)'. `enabled=False` (--quiet) prints nothing."""
+    (`track`; `count` inside a step: the dims search, mask probes, verification slices, tensors written) and a
+    live timer for each step; elsewhere (a log, a pipe, CI): plain lines, '[trtattn] step ... done (1.2s)'.
+    `enabled=False` (--quiet) prints nothing."""
 
     def __init__(self, enabled: bool = True, stream=None, bars: bool | None = None):
         self.enabled = enabled
@@ -140,6 +141,18 @@ class Progress:
             n += 1
             yield item
         self._plain(f"[trtattn] {text}: {n} done ({time.perf_counter() - t:.1f}s)")
+
+    def count(self, items, text: str, total: int | None = None, unit: str = "it"):
+        """Iterate `items` inside a step: a counted bar with an ETA on a terminal; nothing elsewhere (the
+        step's own line says what runs, so plain logs stay as they were)."""
+        if not self.bars:
+            yield from items
+            return
+        from tqdm import tqdm
+
+        yield from tqdm(items, desc=f"[trtattn] {text}", total=total if total is not None else
+                        (len(items) if hasattr(items, "__len__") else None), unit=unit, file=self.stream, leave=False,
+                        dynamic_ncols=True)
 
 
 class _Step:

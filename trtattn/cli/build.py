@@ -128,7 +128,7 @@ def _run_folder(args, progress) -> int:
             print(f"--- {part.role} ({part.source.name}{', ' + part.branch if part.branch else ''})")
             print(describe(part.prepared.plan))
     print(table([{"part": p.role, "source": p.source.name, "branch": p.branch or "-", "form": p.form,
-                  "status": "prepared" if p.error is None else "not prepared", "why": p.error or "-"}
+                  "status": "prepared" if p.error is None else "not prepared", "why": p.error or p.note or "-"}
                  for p in result.parts],
                 [("part", "part"), ("source", "from"), ("branch", "branch"), ("form", "form"), ("status", "status"),
                  ("why", "why not")]))

@@ -63,7 +63,7 @@ def report(result, model, model_path, output, report_path, progress, allow_parti
             written = onnxio.copy_model(model_path, output, model)
         else:
             with progress.step(f"writing {output}"):
-                written = onnxio.save(result.model, output, protect=(model_path,))
+                written = onnxio.save(result.model, output, protect=(model_path,), progress=progress)
         print(f"wrote {written}" + (" (the sites that fused; --allow-partial)" if partial else ""))
     else:
         print(f"not written: {output} (every attention must fuse and verify; --allow-partial writes the sites that did)")

@@ -81,7 +81,7 @@ def run(args, progress) -> int:
             print("nothing to improve: the model already follows TensorRT's attention rules; output = input")
             written = onnxio.copy_model(args.model, args.output, model)
         else:
-            written = onnxio.save(result.model, args.output, protect=(args.model,))
+            written = onnxio.save(result.model, args.output, protect=(args.model,), progress=progress)
         print(f"wrote {written}")
     else:
         print(f"not written: {args.output}")

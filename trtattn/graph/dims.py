@@ -82,22 +82,30 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
             return _done(Fit(guess, notes), progress)
         hints = _hints(model)
         tried, skipped, limit = 1, [], memory.budget()
-        for change in _candidates(variables, guess, classes, hints):
-            candidate = resolve_dims(model, {**user, **change}, specs=specs)
-            if _empty_output(model, candidate):
-                continue
-            need = memory.activation_bytes(model, candidate)
-            if need > limit:
-                skipped.append(f"{_show(change, change)} (~{memory.show(need)})")
-                continue
-            tried += 1
-            if problem(candidate) is None:
-                shown = ", ".join(f"{k}={v}" for k, v in change.items())
-                was = ", ".join(f"{k}={guess.get(k, DEFAULT_DIM)}" for k in change)
-                return _done(Fit(candidate, notes + [f"{shown} (the model does not run at {was}: {first})"]
-                                 + _skipped_note(skipped, limit), skipped), progress)
-            if tried >= MAX_TRIALS:
-                break
+        candidates = list(_candidates(variables, guess, classes, hints))
+        found = None
+        with contextlib.closing(iter(progress.count(candidates, "searching dims the model runs on", unit="dims")
+                                     if progress is not None else (c for c in candidates))) as counted:  # the bar ends here
+            for change in counted:
+                candidate = resolve_dims(model, {**user, **change}, specs=specs)
+                if _empty_output(model, candidate):
+                    continue
+                need = memory.activation_bytes(model, candidate)
+                if need > limit:
+                    skipped.append(f"{_show(change, change)} (~{memory.show(need)})")
+                    continue
+                tried += 1
+                if problem(candidate) is None:
+                    found = change, candidate
+                    break
+                if tried >= MAX_TRIALS:
+                    break
+        if found is not None:
+            change, candidate = found
+            shown = ", ".join(f"{k}={v}" for k, v in change.items())
+            was = ", ".join(f"{k}={guess.get(k, DEFAULT_DIM)}" for k in change)
+            return _done(Fit(candidate, notes + [f"{shown} (the model does not run at {was}: {first})"]
+                             + _skipped_note(skipped, limit), skipped), progress)
     names = list(dict.fromkeys([*user, *variables]))
     if not names:
         raise DimsDoNotFit(f"the model does not run on ONNX Runtime at its static shapes: {first}")

@@ -189,17 +189,21 @@ def _copy_range(src: int, dst: int, count: int, src_at: int, dst_at: int) -> int
 
 @contextlib.contextmanager
 def externalized(model: onnx.ModelProto, folder: str | os.PathLike, data_name: str,
-                 threshold: int = INLINE_THRESHOLD):
+                 threshold: int = INLINE_THRESHOLD, progress=None):
     """The model with every tensor over `threshold` bytes in folder/data_name (weights left on disk are
     copied file to file, weights in the proto are written out), for as long as the context lasts; then
-    the model is as it was (tensors that were in the proto are read back from the new file)."""
+    the model is as it was (tensors that were in the proto are read back from the new file). `progress`
+    (report.Progress) counts the tensors written."""
     source = data_dir(model)
     target = Path(folder) / data_name
     moved: list[tuple] = []  # (tensor, its old external entries or None if it was in the proto, offset, length)
     try:
         with open(target, "wb") as f:
             out = _DataFile(f)
-            for t in all_tensors(model):
+            tensors = [t for t in all_tensors(model)
+                       if uses_external_data(t) or (t.HasField("raw_data") and nbytes(t) > threshold)]
+            counted = progress.count(tensors, f"writing {data_name}", unit="tensor") if progress is not None else tensors
+            for t in counted:
                 if uses_external_data(t):
                     info = ExternalDataInfo(t)
                     if source is None:
@@ -209,11 +213,9 @@ def externalized(model: onnx.ModelProto, folder: str | os.PathLike, data_name: s
                     length = int(info.length or (src.stat().st_size - int(info.offset or 0)))
                     at = out.copy(src, int(info.offset or 0), length)
                     old = [(e.key, e.value) for e in t.external_data]
-                elif t.HasField("raw_data") and nbytes(t) > threshold:
+                else:
                     at, length, old = out.write(t.raw_data), nbytes(t), None
                     t.ClearField("raw_data")
-                else:
-                    continue
                 moved.append((t, old, at, length))
                 _point(t, data_name, at, length)
         with _without_data_dir(model):

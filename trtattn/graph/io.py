@@ -218,12 +218,12 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 
 def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = (), external_data: bool | None = None,
-         check: bool = True) -> Path:
+         check: bool = True, progress=None) -> Path:
     """Write `model` atomically. Never writes over any path in `protect` (the inputs) or over a data file
     the model reads. With external data (the default for a model whose weights are on disk, and past
     2 GB) every tensor over 1 KB goes to PATH.data, written before the model that names it; weights on
     disk are copied file to file. The model is left as it was. `check`: refuse an invalid model
-    (graph/validate.py) rather than write it."""
+    (graph/validate.py) rather than write it. `progress` (report.Progress) counts the tensors of the data file."""
     path = Path(path)
     refuse_overwrite(path, protect)
     if check:
@@ -249,7 +249,7 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
         # both files in a scratch folder beside the target, renamed at the end (the data first): a kill
         # leaves no output or a complete one, and the scratch folder for the next run to remove
         with tempfile.TemporaryDirectory(prefix=_temp_prefix(path), dir=path.parent) as scratch:
-            with external.externalized(model, scratch, data_name):
+            with external.externalized(model, scratch, data_name, progress=progress):
                 with open(os.path.join(scratch, path.name), "wb") as f:
                     f.write(model.SerializeToString())
             for name in (data_name, path.name):

@@ -99,7 +99,7 @@ def classify_pattern(allowed: np.ndarray) -> tuple[str, CausalKind, int | None]:
 
 
 def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSite],
-                feeds_list: list[dict[str, np.ndarray]]) -> list[dict[str, MaskMeaning]]:
+                feeds_list: list[dict[str, np.ndarray]], progress=None) -> list[dict[str, MaskMeaning]]:
     """MaskMeaning per site name, one dict per feed dict (sites without a mask, or whose mask cannot be
     probed, are absent). The masks are built in `graph` for the duration (then removed again) and run on
     one ONNX Runtime session over just the nodes they need."""
@@ -128,7 +128,9 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
         except Exception:
             return [{} for _ in feeds_list]
         results: list[dict[str, MaskMeaning]] = []
-        for feeds in feeds_list:
+        counted = progress.count(feeds_list, f"probing the masks of {len(wanted)} sites", unit="probe") \
+            if progress is not None else feeds_list
+        for feeds in counted:
             try:
                 values = run(feeds)
             except Exception:
@@ -164,9 +166,10 @@ def _dtype(name: str):
 
 
 # ---------------------------------------------------------------- match + probe
-def analyse(model: onnx.ModelProto, feeds=None) -> tuple[gs.Graph, MatchResult, dict]:
+def analyse(model: onnx.ModelProto, feeds=None, progress=None) -> tuple[gs.Graph, MatchResult, dict]:
     """Match sites and probe what their masks mean. Returns (graph, match result, meanings): the graph is
-    imported once (weights left on disk stay there) and comes back unchanged, ready to be rewritten."""
+    imported once (weights left on disk stay there) and comes back unchanged, ready to be rewritten.
+    `progress` (report.Progress) counts the probe runs."""
     graph = import_graph(model)
     view = GraphView(graph, model)
     result = match(graph, view)
@@ -174,7 +177,7 @@ def analyse(model: onnx.ModelProto, feeds=None) -> tuple[gs.Graph, MatchResult, 
     if result.sites:
         if feeds is None:
             feeds = [make_feeds(model, padding=False)]
-        meanings = _agree(probe_masks(graph, model, result.sites, feeds))
+        meanings = _agree(probe_masks(graph, model, result.sites, feeds, progress))
         result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
     return graph, result, meanings
 

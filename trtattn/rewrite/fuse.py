@@ -243,7 +243,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                  given: tuple[bool, bool], progress, inputs) -> FuseResult:
     with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(model, ATTENTION_OPSET)
-        graph, result, meanings = analyse(working, probe_feeds(working, dims))
+        graph, result, meanings = analyse(working, probe_feeds(working, dims), progress)
     if not result.sites and not result.skipped:
         return FuseResult(model, [], result.ignored, {"passed": True, "note": "no attention found"})
     reports = [SiteReport(s, pattern=getattr(meanings.get(s.name), "pattern", "none"),
@@ -265,7 +265,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
             try:
                 outcome = compare_models(model, fused, [r.site for r in active if not r.site.graph], dims=dims,
                                          seed=seed, atol=max([site_atol] + [quant_tolerance(r.site) for r in active]),
-                                         rtol=site_rtol, given=inputs)
+                                         rtol=site_rtol, given=inputs, progress=progress)
             except VerificationError:  # the inputs, not the rewrite: one line for the whole command
                 raise
             except Exception as e:  # the rewritten model does not run: the site whose node failed goes back

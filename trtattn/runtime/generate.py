@@ -22,6 +22,7 @@ row's last real token.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,12 +65,13 @@ def _last(logits: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return logits[np.arange(logits.shape[0]), lengths - 1]
 
 
-def _decode(step, cache: KVCache, first: np.ndarray, max_new_tokens: int, eos: int | None, record: bool,
+def _decode(step, cache: KVCache, first: np.ndarray, max_new_tokens: int, eos: int | Collection[int] | None, record: bool,
             prompt_lengths) -> Generation:
     name = _logits_name(step)
     batch = first.shape[0]
     out = Generation([[] for _ in range(batch)], prompt_lengths=[int(n) for n in prompt_lengths], cache=cache.style)
     done = np.zeros(batch, bool)
+    stops = {eos} if isinstance(eos, int) else set(eos or ())
     logits = first
     for t in range(max_new_tokens):
         if record:
@@ -78,7 +80,7 @@ def _decode(step, cache: KVCache, first: np.ndarray, max_new_tokens: int, eos: i
         for b in range(batch):
             if not done[b]:
                 out.tokens[b].append(int(token[b]))
-                done[b] = eos is not None and int(token[b]) == eos
+                done[b] = int(token[b]) in stops
         if done.all() or t == max_new_tokens - 1:
             break
         result = step.run(cache.step_feeds(token[:, None]), outputs=[name], carry=cache.carry())
@@ -128,15 +130,33 @@ def generate_encoder_decoder(encoder, decoder_init, decoder_step, features: np.n
     init = decoder_init.run({"input_ids": ids, "attention_mask": (np.arange(seq)[None] < lengths[:, None]).astype(np.int64),
                              "position_ids": np.broadcast_to(np.arange(seq), ids.shape).copy(),
                              "encoder_hidden_states": states})
-    cache = make_cache(decoder_step, len(prompts), capacity=capacity)
     by_input = {past_name(o, decoder_step.input_names): v for o, v in init.items()}
-    cache.load({p: by_input[p] for p, _ in cache.pairs if p in by_input}, lengths)
-    for name in static_inputs(decoder_step, cache.pairs):  # cross-attention K/V: set once, read every step
-        if name not in by_input:
-            raise TrtattnError(f"{decoder_init.name} gives no value for {decoder_step.name}'s {name}")
-        decoder_step.set_state(name, by_input[name])
-    logits = init[_logits_name(decoder_init)]
-    return _decode(decoder_step, cache, _last(logits, lengths), max_new_tokens, eos_token_id, record_logits, lengths)
+    first = _last(init[_logits_name(decoder_init)], lengths)
+    return continue_decoding(decoder_step, {k: v for k, v in by_input.items() if k is not None}, first, lengths,
+                             max_new_tokens, eos_token_id=eos_token_id, capacity=capacity, record_logits=record_logits,
+                             source=decoder_init.name)
+
+
+def continue_decoding(step, presents: dict[str, np.ndarray], first_logits: np.ndarray, lengths, max_new_tokens: int, *,
+                      eos_token_id: int | Collection[int] | None = None, capacity: int | None = None,
+                      record_logits: bool = True, source: str = "the first step",
+                      fixed: dict[str, np.ndarray] | None = None) -> Generation:
+    """Greedy decoding on `step` after a first step run elsewhere (an encoder-decoder's first decoder part):
+    its presents ({step's past input: [B, N, S, H]}) seed the cache (`lengths` valid tokens per row), the
+    ones with no present output on `step` (cross-attention K/V) are set once as its state, and the first
+    token comes from `first_logits` [B, V]. eos_token_id: one id or several (any of them ends a row). `fixed`:
+    inputs the same at every step (the encoder's padding mask), set once where `step` takes them."""
+    lengths = np.asarray(lengths, np.int64).reshape(-1)
+    cache = make_cache(step, len(lengths), capacity=capacity)
+    cache.load({p: presents[p] for p, _ in cache.pairs if p in presents}, lengths)
+    for name in static_inputs(step, cache.pairs):  # cross-attention K/V: set once, read every step
+        if name not in presents:
+            raise TrtattnError(f"{source} gives no value for {step.name}'s {name}")
+        step.set_state(name, presents[name])
+    for name, value in (fixed or {}).items():
+        if name in step.input_names:
+            step.set_state(name, value)
+    return _decode(step, cache, first_logits, max_new_tokens, eos_token_id, record_logits, lengths)
 
 
 # ---------------------------------------------------------------- packed ragged batches

@@ -9,7 +9,9 @@ I/O by Optimum's names: input_ids, attention_mask, position_ids, encoder_hidden_
 encoder_attention_mask, use_cache_branch, past_key_values.* -> logits, present.*. A part's `present.X`
 becomes the next step's `past_key_values.X`; an empty present (the merged decoder's cache branch gives
 empty cross-attention K/V, by design) keeps the value it had. A folder of engines written by
-`trtattn build DIR` carries a pipeline.json naming the parts (routes read by `load_pipeline`).
+`trtattn build DIR` carries a pipeline.json naming the parts (routes read by `load_pipeline`). There the
+decoder with past is the kv-cache form: the first decoder step (padded form) runs as above, then its
+presents seed the form's static cache and its cross-attention K/V are set once (runtime.generate).
 
 Generation settings come from generation_config.json (else config.json): eos_token_id, pad_token_id,
 decoder_start_token_id, max_length. Greedy = argmax of the last position's logits, one request at a time
@@ -175,7 +177,7 @@ def generate_pipeline(pipeline: Pipeline, sessions: dict, prompts, max_new_token
     if max_new_tokens < 1:
         raise TrtattnError("max_new_tokens must be at least 1")
     eos = set([eos_token_id] if eos_token_id is not None else pipeline.eos_ids())
-    if "kv-cache" in pipeline.forms.values():
+    if pipeline.forms.get("decoder") == "kv-cache":  # one model prefills and decodes
         return _kv_cache_form(pipeline, sessions, prompts, max_new_tokens, eos)
     requests = encoder_inputs if encoder_inputs is not None else prompts
     return [_one(pipeline, sessions, request, max_new_tokens, eos, encoder_inputs is not None)
@@ -203,6 +205,8 @@ def _one(pipeline: Pipeline, sessions: dict, request, n: int, eos: set, is_feeds
         ids = np.asarray([[start]], np.int64)
     else:
         ids = np.asarray([request], np.int64)
+    if pipeline.forms.get("decoder_with_past") == "kv-cache":
+        return _then_kv_cache_form(first, later, ids, extra, config, n, eos)
     tokens: list[int] = []
     past: dict[str, np.ndarray] = {}
     length = 0
@@ -223,7 +227,7 @@ def generate_folder(folder, prompts, max_new_tokens: int, *, backend: str = "ort
     """Open the parts of an export folder (ONNX Runtime by default) and generate greedily (generate_pipeline)."""
     from .backends import open_session
 
-    pipeline = load_pipeline(folder)
+    pipeline = load_pipeline(folder, backend=backend)  # a built folder's verified forms on "ort"
     sessions = {role: open_session(str(path), backend=backend) for role, path in pipeline.parts.items()}
     try:
         return generate_pipeline(pipeline, sessions, prompts, max_new_tokens, **kwargs)
@@ -232,14 +236,26 @@ def generate_folder(folder, prompts, max_new_tokens: int, *, backend: str = "ort
             s.close()
 
 
+def _then_kv_cache_form(first, step, ids: np.ndarray, extra: dict, config: dict, n: int, eos: set) -> list[int]:
+    """The first decoder part (padded form, no past) runs on the start tokens; its presents seed the kv-cache
+    form's static self-attention cache and its cross-attention K/V (present.*.encoder.*, which the kv-cache
+    step takes as plain inputs) and the encoder's padding mask are set once as that step's state;
+    runtime.generate decodes from there."""
+    from .generate import continue_decoding
+
+    logits, presents = _step(first, ids, {}, 0, extra, config)
+    return continue_decoding(step, presents, logits, [ids.shape[1]], n, eos_token_id=eos, record_logits=False,
+                             source=first.name, fixed=extra).tokens[0]
+
+
 def _kv_cache_form(pipeline: Pipeline, sessions: dict, prompts, n: int, eos: set) -> list[list[int]]:
-    """A decoder-only pipeline built as the kv-cache form: runtime.generate's static cache (prefill and
-    decode with the one step model), one request at a time like the rest of this module."""
+    """A decoder-only pipeline whose one decoder is the kv-cache form: runtime.generate's static cache (prefill
+    and decode with the one step model), one request at a time like the rest of this module."""
     from .generate import generate
 
     if pipeline.kind != "decoder-only":
-        raise TrtattnError(f"{pipeline.folder}: generation through an encoder-decoder pipeline whose decoder is the "
-                           "kv-cache form is not supported yet; run the export folder itself")
+        raise TrtattnError(f"{pipeline.folder}: an encoder-decoder pipeline whose first decoder step is the kv-cache "
+                           "form; `trtattn build DIR` builds it as the padded form (decoder_model.onnx)")
     if len(eos) > 1:
         raise TrtattnError(f"{pipeline.folder}: several eos ids {sorted(eos)}; give one with --eos")
     stop = next(iter(eos), None)

@@ -158,10 +158,11 @@ def _prefetched(runners: list, feeds: list[dict]) -> list:
 
 def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=(), *, dims=None, seed: int = 0,
                    atol: float = 1e-4, rtol: float = 1e-4, feeds: list[dict] | None = None,
-                   given: GivenInputs | None = None) -> Outcome:
+                   given: GivenInputs | None = None, progress=None) -> Outcome:
     """Run both models on ONNX Runtime (CPU) through Polygraphy and compare every output: on the user's
     inputs (`given`), on `feeds`, or on feeds in the model's domain (searched when the original's outputs
-    are not finite on the default ones). Random ops are seeded alike in both models."""
+    are not finite on the default ones). Random ops are seeded alike in both models. `progress`
+    (report.Progress) counts the slices of a model run in slices of layers."""
     quiet_polygraphy()
     original, candidate, random_note = seeded_pair(original, candidate)
     used = given.used() if given is not None else None
@@ -172,14 +173,14 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
         feeds = default_feeds(original, dims=dims, seed=seed)
         used = default_domains(original)
         used.iterations = len(feeds)
-    results, slices = _run_both(original, candidate, sites, feeds)
+    results, slices = _run_both(original, candidate, sites, feeds, progress)
     graph_outputs = {o.name for o in original.graph.output}
     if used is not None and used.source == "searched" and not finite(
             v for it in results[0][1] for k, v in it.items() if k in graph_outputs):  # not finite on these: search
         found = searched_or_note(used, original, dims=dims, seed=seed, iterations=len(feeds))
         if found is not None:
             feeds, used = found
-            results, slices = _run_both(original, candidate, sites, feeds)
+            results, slices = _run_both(original, candidate, sites, feeds, progress)
     outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds))
     outcome.slices = slices
     site_outputs = [s.output for s in sites if s.output]
@@ -193,15 +194,15 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     return outcome
 
 
-def _run_both(original, candidate, sites, feeds: list[dict]):
+def _run_both(original, candidate, sites, feeds: list[dict], progress=None):
     """Polygraphy's RunResults of the original and the candidate on `feeds` (with the site outputs), and the
     most slices of layers either ran in."""
     from polygraphy.comparator import Comparator
 
     site_outputs = [s.output for s in sites if s.output]
     with contextlib.ExitStack() as stack:
-        runners = [onnx_runner(stack, original, site_outputs, "original"),
-                   onnx_runner(stack, candidate, site_outputs, "rewritten")]
+        runners = [onnx_runner(stack, original, site_outputs, "original", progress=progress),
+                   onnx_runner(stack, candidate, site_outputs, "rewritten", progress=progress)]
         with contextlib.redirect_stdout(io.StringIO()):
             results = Comparator.run(_prefetched(runners, feeds), data_loader=feeds)
     return results, max(len(getattr(r, "slices", ())) for r in runners)

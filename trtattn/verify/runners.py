@@ -33,16 +33,17 @@ def quiet_polygraphy() -> None:
 
 
 def onnx_runner(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(), name: str | None = None,
-                level: str = "basic"):
+                level: str = "basic", progress=None):
     """A Polygraphy ONNX Runtime runner for `model` that also outputs `outputs`, valid while `stack` is
     open. The session is made when Polygraphy activates the runner and freed when it deactivates it, so
     only one model is in ONNX Runtime at a time; weights left on disk are memory-mapped, never copied; a
     model whose weights are over half the memory available runs in slices of layers (slices.py).
-    `level`: ONNX Runtime's graph optimization level ("basic" by default; see graph.evaluate)."""
+    `level`: ONNX Runtime's graph optimization level ("basic" by default; see graph.evaluate). `progress`
+    (report.Progress) counts the slices of a sliced run."""
     if any(n.domain == "trt" for n in model.graph.node):  # TensorRT's own ops: run by their CPU kernels
         return plugin_runner(stack, model, outputs, name, level)
     if slice_budget(model) is not None:  # weights over half the memory available: one slice of layers at a time
-        return sliced_runner(model, outputs, name, level)
+        return sliced_runner(model, outputs, name, level, progress=progress)
     stack.enter_context(extra_outputs(model, outputs))
     return numpy_onnxrt_runner()(lambda: ort_session(model, level=level), name=name)
 

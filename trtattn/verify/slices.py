@@ -143,13 +143,17 @@ def _slice_model(model: onnx.ModelProto, piece: Slice, carried: dict[str, np.nda
     return sliced
 
 
-def run(model: onnx.ModelProto, slices: list[Slice], feeds_list: list[dict], outputs, level: str = "basic") -> list[OrderedDict]:
+def run(model: onnx.ModelProto, slices: list[Slice], feeds_list: list[dict], outputs, level: str = "basic",
+        progress=None, label: str = "") -> list[OrderedDict]:
     """The values of `outputs` for each feed dict, computed slice after slice: each slice's session is made
     once, run on every feed dict, and freed before the next (its weights are read once for all of them);
-    only the activations later slices read are kept between slices."""
+    only the activations later slices read are kept between slices. `progress` (report.Progress) counts
+    the slices."""
     carried: list[dict[str, np.ndarray]] = [{} for _ in feeds_list]
     got: list[dict[str, np.ndarray]] = [{} for _ in feeds_list]
-    for k, piece in enumerate(slices):
+    text = f"running {label or model.graph.name} in slices of layers"
+    counted = progress.count(slices, text, unit="slice") if progress is not None else slices
+    for k, piece in enumerate(counted):
         if not piece.outputs:  # nothing asked of it, nothing later reads from it
             continue
         if piece.model is None:  # made at the first run, when the carried values' types are known
@@ -174,12 +178,12 @@ def run(model: onnx.ModelProto, slices: list[Slice], feeds_list: list[dict], out
 
 
 def sliced_runner(model: onnx.ModelProto, outputs=(), name: str | None = None, level: str = "basic",
-                  budget: int | None = None):
+                  budget: int | None = None, progress=None):
     """A Polygraphy runner that runs `model` in slices of at most `budget` bytes of weights (slice_budget's
     choice by default), giving its graph outputs and `outputs`."""
     budget = budget or slice_budget(model) or resident_size(model) + 1
     wanted = [o.name for o in model.graph.output] + [o for o in outputs if o not in {x.name for x in model.graph.output}]
-    return _runner_class()(model, plan(model, wanted, budget), wanted, level, name)
+    return _runner_class()(model, plan(model, wanted, budget), wanted, level, name, progress)
 
 
 def _same_feeds(a: dict, b) -> bool:
@@ -195,9 +199,10 @@ def _runner_class():
     class SlicedOnnxrtRunner(BaseRunner):
         """ONNX Runtime over a model cut in slices (verify/slices.py), through Polygraphy's runner interface."""
 
-        def __init__(self, model, slices, outputs, level, name=None):
+        def __init__(self, model, slices, outputs, level, name=None, progress=None):
             super().__init__(name=name, prefix="onnxrt-sliced-runner")
             self.model, self.slices, self.outputs, self.level = model, slices, outputs, level
+            self.progress = progress
 
         def activate_impl(self):
             pass
@@ -217,7 +222,8 @@ def _runner_class():
         def prefetch(self, feeds_list: list[dict]) -> None:
             """Run every feed dict now, slice by slice (a slice's weights are read once for all of them);
             infer then answers each of them, in this order, from what was computed."""
-            self.ahead = list(zip(feeds_list, run(self.model, self.slices, feeds_list, self.outputs, self.level)))
+            self.ahead = list(zip(feeds_list, run(self.model, self.slices, feeds_list, self.outputs, self.level,
+                                                  self.progress, f"the {self.name} model")))
 
         def infer_impl(self, feed_dict):
             start = time.perf_counter()

@@ -18,7 +18,8 @@ whisper-decoder-step     a decoder step with a cache: input_ids, attention_mask 
 Positions are inputs everywhere (as optimum exports decoders): in the kv-cache form a cache's
 length is its capacity, not the number of tokens in it. The three Whisper parts share one set of
 weights (same seed, same construction). Export with `export(name, exporter, path)` or all parts of
-a family at once with `export_family("llama" | "whisper", out_dir)`.
+a family at once with `export_family("llama" | "whisper" | "bart" | "t5", out_dir)` (BART and T5:
+zoo/seq2seq.py).
 """
 
 from __future__ import annotations
@@ -52,9 +53,17 @@ class GenerationEntry:
         return [e for e in ("torchscript", "dynamo") if e not in self.unsupported]
 
     def config(self):
+        if self.family in SEQ2SEQ:
+            from . import seq2seq
+
+            return seq2seq.config(self.family)
         return (llama_config() if self.family == "llama" else whisper_config())
 
     def build(self):
+        if self.family in SEQ2SEQ:
+            from . import seq2seq
+
+            return getattr(seq2seq, self.builder)(self.config())
         return globals()[self.builder](self.config())
 
 
@@ -66,7 +75,14 @@ ENTRIES: dict[str, GenerationEntry] = {e.name: e for e in [
     GenerationEntry("whisper-decoder-step", "whisper", "Whisper decoder step on a self cache and static cross K/V",
                     "whisper_decoder_step", 4),
 ]}
-FAMILIES = {"llama": ["llama-lm"], "whisper": ["whisper-encoder", "whisper-decoder-init", "whisper-decoder-step"]}
+SEQ2SEQ = ("bart", "t5")  # text encoder-decoders: zoo/seq2seq.py
+for _family in SEQ2SEQ:
+    for _part, _sites in (("encoder", 2), ("decoder-init", 4), ("decoder-step", 4)):
+        ENTRIES[f"{_family}-{_part}"] = GenerationEntry(f"{_family}-{_part}", _family,
+                                                        f"{_family} {_part.replace('-', ' ')}, as Optimum cuts it",
+                                                        _part.replace("-", "_"), _sites)
+FAMILIES = {"llama": ["llama-lm"], "whisper": ["whisper-encoder", "whisper-decoder-init", "whisper-decoder-step"],
+            **{f: [f"{f}-encoder", f"{f}-decoder-init", f"{f}-decoder-step"] for f in SEQ2SEQ}}
 
 
 def get(name: str) -> GenerationEntry:

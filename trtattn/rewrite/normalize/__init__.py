@@ -113,7 +113,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         cleaned, stats = cleanup(model)
         external.set_data_dir(cleaned, external.data_dir(model))  # weights on disk: still where they were
     with progress.step("matching attention sites and probing masks"):
-        graph, result, meanings = analyse(cleaned, probe_feeds(cleaned, dims))
+        graph, result, meanings = analyse(cleaned, probe_feeds(cleaned, dims), progress)
     scopes: dict[tuple, tuple] = {}  # a site's graph (main, or an If/Loop body) -> (graph, tensors, nodes, masks)
     rows: list[SiteNormalization] = []
     rewritten = 0
@@ -178,8 +178,9 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
     verification: OutcomeSummary = {"passed": None}
     if verify:
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
+            # a body's tensors are not the graph's to output
             outcome = compare_models(model, out, [r.site for r in rows if not r.site.graph], dims=dims, seed=seed,
-                                     atol=atol, rtol=rtol, given=inputs)  # a body's tensors are not the graph's to output
+                                     atol=atol, rtol=rtol, given=inputs, progress=progress)
         for r in rows:
             r.max_abs_err = outcome.site_errors.get(r.site.output)
         verification = outcome.summary()

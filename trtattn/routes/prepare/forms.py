@@ -71,7 +71,7 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
                            "form keeps them in TensorRT's implicit form")
     if form == "kv-cache":
         with progress.step("deriving the KV-cache form (packed query over a preallocated cache)"):
-            derived.model, lowerings, derived.cache_updates = kv_cache_form(derived.model, reports)
+            derived.model, lowerings, derived.cache_updates, derived.right_padded = kv_cache_form(derived.model, reports)
     elif form == "packed":
         with progress.step("deriving the packed form (cu_seqlens, restarting positions)"):
             derived.model, lowerings = packed_form(derived.model, reports)

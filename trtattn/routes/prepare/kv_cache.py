@@ -12,6 +12,10 @@ gathered into padded rows, Attention reads the whole cache with a boolean mask b
 indices and lengths, and the rows are packed again. TensorRT gets the same as IKVCacheUpdateLayer
 (packed update) and IAttention (packed query, padded key/value, per-row lengths, LOWER_RIGHT): the
 records are in lowering.py.
+
+Cross-attention reads static K/V inputs (an encoder-decoder's, computed once by its first decoder step);
+its only mask may be the encoder's padding mask, which stays an input [B, S_enc] and is read as per-row
+key/value lengths (right padding), as the padded form reads padding masks.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from ...errors import TrtattnError
 from ...graph.emit import Emitter, export_like
 from ...site import CacheKind, CausalKind
 from .lowering import AttentionLowering, CacheLowering
+from .padded import allowed_keys, lengths_of, right_padded_masks, value_inputs
 from .tokens import Tokens, batch_from_tokens, pack_tokens, per_token_outputs
 
 
-def _check(reports) -> None:
+def _check(reports, encoder_masks: dict[str, str]) -> None:
     if not any(r.site.cache == CacheKind.CONCAT for r in reports):
         raise TrtattnError("the kv-cache form needs a model whose K/V are concatenated with a past cache "
                            "(past_key_values inputs); this one has none")
@@ -43,9 +48,10 @@ def _check(reports) -> None:
                                    f"this one is {r.pattern}" + (" with a bias" if r.bias else "")
                                    + (f" with window {site.window}" if site.window else ""))
         elif site.cache == CacheKind.CROSS_STATIC:
-            if r.bias or site.mask.value != "none":
-                raise TrtattnError(f"site {site.name}: cross-attention over static K/V takes no mask in the kv-cache "
-                                   f"form (an encoder padding mask has no lengths input there); this one has one")
+            if r.bias or (site.mask.value != "none" and site.name not in encoder_masks):
+                raise TrtattnError(f"site {site.name}: cross-attention over static K/V in the kv-cache form takes no "
+                                   "mask but the encoder's right-padded padding mask (read as lengths), and no bias; "
+                                   f"this one has {'a bias' if r.bias else 'another mask'}")
         else:
             raise TrtattnError(f"site {site.name}: attention without a cache in a decoder step; the kv-cache form "
                                "takes self-attention over a past cache and cross-attention over static K/V")
@@ -119,14 +125,32 @@ class _Rows:
         return [n.name for n in e.graph.nodes[first:]]
 
 
+def _encoder_masks(graph: gs.Graph, model: onnx.ModelProto, reports, nodes: dict) -> dict[str, str]:
+    """Cross-attention site -> the one graph input its mask's values come from, where that is a right-padded
+    padding mask that no self-attention mask reads (the encoder's, over the static K/V's axis, not the tokens')."""
+    inputs, right_padded = {t.name for t in graph.inputs}, right_padded_masks(model)
+    sources = {}
+    for r in reports:
+        attn = nodes[r.attention_node]
+        if len(attn.inputs) > 3 and attn.inputs[3].name:
+            sources[r.site.name] = value_inputs(attn.inputs[3], inputs)
+    selves = set().union(*(sources.get(r.site.name, set()) for r in reports if r.site.cache != CacheKind.CROSS_STATIC))
+    return {r.site.name: next(iter(sources[r.site.name])) for r in reports
+            if r.site.cache == CacheKind.CROSS_STATIC and len(sources.get(r.site.name, ())) == 1
+            and sources[r.site.name] <= right_padded - selves}
+
+
 def kv_cache_form(model: onnx.ModelProto, reports) -> tuple[onnx.ModelProto, list[AttentionLowering],
-                                                            list[CacheLowering]]:
-    _check(reports)
+                                                            list[CacheLowering], list[str]]:
+    """The form (module doc), its attention and cache lowerings, and the encoder padding masks it reads as
+    lengths (they must be right-padded)."""
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
     nodes = {n.name: n for n in graph.nodes}
+    encoder_masks = _encoder_masks(graph, model, reports, nodes)
+    _check(reports, encoder_masks)
     emit = Emitter(graph, "trtattn/kv")
-    tokens = pack_tokens(graph, model, emit, "kv-cache")
+    tokens = pack_tokens(graph, model, emit, "kv-cache", keep=set(encoder_masks.values()))
     if tokens.positions is None:
         raise TrtattnError("the kv-cache form needs position_ids as an input: in it a cache's length is its capacity, "
                            "so positions cannot come from the cache's shape")
@@ -134,6 +158,8 @@ def kv_cache_form(model: onnx.ModelProto, reports) -> tuple[onnx.ModelProto, lis
     write_index = gs.Variable(WRITE_INDEX, dtype=np.int64, shape=["batch"])
     graph.inputs.append(write_index)
     rows = _Rows(emit, tokens, write_index)
+    encoder_lengths = {name: lengths_of(emit, next(t for t in graph.inputs if t.name == name))
+                       for name in sorted(set(encoder_masks.values()))}
     attentions, updates, caches = [], [], set()
     for r in reports:
         site, attn = r.site, nodes[r.attention_node]
@@ -148,15 +174,21 @@ def kv_cache_form(model: onnx.ModelProto, reports) -> tuple[onnx.ModelProto, lis
             attn.inputs.pop()
         if site.cache == CacheKind.CONCAT:
             attn.inputs.append(rows.causal_mask(attn.inputs[1]))
+        elif site.name in encoder_masks:  # the encoder's padding as lengths, the same for every query row
+            lengths = encoder_lengths[encoder_masks[site.name]]
+            attn.inputs.append(emit.full_query_rows(allowed_keys(emit, attn.inputs[0], attn.inputs[1], lengths, False),
+                                                    attn.inputs[0]))
         attn.attrs["is_causal"] = 0
         out = attn.outputs[0]
         padded_out = gs.Variable(f"{out.name}/rows", dtype=dtype)
         attn.outputs = [padded_out]
         region = (attn.name, *rows.to_packed(padded_out, out, dtype))
         cached = site.cache == CacheKind.CONCAT
+        kv_lengths = rows.kv_lengths if cached else encoder_lengths.get(encoder_masks.get(site.name, ""))
         attentions.append(AttentionLowering(attn.name, region, "lower_right" if cached else "none", query=query.name,
                                             output=out.name, q_lengths=tokens.cu.name,
-                                            kv_lengths=rows.kv_lengths.name if cached else None, query_form="packed"))
+                                            kv_lengths=kv_lengths.name if kv_lengths is not None else None,
+                                            query_form="packed"))
     graph.cleanup(remove_unused_graph_inputs=True)
     for n in graph.nodes:  # the cache's length is its capacity now, not the number of past tokens
         if n.op == "Shape" and n.inputs[0].name in caches and _reads_sequence_axis(n):
@@ -164,7 +196,7 @@ def kv_cache_form(model: onnx.ModelProto, reports) -> tuple[onnx.ModelProto, lis
                                "masks derived from it); in the kv-cache form that is the capacity: give the model "
                                "position_ids (and cache positions) as inputs instead")
     per_token_outputs(graph, skip={u.output for u in updates})
-    return export_like(graph, model), attentions, updates
+    return export_like(graph, model), attentions, updates, sorted(encoder_lengths)
 
 
 def _scatter(graph: gs.Graph, rows: _Rows, cache: gs.Tensor, new: gs.Tensor, site, tag: str) -> CacheLowering:

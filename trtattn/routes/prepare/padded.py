@@ -37,14 +37,26 @@ def value_inputs(tensor: gs.Tensor, graph_inputs: set[str]) -> set[str]:
     return found
 
 
+def right_padded_masks(model: onnx.ModelProto) -> set[str]:
+    """The [batch, seq] padding-mask inputs that may be read as lengths: 1 = a token, right-padded."""
+    from ...graph.roles import input_specs
+
+    return {s.name for s in input_specs(model) if s.role.get("kind") == "padding_mask" and s.role.get("side") != "left"
+            and s.role.get("true_at", "valid") == "valid" and len(s.shape) == 2}
+
+
+def lengths_of(emit: Emitter, mask: gs.Tensor) -> gs.Tensor:
+    """[B] int64: a right-padded mask's row sums, named after it (what the plan and the sidecar show)."""
+    lengths = emit("ReduceSum", [emit.cast(mask, np.int64), emit.const([1], np.int64)], {"keepdims": 0},
+                   dtype=np.int64, name="lengths")
+    lengths.name = f"{mask.name}/lengths"
+    return lengths
+
+
 def padding_to_lengths(graph: gs.Graph, model: onnx.ModelProto, reports) -> tuple[list[AttentionLowering], list[str]]:
     """Rewrite the masks of the sites that qualify (see module doc). Returns their lowerings and the
     padding-mask inputs now read as lengths."""
-    from ...graph.roles import input_specs
-
-    specs = {s.name: s for s in input_specs(model)}
-    right_padded = {n for n, s in specs.items() if s.role.get("kind") == "padding_mask" and s.role.get("side") != "left"
-                    and s.role.get("true_at", "valid") == "valid" and len(s.shape) == 2}  # 1 = a token, right-padded
+    right_padded = right_padded_masks(model)
     ranks = {name: len(shape) for name, (_, shape) in tensor_types(model).items() if shape is not None}
     inputs = {t.name for t in graph.inputs}
     nodes = {n.name: n for n in graph.nodes}
@@ -67,18 +79,15 @@ def padding_to_lengths(graph: gs.Graph, model: onnx.ModelProto, reports) -> tupl
             continue
         (mask_input,) = sources
         if mask_input not in lengths:
-            mask = next(t for t in graph.inputs if t.name == mask_input)
-            lengths[mask_input] = emit("ReduceSum", [emit.cast(mask, np.int64), emit.const([1], np.int64)],
-                                       {"keepdims": 0}, dtype=np.int64, name="lengths")
-            lengths[mask_input].name = f"{mask_input}/lengths"  # what the plan and the sidecar show
+            lengths[mask_input] = lengths_of(emit, next(t for t in graph.inputs if t.name == mask_input))
         causal = r.pattern == "causal"
-        attn.inputs[3] = emit.full_query_rows(_allowed(emit, q, k, lengths[mask_input], causal), q)
+        attn.inputs[3] = emit.full_query_rows(allowed_keys(emit, q, k, lengths[mask_input], causal), q)
         lowerings.append(AttentionLowering(attn.name, (attn.name,), "upper_left" if causal else "none",
                                            kv_lengths=lengths[mask_input].name))
     return lowerings, sorted({s for s in lengths})
 
 
-def _allowed(emit: Emitter, q: gs.Tensor, k: gs.Tensor, lengths: gs.Tensor, causal: bool) -> gs.Tensor:
+def allowed_keys(emit: Emitter, q: gs.Tensor, k: gs.Tensor, lengths: gs.Tensor, causal: bool) -> gs.Tensor:
     """[B, 1, Sq | 1, Skv] booleans: key j < the row's length (and j <= i when causal, upper-left)."""
     i64 = np.int64
     j = emit("Range", [emit.const(0, i64), emit.dim(k, 2), emit.const(1, i64)], dtype=i64, name="key_positions")

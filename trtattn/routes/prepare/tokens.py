@@ -35,12 +35,15 @@ class Tokens:
     lengths: gs.Tensor  # [B] int64: tokens per row
 
 
-def pack_tokens(graph: gs.Graph, model: onnx.ModelProto, emit: Emitter, form: str) -> Tokens:
+def pack_tokens(graph: gs.Graph, model: onnx.ModelProto, emit: Emitter, form: str, keep=()) -> Tokens:
+    """`keep`: [batch, seq] inputs over another sequence than the tokens' (an encoder's padding mask), left as
+    they are."""
     from ...graph.roles import input_specs
 
     specs = {s.name: s for s in input_specs(model)}
     kinds = {t.name: specs[t.name].role.get("kind") for t in graph.inputs if t.name in specs}
-    tokens = [t for t in graph.inputs if kinds.get(t.name) in TOKEN_KINDS and t.shape is not None and len(t.shape) == 2]
+    tokens = [t for t in graph.inputs if kinds.get(t.name) in TOKEN_KINDS and t.shape is not None and len(t.shape) == 2
+              and t.name not in keep]
     ids = next((t for t in tokens if kinds[t.name] == "token_ids"), None)
     if ids is None:
         raise TrtattnError(f"the {form} form needs token inputs [batch, seq] (input_ids); this model has none")
