@@ -190,6 +190,40 @@ def _plain_low_opset(opset: int):
     return recipe
 
 
+def wavlm(tmp: Path):
+    """WavLM (transformers, random weights): a relative-position bias gated per head by a sigmoid of the query
+    (gru_rel_pos), added to the logits on heads merged into the batch ([B*N, T, T]), in torch's
+    multi_head_attention_forward layout ([T, B, C]). One convolution of stride 1: 8 samples give 7 frames."""
+    import torch
+    import transformers as T
+
+    cfg = T.WavLMConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, conv_dim=(16,), conv_kernel=(2,), conv_stride=(1,),
+                        num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, num_buckets=16,
+                        max_bucket_distance=32, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = T.WavLMModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # the gate and the bias table start at constants: make them matter
+            p.normal_(0.0, 0.2)
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_values):
+            return self.model(input_values=input_values).last_hidden_state
+
+    path = tmp / "wavlm.onnx"
+    torch.onnx.export(Hidden(), (torch.randn(2, 16),), str(path), input_names=["input_values"],
+                      output_names=["last_hidden_state"], dynamic_axes={"input_values": {0: "batch", 1: "samples"}},
+                      opset_version=17, dynamo=False)
+    return onnx.load(path), cfg.num_hidden_layers, \
+        "transformers WavLM (2 layers, hidden 32, 2 heads, random weights), TorchScript exporter", \
+        ["gated_position_bias", "layout3d", "bias_in_graph"]
+
+
 RECIPES = {
     "bert-fp16-keepio.converter.onnx": fp16_keep_io,
     "bert-fp16.converter.onnx": fp16,
@@ -204,6 +238,7 @@ RECIPES = {
     "bert-opset11.torchscript.onnx": _low_opset(11),
     "plain-opset9.torchscript.onnx": _plain_low_opset(9),
     "plain-opset7.torchscript.onnx": _plain_low_opset(7),
+    "wavlm.torchscript.onnx": wavlm,
 }
 
 
