@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import helper
@@ -212,7 +213,7 @@ def _audio_export(model, path: Path, padding: bool) -> onnx.ModelProto:
 
 
 # audio encoders with one convolution of stride 1 (8 samples give 7 frames), 2 layers, hidden 32, 2 heads
-_AUDIO = dict(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+_AUDIO: dict[str, Any] = dict(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
               conv_dim=(16,), conv_kernel=(2,), conv_stride=(1,), num_conv_pos_embeddings=4,
               num_conv_pos_embedding_groups=2, attn_implementation="eager")
 
