@@ -102,3 +102,14 @@ def test_a_sum_without_keepdims_unsqueezed_on_another_axis_is_listed():
     assert not result.sites
     (skipped,) = result.skipped
     assert "keepdims=0" in skipped.reason and "not put back where it was" in skipped.reason
+
+
+def test_a_mask_must_broadcast_into_the_probabilities_without_enlarging_them():
+    from trtattn.match.logit_ops.probs_mask import _broadcasts_into
+
+    probs = ["batch", 4, "seq", "seq"]
+    assert _broadcasts_into(["batch", 1, 1, "seq"], probs) and _broadcasts_into(["seq"], probs)
+    assert _broadcasts_into(None, probs) and _broadcasts_into([2, 1, 1, 6], None)  # unknown: verification decides
+    assert not _broadcasts_into([3, "batch", 1, 1, "seq"], probs)  # a mask of higher rank makes P larger
+    assert not _broadcasts_into(["batch", 8, "seq", "seq"], probs)  # 8 heads against 4
+    assert not _broadcasts_into([2, 1, 6, 6], [2, 1, 1, 6])  # six queries against one
