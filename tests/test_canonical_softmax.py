@@ -1,6 +1,7 @@
 """Issue 18, classes 1 and 10: a softmax written without a Softmax op is found, fused and verified, or
 listed (never silent); a site's description does not depend on how its neighbour is written."""
 
+import collections
 import json
 
 import numpy as np
@@ -194,3 +195,42 @@ def test_opset_12_forms_with_axes_attributes_fuse(form):
     assert f"softmax written as {RULE[form]}" in site.notes
     (r,) = fuse_model(model).reports
     assert r.status == "fused" and r.max_abs_err < 1e-5, r.reason
+
+
+def test_written_softmax_in_a_loop_body_is_found_and_fused():
+    """A Loop body whose only attention is a written softmax: the model has candidates (not 'no attention
+    found', exit 0), and the site is fused in the body."""
+    from trtattn.rewrite.fuse import has_candidates
+    from trtattn.testing.graphs import control_flow_model
+
+    g = gs.import_onnx(control_flow_model("loop", opset=18))
+    (loop,) = [n for n in g.nodes if n.op == "Loop"]
+    body = loop.attrs["body"]
+    write_softmax(body, next(n for n in body.nodes if n.op == "Softmax"), "onnx_body")
+    model = gs.export_onnx(g)
+    model.ir_version = 10
+    assert not any(n.op_type == "Softmax" for n in model.graph.node[0].attribute[0].g.node)
+    assert has_candidates(model)
+    result = fuse_model(model)
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+
+
+def test_a_written_softmax_whose_site_fails_keeps_its_original_nodes():
+    """Two written softmaxes; the second's probabilities are also a model output, so it cannot fuse. The first
+    is fused; the second is written back as it was (Exp, ReduceMax, ReduceSum, Div), not as the rule's Softmax."""
+    g = gs.import_onnx(rewritten(two_attentions(), "onnx_body"))
+    second = [n for n in g.nodes if n.op == "Div" and n.name.startswith("b2/")]
+    probs = next(n for n in second if n.inputs[0].inputs and n.inputs[0].inputs[0].op == "Exp").outputs[0]
+    probs.dtype = np.float32
+    g.outputs.append(probs)
+    model = gs.export_onnx(g)
+    model.ir_version = 10
+    result = fuse_model(model)
+    assert [r.status for r in result.reports] == ["fused", "not fused"], [r.reason for r in result.reports]
+    assert "graph output" in result.reports[1].reason
+    ops = collections.Counter(n.op_type for n in result.model.graph.node)
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0
+    assert ops["Exp"] == ops["ReduceMax"] == ops["ReduceSum"] == 1
+    names = {n.name for n in result.model.graph.node}
+    assert {n.name for n in model.graph.node if n.name.startswith("b2/") and n.op_type in ("Exp", "ReduceSum")} <= names

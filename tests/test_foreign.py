@@ -23,8 +23,6 @@ ROWS = load_manifest()
 
 # file -> why it does not pass yet (the issue-18 class whose fix it waits for)
 WAITING = {
-    "flax-mha-mask.jax2onnx.onnx": "class 12: flax zeroes masked probabilities and renormalises them (P * m / "
-                                   "ReduceSum(P * m)): listed as 'the probabilities feed 2 nodes (Div, ReduceSum)'",
     "keras-block.tf2onnx.onnx": "class 8: its multiplied mask (class 11) now reads, then the same Einsum lowering as "
                                 "keras-mha: a Reshape to [B, S, N, H, 1] the layout search cannot regroup",
     "keras-mha.tf2onnx.onnx": "class 8: tf2onnx's Einsum lowering of Keras MultiHeadAttention, a Reshape to "

@@ -77,3 +77,24 @@ def test_zoo_bert_with_mask_reapplied_after_softmax_fuses_verified(zoo_export, f
     assert len(reports) == 2
     for r in reports:
         assert r.status == "fused" and r.max_abs_err < 1e-4, r.reason
+
+
+def test_xsoftmax_hand_built_fuses_as_one_boolean_mask():
+    """DeBERTa's XSoftmax: Where(~mask, finfo.min, x) -> Softmax -> Where(~mask, 0, P); padded rows are 0."""
+    model = reapply(attention_model(opset=18, mask_style="where_not"), "where_not", "attention_mask")
+    (site,) = match(model).sites
+    assert [s.op for s in site.mask_steps if s.op != "scale"] == ["where_not", "probs_where_not"]
+    (r,) = fuse_model(model).reports
+    assert r.status == "fused" and r.max_abs_err < 1e-5, r.reason
+
+
+def test_sew_d_xsoftmax_export_reads_the_probabilities_where():
+    """transformers' SEW-D exports XSoftmax through its ONNX symbolic (tests/data/foreign): both layers read the
+    masked_fill of the probabilities as a re-applied mask, fuse and verify."""
+    from pathlib import Path
+
+    model = onnx.load(Path(__file__).parent / "data" / "foreign" / "sew-d.torchscript.onnx")
+    sites = match(model).sites
+    assert len(sites) == 2 and all(s.mask_steps[-1].op == "probs_where_not" for s in sites)
+    result = fuse_model(model)
+    assert [r.status for r in result.reports] == ["fused", "fused"] and result.verification["passed"]

@@ -221,3 +221,4 @@ class MatchResult:
     sites: list[AttentionSite] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)  # attention-like, not fused (counts as failure)
     ignored: list[Skipped] = field(default_factory=list)  # softmaxes that are not attention-like
+    canonical: dict[str, str] = field(default_factory=dict)  # Softmax a canonical rule wrote in the main graph -> rule

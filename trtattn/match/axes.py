@@ -191,6 +191,9 @@ def _refined(atoms: Atoms, frame: Frame, seq: list[str], dims_to: list) -> list[
     into (unknown, N) or (N, unknown), static heads 4 into (2, 2) (GQA). The single best split wins;
     positions and head dims are never split."""
     statics = sorted({int(d) for d in dims_to if isinstance(d, (int, np.integer)) and d > 1})
+    # a part may share its static dim with atoms of known size (B*N into B and N*H = 32, H = 16: N = 2)
+    known = {s for x in seq if (s := atoms.known(x)) is not None and s > 1}
+    statics = sorted(set(statics) | {d // s for d in statics for s in known if d % s == 0 and d // s > 1})
     found = []
     for a in (x for x in seq if x.startswith("x")):
         size = atoms.known(a)

@@ -119,7 +119,8 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
         if node.op == "DequantizeLinear":
             probs_quant = probs_quant or quant_params(view, node)
         elif id(node) in probs_masks:  # a mask re-applied to the probabilities: one more mask step
-            steps.append(_with_frame(view, probs_masks[id(node)], frame, atoms))
+            if probs_masks[id(node)] is not None:  # None: the renormalisation after it (frame unchanged)
+                steps.append(_with_frame(view, probs_masks[id(node)], frame, atoms))
         elif node.op == "Slice" and not layout_ops.is_layout(view, node):
             _check_sink_slice(view, node, steps, len(frame))  # the sink's column dropped: the frame stays
         elif not _is_nan_guard_node(view, node):
@@ -284,7 +285,7 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
     t = sm.outputs[0]
     passed: list[gs.Node] = []
     shapes: dict[str, list[gs.Node]] = {}
-    masks: dict[int, MaskStep] = {}  # id(node) -> its step, for nodes re-applying a mask (logit_ops/probs_mask)
+    masks: dict[int, MaskStep | None] = {}  # id(node) -> its step, for nodes re-applying a mask (logit_ops/probs_mask)
     for _ in range(16):
         if t.name in view.outputs:
             raise Unsupported(f"the probabilities {t.name} are a graph output (the model returns its attention "
@@ -308,7 +309,15 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
         if again is not None:
             masks[id(c)] = again
             passed.append(c)
+            renormalised = None
+            if all(id(n) in masks for n in passed):  # no layout op passed: the softmax axis is where it was
+                renormalised = logit_ops.renormalisation(view, c, t, int(sm.attrs.get("axis", -1)),
+                                                         view.rank(sm.outputs[0]))
             t = c.outputs[0]
+            if renormalised is not None:  # P * m / ReduceSum(P * m): the same mask, frames unchanged
+                masks.update({id(n): None for n in renormalised[0]})
+                passed += renormalised[0]
+                t = renormalised[1]
             continue
         if layout_ops.is_layout(view, c) or _is_nan_guard(view, c, t):
             if layout_ops.is_layout(view, c) and c.inputs[0] is not t:

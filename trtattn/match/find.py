@@ -55,6 +55,8 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
     """The sites of one graph, then of the subgraphs of its control-flow nodes (subgraphs.py). Softmaxes
     written without a Softmax op become one first (canonical.py); those it cannot prove are listed."""
     canon = canonical.canonicalize(view.graph, view.opset, view.rank)
+    if not path:  # the graph given was changed in place (a subgraph's is a copy: subgraphs.view_of)
+        result.canonical.update(canon.made)
     for u in canon.unproven:
         where = f" (in {_where(path)})" if path else ""
         record = Skipped(_site_name(u.anchor.name or u.anchor.outputs[0].name, names), u.reason + where, u.anchor.name)

@@ -29,11 +29,21 @@ def subgraphs(graph: gs.Graph):
                 yield node, attr, sub
 
 
+# with an Exp, a softmax written without a Softmax op (canonical.py) may be there
+WRITTEN_SOFTMAX = {"ReduceSum", "ReduceLogSumExp", "LogSoftmax"}
+
+
+def has_softmax(nodes) -> bool:
+    """Do these NodeProtos hold a Softmax, an ONNX Attention or an Exp normalised as a softmax may be?"""
+    ops = {n.op_type for n in nodes}
+    return bool(ops & {"Softmax", "Attention"}) or ("Exp" in ops and bool(ops & WRITTEN_SOFTMAX))
+
+
 def has_subgraph_softmax(graph: onnx.GraphProto) -> bool:
+    """The same, in an If branch or a Loop/Scan body of `graph`, at any depth."""
     for n in graph.node:
         for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH and (
-                    any(x.op_type in ("Softmax", "Attention") for x in a.g.node) or has_subgraph_softmax(a.g)):
+            if a.type == onnx.AttributeProto.GRAPH and (has_softmax(a.g.node) or has_subgraph_softmax(a.g)):
                 return True
     return False
 

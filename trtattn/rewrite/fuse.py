@@ -100,11 +100,8 @@ def quant_tolerance(site: AttentionSite) -> float:
 def has_candidates(model: onnx.ModelProto) -> bool:
     """Anything the matcher could take: a Softmax (or Exp with a sum or a LogSoftmax: one written without it,
     match/canonical.py) or an attention op, also in an If branch or a loop body."""
-    ops = {n.op_type for n in model.graph.node}
-    if "Exp" in ops and ops & {"ReduceSum", "ReduceLogSumExp", "LogSoftmax"}:
-        return True
-    return any(n.op_type in ("Softmax", "Attention") or (n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS)
-               for n in model.graph.node) or subgraphs.has_subgraph_softmax(model.graph)
+    return subgraphs.has_softmax(model.graph.node) or subgraphs.has_subgraph_softmax(model.graph) or any(
+        n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS for n in model.graph.node)
 
 
 # ---------------------------------------------------------------- rewriting
@@ -253,7 +250,9 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
     while True:
         active = [r for r in reports if r.status == SiteStatus.FUSED]
         with progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
-            fused = _rewrite(working, active, meanings, graph)  # marks sites it cannot rewrite as skipped
+            # marks sites it cannot rewrite as skipped. A graph a canonical rule changed is not rewritten: a
+            # site that fails must keep its original nodes (a written softmax, a max shift), not the rule's
+            fused = _rewrite(working, active, meanings, None if result.canonical else graph)
         graph = None  # rewritten: a second pass starts from the model again
         active = [r for r in active if r.status == SiteStatus.FUSED]
         if not verify:

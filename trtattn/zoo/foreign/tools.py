@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import helper
@@ -190,6 +191,64 @@ def _plain_low_opset(opset: int):
     return recipe
 
 
+def _audio_export(model, path: Path, padding: bool) -> onnx.ModelProto:
+    """A transformers audio encoder's last hidden state from 16 samples (and a padding mask), TorchScript."""
+    import torch
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_values, *mask):
+            return self.model(input_values=input_values, attention_mask=mask[0] if mask else None).last_hidden_state
+
+    names = ["input_values"] + (["attention_mask"] if padding else [])
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    mask[1, 12:] = 0
+    args = (torch.randn(2, 16),) + ((mask,) if padding else ())
+    torch.onnx.export(Hidden(), args, str(path), input_names=names, output_names=["last_hidden_state"],
+                      dynamic_axes={n: {0: "batch", 1: "samples"} for n in names}, opset_version=17, dynamo=False)
+    return onnx.load(path)
+
+
+# audio encoders with one convolution of stride 1 (8 samples give 7 frames), 2 layers, hidden 32, 2 heads
+_AUDIO: dict[str, Any] = dict(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+              conv_dim=(16,), conv_kernel=(2,), conv_stride=(1,), num_conv_pos_embeddings=4,
+              num_conv_pos_embedding_groups=2, attn_implementation="eager")
+
+
+def wavlm(tmp: Path):
+    """WavLM: a relative-position bias gated per head by a sigmoid of the query (gru_rel_pos), added to the
+    logits on heads merged into the batch ([B*N, T, T]), in torch's multi_head_attention_forward layout."""
+    import torch
+    import transformers as T
+
+    cfg = T.WavLMConfig(**_AUDIO, num_buckets=16, max_bucket_distance=32)
+    torch.manual_seed(0)
+    model = T.WavLMModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # the gate and the bias table start at constants: make them matter
+            p.normal_(0.0, 0.2)
+    return _audio_export(model, tmp / "wavlm.onnx", padding=False), cfg.num_hidden_layers, \
+        "transformers WavLM (2 layers, hidden 32, 2 heads, random weights), TorchScript exporter", \
+        ["gated_position_bias", "layout3d", "bias_in_graph"]
+
+
+def sew_d(tmp: Path):
+    """SEW-D: DeBERTa's disentangled attention in an audio encoder, through XSoftmax's ONNX symbolic:
+    Where(~mask, finfo.min, x) -> Softmax -> Where(~mask, 0, P) (issue 18 class 8: the probabilities feed Where)."""
+    import torch
+    import transformers as T
+
+    cfg = T.SEWDConfig(**_AUDIO, squeeze_factor=1, max_position_embeddings=64, position_buckets=8)
+    torch.manual_seed(0)
+    model = T.SEWDModel(cfg).eval()
+    return _audio_export(model, tmp / "sew-d.onnx", padding=True), cfg.num_hidden_layers, \
+        "transformers SEW-D (2 layers, hidden 32, 2 heads, random weights) with a padding mask, TorchScript exporter", \
+        ["xsoftmax", "probs_mask", "bias_in_graph"]
+
+
 RECIPES = {
     "bert-fp16-keepio.converter.onnx": fp16_keep_io,
     "bert-fp16.converter.onnx": fp16,
@@ -204,6 +263,8 @@ RECIPES = {
     "bert-opset11.torchscript.onnx": _low_opset(11),
     "plain-opset9.torchscript.onnx": _plain_low_opset(9),
     "plain-opset7.torchscript.onnx": _plain_low_opset(7),
+    "wavlm.torchscript.onnx": wavlm,
+    "sew-d.torchscript.onnx": sew_d,
 }
 
 
