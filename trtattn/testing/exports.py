@@ -1,11 +1,12 @@
-"""A torch module exported in memory, as the tests that write small model code (a learned probe, a router,
-Swin-v2's cosine attention) need it: TorchScript exporter, no file, the exporter's warnings silenced.
+"""A torch module exported to an ONNX model, as the tests that write small model code (a learned probe, a router,
+Swin-v2's cosine attention) need it: TorchScript exporter, a temporary file, the exporter's warnings silenced.
 torch is imported when called, so importing this module costs nothing."""
 
 from __future__ import annotations
 
-import io
+import tempfile
 import warnings
+from pathlib import Path
 
 import onnx
 
@@ -16,9 +17,9 @@ def export_module(module, args: tuple, names: list[str], axes: dict, *, opset: i
     with dynamic `axes`."""
     import torch
 
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, buf, input_names=names, output_names=output_names,
+        path = Path(tmp) / "model.onnx"
+        torch.onnx.export(module.eval(), args, path, input_names=names, output_names=output_names,
                           dynamic_axes=axes, opset_version=opset, dynamo=False)
-    return onnx.load_from_string(buf.getvalue())
+        return onnx.load(path)
