@@ -166,9 +166,14 @@ def _import_ortx():
     finder = _WithoutConverterPackages()
     sys.meta_path.insert(0, finder)
     try:
-        import onnxruntime_extensions
+        try:
+            import onnxruntime_extensions
+        except ImportError:  # a version that needs one of them after all: imported as it is, slower
+            sys.meta_path.remove(finder)
+            import onnxruntime_extensions
     finally:
-        sys.meta_path.remove(finder)
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
         if saved is None:
             os.environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)
         else:
