@@ -4,25 +4,14 @@ probabilities weigh input values; a classifier head or an MoE router normalises 
 (classes, experts) and is never attention, whatever product follows it. Real torch exports."""
 
 import collections
-import io
-import warnings
 
-import onnx
 import pytest
 
 torch = pytest.importorskip("torch", reason="the exports need torch")
 transformers = pytest.importorskip("transformers", reason="the exports need transformers")
 
 from trtattn.rewrite.fuse import fuse_model  # noqa: E402
-
-
-def export(module, args, names, axes) -> onnx.ModelProto:
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, buf, input_names=names, dynamic_axes=axes, opset_version=17,
-                          dynamo=False)
-    return onnx.load_from_string(buf.getvalue())
+from trtattn.testing.exports import export_module as export  # noqa: E402
 
 
 def fused_ops(result):

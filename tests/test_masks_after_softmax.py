@@ -2,56 +2,18 @@
 DeBERTa's XSoftmax: masked_fill of P by Where) is fused as a boolean mask and verified; a re-applied mask
 that changes the result outside fully masked rows is listed, never silent."""
 
-import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 import pytest
 
 from trtattn.match import match
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.edits import reapply
 from trtattn.testing.graphs import attention_model
 
 
 def reapplied(form: str, mask_style="additive_input", same_mask=True) -> onnx.ModelProto:
     """attention_model with its padding mask applied again to the probabilities, written as `form`."""
     return reapply(attention_model(opset=18, mask_style=mask_style), form, "attention_mask" if same_mask else None)
-
-
-def reapply(model: onnx.ModelProto, form: str, mask_input: str | None) -> onnx.ModelProto:
-    """`model` with the [batch, seq] input `mask_input` (None: a new one) applied again to the probabilities
-    of every Softmax, written as `form`."""
-    g = gs.import_onnx(model)
-    if mask_input is None:
-        mask = gs.Variable("other_mask", np.float32, ["batch", "seq"])
-        g.inputs.append(mask)
-    else:
-        mask = next(i for i in g.inputs if i.name == mask_input)
-    made = []
-
-    def op(kind, inputs, dtype=np.float32, **attrs):
-        out = gs.Variable(f"reapplied/{kind}_{len(made)}", dtype)
-        made.append(gs.Node(kind, f"reapplied/{kind}_{len(made)}", attrs, inputs, [out]))
-        return out
-
-    axes = gs.Constant("reapplied/axes", np.asarray([1, 2], np.int64))
-    m = op("Unsqueeze", [op("Cast", [mask], to=onnx.TensorProto.FLOAT), axes])  # [B, 1, 1, S]: the keys
-    zero = gs.Constant("reapplied/zero", np.asarray(0.0, np.float32))
-    for sm in [n for n in g.nodes if n.op == "Softmax"]:
-        probs = sm.outputs[0]
-        consumer = probs.outputs[0]
-        if form == "mul":
-            out = op("Mul", [probs, m])
-        elif form == "where":
-            out = op("Where", [op("Cast", [m], np.bool_, to=onnx.TensorProto.BOOL), probs, zero])
-        else:  # where_not: masked_fill(P, ~mask, 0)
-            out = op("Where", [op("Not", [op("Cast", [m], np.bool_, to=onnx.TensorProto.BOOL)], np.bool_), zero, probs])
-        consumer.inputs[consumer.inputs.index(probs)] = out
-    g.nodes.extend(made)
-    g.toposort()
-    fixed = gs.export_onnx(g)
-    fixed.ir_version = model.ir_version
-    fixed.metadata_props.extend(model.metadata_props)
-    return fixed
 
 
 @pytest.mark.parametrize("form", ["mul", "where", "where_not"])

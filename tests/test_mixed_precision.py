@@ -3,7 +3,6 @@ products and the result cast back after (torch.autocast on CUDA, onnxconverter-c
 with keep_io_types). The fused Attention reads the fp16 tensors and runs in fp16, the casts stay outside
 it, the model's outputs keep their types, and the site is verified at fp16's tolerance."""
 
-import io
 import warnings
 
 import numpy as np
@@ -12,6 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.exports import export_module
 from trtattn.verify import REWRITE_TOLERANCES
 
 torch = pytest.importorskip("torch", reason="the exports need torch")
@@ -39,13 +39,8 @@ class Attention(torch.nn.Module):
 
 def export(module) -> onnx.ModelProto:
     torch.manual_seed(0)
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (torch.randn(2, 7, 32),), buf, input_names=["x"],
-                          output_names=["last_hidden_state"], dynamic_axes={"x": {0: "batch", 1: "seq"}},
-                          opset_version=17, dynamo=False)
-    return onnx.load_from_string(buf.getvalue())
+    return export_module(module, (torch.randn(2, 7, 32),), ["x"], {"x": {0: "batch", 1: "seq"}},
+                         output_names=["last_hidden_state"])
 
 
 def check_fp16_site(result, casts_at_the_products: bool):

@@ -493,6 +493,29 @@ def test_package_imports_neither_torch_nor_tensorrt():
     assert out.strip() == "[]"
 
 
+def test_a_session_imports_neither_torch_nor_transformers(tmp_path):
+    """onnxruntime_extensions' import runs its tokenizer converters' imports of transformers and torch (~8 s a
+    process): left out; the kernels run as in a process that has them, and the protobuf setting it changes
+    is put back."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(19)
+    q, k, v = _rand(rng, 1, 2, 3, 8), _rand(rng, 1, 2, 3, 8), _rand(rng, 1, 2, 3, 8)
+    model, feeds = trt_model("TRT_Attention", {"Q": q, "K": k, "V": v}, causal_kind="upper_left")
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    code = ("import os, sys, numpy as np, onnx, trtattn_plugins as tp; "
+            f"d = {str(tmp_path)!r}; "
+            "y = tp.Session(onnx.load(d + '/m.onnx')).run(None, dict(np.load(d + '/feeds.npz')))[0]; "
+            "np.save(d + '/y.npy', y); "
+            "print(sorted(m for m in ('torch', 'transformers', 'tokenizers', 'onnxruntime_extensions') "
+            "if m in sys.modules), os.environ.get('PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['onnxruntime_extensions'] None"
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), run_trt("TRT_Attention", feeds, causal_kind="upper_left"))
+
+
 def test_no_warning_when_nothing_silent_happens():
     rng = np.random.default_rng(18)
     q, k, v = _rand(rng, 1, 2, 3, 8), _rand(rng, 1, 2, 3, 8), _rand(rng, 1, 2, 3, 8)

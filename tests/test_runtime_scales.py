@@ -122,8 +122,8 @@ def test_swinv2_cosine_attention_is_fused():
     mask Swin-v2 adds twice, is left out: its mask operand does not convert, a separate matter.)"""
     torch = pytest.importorskip("torch", reason="the export needs torch")
     transformers = pytest.importorskip("transformers", reason="the export needs transformers")
-    import io
-    import warnings
+
+    from trtattn.testing.exports import export_module
 
     torch.manual_seed(0)
     config = transformers.Swinv2Config(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
@@ -137,12 +137,8 @@ def test_swinv2_cosine_attention_is_fused():
         def forward(self, pixel_values):
             return self.m(pixel_values).last_hidden_state
 
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Wrap().eval(), (torch.randn(2, 3, 32, 32),), buf, input_names=["pixel_values"],
-                          dynamic_axes={"pixel_values": {0: "batch"}}, opset_version=17, dynamo=False)
-    result = fuse_model(onnx.load_from_string(buf.getvalue()))
+    model = export_module(Wrap(), (torch.randn(2, 3, 32, 32),), ["pixel_values"], {"pixel_values": {0: "batch"}})
+    result = fuse_model(model)
     assert [r.status for r in result.reports] == ["fused", "fused"], [r.row() for r in result.reports]
     assert result.ok and all(r.site.scale == 1.0 for r in result.reports)
     assert all(any(s.op == "head_scale" for s in r.site.mask_steps) for r in result.reports)

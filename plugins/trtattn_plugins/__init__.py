@@ -7,8 +7,8 @@ TRT_Attention, TRT_QuantizedAttention and TRT_KVCacheUpdate, following their doc
     sess = tp.Session(model)              # an onnxruntime.InferenceSession over a CPU copy
     outputs = sess.run(None, feeds)
 
-onnxruntime-extensions (whose import also imports torch when it is installed) is imported when
-the first session is made, not here.
+onnxruntime-extensions is imported when the first session is made, not here, and without the
+transformers and torch its tokenizer converters would import (ort_ops._import_ortx).
 """
 
 from . import reference, schema

@@ -14,8 +14,10 @@ process (std::terminate). Hence:
 
 from __future__ import annotations
 
+import importlib.abc
 import itertools
 import os
+import sys
 import threading
 from collections.abc import Callable
 
@@ -137,15 +139,41 @@ def _register() -> None:
         _REGISTERED = True
 
 
+# What onnxruntime_extensions imports only for its tokenizer and audio converters (its `cvt` module, run by
+# its __init__): transformers, tokenizers and torch, 8 s of a CLI process when none is loaded yet. It
+# imports each inside try/except ImportError and goes on without it; the kernels here need none of them.
+_CONVERTER_PACKAGES = frozenset({"transformers", "tokenizers", "torch"})
+
+
+class _WithoutConverterPackages(importlib.abc.MetaPathFinder):
+    """An import finder that answers 'not installed' for the converter packages not loaded yet."""
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in _CONVERTER_PACKAGES and top not in sys.modules:
+            raise ModuleNotFoundError(f"{name} left out while importing onnxruntime_extensions", name=name)
+        return None
+
+
 def _import_ortx():
     # Importing onnxruntime_extensions sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python for the
     # process, which would make every later Python subprocess parse ONNX files with pure-Python
-    # protobuf; put the variable back as it was. (It also imports transformers and torch when they
-    # are installed: a few seconds, once, only when a CPU session is made.)
+    # protobuf; put the variable back as it was. The converter packages it would import are left out
+    # (already loaded ones stay: the finder is asked only about modules not in sys.modules).
+    if "onnxruntime_extensions" in sys.modules:
+        return sys.modules["onnxruntime_extensions"]
     saved = os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")
+    finder = _WithoutConverterPackages()
+    sys.meta_path.insert(0, finder)
     try:
-        import onnxruntime_extensions
+        try:
+            import onnxruntime_extensions
+        except ImportError:  # a version that needs one of them after all: imported as it is, slower
+            sys.meta_path.remove(finder)
+            import onnxruntime_extensions
     finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
         if saved is None:
             os.environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)
         else:

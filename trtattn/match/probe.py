@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..graph.dependence import depends_on_input_values
 from ..graph.dim_names import resolve_dims
 from ..graph.evaluate import evaluator
 from ..graph.feeds import make_feeds
@@ -35,22 +36,6 @@ class MaskMeaning:
     bias: bool = False  # finite non-zero values on allowed positions (relative bias, ALiBi)
     pattern: str = "none"  # none | causal | window | custom
     allowed: np.ndarray | None = None  # [..., Sq, Skv] the probe saw (kept to check other probes against)
-
-
-def depends_on_input_values(tensor: gs.Tensor, graph_inputs: set[str]) -> bool:
-    seen, stack = set(), [tensor]
-    while stack:
-        t = stack.pop()
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        if t.name in graph_inputs:
-            return True
-        for n in t.inputs:
-            if n.op == "Shape":
-                continue  # only the shape flows on
-            stack.extend(n.inputs)
-    return False
 
 
 def expected(pattern: str, causal: CausalKind, window: int | None, sq: int, skv: int) -> np.ndarray:

@@ -15,28 +15,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ...graph.dependence import depends_on_input_values
 from ...site import MaskStep
 from ..errors import Unsupported
 from .base import offset_after, scalar
 from .boolean import Where
 from .chain import split
-
-
-def _from_input_values(view, t, budget: int = 64) -> bool:
-    """Whether `t` depends on the values of a graph input (not only on shapes)."""
-    seen: set[int] = set()
-    stack = [t]
-    while stack and len(seen) < budget:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if x.name in view.inputs:
-            return True
-        n = view.producer(x)
-        if n is not None and n.op not in ("Shape", "Size"):
-            stack.extend(n.inputs)
-    return False
 
 
 class MulMask(Where):
@@ -53,7 +37,7 @@ class MulMask(Where):
             # one number computed at run time (1 / sqrt of a shape), or a factor constant along the keys
             # (Swin-v2's per-head exp(logit_scale), [heads, 1, 1]): a scale, since a mask varies over the keys
             return None
-        if shape is None and not _from_input_values(view, other):
+        if shape is None and not depends_on_input_values(other, view.inputs, limit=64):
             return None  # nothing says it is a mask: scale.py says what it cannot read
         return MaskStep(self.kind, operand=other.name, value=0.0, node=node.name), node.inputs[chain]
 

@@ -10,6 +10,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
+from ...graph.dependence import depends_on_input_values
 from ...graph.emit import Emitter, export_like
 from ...site import CacheKind
 from .lowering import AttentionLowering
@@ -61,7 +62,6 @@ def _replace_position_lookups(graph: gs.Graph, model: onnx.ModelProto, emit: Emi
     """Embedding lookups whose indices are 0..S-1 computed from the shape (learned absolute
     positions) read the per-sequence positions instead."""
     from ...graph.feeds import make_feeds
-    from ...match.probe import depends_on_input_values
 
     inputs = {t.name for t in graph.inputs}
     candidates = [n for n in graph.nodes if n.op == "Gather" and isinstance(n.inputs[0], gs.Constant)

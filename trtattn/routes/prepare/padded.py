@@ -15,26 +15,11 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ...graph.dependence import value_inputs
 from ...graph.emit import Emitter
 from ...graph.shapes import tensor_types
 from ...site import CacheKind
 from .lowering import AttentionLowering
-
-
-def value_inputs(tensor: gs.Tensor, graph_inputs: set[str]) -> set[str]:
-    """The graph inputs whose values (not only shapes) reach `tensor`."""
-    seen, stack, found = set(), [tensor], set()
-    while stack:
-        t = stack.pop()
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        if t.name in graph_inputs:
-            found.add(t.name)
-        for n in t.inputs:
-            if n.op != "Shape":
-                stack.extend(n.inputs)
-    return found
 
 
 def right_padded_masks(model: onnx.ModelProto) -> set[str]:
