@@ -26,10 +26,10 @@ import onnx_graphsurgeon as gs
 
 from ...contract import MAX_CACHE, WRITE_INDEX
 from ...errors import TrtattnError
+from ...graph.dependence import value_inputs
 from ...graph.emit import Emitter, export_like
 from ...site import CacheKind, CausalKind
 from .lowering import AttentionLowering, CacheLowering
-from ...graph.dependence import value_inputs
 from .padded import allowed_keys, lengths_of, right_padded_masks
 from .tokens import Tokens, batch_from_tokens, pack_tokens, per_token_outputs
 
