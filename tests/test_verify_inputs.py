@@ -105,6 +105,33 @@ def test_random_op_seeded_alike_on_both_models():
         compare_models(model, renamed)
 
 
+def test_random_op_fused_model_verifies_on_the_originals_draws():
+    """fuse writes opset 23, where ONNX Runtime has no RandomNormalLike kernel: the values the original draws
+    (seeded) are fed to both models in place of the node, so the attention is verified and the written model
+    keeps the op, unseeded."""
+    model = _tail(attention_model(), "random")
+    result = fuse_model(model)
+    assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
+    assert result.ok and result.verification["max_abs_err"] <= 1e-4
+    assert any("the original's draws fed to both): draw_noise (RandomNormalLike)" in n
+               for n in result.verification["inputs"]["notes"])
+    drawn = [n for n in result.model.graph.node if n.op_type == "RandomNormalLike"]
+    assert len(drawn) == 1 and not any(a.name == "seed" for a in drawn[0].attribute)
+    assert "eps" not in {i.name for i in result.model.graph.input}  # the cut is for the comparison only
+
+
+def test_fed_draws_are_what_the_original_draws():
+    """A candidate that computes something else after the draw is caught: the draws are fed, not skipped."""
+    from trtattn.verify import compare_models
+
+    model = _tail(attention_model(), "random")
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(model)
+    next(n for n in wrong.graph.node if n.op_type == "Mul" and "eps" in n.input).op_type = "Add"
+    assert compare_models(model, model).passed
+    assert not compare_models(model, wrong).passed
+
+
 def test_random_op_the_candidate_cannot_seed_is_refused_unless_its_outputs_repeat(tmp_path):
     import contextlib
 
