@@ -52,7 +52,8 @@ def export(module, computed=True) -> onnx.ModelProto:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module.eval(), (torch.randn(2, WINDOWS, SEQ, DIM),), buf, input_names=["x"],
-                          dynamic_axes={"x": {0: "batch", 1: "windows"} if computed else {0: "batch"}}, opset_version=17, dynamo=False)
+                          dynamic_axes={"x": {0: "batch", 1: "windows"} if computed else {0: "batch"}},
+                          opset_version=17, dynamo=False)
     return onnx.load_from_string(buf.getvalue())
 
 

@@ -299,8 +299,9 @@ def _dims(atoms: Atoms, rename: dict, tensors: list) -> tuple:
             for a in leaves:
                 if a == missing[0]:
                     continue
-                if atoms.known(a) is not None:
-                    divisor *= atoms.known(a)
+                size = atoms.known(a)
+                if size is not None:
+                    divisor *= size
                 else:  # a part whose size is read at run time
                     recipe = ("part", recipe, recipes[(ren(a),)])
             recipes[(ren(missing[0]),)] = ("part", recipe, divisor) if divisor != 1 else recipe
