@@ -7,6 +7,8 @@ inputs; otherwise verification is refused with one line naming the node."""
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import onnx
 
@@ -55,7 +57,8 @@ def fed_draws(original: onnx.ModelProto, candidate: onnx.ModelProto, feeds: list
     RandomNormalLike kernel at opset 22+). Nodes in If/Loop bodies stay seeded alike. The models as they are
     when there is no random node to cut."""
     found = {id(n) for n in random_nodes(original)}
-    mine = [n for n in original.graph.node if id(n) in found]
+    names = collections.Counter(n.name for n in original.graph.node)
+    mine = [n for n in original.graph.node if id(n) in found and n.name and names[n.name] == 1]  # matched by name
     theirs = {n.name: n for n in candidate.graph.node if n.name in {m.name for m in mine}}
     mine = [n for n in mine if n.name in theirs]
     if not mine:
