@@ -74,9 +74,8 @@ def test_cli_exit_codes_agree(results):
 # Single cases of a passing kind that trtattn lists today (never silent, never written), with why. Each must
 # still end listed (test below), so a fix says to drop its entry; the kind's share is counted without it.
 KNOWN_CASES: dict[str, str] = {
-    "vit.torchscript/1/heads_3d/all": "ViT with heads merged into the batch around both products: the layout "
-    "search reads layer 1's 17 positions as its heads (17/17) and the rewritten model's Reshape fails, so both "
-    "sites are listed; the same on this round's starting commit, drawn since issue 18's kinds changed the sample",
+    # (vit.torchscript/1/heads_3d/all, listed until a batch split stopped borrowing a size from another axis
+    # (match/axes.py: _refined), now fuses)
 }
 
 

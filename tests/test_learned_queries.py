@@ -160,3 +160,45 @@ def test_an_unprovable_softmax_over_a_learned_probe_is_listed_not_ignored():
     result = match(gs.export_onnx(g))
     assert not result.sites and len(result.skipped) == 1, (result.skipped, result.ignored)
     assert "cannot be proven" in result.skipped[0].reason
+
+
+class ProbeAtBatchOne(torch.nn.Module):
+    """A learned probe left at batch 1 (no Expand): the products broadcast it over the keys' batch. heads=0:
+    one head, the probe [1, Q, D] straight into MatMul with K^T [B, D, S]."""
+
+    def __init__(self, d=32, heads=4, probes=2):
+        super().__init__()
+        self.heads = heads
+        self.probe = torch.nn.Parameter(torch.randn(1, probes, d))
+        self.kv = torch.nn.Linear(d, 2 * d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        if not self.heads:
+            k, v = self.kv(x).chunk(2, -1)
+            return torch.softmax(self.probe @ k.transpose(-1, -2) / d ** 0.5, -1) @ v
+        h = self.heads
+        k, v = self.kv(x).reshape(b, t, 2, h, d // h).permute(2, 0, 3, 1, 4)
+        q = self.probe.reshape(1, -1, h, d // h).transpose(1, 2)
+        a = torch.softmax(q @ k.transpose(-1, -2) / (d // h) ** 0.5, -1) @ v
+        return a.transpose(1, 2).reshape(b, -1, d)
+
+
+@pytest.mark.parametrize("heads", [4, 0], ids=["heads", "one-head"])
+def test_probe_left_at_batch_one_is_expanded_to_the_keys_batch(heads):
+    """The fused op takes Q, K and V with one batch: the rewrite expands the probe to K's batch (read at run
+    time: the fused model runs at batches 1 and 3 too), and the batch is not taken as 1 from the probe."""
+    ort = pytest.importorskip("onnxruntime", reason="running the models needs onnxruntime")
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = export(ProbeAtBatchOne(heads=heads), (torch.randn(2, 7, 32),), ["x"], {"x": {0: "batch"}})
+    result = fuse_model(model)
+    assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
+    assert result.ok and result.verification["max_abs_err"] <= 1e-4
+    assert fused_ops(result)["Attention"] == 1 and fused_ops(result)["Expand"] == 1
+    assert result.reports[0].site.layout.batch_broadcast == ("q",)
+    a, b = (ort.InferenceSession(m.SerializeToString()) for m in (model, result.model))
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 7, 32)).astype(np.float32)
+        np.testing.assert_allclose(b.run(None, {"x": x})[0], a.run(None, {"x": x})[0], atol=1e-5)

@@ -115,18 +115,27 @@ def test_per_head_scale_goes_on_q(op_type):
     assert scale == 1.0  # the per-head factor is on Q, the op's scale is 1
 
 
+@pytest.mark.parametrize("op_type", ["Mul", "Div"])
+def test_per_head_scale_is_kept_by_normalize(op_type):
+    """normalize re-emits the core with the per-head factor on Q (it used to drop it: Swin-v2 off by 3.6)."""
+    from trtattn.rewrite.normalize import normalize_model
+
+    result = normalize_model(per_head_scale(op_type))
+    assert result.ok and result.verification["max_abs_err"] <= 1e-4, result.verification
+
+
 @pytest.mark.slow
 def test_swinv2_cosine_attention_is_fused():
     """Swin-v2's cosine attention: normalized Q and K, times exp(clamp(logit_scale)) per head, plus a
-    relative position bias from a small MLP; two stages with 2 and 4 heads. (The shifted-window block, whose
-    mask Swin-v2 adds twice, is left out: its mask operand does not convert, a separate matter.)"""
+    relative position bias from a small MLP; two stages with 2 and 4 heads, the first with its shifted-window
+    block (the mask Swin-v2 adds twice, over the logits viewed [B, nW, N, S, S]: tests/test_shifted_windows.py)."""
     torch = pytest.importorskip("torch", reason="the export needs torch")
     transformers = pytest.importorskip("transformers", reason="the export needs transformers")
 
     from trtattn.testing.exports import export_module
 
     torch.manual_seed(0)
-    config = transformers.Swinv2Config(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4],
+    config = transformers.Swinv2Config(image_size=32, patch_size=4, embed_dim=16, depths=[2, 1], num_heads=[2, 4],
                                        window_size=4)
 
     class Wrap(torch.nn.Module):
@@ -139,7 +148,7 @@ def test_swinv2_cosine_attention_is_fused():
 
     model = export_module(Wrap(), (torch.randn(2, 3, 32, 32),), ["pixel_values"], {"pixel_values": {0: "batch"}})
     result = fuse_model(model)
-    assert [r.status for r in result.reports] == ["fused", "fused"], [r.row() for r in result.reports]
+    assert [r.status for r in result.reports] == ["fused"] * 3, [r.row() for r in result.reports]
     assert result.ok and all(r.site.scale == 1.0 for r in result.reports)
     assert all(any(s.op == "head_scale" for s in r.site.mask_steps) for r in result.reports)
 

@@ -105,6 +105,33 @@ def test_random_op_seeded_alike_on_both_models():
         compare_models(model, renamed)
 
 
+def test_random_op_fused_model_verifies_on_the_originals_draws():
+    """fuse writes opset 23, where ONNX Runtime has no RandomNormalLike kernel: the values the original draws
+    (seeded) are fed to both models in place of the node, so the attention is verified and the written model
+    keeps the op, unseeded."""
+    model = _tail(attention_model(), "random")
+    result = fuse_model(model)
+    assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
+    assert result.ok and result.verification["max_abs_err"] <= 1e-4
+    assert any("the original's draws fed to both): draw_noise (RandomNormalLike)" in n
+               for n in result.verification["inputs"]["notes"])
+    drawn = [n for n in result.model.graph.node if n.op_type == "RandomNormalLike"]
+    assert len(drawn) == 1 and not any(a.name == "seed" for a in drawn[0].attribute)
+    assert "eps" not in {i.name for i in result.model.graph.input}  # the cut is for the comparison only
+
+
+def test_fed_draws_are_what_the_original_draws():
+    """A candidate that computes something else after the draw is caught: the draws are fed, not skipped."""
+    from trtattn.verify import compare_models
+
+    model = _tail(attention_model(), "random")
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(model)
+    next(n for n in wrong.graph.node if n.op_type == "Mul" and "eps" in n.input).op_type = "Add"
+    assert compare_models(model, model).passed
+    assert not compare_models(model, wrong).passed
+
+
 def test_random_op_the_candidate_cannot_seed_is_refused_unless_its_outputs_repeat(tmp_path):
     import contextlib
 
@@ -236,3 +263,42 @@ def test_an_original_never_finite_is_compared_on_its_default_inputs_and_said_so(
     inputs = result.verification["inputs"]
     assert inputs["domains"] == {"x": "normal", "noise": "normal"}  # the default inputs, kept
     assert any("not finite on any inputs tried" in n for n in inputs["notes"])
+
+
+def _given(tmp_path, model, scale: float, sets: int = 3) -> GivenInputs:
+    """Polygraphy's inputs JSON of `sets` input sets for attention_model (x [2, 6, 32]) scaled by `scale`."""
+    from polygraphy.json import save_json
+
+    rng = np.random.default_rng(7)
+    path = tmp_path / f"x{scale:g}.json"
+    save_json([OrderedDict(x=(rng.standard_normal((2, 6, 32)) * scale).astype(np.float32)) for _ in range(sets)], path)
+    return GivenInputs.load(path, model)
+
+
+def test_trt_ops_check_runs_on_the_given_inputs(tmp_path):
+    """`fuse --ops trt`'s own check (its TensorRT ops on trtattn_plugins against the original) runs on the
+    user's inputs: the report names the file and its 3 sets (generated inputs are 2 sets)."""
+    pytest.importorskip("trtattn_plugins", reason="the TensorRT ops run on trtattn_plugins' kernels")
+    from trtattn.routes.trt_ops import fuse_trt
+
+    model = attention_model()
+    result = fuse_trt(model, name="a", precision="fp32", inputs=_given(tmp_path, model, 1.0))
+    assert result.ok, result.verification
+    assert result.verification["inputs"]["source"] == "file" and result.verification["iterations"] == 3
+    assert result.verification["inputs"]["path"].endswith("x1.json")
+
+
+def test_fp16_check_runs_on_the_given_inputs(tmp_path):
+    """build's fp16 check (the form in fp16 against the fp32 form) runs on the user's inputs: inputs 1e3 times
+    larger than any generated ones overflow fp16's logits, and the check refuses them; the same model on
+    ordinary inputs passes, with the file named in its record."""
+    pytest.importorskip("modelopt", reason="the fp16 conversion is ModelOpt's AutoCast")
+    from trtattn.routes.prepare import prepare
+
+    model = attention_model()
+    prepared = prepare(model, name="a", precision="fp16", inputs=_given(tmp_path, model, 1.0))
+    assert prepared.precision_check["inputs"]["source"] == "file"
+    assert prepared.precision_check["inputs"]["path"].endswith("x1.json")
+    with pytest.raises(TrtattnError):
+        prepare(model, name="a", precision="fp16", inputs=_given(tmp_path, model, 1e3))
+    assert prepare(model, name="a", precision="fp16").precision_check.get("inputs") is None

@@ -128,9 +128,13 @@ class SiteLayout:
     batch: tuple[str, ...]  # atoms merged into the op's batch axis
     heads: tuple[str, ...]  # Q's heads atoms (empty: one head per batch row)
     kv_heads: tuple[str, ...]  # K/V's (a prefix of `heads` under GQA)
-    dims: tuple = ()  # (atom, ("static", n) | ("axis", tensor, axis) | ("part", atom, divisor))
+    dims: tuple = ()  # (atom, ("static", n) | ("axis", tensor, axis) | ("entry", shape, i)
+    #               | ("part", recipe, divisor: an int or a recipe))
     shape_reads: tuple = ()  # (a Shape output, frame of the tensor it reads): shapes of tensors that go away
     scale: float = 1.0  # the op's scale: what multiplies query . key^T as read here
+    # which of "q", "k", "v" hold size 1 where the batch is (a learned probe [1, Q, D] the product broadcasts
+    # over the batch): the fused op takes one batch for all three, so the rewrite expands them
+    batch_broadcast: tuple[str, ...] = ()
 
     @property
     def scores(self) -> tuple:

@@ -44,6 +44,9 @@ class Atoms:
         self.dynamic: set[str] = set()  # atoms seen alone on an axis of a symbolic (or -1) dim
         self.hard_coded: dict[str, tuple[int, str]] = {}  # atom -> (size, Reshape) a constant target gives it
         self.parts: dict[str, tuple[str, ...]] = {}  # atom -> the atoms it was split into
+        # atom -> (Reshape target, index): where a Reshape computes the size of an axis holding it alone
+        self.entries: dict[str, tuple[str, int]] = {}
+        self.broadcast: set[str] = set()  # batch atoms a product broadcasts an operand of size 1 over
 
     def new(self, name: str, size: int | None = None) -> str:
         self.size.setdefault(name, size)
@@ -72,6 +75,8 @@ class Atoms:
         if dims is None or len(dims) != len(frame):
             return
         for g, d in zip(self.resolve(frame), dims):
+            if d == 1 and any(a in self.broadcast for a in g):
+                continue  # a tensor that is broadcast over this axis says nothing of its size
             unknown = [a for a in g if self.known(a) is None]
             if isinstance(d, int) and d > 0 and len(unknown) == 1:
                 rest = math.prod(s for a in g if a != unknown[0] if (s := self.known(a)) is not None)
@@ -111,8 +116,8 @@ def _run_ok(atoms: Atoms, run: list[str], d) -> tuple[bool, int]:
     unknown = [s for s in sizes if s is None]
     static = math.prod(s for s in sizes if s is not None)
     if isinstance(d, (int, np.integer)) and d > 0:
-        if d == 1:
-            return (not unknown and static == 1), 0
+        if d == 1:  # size-1 atoms, or batch atoms this tensor is broadcast over
+            return all(atoms.known(a) == 1 or a in atoms.broadcast for a in run), 0
         if not unknown:
             return static == d, 0
         return (len(unknown) == 1 and d % static == 0), -2  # an atom of unknown size would be d / static
@@ -188,8 +193,11 @@ def regroup(atoms: Atoms, frame: Frame, dims_from: list | None, dims_to: list | 
 
 def _refined(atoms: Atoms, frame: Frame, seq: list[str], dims_to: list) -> list[list[str]] | None:
     """Split one batch atom in two so that a static dim of the other side can be matched: an unknown B*N
-    into (unknown, N) or (N, unknown), static heads 4 into (2, 2) (GQA). The single best split wins;
-    positions and head dims are never split."""
+    into (unknown, N) or (N, unknown), static heads 4 into (2, 2) (GQA). The static part must land alone on
+    an axis of its size (a size taken from an unrelated axis is a guess). Failing that, an unknown batch
+    atom splits into two unknown parts where the other side has one more dim of unknown size (Swin's
+    [B*nW, ...] -> [B, nW, ...], nW computed at run time). The single best split wins; positions and head
+    dims are never split."""
     statics = sorted({int(d) for d in dims_to if isinstance(d, (int, np.integer)) and d > 1})
     # a part may share its static dim with atoms of known size (B*N into B and N*H = 32, H = 16: N = 2)
     known = {s for x in seq if (s := atoms.known(x)) is not None and s > 1}
@@ -201,19 +209,38 @@ def _refined(atoms: Atoms, frame: Frame, seq: list[str], dims_to: list) -> list[
             options: list[list[int | None]] = [[None, d], [d, None]] if size is None else \
                 ([[size // d, d]] if size % d == 0 and d < size else [])
             for sizes in options:
-                trial = Atoms()
-                trial.size, trial.symbol, trial.parts = dict(atoms.size), dict(atoms.symbol), dict(atoms.parts)
-                trial.split(a, sizes)
-                tframe = trial.resolve(frame)
-                runs = _best(trial, atoms_of(tframe), tframe, dims_to)
-                if runs is not None:
-                    score = sum(_run_ok(trial, r, d2)[1] for r, d2 in zip(runs, dims_to))
+                runs = _trial_split(atoms, frame, dims_to, a, sizes)
+                guessed = f"{a}.{sizes.index(d, 1 if size is not None else 0)}"
+                if runs is not None and _alone_on(runs, dims_to, guessed, d):
+                    score = sum(_run_ok(_with_split(atoms, a, sizes), r, d2)[1] for r, d2 in zip(runs, dims_to))
                     found.append((score, a, sizes, runs))
     if not found:
-        return None
+        found = [(0, a, [None, None], runs) for a in seq if a.startswith("x") and atoms.known(a) is None
+                 if (runs := _trial_split(atoms, frame, dims_to, a, [None, None])) is not None]
+        if len(found) != 1:
+            return None  # no split, or several atoms that could be the one split
     found.sort(key=lambda f: -f[0])
     if len(found) > 1 and found[1][0] == found[0][0] and found[1][3] != found[0][3]:
         return None  # two different splits explain it equally well
     _, a, sizes, _ = found[0]
     atoms.split(a, sizes)
     return _best(atoms, atoms_of(atoms.resolve(frame)), atoms.resolve(frame), dims_to)
+
+
+def _with_split(atoms: Atoms, a: str, sizes: list[int | None]) -> Atoms:
+    trial = Atoms()
+    trial.size, trial.symbol, trial.parts = dict(atoms.size), dict(atoms.symbol), dict(atoms.parts)
+    trial.split(a, sizes)
+    return trial
+
+
+def _trial_split(atoms: Atoms, frame: Frame, dims_to: list, a: str, sizes: list[int | None]):
+    """The runs `_best` finds with atom `a` split into parts of `sizes` (on a copy of the registry)."""
+    trial = _with_split(atoms, a, sizes)
+    tframe = trial.resolve(frame)
+    return _best(trial, atoms_of(tframe), tframe, dims_to)
+
+
+def _alone_on(runs: list[list[str]], dims_to: list, part: str, size: int) -> bool:
+    """Part `part` is alone on an axis whose dim is its size."""
+    return any(r == [part] and isinstance(d, (int, np.integer)) and d == size for r, d in zip(runs, dims_to))

@@ -189,10 +189,19 @@ def _product_frame(view: GraphView, c: contraction.Contraction, atoms: Atoms, wh
     for a in ("m", "n", "c", *atoms_of_batch(c)):
         atoms.new(a)
     frame = tuple((_atom(c, x),) for x in c.out)
+    atoms.broadcast |= _broadcast_batch(view, c)
     for i in (0, 1):
         atoms.learn(_operand_frame(c, i), view.shape(c.operands[i]))
     atoms.learn(frame, view.shape(node.outputs[0]))
     return frame
+
+
+def _broadcast_batch(view: GraphView, c: contraction.Contraction) -> set[str]:
+    """The batch atoms one operand holds at size 1 where the other's dim is not 1: the product broadcasts
+    it (a learned probe [1, Q, D] against [B, D, S] keys), which does not make the batch 1."""
+    shapes = [view.shape(t) for t in c.operands]
+    dims = [dict(zip(lab, s)) if s is not None and len(s) == len(lab) else {} for lab, s in zip(c.labels, shapes)]
+    return {_atom(c, x) for x in c.batch for i in (0, 1) if dims[i].get(x) == 1 and dims[1 - i].get(x, 1) != 1}
 
 
 def _operand_frame(c: contraction.Contraction, i: int) -> Frame:

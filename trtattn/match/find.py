@@ -168,12 +168,14 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     steps = tuple(MaskStep(s.op, s.operand, s.value, s.node, ren(s.frame) if s.frame is not None else None)
                   for s in core.steps)
     frames = {"q": ren(q.frame), "k": ren(k.frame), "v": ren(v.frame), "out": ren(core.out_frame)}
-    dims = _dims(atoms, rename, [(q.tensor, q.frame), (k.tensor, k.frame), (v.tensor, v.frame),
-                                 (core.q_operand, core.q_frame), (core.k_operand, core.k_frame),
-                                 (core.v_operand, core.v_frame)])
+    operands = [(q.tensor, q.frame), (k.tensor, k.frame), (v.tensor, v.frame),
+                (core.q_operand, core.q_frame), (core.k_operand, core.k_frame), (core.v_operand, core.v_frame)]
+    broadcast = [_is_broadcast(view, t, f, atoms) for t, f in operands]
+    dims = _dims(atoms, rename, [(t, f) for (t, f), b in zip(operands, broadcast) if not b])
     layout = SiteLayout(q.tensor.name, k.tensor.name, v.tensor.name, frames["q"], frames["k"], frames["v"],
                         frames["out"], batch, heads, kv, dims,
-                        tuple((name, ren(f)) for name, f in core.shape_reads), q.scale * k.scale * logit)
+                        tuple((name, ren(f)) for name, f in core.shape_reads), q.scale * k.scale * logit,
+                        tuple(x for x, b in zip("qkv", broadcast) if b))
     q_heads, kv_heads = size_of(heads, atoms) if heads else 1, size_of(kv, atoms) if kv else 1
     head, v_head = atoms.known("c"), atoms.known("e")
 
@@ -262,9 +264,18 @@ def _axis_of(frame: tuple, atom: str) -> int | None:
     return next((i for i, g in enumerate(frame) if atom in g), None)
 
 
+def _is_broadcast(view: GraphView, t, frame, atoms: Atoms) -> bool:
+    """`t` holds size 1 on an axis of batch atoms a product broadcasts it over (core.py: _broadcast_batch)."""
+    shape = view.shape(t)
+    if not atoms.broadcast or shape is None or len(shape) != len(frame):
+        return False
+    return any(d == 1 and any(a in atoms.broadcast for a in g) for g, d in zip(atoms.resolve(frame), shape))
+
+
 def _dims(atoms: Atoms, rename: dict, tensors: list) -> tuple:
     """How to get each atom's size (and each merged group's) when rewriting: static, a dim of a tensor the
-    fused op reads (or of a layout op between it and the product), or a dim divided by static parts."""
+    fused op reads (or of a layout op between it and the product), the entry of a Reshape target that
+    computes it, or a dim divided by static parts."""
     ren = lambda a: rename.get(a, a)  # noqa: E731
     recipes: dict[tuple, tuple] = {}
     for t, frame in tensors:
@@ -278,17 +289,24 @@ def _dims(atoms: Atoms, rename: dict, tensors: list) -> tuple:
         key = (ren(a),)
         if atoms.known(a) is not None:
             recipes[key] = ("static", atoms.known(a))
+    for a, (target_name, index) in atoms.entries.items():
+        if a not in atoms.parts and (ren(a),) not in recipes:
+            recipes[(ren(a),)] = ("entry", target_name, index)
     for parent in atoms.parts:
         leaves = atoms.resolve(((parent,),))[0]
         whole = recipes.get(tuple(ren(a) for a in leaves))
-        unknown = [a for a in leaves if atoms.known(a) is None]
-        if whole is not None and len(unknown) == 1 and (ren(unknown[0]),) not in recipes:
-            divisor = 1
+        missing = [a for a in leaves if (ren(a),) not in recipes]
+        if whole is not None and len(missing) == 1:
+            recipe, divisor = whole, 1
             for a in leaves:
+                if a == missing[0]:
+                    continue
                 size = atoms.known(a)
-                if size is not None:  # all but unknown[0]
+                if size is not None:
                     divisor *= size
-            recipes[(ren(unknown[0]),)] = ("part", whole, divisor)
+                else:  # a part whose size is read at run time
+                    recipe = ("part", recipe, recipes[(ren(a),)])
+            recipes[(ren(missing[0]),)] = ("part", recipe, divisor) if divisor != 1 else recipe
     return tuple(recipes.items())
 
 

@@ -74,11 +74,14 @@ class Reshape(Rule):
     def forward(self, view, node, frame, atoms):
         out = regroup(atoms, frame, view.shape(node.inputs[0]), reshape_dims(view, node), _what(node))
         _note_constants(view, node, out, atoms)
+        _note_entries(view, node, out, atoms)
         return out
 
     def backward(self, view, node, frame, atoms):
         _note_constants(view, node, frame, atoms)
-        return regroup(atoms, frame, reshape_dims(view, node), view.shape(node.inputs[0]), _what(node))
+        out = regroup(atoms, frame, reshape_dims(view, node), view.shape(node.inputs[0]), _what(node))
+        _note_entries(view, node, frame, atoms)
+        return out
 
 
 class Flatten(Rule):
@@ -252,6 +255,17 @@ def _note_constants(view, node: gs.Node, out_frame: Frame, atoms: Atoms) -> None
     for g, t in zip(atoms.resolve(out_frame), target):
         if len(g) == 1 and t is not None and t > 0:
             atoms.hard_coded.setdefault(g[0], (t, node.name))
+
+
+def _note_entries(view, node: gs.Node, out_frame: Frame, atoms: Atoms) -> None:
+    """The atoms alone on an axis whose size the Reshape's target computes at run time: that entry of the
+    target is their size (what the rewrite reads when no tensor it keeps has them on an axis)."""
+    target = partial_ints(view, node.inputs[1])
+    if target is None or len(target) != len(out_frame):
+        return
+    for i, (g, t) in enumerate(zip(atoms.resolve(out_frame), target)):
+        if len(g) == 1 and t is None:
+            atoms.entries.setdefault(g[0], (node.inputs[1].name, i))
 
 
 _SAME_RANK = {"Concat", "Softmax", "Identity", "Dropout", "Cast", "QuantizeLinear", "DequantizeLinear", "Neg",

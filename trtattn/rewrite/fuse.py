@@ -126,6 +126,10 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
     k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)
     v = convert(emit, tensors[lay.value], lay.v, (lay.batch, lay.kv_heads, ("k",), ("e",)), dims)
+    if lay.batch_broadcast:  # a learned probe [1, ...] the products broadcast: the op takes one batch for all
+        batch = emit("Concat", [dims.of(lay.batch), emit.const([1, 1, 1], np.int64)], {"axis": 0}, dtype=np.int64)
+        q, k, v = (emit("Expand", [t, batch], dtype=dtype, name=f"{x}_over_batch") if x in lay.batch_broadcast else t
+                   for x, t in zip("qkv", (q, k, v)))
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
                   and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps))
     steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]

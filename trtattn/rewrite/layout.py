@@ -54,8 +54,12 @@ class Dims:
             return e.const([r[1]], I64)
         if r[0] == "axis":
             return e.shape_slice(self.tensors[r[1]], r[2], r[2] + 1)
+        if r[0] == "entry":  # a Reshape target's computed entry
+            return e("Slice", [self.tensors[r[1]], e.const([r[2]], I64), e.const([r[2] + 1], I64)], dtype=I64,
+                     name="dims")
         if r[0] == "part":
-            return e("Div", [self._recipe(r[1]), e.const([r[2]], I64)], dtype=I64, name="dims")
+            divisor = e.const([r[2]], I64) if isinstance(r[2], int) else self._recipe(r[2])
+            return e("Div", [self._recipe(r[1]), divisor], dtype=I64, name="dims")
         raise ValueError(f"unknown dim recipe {r}")
 
     def shape(self, frame) -> gs.Tensor:

@@ -23,7 +23,7 @@ from ..graph.domains import random_nodes
 from ..graph.feeds import make_feeds
 from ..graph.user_inputs import GivenInputs
 from .adapters import Adapter
-from .inputs import default_domains, finite, search, searched_or_note, seeded_pair
+from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
 from .runners import onnx_runner, quiet_polygraphy
 
 # Tolerances by precision (absolute, relative) for engine-vs-ONNX-Runtime checks.
@@ -200,6 +200,7 @@ def _run_both(original, candidate, sites, feeds: list[dict], progress=None):
     from polygraphy.comparator import Comparator
 
     site_outputs = [s.output for s in sites if s.output]
+    original, candidate, feeds = fed_draws(original, candidate, feeds)
     with contextlib.ExitStack() as stack:
         runners = [onnx_runner(stack, original, site_outputs, "original", progress=progress),
                    onnx_runner(stack, candidate, site_outputs, "rewritten", progress=progress)]

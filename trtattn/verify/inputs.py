@@ -1,9 +1,13 @@
 """The inputs a verification runs on: the user's (`--inputs`), or feeds searched in the model's own domain
-until the original's outputs are finite (graph/domains.py). Random ops get a fixed seed on both models, or,
-where the candidate cannot take one (an engine), the original's outputs must repeat on the same inputs;
-otherwise verification is refused with one line naming the node."""
+until the original's outputs are finite (graph/domains.py). Random ops get a fixed seed on both models, and
+the values the original draws are fed to both in place of the nodes (fed_draws: the candidate need not run
+the op itself, which ONNX Runtime cannot at every opset: no RandomNormalLike-22 kernel for fuse's opset-23
+output). Where the candidate cannot take a seed (an engine), the original's outputs must repeat on the same
+inputs; otherwise verification is refused with one line naming the node."""
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import onnx
@@ -11,6 +15,7 @@ import onnx
 from ..errors import VerificationError
 from ..graph.domains import feeds_in, ladder, node_seed, random_nodes, with_seeds
 from ..graph.evaluate import ort_session
+from ..graph.io import attach_weights, extra_outputs, weights_aside
 from ..graph.roles import input_specs
 from ..graph.user_inputs import InputsUsed
 
@@ -40,9 +45,49 @@ def seeded_pair(original: onnx.ModelProto, candidate: onnx.ModelProto):
                                     "the rewritten model has no node of that name to seed alike: give inputs that make "
                                     "the outputs repeatable with --inputs FILE")
     seeds = {n.name: node_seed(n) for n in nodes}
-    note = "random ops compared with a fixed seed on both models: " + ", ".join(
+    note = "random ops compared with a fixed seed on both models (the original's draws fed to both): " + ", ".join(
         f"{n.name or '(unnamed)'} ({n.op_type})" for n in nodes)
     return with_seeds(original, seeds), with_seeds(candidate, seeds), note
+
+
+def fed_draws(original: onnx.ModelProto, candidate: onnx.ModelProto, feeds: list[dict]):
+    """(original, candidate, feeds) with every random node of the main graph (seeded: seeded_pair) cut out of
+    both models, its outputs made graph inputs, and the values the original draws on each feed dict added to
+    it: both models compute on the same draws, and the candidate does not run the op (ONNX Runtime has no
+    RandomNormalLike kernel at opset 22+). Nodes in If/Loop bodies stay seeded alike. The models as they are
+    when there is no random node to cut."""
+    found = {id(n) for n in random_nodes(original)}
+    names = collections.Counter(n.name for n in original.graph.node)
+    mine = [n for n in original.graph.node if id(n) in found and n.name and names[n.name] == 1]  # matched by name
+    theirs = {n.name: n for n in candidate.graph.node if n.name in {m.name for m in mine}}
+    mine = [n for n in mine if n.name in theirs]
+    if not mine:
+        return original, candidate, feeds
+    drawn = [o for n in mine for o in n.output if o]
+    with extra_outputs(original, drawn):
+        session = ort_session(original)
+        wanted = [o.name for o in session.get_outputs() if o.name in drawn]
+        values = [dict(zip(wanted, session.run(wanted, f))) for f in feeds]
+    renames = {t: o for n in mine for o, t in zip(n.output, theirs[n.name].output) if o and t}
+    return (_cut(original, {n.name for n in mine}, values[0]),
+            _cut(candidate, set(theirs), {t: values[0][o] for t, o in renames.items()}),
+            [{**f, **v, **{t: v[o] for t, o in renames.items()}} for f, v in zip(feeds, values)])
+
+
+def _cut(model: onnx.ModelProto, names: set[str], examples: dict) -> onnx.ModelProto:
+    """A copy of `model` (weights shared, not copied twice) without the nodes `names`, their outputs graph
+    inputs of the dtype and rank of `examples`."""
+    cut = onnx.ModelProto()
+    with weights_aside(model) as weights:
+        cut.CopyFrom(model)
+    attach_weights(cut, weights)
+    kept = [n for n in cut.graph.node if n.name not in names]
+    del cut.graph.node[:]
+    cut.graph.node.extend(kept)
+    for name, value in examples.items():
+        elem = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+        cut.graph.input.append(onnx.helper.make_tensor_value_info(name, elem, [None] * value.ndim))
+    return cut
 
 
 def search(original: onnx.ModelProto, *, dims: dict, seed: int, iterations: int,

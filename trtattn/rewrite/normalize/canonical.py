@@ -72,11 +72,13 @@ def canonical_core(graph: gs.Graph, tensors: dict, site: AttentionSite, softmax:
     v = convert(emit, tensors[lay.value], lay.v, (lay.batch, lay.kv_heads, ("k",), ("e",)), dims)
     if abs(lay.scale - 1.0) > 1e-12:
         q = emit("Mul", [q, emit.const(lay.scale, dtype)], dtype=dtype, name="q_scale")
-    logits = emit("MatMul", [q, emit("Transpose", [k], {"perm": [0, 1, 3, 2]}, dtype=dtype, name="k_t")],
-                  dtype=dtype, name="qk")
     mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
     built = logit_ops.build(graph, tensors, list(site.mask_steps), f"trtattn/{site.name}/mask", dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
+    for factor in built.q_scales:  # a per-head logit scale (Swin-v2): [.., heads, 1, 1] on Q, as fuse puts it
+        q = emit("Mul", [q, factor], dtype=dtype, name="q_head_scale")
+    logits = emit("MatMul", [q, emit("Transpose", [k], {"perm": [0, 1, 3, 2]}, dtype=dtype, name="k_t")],
+                  dtype=dtype, name="qk")
     if built.m is None:
         x, desc = logits, "none"
     elif built.kind == MaskKind.BOOLEAN:

@@ -46,6 +46,7 @@ class Prepared:
     precision_check: dict = field(default_factory=dict)  # the converted form against the fp32 form
     quantization: dict = field(default_factory=dict)  # fp8/int8: where the Q/DQ model came from, its accuracy
     source_model: onnx.ModelProto | None = None  # what the engine computes: the Q/DQ model when quantized
+    inputs: object = None  # the user's GivenInputs every check of this preparation ran on (None: generated)
 
 
 @dataclass
@@ -186,7 +187,7 @@ def _normalization_quantize(work: Work) -> None:
 def _convert_precision(work: Work) -> None:
     work.form_model, work.precision_table, work.precision_check, notes = form_in_precision(
         work.derived, work.start, work.request.precision, io_dtype=work.request.io_dtype, dims=work.dims,
-        progress=work.progress)
+        progress=work.progress, inputs=_given_inputs(work))
     work.notes += notes
 
 
@@ -260,7 +261,7 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
     for step in steps:
         step.run(work)
     return Prepared(model, work.fused, work.form_model, work.plan, work.cut, source, work.derived.verification,
-                    work.precision_check, work.quantization, work.start)
+                    work.precision_check, work.quantization, work.start, _given_inputs(work))
 
 
 def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, progress=None):
@@ -281,21 +282,26 @@ def max_positions_of(model: onnx.ModelProto) -> int:
 
 
 def form_in_precision(derived, original: onnx.ModelProto, precision: str, *, io_dtype=None, dims=None,
-                      progress=None) -> tuple[onnx.ModelProto, dict, dict, list[str]]:
+                      progress=None, inputs=None) -> tuple[onnx.ModelProto, dict, dict, list[str]]:
     """(the form in `precision`, its matmul work per dtype, its check against the fp32 form, notes).
-    Calibrated and checked on the original's realistic feeds as the form takes them."""
+    Calibrated and checked on the user's inputs (`inputs`, GivenInputs) else the original's realistic feeds,
+    as the form takes them."""
     from ...contract import cache_inputs
     from ...rewrite import precision as precision_mod
 
     adapter = forms.form_adapter(original, [i.name for i in derived.model.graph.input], cache_inputs(derived.model))
-    feeds = [adapter.feeds(adapter.original_feeds(dims, seed)) for seed in VERIFY_SEEDS]
+    originals = inputs.sets if inputs is not None else [adapter.original_feeds(dims, seed) for seed in VERIFY_SEEDS]
+    feeds = [adapter.feeds(f) for f in originals]
     if precision in ("fp32", *QUANTIZED):  # a Q/DQ model's types are ModelOpt's (its high precision: fp16)
         return derived.model, precision_mod.precision_table(derived.model, feeds[0]), {}, []
     progress = progress or Progress(enabled=False)
     with progress.step(f"converting the {derived.form} form to {precision} (ModelOpt AutoCast) and checking it"):
         result = precision_mod.convert_form(derived.model, precision, feeds, caches=derived.cache_updates,
                                             keep_io_types=io_dtype is None)
-    return result.model, result.table, result.summary(), result.notes
+    check = result.summary()
+    if inputs is not None:
+        check["inputs"] = inputs.used().to_json()
+    return result.model, result.table, check, result.notes
 
 
 def describe(plan: BuildPlan) -> str:

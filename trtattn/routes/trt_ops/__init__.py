@@ -112,9 +112,9 @@ def _symbolic_caches(written: onnx.ModelProto, form_model: onnx.ModelProto, cach
 
 def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -> OutcomeSummary:
     """The written model (its trt ops on trtattn_plugins' CPU kernels) against the model it came from on ONNX
-    Runtime (the original; when quantized, the Q/DQ model the engine computes), as the form is verified, within
-    the tolerance of the plan's precision; a kernel's refusal of its inputs is a failed verification naming the
-    node."""
+    Runtime (the original; when quantized, the Q/DQ model the engine computes), as the form is verified (on the
+    user's inputs when prepare had them), within the tolerance of the plan's precision; a kernel's refusal of its
+    inputs is a failed verification naming the node."""
     reference, precision = prepared.source_model or prepared.model, prepared.plan.precision
     atol, rtol = TOLERANCES[precision]
     if precision in QUANTIZED:  # the bound prepare verifies the fused Q/DQ model within (rewrite/quantize/source.py)
@@ -126,7 +126,8 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
     caches = {c.cache for c in prepared.plan.cache_updates} | {c.output for c in prepared.plan.cache_updates}
     model = _symbolic_caches(written, prepared.form_model, caches)
     try:
-        return forms.verify_form(prepared.plan.form, reference, model, sites, dims=dims, atol=atol, rtol=rtol)
+        return forms.verify_form(prepared.plan.form, reference, model, sites, dims=dims, atol=atol, rtol=rtol,
+                                 inputs=prepared.inputs)
     except TrtOpError as e:
         return {"passed": False, "error": str(e)}
 
