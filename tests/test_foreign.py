@@ -23,10 +23,6 @@ ROWS = load_manifest()
 WAITING = {
     "flax-mha-mask.jax2onnx.onnx": "class 12: flax zeroes masked probabilities and renormalises them (P * m / "
                                    "ReduceSum(P * m)): listed as 'the probabilities feed 2 nodes (Div, ReduceSum)'",
-    "keras-block.tf2onnx.onnx": "class 8: its multiplied mask (class 11) now reads, then the same Einsum lowering as "
-                                "keras-mha: a Reshape to [B, S, N, H, 1] the layout search cannot regroup",
-    "keras-mha.tf2onnx.onnx": "class 8: tf2onnx's Einsum lowering of Keras MultiHeadAttention, a Reshape to "
-                              "[B, S, N, H, 1] the layout search cannot regroup",
 }
 
 # reasons that mean neither the ONNX Attention op nor IAttention can express the site
