@@ -82,12 +82,6 @@ class Atoms:
     def split(self, a: str, sizes: list[int | None]) -> tuple[str, ...]:
         parts = tuple(self.new(f"{a}.{i}", s) for i, s in enumerate(sizes))
         self.parts[a] = parts
-        whole = self.measure.get(a)
-        unknown = [p for p in parts if self.known(p) is None]
-        if whole is not None and len(unknown) == 1:  # a measured B*N split by a static N: B is measured too
-            rest = math.prod(self.known(p) or 1 for p in parts)
-            if all(w % rest == 0 for w in whole):
-                self.measure[unknown[0]] = Sizes(w // rest for w in whole)
         return parts
 
     def learn(self, frame: Frame, dims: list | None) -> None:
@@ -184,9 +178,7 @@ def _run_fits(atoms: Atoms, run: list[str], d: Sizes) -> tuple[bool, int]:
         return product == tuple(d), (0 if d.static else 3)  # a varying size matched exactly: strong evidence
     if d.static and d[0] == 1:
         return False, 0
-    if unknown == 1:
-        return all(x % p == 0 for x, p in zip(d, product)), -1
-    return not d.static, -3  # several unknown atoms can fill a varying dim, never a static one
+    return all(x % p == 0 for x, p in zip(d, product)), (-1 if unknown == 1 else -3)
 
 
 def _splits(n: int, k: int):
