@@ -79,3 +79,14 @@ def test_atoms_of_unknown_size_merged_in_one_axis_keep_together():
     frame = ((atoms.new("a"), atoms.new("b")), (atoms.new("c"),))
     src = [Sizes((32, 32)), Sizes((5, 15))]
     assert regroup(atoms, frame, src, src, "r") == (("a", "b"), ("c",))
+
+
+def test_heads_merged_into_the_batch_are_not_taken_for_static_positions(zoo_dir, monkeypatch):
+    """The fuzzer's ViT with heads merged into the batch around both products ([B*N, 17, 17], issue 18's
+    heads_3d): B*N split by numbers (the batch varies between the runs, the 4 heads do not), not into
+    17 'heads' because 17 is the one static dim in sight."""
+    from trtattn.testing.fuzz.oracle import run_case
+
+    monkeypatch.setenv("TRTATTN_ZOO_CACHE", str(zoo_dir))
+    result = run_case("vit.torchscript/1/heads_3d/all")
+    assert result.outcome == "fused", result.reason

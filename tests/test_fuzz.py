@@ -73,11 +73,9 @@ def test_cli_exit_codes_agree(results):
 
 # Single cases of a passing kind that trtattn lists today (never silent, never written), with why. Each must
 # still end listed (test below), so a fix says to drop its entry; the kind's share is counted without it.
-KNOWN_CASES: dict[str, str] = {
-    "vit.torchscript/1/heads_3d/all": "ViT with heads merged into the batch around both products: the layout "
-    "search reads layer 1's 17 positions as its heads (17/17) and the rewritten model's Reshape fails, so both "
-    "sites are listed; the same on this round's starting commit, drawn since issue 18's kinds changed the sample",
-}
+# None today: vit.torchscript/1/heads_3d/all (layer 1's 17 positions once read as its heads) fuses since Reshapes
+# with fresh dims are regrouped by measured sizes (tests/test_foreign_layouts.py).
+KNOWN_CASES: dict[str, str] = {}
 
 
 def test_known_cases_are_still_listed(results):
