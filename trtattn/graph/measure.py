@@ -97,7 +97,7 @@ def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable]) -> l
 
     try:
         base, choices = probe_dims(model)
-        session = ort_session(cut_out(graph, outs, model), register=quiet)
+        session = ort_session(cut_out(graph, outs, model), level="disable", register=quiet)  # opens fastest
         needed = {i.name for i in session.get_inputs()}
         names = [t.name for t in outs]
 
@@ -120,14 +120,14 @@ _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> {n
 
 def measured(view, t: gs.Tensor) -> list[Sizes] | None:
     """The measured shape of `t`, a tensor of `view`'s graph (None: the view has no model, or the model did not
-    run). The first call measures every tensor of the graph whose inferred shape is not static, in one run
-    per probe; later calls read the result."""
+    run). The first call measures what every Reshape and Flatten of the graph reads and writes where the
+    inferred shape is not static, in one run per probe; later calls read the result."""
     model = getattr(view, "model", None)
     if model is None:
         return None
     if view not in _MEASURED:
-        unknown = [x for x in view.graph.tensors().values()
-                   if isinstance(x, gs.Variable) and x.inputs and not _static(view.shape(x))]
+        regrouped = {id(x): x for n in view.graph.nodes if n.op in ("Reshape", "Flatten") for x in (n.inputs[0], n.outputs[0])}
+        unknown = [x for x in regrouped.values() if isinstance(x, gs.Variable) and not _static(view.shape(x))]
         _MEASURED[view] = measure(view.graph, model, unknown)
     shapes = _MEASURED[view]
     if t.name in shapes:
