@@ -22,11 +22,7 @@ from trtattn.zoo.foreign import MANIFEST, ROOT, load_manifest
 ROWS = load_manifest()
 
 # file -> why it does not pass yet (the issue-18 class whose fix it waits for)
-WAITING = {
-    "keras-block.tf2onnx.onnx": "class 8: its multiplied mask (class 11) now reads, then the same Einsum lowering as "
-                                "keras-mha: a Reshape to [B, S, N, H, 1] the layout search cannot regroup",
-    "keras-mha.tf2onnx.onnx": "class 8: tf2onnx's Einsum lowering of Keras MultiHeadAttention, a Reshape to "
-                              "[B, S, N, H, 1] the layout search cannot regroup",
+WAITING: dict[str, str] = {
 }
 
 # reasons that mean neither the ONNX Attention op nor IAttention can express the site

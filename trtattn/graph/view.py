@@ -117,6 +117,7 @@ def _constants(graph: gs.Graph):
 class GraphView:
     def __init__(self, graph: gs.Graph, model: onnx.ModelProto | None = None, fold: bool = True):
         self.graph = graph
+        self.model = model  # what graph/measure.py runs to measure shapes inference could not name
         self.opset = int(graph.opset) if graph.opset else DEFAULT_OPSET
         self._folded: dict[str, gs.Tensor] = {}
         self._shapes: dict[str, list] = known_shapes(model) if model is not None else {}

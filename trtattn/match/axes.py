@@ -7,6 +7,10 @@ attention label the atoms (contraction.py); the layout ops between them move ato
 per op (layout_ops.py). Here: the frames, `Atoms` (the per-site registry: sizes learned from shapes,
 atoms split when a Reshape splits a merged axis, x0 -> x0.0, x0.1; lengths a constant Reshape target
 writes into the graph) and `regroup`, what a Reshape does to a frame.
+
+Dims are ints and names from shape inference, or `Sizes` measured by running the model at two sizes
+(graph/measure.py) where inference left fresh symbols: then an atom's size may be a measured one too
+(the batch: 2 at one run, 4 at the other), and runs of atoms fill a dim when the numbers say so.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import re
 
 import numpy as np
 
+from ..graph.measure import Sizes
 from .errors import Unsupported
 
 Group = tuple  # atoms merged in one axis, row-major ("x0", "h"); () for a unit axis
@@ -47,6 +52,19 @@ class Atoms:
         # atom -> (Reshape target, index): where a Reshape computes the size of an axis holding it alone
         self.entries: dict[str, tuple[str, int]] = {}
         self.broadcast: set[str] = set()  # batch atoms a product broadcasts an operand of size 1 over
+        self.measure: dict[str, Sizes] = {}  # atom -> its size at each measured run, where that varies
+
+    def copy(self) -> Atoms:
+        c = Atoms()
+        c.size, c.symbol, c.parts, c.measure = dict(self.size), dict(self.symbol), dict(self.parts), dict(self.measure)
+        c.dynamic, c.hard_coded = set(self.dynamic), dict(self.hard_coded)
+        c.entries, c.broadcast = dict(self.entries), set(self.broadcast)
+        return c
+
+    def sizes(self, a: str, runs: int) -> tuple[int, ...] | None:
+        """An atom's size at each of `runs` measured runs: its static size every time, or what was measured."""
+        s = self.size.get(a)
+        return (s,) * runs if s is not None else self.measure.get(a)
 
     def new(self, name: str, size: int | None = None) -> str:
         self.size.setdefault(name, size)
@@ -74,6 +92,9 @@ class Atoms:
         """Sizes and names of atoms alone on an axis, from that axis' dim."""
         if dims is None or len(dims) != len(frame):
             return
+        if dims and all(isinstance(d, Sizes) for d in dims):
+            self._learn_measured(frame, dims)
+            return
         for g, d in zip(self.resolve(frame), dims):
             if d == 1 and any(a in self.broadcast for a in g):
                 continue  # a tensor that is broadcast over this axis says nothing of its size
@@ -86,6 +107,23 @@ class Atoms:
                 self.symbol.setdefault(g[0], d)
             if len(g) == 1 and (isinstance(d, str) or (isinstance(d, int) and d < 0)):
                 self.dynamic.add(g[0])
+
+    def _learn_measured(self, frame: Frame, dims: list[Sizes]) -> None:
+        """Sizes of atoms alone of their size on an axis, from its measured dim: static where the runs agree."""
+        runs = len(dims[0])
+        for g, d in zip(self.resolve(frame), dims):
+            unknown = [a for a in g if self.sizes(a, runs) is None]
+            if len(unknown) != 1:
+                continue
+            rest = [math.prod(s) for s in zip(*(self.sizes(a, runs) for a in g if a != unknown[0]))] or [1] * runs
+            if all(x % r == 0 for x, r in zip(d, rest)):
+                size = Sizes(x // r for x, r in zip(d, rest))
+                if size.static:
+                    self.size[unknown[0]] = size[0]
+                else:
+                    self.measure[unknown[0]] = size
+                    if len(g) == 1:
+                        self.dynamic.add(g[0])
 
     def baked(self, atoms: tuple[str, ...]) -> list[tuple[str, int, str]]:
         """(atom, size, Reshape) for each of `atoms` a constant Reshape target fixes although it is a
@@ -112,6 +150,8 @@ def monomial(d) -> tuple[int, tuple[str, ...]] | None:
 
 def _run_ok(atoms: Atoms, run: list[str], d) -> tuple[bool, int]:
     """Can atoms `run` (merged) fill an axis of dim `d`, and how plausible is it (higher is better)."""
+    if isinstance(d, Sizes):
+        return _run_fits(atoms, run, d)
     sizes = [atoms.known(a) for a in run]
     unknown = [s for s in sizes if s is None]
     static = math.prod(s for s in sizes if s is not None)
@@ -132,6 +172,19 @@ def _run_ok(atoms: Atoms, run: list[str], d) -> tuple[bool, int]:
     if unknown:
         return True, 0
     return True, -1  # all static, the inference did not know: possible
+
+
+def _run_fits(atoms: Atoms, run: list[str], d: Sizes) -> tuple[bool, int]:
+    """_run_ok for a measured dim: the atoms' sizes must multiply to it at every run."""
+    sizes = [atoms.sizes(a, len(d)) for a in run]
+    known = [s for s in sizes if s is not None]
+    product = tuple(math.prod(x) for x in zip(*known)) if known else (1,) * len(d)
+    unknown = len(sizes) - len(known)
+    if not unknown:
+        return product == tuple(d), (0 if d.static else 3)  # a varying size matched exactly: strong evidence
+    if d.static and d[0] == 1:
+        return False, 0
+    return all(x % p == 0 for x, p in zip(d, product)), (-1 if unknown == 1 else -3)
 
 
 def _splits(n: int, k: int):
@@ -198,7 +251,8 @@ def _refined(atoms: Atoms, frame: Frame, seq: list[str], dims_to: list) -> list[
     atom splits into two unknown parts where the other side has one more dim of unknown size (Swin's
     [B*nW, ...] -> [B, nW, ...], nW computed at run time). The single best split wins; positions and head
     dims are never split."""
-    statics = sorted({int(d) for d in dims_to if isinstance(d, (int, np.integer)) and d > 1})
+    statics = sorted({int(d) for d in dims_to if isinstance(d, (int, np.integer)) and d > 1}
+                     | {d[0] for d in dims_to if isinstance(d, Sizes) and d.static and d[0] > 1})
     # a part may share its static dim with atoms of known size (B*N into B and N*H = 32, H = 16: N = 2)
     known = {s for x in seq if (s := atoms.known(x)) is not None and s > 1}
     statics = sorted(set(statics) | {d // s for d in statics for s in known if d % s == 0 and d // s > 1})
@@ -228,8 +282,7 @@ def _refined(atoms: Atoms, frame: Frame, seq: list[str], dims_to: list) -> list[
 
 
 def _with_split(atoms: Atoms, a: str, sizes: list[int | None]) -> Atoms:
-    trial = Atoms()
-    trial.size, trial.symbol, trial.parts = dict(atoms.size), dict(atoms.symbol), dict(atoms.parts)
+    trial = atoms.copy()
     trial.split(a, sizes)
     return trial
 
@@ -243,4 +296,5 @@ def _trial_split(atoms: Atoms, frame: Frame, dims_to: list, a: str, sizes: list[
 
 def _alone_on(runs: list[list[str]], dims_to: list, part: str, size: int) -> bool:
     """Part `part` is alone on an axis whose dim is its size."""
-    return any(r == [part] and isinstance(d, (int, np.integer)) and d == size for r, d in zip(runs, dims_to))
+    return any(r == [part] and (d == size if isinstance(d, (int, np.integer)) else
+                                isinstance(d, Sizes) and d.static and d[0] == size) for r, d in zip(runs, dims_to))

@@ -4,8 +4,9 @@ frame) and backward (output -> input).
     Same        Identity, Dropout, float/no-op Cast, Q/DQ, one-input Concat, an Expand that expands
                 nothing: the frame as it is
     Transpose   the axes permuted
-    Reshape     atoms regrouped by static sizes and dim names (axes.regroup); a constant target that
-                fixes a position's size is noted (a length written into the graph)
+    Reshape     atoms regrouped by static sizes and dim names (axes.regroup); where inference left a
+                fresh symbol (unk__N) or no dim, by sizes measured at two runs (graph/measure.py); a
+                constant target that fixes a position's size is noted (a length written into the graph)
     Flatten     the axes before and after `axis` merged (forward); regrouped by dims (backward)
     Unsqueeze   unit axes inserted / removed       Squeeze   the reverse
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from ..graph.dim_names import is_free
+from ..graph.measure import measured
 from .axes import Atoms, Frame, Unfollowable, regroup, show
 
 
@@ -72,14 +75,16 @@ class Reshape(Rule):
     ops = ("Reshape",)
 
     def forward(self, view, node, frame, atoms):
-        out = regroup(atoms, frame, view.shape(node.inputs[0]), reshape_dims(view, node), _what(node))
+        dims_in, dims_out = _reshape_dims(view, node, view.shape(node.inputs[0]), reshape_dims(view, node))
+        out = regroup(atoms, frame, dims_in, dims_out, _what(node))
         _note_constants(view, node, out, atoms)
         _note_entries(view, node, out, atoms)
         return out
 
     def backward(self, view, node, frame, atoms):
         _note_constants(view, node, frame, atoms)
-        out = regroup(atoms, frame, reshape_dims(view, node), view.shape(node.inputs[0]), _what(node))
+        dims_in, dims_out = _reshape_dims(view, node, view.shape(node.inputs[0]), reshape_dims(view, node))
+        out = regroup(atoms, frame, dims_out, dims_in, _what(node))
         _note_entries(view, node, frame, atoms)
         return out
 
@@ -92,7 +97,8 @@ class Flatten(Rule):
         return (sum(frame[:axis], ()), sum(frame[axis:], ()))
 
     def backward(self, view, node, frame, atoms):
-        return regroup(atoms, frame, view.shape(node.outputs[0]), view.shape(node.inputs[0]), _what(node))
+        dims_in, dims_out = _reshape_dims(view, node, view.shape(node.inputs[0]), view.shape(node.outputs[0]))
+        return regroup(atoms, frame, dims_out, dims_in, _what(node))
 
 
 class Unsqueeze(Rule):
@@ -163,6 +169,22 @@ def backward(view, node: gs.Node, frame: Frame, atoms: Atoms) -> Frame:
 
 
 # ---------------------------------------------------------------- helpers of the rules
+def _reshape_dims(view, node: gs.Node, dims_in: list | None, dims_out: list | None) -> tuple:
+    """The dims a regrouping op reads and writes; measured at two runs (graph/measure.py) when inference
+    left either side a fresh symbol or nothing: such a name says nothing about what a dim is made of."""
+    if not (_fresh(dims_in) or _fresh(dims_out)):
+        return dims_in, dims_out
+    got_in, got_out = measured(view, node.inputs[0]), measured(view, node.outputs[0])
+    if got_in is None or got_out is None:
+        return dims_in, dims_out
+    return got_in, got_out
+
+
+def _fresh(dims: list | None) -> bool:
+    return dims is None or any(d is None or (isinstance(d, str) and is_free(d)) or (isinstance(d, int) and d <= 0)
+                               for d in dims)
+
+
 def _what(node: gs.Node) -> str:
     return f"{node.op} {node.name}"
 

@@ -402,3 +402,49 @@ def two_attentions(second: dict | None = None, **first) -> onnx.ModelProto:
     model.ir_version = a.ir_version
     model.metadata_props.extend(a.metadata_props)
     return model
+
+
+def unit_axis_model(*, unit="trailing", batch=2, seq=5, heads=4, head=8, opset=17, seed=0) -> onnx.ModelProto:
+    """Heads split with a unit axis, as tf2onnx lowers Keras' Einsums: [B,S,N,H,1] (unit "trailing"),
+    [B,S,1,N,H] ("middle") or [1,B,S,N,H] ("leading"), N and H read from the shape of the [D, N, H] kernel;
+    batched [B*N, S, H] products whose Reshape targets come from ReduceProd and Max over Shape slices;
+    logits reshaped back to 5-D with the unit axis and normalised there. Shape inference names none of
+    these dims (fresh unk__N), nor the input's."""
+    rng = np.random.default_rng(seed)
+    g = _G(opset)
+    d = heads * head
+    g.inputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["unk__1", "unk__2", d]))
+    w = lambda *shape: (rng.standard_normal((d, *shape)) / np.sqrt(d)).astype(np.float32)  # noqa: E731
+    dims = lambda t, idx: g.op("Gather", [g.op("Shape", [t]), g.ints(idx)])  # noqa: E731
+    prod = lambda t, idx: g.op("ReduceProd", [dims(t, idx)], keepdims=1)  # noqa: E731
+    cat = lambda *parts: g.op("Concat", list(parts), axis=0)  # noqa: E731
+    x = "x"
+    batch_seq = lambda: dims(x, [0, 1])  # noqa: E731
+    # the 5-D head split with its unit axis, and the perm from there to [B, N, S, 1, H]
+    split, perm = {"trailing": (lambda nh: cat(batch_seq(), nh, g.ints([1])), [0, 2, 1, 4, 3]),
+                   "middle": (lambda nh: cat(batch_seq(), g.ints([1]), nh), [0, 3, 1, 2, 4]),
+                   "leading": (lambda nh: cat(g.ints([1]), batch_seq(), nh), [1, 3, 2, 0, 4])}[unit]
+
+    def heads_3d(kernel):  # x [B, S, D] . kernel [D, N, H] -> 5-D -> [B, N, S, 1, H] -> [B*N, S, H]
+        t = g.op("MatMul", [x, g.op("Reshape", [kernel, g.ints([d, -1])])])
+        five = g.op("Transpose", [g.op("Reshape", [t, split(dims(kernel, [1, 2]))])], perm=perm)
+        return five, g.op("Reshape", [five, cat(prod(five, [0, 1]), g.ints([-1]), dims(five, [4]))])
+
+    (q5, q), (k5, k), (_, v) = (heads_3d(g.init(w(heads, head))) for _ in range(3))
+    s = g.op("Mul", [g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 2, 1])]), g.scalar(1.0 / np.sqrt(head))])
+    bn = g.op("Max", [dims(q5, [0, 1]), dims(k5, [0, 1])])  # tf2onnx's broadcast of the batch dims
+    sq, sk = dims(q5, [2]), dims(k5, [2])
+    one = g.ints([1])
+    five, axis = {"trailing": ([bn, sq, sk, one], 3), "middle": ([bn, one, sq, sk], 4), "leading": ([one, bn, sq, sk], 4)}[unit]
+    p5 = g.op("Softmax", [g.op("Reshape", [s, cat(*five)])], axis=axis, name="attn/Softmax")
+    p = g.op("Reshape", [p5, cat(prod(q5, [0, 1]), g.ints([-1]), dims(p5, [axis]))])
+    o = g.op("Reshape", [g.op("MatMul", [p, v]), cat(bn, g.ints([-1, head]))])  # [B, N, S, H]
+    o = g.op("Reshape", [g.op("Transpose", [o], perm=[0, 2, 1, 3]), g.ints([0, 0, d])])
+    out = g.op("MatMul", [o, g.init(w(d))])
+    graph = helper.make_graph(g.nodes, "unit_axis", g.inputs,
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
+    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 10)
+    model.metadata_props.add(key="trtattn.inputs", value=json.dumps(
+        {"inputs": {"x": {"kind": "float"}}, "dims": {"unk__1": batch, "unk__2": seq}}))
+    return model

@@ -1,0 +1,92 @@
+"""Issue 18, class 8: foreign layouts. tf2onnx lowers Keras' Einsums to Reshapes whose targets no shape
+inference follows (fresh unk__N dims) and heads split with a unit axis ([B,S,N,H,1], [B,S,1,N,H]); the
+layout search regroups such Reshapes by sizes measured at two runs of the model, not by dim names."""
+
+import collections
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+
+from trtattn.graph.measure import Sizes, measured, probe_dims
+from trtattn.graph.view import GraphView
+from trtattn.match.axes import Atoms, regroup
+from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.graphs import unit_axis_model
+
+
+@pytest.mark.parametrize("unit,seq", [("trailing", 5), ("middle", 5), ("leading", 5), ("trailing", 8)])
+def test_heads_split_with_a_unit_axis_and_fresh_dims_fuse(unit, seq):
+    """[B,S,N,H,1], [B,S,1,N,H], [1,B,S,N,H]; at seq 8 the positions are as long as the head dim."""
+    result = fuse_model(unit_axis_model(unit=unit, seq=seq))
+    [report] = result.reports
+    assert report.status == "fused", report.reason
+    assert (report.site.q_heads, report.site.kv_heads, report.site.head_size) == (4, 4, 8)
+    assert result.verification.get("passed") is True
+    assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1
+
+
+def _frame(atoms, *names):
+    return tuple((atoms.new(a),) for a in names)
+
+
+def test_measured_sizes_split_the_merged_batch_where_names_cannot():
+    """[B*N, S, S] -> [B, N, S, S, 1] with every dim a fresh symbol: only the numbers tell B from N and the
+    positions from the heads (seq 4 = heads 4 at the first run)."""
+    atoms = Atoms()
+    frame = _frame(atoms, "x0", "m", "n")
+    src = [Sizes((8, 16)), Sizes((4, 12)), Sizes((4, 12))]  # batch 2 -> 4, seq 4 -> 12, 4 heads
+    dst = [Sizes((2, 4)), Sizes((4, 4)), Sizes((4, 12)), Sizes((4, 12)), Sizes((1, 1))]
+    assert regroup(atoms, frame, src, dst, "r") == (("x0.0",), ("x0.1",), ("m",), ("n",), ())
+    assert atoms.known("x0.1") == 4 and atoms.measure["x0.0"] == (2, 4)
+    names = ["unk__1", "unk__2", "unk__3"], ["unk__4", "unk__5", "unk__6", "unk__7", 1]
+    with pytest.raises(Exception, match="cannot tell how"):  # what the names alone say
+        regroup(Atoms(), _frame(Atoms(), "x0", "m", "n"), *names, "r")
+
+
+def test_a_varying_dim_is_never_filled_by_static_atoms():
+    """[B, S, 4, 8] -> [B*S, 32] -> back: the heads and head dim (static) go together, the positions with
+    the batch, whichever order a name-based guess would prefer."""
+    atoms = Atoms()
+    frame = _frame(atoms, "b", "s", "h", "d")
+    src = [Sizes((2, 4)), Sizes((8, 24)), Sizes((4, 4)), Sizes((8, 8))]
+    assert regroup(atoms, frame, src, [Sizes((16, 96)), Sizes((32, 32))], "r") == (("b", "s"), ("h", "d"))
+    with pytest.raises(Exception, match="cannot tell how"):  # 32 static cannot be B*S at both runs
+        regroup(atoms, frame, src, [Sizes((32, 32)), Sizes((16, 96))], "r")
+
+
+def test_measuring_leaves_the_graph_as_it_was_and_scales_each_input_dim_by_its_own_prime():
+    model = unit_axis_model(unit="middle")
+    base, choices = probe_dims(model)
+    assert (base["unk__1"], base["unk__2"]) == (2, 5)
+    assert {choices[0]["unk__1"] // 2, choices[0]["unk__2"] // 5} == {2, 3}  # one prime per independent dim
+    assert choices[1]["unk__1"] == 6 and choices[1]["unk__2"] == 15  # then one factor for all
+    graph = gs.import_onnx(model)
+    view = GraphView(graph, model)
+    before = [(n.name, [t.name for t in n.outputs], [len(t.outputs) for t in n.outputs]) for n in graph.nodes]
+    softmax = next(n for n in graph.nodes if n.op == "Softmax")
+    got = measured(view, softmax.outputs[0])
+    assert [n for n in got if not n.static] and all(isinstance(d, Sizes) for d in got)
+    assert [d for d in got if d.static] == [Sizes((4, 4)), Sizes((1, 1))]  # the heads and the unit axis
+    assert [(n.name, [t.name for t in n.outputs], [len(t.outputs) for t in n.outputs]) for n in graph.nodes] == before
+    assert np.prod([d[0] for d in got]) == 2 * 4 * 5 * 5
+
+
+def test_atoms_of_unknown_size_merged_in_one_axis_keep_together():
+    """[a*b, c] -> [32, c] where a and b were never told apart: the merged axis stays whole, the measured
+    positions c are not split off with part of it."""
+    atoms = Atoms()
+    frame = ((atoms.new("a"), atoms.new("b")), (atoms.new("c"),))
+    src = [Sizes((32, 32)), Sizes((5, 15))]
+    assert regroup(atoms, frame, src, src, "r") == (("a", "b"), ("c",))
+
+
+def test_heads_merged_into_the_batch_are_not_taken_for_static_positions(zoo_dir, monkeypatch):
+    """The fuzzer's ViT with heads merged into the batch around both products ([B*N, 17, 17], issue 18's
+    heads_3d): B*N split by numbers (the batch varies between the runs, the 4 heads do not), not into
+    17 'heads' because 17 is the one static dim in sight."""
+    from trtattn.testing.fuzz.oracle import run_case
+
+    monkeypatch.setenv("TRTATTN_ZOO_CACHE", str(zoo_dir))
+    result = run_case("vit.torchscript/1/heads_3d/all")
+    assert result.outcome == "fused", result.reason

@@ -1,0 +1,140 @@
+"""Shapes measured by running the model at two sizes: what each dim of a tensor is, by numbers.
+
+Shape inference names a dim it cannot follow with a fresh symbol (`unk__28`) or none at all: tf2onnx
+computes Reshape targets with ReduceProd and Max over Shape slices, which ONNX's inference does not
+follow, and ONNX Runtime's symbolic inference gives up on some models altogether. Such a name says
+nothing about which dims are equal or what they are made of. Here the model runs on ONNX Runtime twice,
+at the default dims and with every input dim multiplied by its own prime (or, when the model needs two
+of them equal, all by the same one), and each wanted tensor's shape is read at both (Shape nodes added
+for the run, then removed; only the shapes leave ONNX Runtime). A dim is then a `Sizes`, its value at
+each run: static where the two agree (heads, head dims, a unit axis), varying with the input where they
+differ (batch, positions), and distinct primes keep independent input dims apart. The probes are small
+(the default dims and a few times them); a model that does not run at them is not measured.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from .dim_names import dim_classes, resolve_dims
+from .evaluate import cut_out, ort_session
+from .feeds import make_feeds
+from .roles import input_specs
+
+PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29)
+
+
+class Sizes(tuple):
+    """A dim's value at each run (the default dims, then the scaled ones)."""
+
+    @property
+    def static(self) -> bool:
+        return len(set(self)) == 1
+
+    def __repr__(self) -> str:
+        return str(self[0]) if self.static else "(" + "|".join(map(str, self)) + ")"
+
+
+def probe_dims(model: onnx.ModelProto) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The dims of the first run (the defaults) and the choices for the second, in order: each input dim
+    (unified dims together) times its own prime, then every input dim times 3."""
+    specs = input_specs(model)
+    base = resolve_dims(model, specs=specs)
+    classes = dim_classes(specs)
+    names = sorted({d for s in specs for d in s.shape if isinstance(d, str) and d in base})
+    labels = sorted({classes.get(n, n) for n in names})
+    if len(labels) > len(PRIMES):
+        raise ValueError("too many independent input dims to measure")
+    choices = []
+    for prime in (dict(zip(labels, PRIMES)), dict.fromkeys(labels, 3)):
+        scaled = dict(base)
+        for n in names:
+            scaled[n] = base[n] * prime[classes.get(n, n)]
+        for label, p in prime.items():
+            if label in base:
+                scaled[label] = base[label] * p
+        choices.append(scaled)
+    return base, choices
+
+
+def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor]) -> dict[str, list[Sizes]]:
+    """name -> the measured shape of each of `tensors` (graph tensors), or {} when the model does not run at
+    the probe dims. `graph` gets Shape nodes for the duration and comes back as it was."""
+    wanted = [t for t in tensors if isinstance(t, gs.Variable)]
+    if not wanted:
+        return {}
+    mark = len(graph.nodes)
+    outs = []
+    try:
+        for i, t in enumerate(wanted):
+            out = gs.Variable(f"measure_shape/{i}", dtype=np.int64)
+            graph.nodes.append(gs.Node("Shape", f"measure/{i}", inputs=[t], outputs=[out]))
+            outs.append(out)
+        runs = _runs(graph, model, outs)
+        if runs is None:  # a model that does not run at the probe dims: nothing measured, names decide
+            return {}
+    finally:
+        for node in graph.nodes[mark:]:  # leave the graph as it was: the matcher reads its consumers
+            node.inputs.clear()
+            node.outputs.clear()
+        del graph.nodes[mark:]
+    shapes: dict[str, list[Sizes]] = {}
+    for t, *values in zip(wanted, *runs):
+        ranks = {len(v) for v in values}
+        if len(ranks) == 1:
+            shapes[t.name] = [Sizes(int(v[i]) for v in values) for i in range(ranks.pop())]
+    return shapes
+
+
+def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable]) -> list | None:
+    """The values of `outs` at the first run and at the first choice of second run that runs."""
+    def quiet(options):  # a choice that does not run is expected: no error chatter
+        options.log_severity_level = 4
+
+    try:
+        base, choices = probe_dims(model)
+        session = ort_session(cut_out(graph, outs, model), level="disable", register=quiet)  # opens fastest
+        needed = {i.name for i in session.get_inputs()}
+        names = [t.name for t in outs]
+
+        def run(feeds: dict) -> list:
+            return session.run(names, {k: v for k, v in feeds.items() if k in needed})
+
+        first = run(make_feeds(model, dims=base, padding=False))
+    except Exception:
+        return None
+    for dims in choices:
+        try:
+            return [first, run(make_feeds(model, dims=dims, padding=False))]
+        except Exception:
+            continue
+    return None
+
+
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> {name: [Sizes]}
+
+
+def measured(view, t: gs.Tensor) -> list[Sizes] | None:
+    """The measured shape of `t`, a tensor of `view`'s graph (None: the view has no model, or the model did not
+    run). The first call measures what every Reshape and Flatten of the graph reads and writes where the
+    inferred shape is not static, in one run per probe; later calls read the result."""
+    model = getattr(view, "model", None)
+    if model is None:
+        return None
+    if view not in _MEASURED:
+        regrouped = {id(x): x for n in view.graph.nodes if n.op in ("Reshape", "Flatten") for x in (n.inputs[0], n.outputs[0])}
+        unknown = [x for x in regrouped.values() if isinstance(x, gs.Variable) and not _static(view.shape(x))]
+        _MEASURED[view] = measure(view.graph, model, unknown)
+    shapes = _MEASURED[view]
+    if t.name in shapes:
+        return shapes[t.name]
+    own = view.shape(t)
+    return [Sizes((d, d)) for d in own] if own is not None and _static(own) else None
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, (int, np.integer)) and d > 0 for d in shape)
