@@ -85,3 +85,32 @@ def test_a_multiplier_computed_from_shapes_alone_is_still_a_mask():
     for i, n in enumerate(nodes):
         model.graph.node.insert(at + i, n)
     assert _steps(match(model)) == [["scale", "add", "mul_mask", "add"]]
+
+
+# ---------------------------------------------------------------- sink.py
+def _concat_on_logits(axis: int):
+    """logits = q @ k^T [1, 2, 3, 3] concatenated with a constant along `axis` (a column: axis -1)."""
+    import onnx_graphsurgeon as gs
+
+    from trtattn.graph.view import GraphView
+
+    q, k = gs.Variable("q", np.float32, [1, 2, 3, 4]), gs.Variable("k", np.float32, [1, 2, 4, 3])
+    logits, joined = gs.Variable("logits", np.float32, [1, 2, 3, 3]), gs.Variable("joined", np.float32)
+    piece = [1, 2, 3, 3]
+    piece[axis] = 1
+    extra = gs.Constant("extra", np.zeros(piece, np.float32))
+    concat = gs.Node("Concat", "concat", {"axis": axis}, [logits, extra], [joined])
+    graph = gs.Graph(nodes=[gs.Node("MatMul", "qk", inputs=[q, k], outputs=[logits]), concat], inputs=[q, k],
+                     outputs=[joined], opset=17)
+    return GraphView(graph, fold=False), concat
+
+
+def test_a_concat_on_the_logits_along_the_keys_is_a_sink_and_along_another_axis_is_not():
+    from trtattn.match.logit_ops.sink import Sink
+
+    view, concat = _concat_on_logits(-1)
+    step, chain = Sink().read(view, concat)
+    assert (step.op, step.operand, step.value, chain.name) == ("sink", "extra", 1.0, "logits")
+    for axis in (1, 2, -2):
+        view, concat = _concat_on_logits(axis)
+        assert Sink().read(view, concat) is None, axis
