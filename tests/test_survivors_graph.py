@@ -64,3 +64,214 @@ def test_the_full_check_refuses_what_the_structural_one_lets_through(types, shap
     with pytest.raises(InvalidModelError, match="^m: invalid ONNX \\(.*"):
         validate.check(model, "m")
     validate.check(model, "m", full=False)
+
+
+# ---------------------------------------------------------------- memory.py
+def _walk_model() -> onnx.ModelProto:
+    """x [batch, 64] fp32; a = Relu(x), b = Cast(x) to fp16, c = Add(a, Cast(b)) : liveness decides the peak."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Cast", ["x"], ["b"], name="half", to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["b"], ["b32"], name="back", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["a", "b32"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_activation_peak_is_the_largest_sum_of_live_tensors():
+    from trtattn.graph import memory
+
+    row = 64 * 4  # bytes of one fp32 row
+    # x, a live; b (fp16) made, x freed; b32 made, b freed; y made, a and b32 freed
+    walk = [row, 2 * row, 2 * row + row // 2, row + row // 2 + row, row + row + row]
+    for batch in (1, 3):
+        assert memory.activation_bytes(_walk_model(), {"batch": batch}) == batch * max(walk) == batch * 3 * row
+
+
+def test_a_fused_attention_holds_its_scores():
+    """ONNX Attention with Q [B, N, Sq, H] and K [B, N, Skv, H]: the estimate adds B*N*Sq*Skv fp32 scores."""
+    from trtattn.graph import memory
+
+    b, n, sq, skv, h = 2, 3, 5, 7, 4
+    spec = lambda name, s: helper.make_tensor_value_info(name, TensorProto.FLOAT, s)  # noqa: E731
+    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"], name="att")], "g",
+                              [spec("q", [b, n, sq, h]), spec("k", [b, n, skv, h]), spec("v", [b, n, skv, h])],
+                              [spec("y", None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    io = 4 * (b * n * sq * h + 2 * b * n * skv * h + b * n * sq * h)  # q, k, v and y alive at the op
+    assert memory.activation_bytes(model, {}) == io + 4 * b * n * sq * skv
+    # 3-D Q [B, Sq, N*H] with q_num_heads: the same scores
+    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"], name="att", q_num_heads=n,
+                                                kv_num_heads=n)], "g",
+                              [spec("q", [b, sq, n * h]), spec("k", [b, skv, n * h]), spec("v", [b, skv, n * h])],
+                              [spec("y", None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    assert memory.activation_bytes(model, {}) == io + 4 * b * n * sq * skv
+
+
+def test_a_branch_adds_its_own_peak_while_its_node_runs():
+    from trtattn.graph import memory
+
+    spec = lambda name, s, t=TensorProto.FLOAT: helper.make_tensor_value_info(name, t, s)  # noqa: E731
+    inner = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="r"),
+                               helper.make_node("Relu", ["r"], ["r2"], name="r2")], "then", [], [spec("r2", [16])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"], name="e")], "else", [], [spec("e", [16])])
+    graph = helper.make_graph([helper.make_node("If", ["c"], ["y"], name="if", then_branch=inner, else_branch=other)],
+                              "g", [spec("x", [16]), spec("c", [], TensorProto.BOOL)], [spec("y", [16])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # outer: x 64 + c 1; the then-branch holds r and r2 (64 each) at once; y 64
+    assert memory.activation_bytes(model, {}) == 64 + 1 + 128 + 64
+
+
+@pytest.mark.parametrize("text,nbytes", [("1048576", 1 << 20), ("512M", 512 << 20), ("1.5g", 3 << 29),
+                                         (" 2 KiB ", 2 << 10), ("1TB", 1 << 40)])
+def test_memory_sizes_parse(text, nbytes):
+    from trtattn.graph import memory
+
+    assert memory.parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("nbytes,shown", [(100, "100B"), (1024, "1.0K"), (1536, "1.5K"), ((1 << 20) - 1, "1024.0K"),
+                                          (3 << 29, "1.5G")])
+def test_sizes_are_shown_in_the_largest_unit(nbytes, shown):
+    from trtattn.graph import memory
+
+    assert memory.show(nbytes) == shown
+
+
+def test_the_estimate_runs_without_the_weights_and_keeps_small_constants():
+    import numpy as np
+    from onnx import numpy_helper
+
+    from trtattn.graph import memory
+
+    model = onnx.ModelProto()
+    model.CopyFrom(_walk_model())
+    model.graph.initializer.extend([numpy_helper.from_array(np.ones(256, np.float32), "small"),  # 1024 bytes
+                                    numpy_helper.from_array(np.ones(257, np.float32), "big")])
+    skeleton = memory._without_weights(model)
+    small, big = skeleton.graph.initializer
+    assert len(small.raw_data) == 1024 and not big.HasField("raw_data")
+    assert big.data_location == TensorProto.EXTERNAL and list(big.dims) == [257]
+    assert len(model.graph.initializer[1].raw_data) == 257 * 4  # the model itself untouched
+
+
+def test_available_memory_is_read_from_the_kernel():
+    from trtattn.graph import memory
+
+    with open("/proc/meminfo") as f:
+        line = next(line for line in f if line.startswith("MemAvailable:"))
+    assert abs(memory.available_memory() - int(line.split()[1]) * 1024) < 1 << 30  # it moves between the reads
+
+
+# ---------------------------------------------------------------- branches.py
+def _if_model(extra_reader: str | None = None) -> onnx.ModelProto:
+    """If(flag) -> (y, p): then y = x + w (w the branch's initializer), p an empty constant (a placeholder);
+    else y = -x, p = [1, 1]. extra_reader: "node" (flag also read by a node) or "subgraph" (by another If's
+    branch)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    spec = lambda name, s, t=TensorProto.FLOAT: helper.make_tensor_value_info(name, t, s)  # noqa: E731
+    empty = numpy_helper.from_array(np.zeros([0], np.float32))
+    then = helper.make_graph([helper.make_node("Add", ["x", "w"], ["t_y"], name="t/add"),
+                              helper.make_node("Constant", [], ["t_p"], name="t/empty", value=empty)], "then", [],
+                             [spec("t_y", [2]), spec("t_p", [0])], [numpy_helper.from_array(np.float32([10, 20]), "w")])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e_y"], name="e/neg"),
+                               helper.make_node("Constant", [], ["e_p"], name="e/ones",
+                                                value=numpy_helper.from_array(np.float32([1, 1])))], "else", [],
+                              [spec("e_y", [2]), spec("e_p", [2])])
+    nodes = [helper.make_node("If", ["flag"], ["y", "p"], name="if", then_branch=then, else_branch=other)]
+    inputs = [spec("x", [2]), spec("flag", [], TensorProto.BOOL), spec("other", [], TensorProto.BOOL)]
+    outputs = [spec("y", [2]), spec("p", None)]
+    if extra_reader == "node":
+        nodes.append(helper.make_node("Cast", ["flag"], ["flag_f"], name="cast", to=TensorProto.FLOAT))
+        outputs.append(spec("flag_f", []))
+    elif extra_reader == "subgraph":
+        reads = lambda name: helper.make_graph(  # noqa: E731
+            [helper.make_node("Cast", ["flag"], [f"{name}_f"], name=f"{name}/cast", to=TensorProto.FLOAT)], name, [],
+            [spec(f"{name}_f", [])])
+        nodes.append(helper.make_node("If", ["other"], ["flag_f"], name="if2", then_branch=reads("a"),
+                                      else_branch=reads("b")))
+        outputs.append(spec("flag_f", []))
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model, **feeds):
+    import numpy as np
+    from onnx.reference import ReferenceEvaluator
+
+    names = [o.name for o in model.graph.output]
+    values = ReferenceEvaluator(model).run(None, {k: np.asarray(v) for k, v in feeds.items()})
+    return dict(zip(names, values))
+
+
+def test_only_boolean_inputs_deciding_an_if_are_branch_inputs():
+    from trtattn.graph.branches import branch_inputs
+
+    assert branch_inputs(_if_model()) == ["flag"]  # 'other' is boolean but decides nothing
+    assert branch_inputs(_if_model("subgraph")) == ["flag", "other"]
+
+
+@pytest.mark.parametrize("value,y,p", [(True, [11.0, 22.0], []), (False, [-1.0, -2.0], [1.0, 1.0])])
+def test_taking_a_branch_is_the_model_with_that_input_fixed(value, y, p):
+    import numpy as np
+
+    from trtattn.graph.branches import take_branch
+
+    model = _if_model()
+    before = model.SerializeToString()
+    taken = take_branch(model, "flag", value)
+    assert model.SerializeToString() == before  # the input model is not modified
+    assert not [n for n in taken.graph.node if n.op_type == "If"]
+    assert [i.name for i in taken.graph.input] == ["x", "other"]  # flag is read by nothing now
+    validate.check(taken, "taken")
+    got = _run(taken, x=np.float32([1, 2]), other=True)
+    assert got["y"].tolist() == y and got["p"].tolist() == p
+
+
+def test_a_taken_branch_can_leave_its_placeholders_out():
+    import numpy as np
+
+    from trtattn.graph.branches import empty_outputs, take_branch
+
+    then = next(a.g for a in _if_model().graph.node[0].attribute if a.name == "then_branch")
+    assert empty_outputs(then) == {"t_p"}
+    taken = take_branch(_if_model(), "flag", True, drop_empty=True)
+    assert [o.name for o in taken.graph.output] == ["y"]
+    assert "p" not in {o for n in taken.graph.node for o in n.output}
+    validate.check(taken, "taken")
+    assert _run(taken, x=np.float32([1, 2]), other=True)["y"].tolist() == [11.0, 22.0]
+    kept = take_branch(_if_model(), "flag", False, drop_empty=True)  # the else branch has no placeholder
+    assert [o.name for o in kept.graph.output] == ["y", "p"]
+
+
+def test_an_empty_initializer_output_is_a_placeholder_too():
+    import numpy as np
+    from onnx import numpy_helper
+
+    from trtattn.graph.branches import empty_outputs
+
+    spec = lambda name, s: helper.make_tensor_value_info(name, TensorProto.FLOAT, s)  # noqa: E731
+    branch = helper.make_graph([], "b", [], [spec("e", [0, 4]), spec("full", [1])],
+                               [numpy_helper.from_array(np.zeros([0, 4], np.float32), "e"),
+                                numpy_helper.from_array(np.zeros([1], np.float32), "full")])
+    assert empty_outputs(branch) == {"e"}
+
+
+@pytest.mark.parametrize("reader", ["node", "subgraph"])
+def test_the_fixed_input_stays_while_something_else_reads_it(reader):
+    from trtattn.graph.branches import take_branch
+
+    taken = take_branch(_if_model(reader), "flag", True)
+    assert "flag" in [i.name for i in taken.graph.input]
+    validate.check(taken, "taken")
+
+
+def test_taking_a_branch_of_an_input_that_decides_no_if_is_refused():
+    from trtattn.errors import TrtattnError
+    from trtattn.graph.branches import take_branch
+
+    with pytest.raises(TrtattnError, match="'other' is not a boolean input that decides an If of the main graph"):
+        take_branch(_if_model(), "other", True)
