@@ -275,3 +275,18 @@ def test_taking_a_branch_of_an_input_that_decides_no_if_is_refused():
 
     with pytest.raises(TrtattnError, match="'other' is not a boolean input that decides an If of the main graph"):
         take_branch(_if_model(), "other", True)
+
+
+def test_tensors_inference_cannot_size_count_zero():
+    """The estimate is a lower bound: NonZero's output (kept to the end, a graph output) counts 0 bytes; an
+    input of unknown rank is sized as the run feeds it (a scalar)."""
+    from trtattn.graph import memory
+
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="nz"), helper.make_node("Relu", ["x"], ["a"], name="a"),
+             helper.make_node("Add", ["a", "u"], ["y"], name="y")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+                                           helper.make_tensor_value_info("u", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("nz", TensorProto.INT64, None),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert memory.activation_bytes(model, {}) == 16 + 4 + 16  # x, u and a at Relu; nz 0
