@@ -114,3 +114,16 @@ def test_a_concat_on_the_logits_along_the_keys_is_a_sink_and_along_another_axis_
     for axis in (1, 2, -2):
         view, concat = _concat_on_logits(axis)
         assert Sink().read(view, concat) is None, axis
+
+
+# ---------------------------------------------------------------- scale.py
+def test_a_constant_factor_that_varies_over_the_keys_is_not_a_per_head_scale():
+    """logits * w, w a constant [1, 1, 6] (one weight per key): not constant along the keys, so not a head
+    scale (which goes on Q); refused as a tensor that is not a scalar."""
+    model = per_head_scale("Mul")
+    init = next(i for i in model.graph.initializer if i.name == "logit_scale")
+    init.CopyFrom(numpy_helper.from_array(np.linspace(0.5, 1.5, 6).astype(np.float32).reshape(1, 1, 6), "logit_scale"))
+    result = match(model)
+    assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
+    model = per_head_scale("Mul")  # the same factor per head, [4, 1, 1]: a head scale
+    assert any("head_scale" in steps for steps in _steps(match(model)))
