@@ -19,7 +19,7 @@ from trtattn.testing.graphs import attention_model
 
 
 def test_a_files_row_counts_what_was_done_and_what_was_not():
-    sites = [{"status": "fused"}, {"status": "skipped"}, {"action": "rewritten"}, {"action": "skipped: why"},
+    sites = [{"status": "fused"}, {"status": "not fused"}, {"action": "rewritten"}, {"action": "skipped: why"},
              {"action": "kept"}]
     row = FileResult("m.onnx", "fused", sites, verification={"passed": True, "max_abs_err": 1.5e-6}).row()
     assert row == {"file": "m.onnx", "action": "fused", "sites": 5, "done": 2, "not_done": 2, "ok": True,
@@ -37,12 +37,12 @@ def test_the_verdict_says_passed_failed_or_why_not_run(verification, verdict):
 def test_the_folder_report_lists_files_sites_and_ignored_by_file(tmp_path):
     files = [FileResult("a.onnx", "fused", [{"status": "fused"}], [{"name": "n", "reason": "r"}], {"passed": True}),
              FileResult("config.json", "copied"),
-             FileResult("b.onnx", "not written", [{"status": "skipped"}], ok=False)]
+             FileResult("b.onnx", "not written", [{"status": "not fused"}], ok=False)]
     result = FolderResult(tmp_path, None, files)
     assert not result.ok and [f.path for f in result.models] == ["a.onnx", "b.onnx"]
     report = result.report()
     assert report["output"] is None and report["ok"] is False
-    assert report["sites"] == [{"file": "a.onnx", "status": "fused"}, {"file": "b.onnx", "status": "skipped"}]
+    assert report["sites"] == [{"file": "a.onnx", "status": "fused"}, {"file": "b.onnx", "status": "not fused"}]
     assert report["ignored"] == [{"file": "a.onnx", "name": "n", "reason": "r"}]
     assert report["verification"] == {"a.onnx": {"passed": True}, "b.onnx": {}}
     assert FolderResult(tmp_path, tmp_path / "o", files[:2]).report()["ok"] is True
@@ -133,3 +133,11 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_folder_is_normalized_model_by_model(export, tmp_path):
+    result = process_folder(export, tmp_path / "out", mode="normalize")
+    actions = {f.path: f.action for f in result.files}
+    assert result.ok and actions["model.onnx"] == "normalized" and actions["sub/head.onnx"] == "unchanged"
+    (row,) = next(f for f in result.files if f.path == "model.onnx").sites
+    assert row["action"] == "rewritten"  # normalize's rows (fuse's have a status)
