@@ -90,15 +90,16 @@ def cosmic_ray(explicit: str | None) -> Path:
                      ".venv-mut/bin/pip install 'cosmic-ray>=8.7' (or pass --cosmic-ray PATH)")
 
 
-# Keeps a seeded sample of N pending mutants, the others marked skipped (cosmic-ray's own WorkDB API, as its filters
-# do); runs in cosmic-ray's venv.
+# Keeps a seeded sample of N pending mutants (the same N for the same seed and code), the others marked skipped
+# (cosmic-ray's own WorkDB API, as its filters do); runs in cosmic-ray's venv.
 SAMPLE = """
 import random, sys
 from cosmic_ray.work_db import use_db, WorkDB
 from cosmic_ray.work_item import WorkResult, WorkerOutcome
 session, keep, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with use_db(session, WorkDB.Mode.open) as db:
-    pending = sorted(item.job_id for item in db.pending_work_items)
+    where = lambda item: [(m.start_pos, m.operator_name, m.occurrence) for m in item.mutations]
+    pending = [item.job_id for item in sorted(db.pending_work_items, key=where)]  # job ids are random uuids
     kept = set(random.Random(seed).sample(pending, min(keep, len(pending))))
     dropped = [job for job in pending if job not in kept]
     if dropped:
