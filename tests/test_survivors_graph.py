@@ -290,3 +290,40 @@ def test_tensors_inference_cannot_size_count_zero():
                                helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     assert memory.activation_bytes(model, {}) == 16 + 4 + 16  # x, u and a at Relu; nz 0
+
+
+def test_an_unimported_domain_is_refused_when_the_default_is_imported_as_ai_onnx():
+    model = _relu("ai.onnx")
+    model.graph.node.append(helper.make_node("Plugin", ["y"], ["z"], name="plug", domain="trt"))
+    model.graph.output[0].name = "z"
+    with pytest.raises(Exception, match="node 'plug' \\(Plugin\\) is in domain 'trt', which the model does not import"):
+        validate.structural(model)
+
+
+def test_a_graphs_attribute_of_a_custom_op_is_checked_too():
+    """A node of a domain ONNX does not define, with a list of subgraphs (a GRAPHS attribute): each is checked."""
+    spec = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [2])  # noqa: E731
+    body = helper.make_graph([helper.make_node("Relu", ["ghost"], ["b"], name="body/relu")], "body", [], [spec("b")])
+    model = _relu()
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    model.graph.node.append(helper.make_node("Loopish", ["y"], ["z"], name="custom", domain="com.example",
+                                             bodies=[body]))
+    model.graph.output[0].name = "z"
+    with pytest.raises(Exception, match="node 'body/relu' \\(Relu\\) reads 'ghost'"):
+        validate.structural(model)
+
+
+def test_the_top_graph_and_a_subgraph_are_named_apart():
+    model = _relu()
+    model.graph.output[0].name = "nowhere"
+    with pytest.raises(Exception, match="^graph output 'nowhere' is produced by no node$"):
+        validate.structural(model)
+    model = _relu()
+    spec = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [2])  # noqa: E731
+    model.graph.input.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+    empty = helper.make_graph([], "empty_branch", [], [spec("missing")])
+    ok = helper.make_graph([helper.make_node("Identity", ["y"], ["o"], name="id")], "ok", [], [spec("o")])
+    model.graph.node.append(helper.make_node("If", ["c"], ["z"], name="if", then_branch=empty, else_branch=ok))
+    model.graph.output[0].name = "z"
+    with pytest.raises(Exception, match="^subgraph 'empty_branch' output 'missing' is produced by no node$"):
+        validate.structural(model)

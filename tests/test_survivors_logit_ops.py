@@ -127,3 +127,43 @@ def test_a_constant_factor_that_varies_over_the_keys_is_not_a_per_head_scale():
     assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
     model = per_head_scale("Mul")  # the same factor per head, [4, 1, 1]: a head scale
     assert any("head_scale" in steps for steps in _steps(match(model)))
+
+
+def test_a_sink_after_a_boolean_mask_fuses_and_a_logit_op_after_the_sink_is_listed():
+    from test_sinks import with_sinks
+
+    from trtattn.rewrite.fuse import fuse_model
+
+    model = with_sinks(attention_model(opset=18, heads=4, mask_style="bool_where"), 4)
+    (site,) = match(model).sites
+    assert [s.op for s in site.mask_steps][-2:] == ["where", "sink"]
+    (r,) = fuse_model(model).reports
+    assert r.status == "fused" and r.max_abs_err < 1e-5, r.reason
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")  # [logits, sink] * 0.5, then softmax
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray(0.5, np.float32), "after_sink"))
+    model.graph.node.insert(list(model.graph.node).index(softmax),
+                            helper.make_node("Mul", [softmax.input[0], "after_sink"], ["halved"], name="after_sink/Mul"))
+    softmax.input[0] = "halved"
+    result = match(model)  # the walk from the softmax stops at the Mul: a Concat is not a logit op it follows
+    assert not result.sites and "Mul after_sink/Mul is not on a path from a product" in result.skipped[0].reason
+
+
+# ---------------------------------------------------------------- probs_mask.py
+def test_a_reshape_of_the_probabilities_is_not_a_mask_reapplied():
+    """Flatten -> Softmax -> Reshape(Shape(logits)) (the opset-12 form): the Reshape reads the probabilities
+    and another tensor, as P * m does, but re-applies no mask."""
+    (site,) = match(attention_model(softmax_style="flatten")).sites
+    assert not [s.op for s in site.mask_steps if s.op.startswith("probs")]
+
+
+def test_probabilities_squared_are_not_a_mask_reapplied():
+    model = attention_model(opset=18)
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    probs = softmax.output[0]
+    for n in model.graph.node:
+        n.input[:] = ["squared" if i == probs else i for i in n.input]
+    model.graph.node.insert(list(model.graph.node).index(softmax) + 1,
+                            helper.make_node("Mul", [probs, probs], ["squared"], name="square/Mul"))
+    result = match(model)
+    assert not any(s.op.startswith("probs") for site in result.sites for s in site.mask_steps)
+    assert not result.sites and result.skipped
