@@ -98,3 +98,45 @@ def test_exp_of_an_opset_12_logsoftmax_without_an_axis_keeps_its_meaning():
     want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
                  for m in (before, after))
     assert np.abs(want - got).max() < 1e-6
+
+
+def _sum(op, e):
+    return op("ReduceSum", [e, _axes([-1])], keepdims=1)
+
+
+def test_exponentials_times_the_sum_to_the_power_minus_one_are_a_softmax():
+    def build(op, x):
+        e = op("Exp", [x])
+        return op("Mul", [e, op("Pow", [_sum(op, e), gs.Constant("minus_one", np.asarray(-1.0, np.float32))])])
+
+    g = _graph(build)
+    assert canonicalize(g, 18).counts == {"exp_mul_reciprocal_sum": 1}
+    assert [n.op for n in g.nodes] == ["Softmax"]
+
+
+def test_exponentials_times_one_minus_their_sum_are_not_a_softmax():
+    """1 - s is not 1 / s: listed as a stray normalisation, not rewritten."""
+    def build(op, x):
+        e = op("Exp", [x])
+        return op("Mul", [e, op("Sub", [gs.Constant("one", np.asarray(1.0, np.float32)), _sum(op, e)])])
+
+    canon = canonicalize(_graph(build), 18)
+    assert not canon.counts and len(canon.unproven) == 1
+
+
+def test_exp_of_logits_plus_their_logsumexp_is_not_a_softmax():
+    """Exp(x + LSE(x)), written with Add or Sum, is not Exp(x - LSE(x))."""
+    for plus in ("Add", "Sum"):
+        def build(op, x, plus=plus):
+            return op("Exp", [op(plus, [x, op("ReduceLogSumExp", [x, _axes([-1])], keepdims=1)])])
+
+        assert not canonicalize(_graph(build), 18).counts, plus
+
+
+def test_a_softmax_shifted_over_another_axis_keeps_its_shift():
+    def build(op, x):
+        return op("Softmax", [op("Sub", [x, op("ReduceMax", [x, _axes([2])], keepdims=1)])], axis=1)
+
+    g = _graph(build)
+    assert not canonicalize(g, 18, rank_of=lambda t: 3).counts
+    assert len(g.nodes) == 3

@@ -167,3 +167,36 @@ def test_probabilities_squared_are_not_a_mask_reapplied():
     result = match(model)
     assert not any(s.op.startswith("probs") for site in result.sites for s in site.mask_steps)
     assert not result.sites and result.skipped
+
+
+def test_a_factor_that_varies_over_the_queries_is_not_a_per_head_scale():
+    model = per_head_scale("Mul")
+    init = next(i for i in model.graph.initializer if i.name == "logit_scale")
+    init.CopyFrom(numpy_helper.from_array(np.linspace(0.5, 1.5, 24).astype(np.float32).reshape(4, 6, 1), "logit_scale"))
+    result = match(model)
+    assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
+
+
+def test_a_division_by_the_logits_is_refused():
+    model = attention_model(scale_style="div_after")
+    div = next(n for n in model.graph.node if n.op_type == "Div")
+    div.input[:] = [div.input[1], div.input[0]]  # sqrt(d) / logits
+    result = match(model)
+    assert not result.sites and f"Div {div.name} divides by the logits" in result.skipped[0].reason
+
+
+def test_a_multiplier_of_unknown_shape_from_shapes_alone_is_not_a_mask():
+    """m of unknown shape made from Shape(free) only (no input's values): the input search ends without
+    finding one, so mul_mask leaves it and scale.py refuses it."""
+    model = _mask_of_unknown_shape()
+    cast = next(n for n in model.graph.node if list(n.input) == ["attention_mask"])
+    model.graph.input.append(helper.make_tensor_value_info("free", TensorProto.FLOAT, None))
+    nodes = [helper.make_node("Shape", ["free"], ["free_shape"], name="ones/Shape"),
+             helper.make_node("ConstantOfShape", ["free_shape"], ["ones"], name="ones/ConstantOfShape",
+                              value=numpy_helper.from_array(np.asarray([1.0], np.float32)))]
+    cast.input[0] = "ones"
+    at = list(model.graph.node).index(cast)
+    for i, n in enumerate(nodes):
+        model.graph.node.insert(at + i, n)
+    result = match(model)
+    assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
