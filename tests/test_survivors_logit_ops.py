@@ -3,6 +3,7 @@ match/logit_ops/mul_mask.py, probs_mask.py, sink.py, scale.py. Each pins an outc
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_mul_masks import multiplied
 from test_runtime_scales import per_head_scale
@@ -200,3 +201,17 @@ def test_a_multiplier_of_unknown_shape_from_shapes_alone_is_not_a_mask():
         model.graph.node.insert(at + i, n)
     result = match(model)
     assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
+
+
+@pytest.mark.parametrize("form", ["mul", "where", "where_not"])
+def test_a_mask_on_the_probabilities_alone_is_not_already_normal(form):
+    """Scale on Q and no mask but one re-applied to the probabilities: TensorRT's implicit fusion does not take
+    that step, so normalize must rewrite the site (already_normal says no)."""
+    from test_masks_after_softmax import reapply
+
+    from trtattn.rewrite.normalize import already_normal
+
+    (site,) = match(reapply(attention_model(opset=18, scale_style="mul_q"), form, None)).sites
+    assert [s.op for s in site.mask_steps] == [{"mul": "probs_mul", "where": "probs_where",
+                                                "where_not": "probs_where_not"}[form]]
+    assert not already_normal(site)
