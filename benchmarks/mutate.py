@@ -3,6 +3,7 @@ each module. README: "Mutation testing".
 
     python benchmarks/mutate.py --base origin/main                      # every trtattn/ line changed since base
     python benchmarks/mutate.py trtattn/match/logit_ops/softcap.py trtattn/match/find.py:115-125
+    python benchmarks/mutate.py --base d3efd07 trtattn/folder.py --count    # its changed lines; only count them
 
 Each module is mutated in a copy of the tree (the checkout is never touched), one cosmic-ray session per module,
 restricted to the changed (or given) lines and to the operators that make sense for this code (no bit-shift or
@@ -80,11 +81,30 @@ def tests_for(module: str) -> list[str]:
 
 
 def cosmic_ray(explicit: str | None) -> Path:
-    for candidate in (explicit, shutil.which("cosmic-ray"), str(ROOT / ".venv-mut" / "bin" / "cosmic-ray")):
+    # .venv-mut beside this checkout, else beside the venv running us (a git worktree shares the main one's)
+    beside = [root / ".venv-mut" / "bin" / "cosmic-ray" for root in (ROOT, Path(sys.executable).parent.parent.parent)]
+    for candidate in (explicit, shutil.which("cosmic-ray"), *map(str, beside)):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     raise SystemExit("mutate: cosmic-ray not found: python3 -m venv .venv-mut && "
                      ".venv-mut/bin/pip install 'cosmic-ray>=8.7' (or pass --cosmic-ray PATH)")
+
+
+# Keeps a seeded sample of N pending mutants (the same N for the same seed and code), the others marked skipped
+# (cosmic-ray's own WorkDB API, as its filters do); runs in cosmic-ray's venv.
+SAMPLE = """
+import random, sys
+from cosmic_ray.work_db import use_db, WorkDB
+from cosmic_ray.work_item import WorkResult, WorkerOutcome
+session, keep, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with use_db(session, WorkDB.Mode.open) as db:
+    where = lambda item: [(m.start_pos, m.operator_name, m.occurrence) for m in item.mutations]
+    pending = [item.job_id for item in sorted(db.pending_work_items, key=where)]  # job ids are random uuids
+    kept = set(random.Random(seed).sample(pending, min(keep, len(pending))))
+    dropped = [job for job in pending if job not in kept]
+    if dropped:
+        db.set_multiple_results(dropped, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+"""
 
 
 def run_module(module: str, spans: list[str], tests: list[str], args, work: Path) -> list[dict]:
@@ -104,12 +124,18 @@ def run_module(module: str, spans: list[str], tests: list[str], args, work: Path
     env = {**os.environ, "PYTHONPATH": f"{work}{os.pathsep}{work / 'plugins'}", "OMP_NUM_THREADS": "1"}
     run = lambda *cmd: subprocess.run([str(c) for c in cmd], cwd=work, env=env, check=True,  # noqa: E731
                                       stdout=subprocess.DEVNULL if not args.verbose else None)
-    baseline = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
-    if baseline.returncode:
+    baseline = None if args.count else subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
+    if baseline and baseline.returncode:
         raise SystemExit(f"mutate: the tests of {module} fail unmutated:\n{baseline.stdout[-2000:]}")
     run(cr, "init", config, session)
     run(tools / "cr-filter-operators", session, config)
     run(tools / "cr-filter-lines", "--config", config, session)
+    if args.sample:
+        subprocess.run([str(tools / "python"), "-c", SAMPLE, str(session), str(args.sample), str(args.seed)], check=True)
+    if args.count:
+        dump = subprocess.run([str(cr), "dump", str(session)], capture_output=True, text=True, check=True).stdout
+        pending = sum(json.loads(line)[1] is None for line in dump.splitlines())
+        return [{"module": module, "outcome": "pending"}] * pending
     run(cr, "exec", config, session)
     dump = subprocess.run([str(cr), "dump", str(session)], cwd=work, env=env, check=True, capture_output=True, text=True)
     results = []
@@ -131,17 +157,23 @@ def mutated_line(diff: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*", help="path[:start-end] of modules to mutate (default: --base's changes)")
-    p.add_argument("--base", help="git revision: mutate the trtattn/ lines changed since it")
+    p.add_argument("--base", help="git revision: mutate the trtattn/ lines changed since it (of the modules given)")
     p.add_argument("--tests", nargs="+", help="pytest arguments for every module (default: per module, see above)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per mutant's test run (past it: killed)")
     p.add_argument("--python", default=sys.executable, help="the interpreter that runs the tests")
     p.add_argument("--cosmic-ray", help="the cosmic-ray executable (its cr-* tools beside it)")
+    p.add_argument("--count", action="store_true", help="only count each module's mutants (no test runs)")
+    p.add_argument("--sample", type=int, help="mutate a seeded random sample of at most N mutants per module")
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed")
     p.add_argument("--json", help="write every mutant's outcome here")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
-    if bool(args.modules) == bool(args.base):
-        p.error("give modules or --base (one of them)")
-    lines = changed_lines(args.base) if args.base else given_lines(args.modules)
+    if not (args.modules or args.base):
+        p.error("give modules, --base, or both (the changed lines of those modules)")
+    lines = given_lines(args.modules) if args.modules else {}
+    if args.base:  # with modules: only their changed lines
+        changed = changed_lines(args.base)
+        lines = {m: changed[m] for m in lines if m in changed} if args.modules else changed
     if not lines:
         print("mutate: no trtattn/ lines changed")
         return 0
@@ -156,9 +188,16 @@ def main(argv=None) -> int:
             tests = args.tests or tests_for(module)
             print(f"mutate: {module} lines {','.join(spans)} against {' '.join(tests)}", flush=True)
             found = run_module(module, spans, tests, args, work)
+            if args.count:
+                print(f"  {len(found)} mutants", flush=True)
+                results += found
+                continue
             killed = sum(r["outcome"] == "killed" for r in found)
             print(f"  {killed}/{len(found)} killed" + (f" ({killed / len(found):.0%})" if found else ""), flush=True)
             results += found
+    if args.count:
+        print(f"mutants: {len(results)}")
+        return 0
     survivors = [r for r in results if r["outcome"] != "killed"]
     for r in survivors:
         print(f"SURVIVED {r['module']}:{r['line']} {r['operator']} ({r['outcome']}): {mutated_line(r['diff'])}")
