@@ -195,9 +195,12 @@ class ExpLogSoftmax(Rule):
         ls = _producer(node.inputs[0])
         if ls is None or ls.op != "LogSoftmax":
             return None
-        return Found(node, ls.inputs[0], [], axis=int(ls.attrs.get("axis", -1)))
+        axis = ls.attrs.get("axis")
+        return Found(node, ls.inputs[0], [], axis=None if axis is None else int(axis))
 
     def check(self, found, opset, rank_of):
+        if found.axis is None:  # LogSoftmax's default, which is Softmax's at the same opset: 1 before 13, then -1
+            found.axis = 1 if opset < 13 else -1
         return None
 
 
