@@ -14,6 +14,7 @@ from onnx import version_converter
 
 from ..errors import TrtattnError
 from .io import attach_weights, scratch_dir, weights_aside
+from .roles import dim_name
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 DEFAULT_OPSET = 17
@@ -212,8 +213,20 @@ _SAME_SHAPE_AS_REDUCE_SUM = ("ReduceMax", "ReduceMin", "ReduceProd", "ReduceLogS
                              "ReduceL1", "ReduceL2", "ReduceSumSquare")
 
 
+def _anonymous_dims(model: onnx.ModelProto):
+    """(dim, name) for each input dim written -1, '?' or '' (paddle2onnx, tf2onnx): ONNX Runtime's
+    inference takes -1 for a size, so the shape a Reshape gets from Shape(input_ids) has two -1s and it
+    gives up on the whole model (an assertion). They stand in under roles.py's name for their place."""
+    for vi in model.graph.input:
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            name = dim_name(d, vi.name, axis)
+            if isinstance(name, str) and name != (d.dim_param if d.HasField("dim_param") else None):
+                yield d, name
+
+
 def _shape_stand_ins(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A structure-only copy for shape inference, with reductions by an axes input written as ReduceSum."""
+    """A structure-only copy for shape inference, with reductions by an axes input written as ReduceSum
+    and anonymous input dims named."""
     def reductions(g: onnx.GraphProto):
         for n in g.node:
             if n.op_type in _SAME_SHAPE_AS_REDUCE_SUM and n.domain in STANDARD_DOMAINS and len(n.input) > 1:
@@ -222,12 +235,15 @@ def _shape_stand_ins(model: onnx.ModelProto) -> onnx.ModelProto:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     yield from reductions(attr.g)
 
-    if next(reductions(model.graph), None) is None:
+    if next(reductions(model.graph), None) is None and next(_anonymous_dims(model), None) is None:
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # the caller has set the weights aside: this copies the structure only
     for n in reductions(copy.graph):
         n.op_type = "ReduceSum"
+    for d, name in list(_anonymous_dims(copy)):
+        d.Clear()
+        d.dim_param = name
     return copy
 
 
