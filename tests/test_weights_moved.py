@@ -100,3 +100,12 @@ def test_symbolic_inference_sees_the_model_with_its_weights_aside():
     assert [i.name for i in inferred.graph.input] == [i.name for i in model.graph.input]
     assert [t.name for t in inferred.graph.initializer] == [t.name for t in model.graph.initializer]
     assert all(a.raw_data == b.raw_data for a, b in zip(inferred.graph.initializer, model.graph.initializer))
+
+
+def test_weights_aside_gives_the_model_back_byte_for_byte():
+    """Inputs are never modified, not even in how a field is written (data_location left unset)."""
+    model = onnx.load(os.path.join(os.path.dirname(__file__), "data", "foreign", "keras-mha.tf2onnx.onnx"))
+    before = model.SerializeToString()
+    with onnxio.weights_aside(model) as weights:
+        assert weights and model.SerializeToString() != before
+    assert model.SerializeToString() == before
