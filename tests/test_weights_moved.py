@@ -77,3 +77,35 @@ def test_model_past_the_protobuf_size_verifies(monkeypatch, tmp_path):
     lazy = onnxio.load(tmp_path / "m.onnx", load_external_data=False)
     result = fuse_model(lazy)
     assert result.ok and result.verification["passed"], [r.row() for r in result.reports]
+
+
+def _dims(model: onnx.ModelProto) -> dict:
+    return {vi.name: shapes.dims_of(vi) for vi in model.graph.value_info}
+
+
+def test_symbolic_inference_sees_the_model_with_its_weights_aside():
+    """tf2onnx reshapes weights (Reshape(const_fold_opt, ...)): ONNX Runtime's inference reads the value
+    of every initializer a Reshape passes on, so with the weights set aside it gave up on the whole model
+    and every dim of keras-mha stayed unnamed. It now names what it names with the weights in place."""
+    path = os.path.join(os.path.dirname(__file__), "data", "foreign", "keras-mha.tf2onnx.onnx")
+    model = onnx.load(path)
+    before = [(t.name, t.raw_data) for t in model.graph.initializer], [i.name for i in model.graph.input]
+    inferred = shapes.symbolic_shapes(model)
+    assert inferred is not None
+    assert ([(t.name, t.raw_data) for t in model.graph.initializer], [i.name for i in model.graph.input]) == before
+    with_weights = shapes._symbolic_module().SymbolicShapeInference.infer_shapes(model, auto_merge=True,
+                                                                                 guess_output_rank=True)
+    assert _dims(inferred) == _dims(with_weights) and len(_dims(inferred)) > 50
+    # the result is the model's own graph: its inputs and its initializers with their data, in order
+    assert [i.name for i in inferred.graph.input] == [i.name for i in model.graph.input]
+    assert [t.name for t in inferred.graph.initializer] == [t.name for t in model.graph.initializer]
+    assert all(a.raw_data == b.raw_data for a, b in zip(inferred.graph.initializer, model.graph.initializer))
+
+
+def test_weights_aside_gives_the_model_back_byte_for_byte():
+    """Inputs are never modified, not even in how a field is written (data_location left unset)."""
+    model = onnx.load(os.path.join(os.path.dirname(__file__), "data", "foreign", "keras-mha.tf2onnx.onnx"))
+    before = model.SerializeToString()
+    with onnxio.weights_aside(model) as weights:
+        assert weights and model.SerializeToString() != before
+    assert model.SerializeToString() == before

@@ -363,7 +363,7 @@ def attach_weights(model: onnx.ModelProto, weights: dict[str, bytes]) -> None:
     for t in all_tensors(model):
         if t.name in weights and uses_external_data(t) and not t.HasField("raw_data"):
             t.raw_data = weights[t.name]
-            t.data_location = onnx.TensorProto.DEFAULT
+            t.ClearField("data_location")  # unset, as the model had it: its bytes come back unchanged
             del t.external_data[:]
 
 

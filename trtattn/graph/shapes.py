@@ -14,6 +14,7 @@ from onnx import version_converter
 
 from ..errors import TrtattnError
 from .io import attach_weights, scratch_dir, weights_aside
+from .roles import dim_name
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 DEFAULT_OPSET = 17
@@ -135,9 +136,10 @@ def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     model = _shape_stand_ins(model)
     here = os.getcwd()
     with weights_aside(model) as weights, scratch_dir("shapes") as scratch:
+        structure, moved = _weights_as_inputs(model, weights)
         os.chdir(scratch)
         try:
-            inferred = inference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+            inferred = inference.infer_shapes(structure, auto_merge=True, guess_output_rank=True)
         except Exception:
             partial = os.path.join(scratch, "sym_shape_infer_temp.onnx")
             inferred = onnx.load(partial, load_external_data=False) if os.path.exists(partial) else None
@@ -146,8 +148,45 @@ def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
         finally:
             os.chdir(here)
     if inferred is not None:
+        _inputs_back_to_weights(inferred, model, moved)
         attach_weights(inferred, weights)
     return inferred
+
+
+def _weights_as_inputs(model: onnx.ModelProto, weights: dict[str, bytes]) -> tuple[onnx.ModelProto, set[str]]:
+    """A structure-only copy in which the main graph's initializers set aside are typed, shaped graph
+    inputs. ONNX Runtime's inference reads the value of any initializer an op passes on (Reshape,
+    Squeeze, Concat: to follow shape arithmetic), and one set aside has no value, so it gave up on the
+    whole model (tf2onnx reshapes weights). As inputs, their shapes are known and nothing reads their
+    values; what shape arithmetic reads is small and stays in place (weights_aside's threshold)."""
+    moved = {t.name for t in model.graph.initializer if t.name in weights}
+    if not moved:
+        return model, moved
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # the caller has set the weights aside: this copies the structure only
+    declared = {i.name for i in copy.graph.input}
+    kept = [t for t in copy.graph.initializer if t.name not in moved]
+    for t in copy.graph.initializer:
+        if t.name in moved and t.name not in declared:
+            copy.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    return copy, moved
+
+
+def _inputs_back_to_weights(inferred: onnx.ModelProto, model: onnx.ModelProto, moved: set[str]) -> None:
+    """Undo _weights_as_inputs on the inferred copy: the model's initializers (still without their data,
+    attach_weights gives it back) in the model's order, and only the model's own inputs."""
+    if not moved:
+        return
+    own_inputs = {i.name for i in model.graph.input}
+    inputs = [i for i in inferred.graph.input if i.name not in moved or i.name in own_inputs]
+    del inferred.graph.input[:]
+    inferred.graph.input.extend(inputs)
+    present = {t.name: t for t in inferred.graph.initializer}
+    ordered = [present.get(t.name, t) for t in model.graph.initializer if t.name in present or t.name in moved]
+    del inferred.graph.initializer[:]
+    inferred.graph.initializer.extend(ordered)
 
 
 def _read_back(model: onnx.ModelProto, folder: str) -> None:
@@ -174,8 +213,20 @@ _SAME_SHAPE_AS_REDUCE_SUM = ("ReduceMax", "ReduceMin", "ReduceProd", "ReduceLogS
                              "ReduceL1", "ReduceL2", "ReduceSumSquare")
 
 
+def _anonymous_dims(model: onnx.ModelProto):
+    """(dim, name) for each input dim written -1, '?' or '' (paddle2onnx, tf2onnx): ONNX Runtime's
+    inference takes -1 for a size, so the shape a Reshape gets from Shape(input_ids) has two -1s and it
+    gives up on the whole model (an assertion). They stand in under roles.py's name for their place."""
+    for vi in model.graph.input:
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            name = dim_name(d, vi.name, axis)
+            if isinstance(name, str) and name != (d.dim_param if d.HasField("dim_param") else None):
+                yield d, name
+
+
 def _shape_stand_ins(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A structure-only copy for shape inference, with reductions by an axes input written as ReduceSum."""
+    """A structure-only copy for shape inference, with reductions by an axes input written as ReduceSum
+    and anonymous input dims named."""
     def reductions(g: onnx.GraphProto):
         for n in g.node:
             if n.op_type in _SAME_SHAPE_AS_REDUCE_SUM and n.domain in STANDARD_DOMAINS and len(n.input) > 1:
@@ -184,12 +235,15 @@ def _shape_stand_ins(model: onnx.ModelProto) -> onnx.ModelProto:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     yield from reductions(attr.g)
 
-    if next(reductions(model.graph), None) is None:
+    if next(reductions(model.graph), None) is None and next(_anonymous_dims(model), None) is None:
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # the caller has set the weights aside: this copies the structure only
     for n in reductions(copy.graph):
         n.op_type = "ReduceSum"
+    for d, name in list(_anonymous_dims(copy)):
+        d.Clear()
+        d.dim_param = name
     return copy
 
 
