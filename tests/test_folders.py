@@ -241,6 +241,34 @@ def _merged_folder(folder, root):
     return merged_folder
 
 
+def test_merged_decoders_placeholder_keeps_the_outputs_static_dims():
+    """merge_decoders: an output the cached step lacks is an empty constant in its branch, [0, 4] for an
+    output declared [batch, 4] (a [0, 0] one is invalid ONNX under strict shape inference); a mask whose
+    length differs between the two gets a dim of its own; both branches run."""
+    from onnx import TensorProto, helper
+
+    from trtattn.zoo.derived import merge_decoders
+
+    def decoder(outputs, mask_len):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+        mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", mask_len])
+        nodes = [helper.make_node("Identity", ["x"], [o]) for o in outputs]
+        return helper.make_model(helper.make_graph(
+            nodes, "d", [x, mask], [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["batch", 4]) for o in outputs]),
+            opset_imports=[helper.make_opsetid("", 17)])
+
+    merged = merge_decoders(decoder(["logits", "present.0.encoder.key"], "seq"), decoder(["logits"], "past+seq"))
+    onnx.checker.check_model(merged, full_check=True)
+    mask = next(i for i in merged.graph.input if i.name == "attention_mask")
+    assert [d.dim_param for d in mask.type.tensor_type.shape.dim] == ["batch", "attention_mask_sequence_length"]
+    session = OrtSession(merged, name="merged")
+    feeds = {"x": np.ones((2, 4), np.float32), "attention_mask": np.ones((2, 3), np.int64)}
+    first = session.run({**feeds, "use_cache_branch": np.asarray([False])})
+    cached = session.run({**feeds, "use_cache_branch": np.asarray([True])})
+    assert first["present.0.encoder.key"].shape == (2, 4) and cached["present.0.encoder.key"].shape == (0, 4)
+    assert (cached["logits"] == first["logits"]).all()
+
+
 def test_fuse_merged_decoder_folder_keeps_the_inputs_only_one_branch_reads(whisper_folder, tmp_path, capsys):
     """`fuse DIR` fuses each branch as a model of its own (which reads only its branch's inputs) and puts
     them back into the If: the fused merged decoder takes every input the original takes (the first

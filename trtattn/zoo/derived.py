@@ -147,10 +147,11 @@ def merge_decoders(no_past: onnx.ModelProto, with_past: onnx.ModelProto) -> onnx
         raise ExportError(f"the decoder with a cache has outputs the first step lacks: "
                           f"{sorted(made - {o.name for o in no_past.graph.output})}")
     outputs = list(no_past.graph.output)
-    for out in outputs:  # the placeholder: as many axes as the output, none of them filled
+    for out in outputs:  # the placeholder: the output's static dims (heads, head size), 0 for the others
         if out.name not in made:
-            rank = len(out.type.tensor_type.shape.dim)
-            empty = onnx.helper.make_tensor(out.name, out.type.tensor_type.elem_type, [0] * rank, [])
+            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in out.type.tensor_type.shape.dim]
+            empty = onnx.helper.make_tensor(out.name, out.type.tensor_type.elem_type, dims if 0 in dims else
+                                            [0] * len(dims), [])
             with_past.graph.node.append(onnx.helper.make_node("Constant", [], [out.name], value=empty,
                                                               name=f"{out.name}/empty"))
     order = {o.name: o for o in with_past.graph.output}
