@@ -307,6 +307,27 @@ def test_build_merged_decoder_folder_generates_the_export_folders_tokens(whisper
     assert _run_tokens(capsys, out, "--backend", "ort", "--features", str(features)) == want
 
 
+@pytest.mark.slow  # exporting BART's parts afresh
+def test_build_merged_bart_folder_without_metadata_keeps_the_kv_cache_form(zoo_dir, tmp_path, capsys):
+    """BART as a user's Optimum folder: merged decoder, no trtattn metadata in any part (every role guessed
+    from the graph). The cached step is still the kv-cache form, its cross-attention reading the encoder's
+    padding mask as lengths, and the built folder's tokens equal the export folder's, prompt by prompt."""
+    folder = _merged_folder(_encoder_decoder_folder("bart", zoo_dir, tmp_path, 2), tmp_path)
+    for path in folder.glob("*.onnx"):
+        model = onnx.load(str(path))
+        del model.metadata_props[:]
+        onnx.save(model, str(path))
+    assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp32"]) in (0, 4)
+    out = tmp_path / "built" / folder.name
+    part = json.loads((out / "pipeline.json").read_text())["parts"]["decoder_with_past"]
+    assert (part["form"], part["branch"]) == ("kv-cache", "use_cache_branch=True") and "note" not in part
+    assert "encoder_attention_mask" in {i["name"] for i in part["inputs"]}
+    prompts = [["--prompt", "100,101,102,103,104,105,106"], ["--prompt", "8"], ["--prompt", "5,6,7,9,11"]]
+    want = [_run_tokens(capsys, folder, *p)[0] for p in prompts]
+    assert len({tuple(t) for t in want}) == 3
+    assert [_run_tokens(capsys, out, "--backend", "ort", *p)[0] for p in prompts] == want
+
+
 def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_original(zoo_export):
     """Class 6 on the zoo's llama-merged (Optimum's merge of the without- and with-cache decoders): each
     branch verified on its own, every site of both fused, and the fused If runs both ways as the original."""
