@@ -227,6 +227,107 @@ def test_build_text_encoder_decoder_folder_generates_the_export_folders_tokens(f
     assert [_run_tokens(capsys, out, "--backend", "ort", *p)[0] for p in prompts] == want
 
 
+def _merged_folder(folder, root):
+    """The encoder-decoder folder with its two decoders merged as Optimum merges them."""
+    from trtattn.zoo.derived import merge_decoders
+
+    merged_folder = root / "merged"
+    merged_folder.mkdir()
+    shutil.copy(folder / "encoder_model.onnx", merged_folder)
+    shutil.copy(folder / "generation_config.json", merged_folder)
+    merged = merge_decoders(onnx.load(str(folder / "decoder_model.onnx")),
+                            onnx.load(str(folder / "decoder_with_past_model.onnx")))
+    onnx.save(merged, str(merged_folder / "decoder_model_merged.onnx"))
+    return merged_folder
+
+
+def test_merged_decoders_placeholder_keeps_the_outputs_static_dims():
+    """merge_decoders: an output the cached step lacks is an empty constant in its branch, [0, 4] for an
+    output declared [batch, 4] (a [0, 0] one is invalid ONNX under strict shape inference); a mask whose
+    length differs between the two gets a dim of its own; both branches run."""
+    from onnx import TensorProto, helper
+
+    from trtattn.zoo.derived import merge_decoders
+
+    def decoder(outputs, mask_len):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+        mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", mask_len])
+        nodes = [helper.make_node("Identity", ["x"], [o]) for o in outputs]
+        return helper.make_model(helper.make_graph(
+            nodes, "d", [x, mask], [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["batch", 4]) for o in outputs]),
+            opset_imports=[helper.make_opsetid("", 17)])
+
+    merged = merge_decoders(decoder(["logits", "present.0.encoder.key"], "seq"), decoder(["logits"], "past+seq"))
+    onnx.checker.check_model(merged, full_check=True)
+    mask = next(i for i in merged.graph.input if i.name == "attention_mask")
+    assert [d.dim_param for d in mask.type.tensor_type.shape.dim] == ["batch", "attention_mask_sequence_length"]
+    session = OrtSession(merged, name="merged")
+    feeds = {"x": np.ones((2, 4), np.float32), "attention_mask": np.ones((2, 3), np.int64)}
+    first = session.run({**feeds, "use_cache_branch": np.asarray([False])})
+    cached = session.run({**feeds, "use_cache_branch": np.asarray([True])})
+    assert first["present.0.encoder.key"].shape == (2, 4) and cached["present.0.encoder.key"].shape == (0, 4)
+    assert (cached["logits"] == first["logits"]).all()
+
+
+def test_fuse_merged_decoder_folder_keeps_the_inputs_only_one_branch_reads(whisper_folder, tmp_path, capsys):
+    """`fuse DIR` fuses each branch as a model of its own (which reads only its branch's inputs) and puts
+    them back into the If: the fused merged decoder takes every input the original takes (the first
+    step's encoder_hidden_states, the cached step's past) and generates the same tokens."""
+    folder = _merged_folder(whisper_folder, tmp_path)
+    assert main(["fuse", str(folder), "-o", str(tmp_path / "fused")]) == 0
+    original, fused = (onnx.load(str(f / "decoder_model_merged.onnx")) for f in (folder, tmp_path / "fused"))
+    assert [i.name for i in fused.graph.input] == [i.name for i in original.graph.input]
+    assert _ops(tmp_path / "fused" / "decoder_model_merged.onnx") == ["If"]
+    features = tmp_path / "features.npy"
+    np.save(features, np.random.default_rng(1).standard_normal((2, 16, 32)).astype(np.float32))
+    want = _run_tokens(capsys, folder, "--features", str(features))
+    assert _run_tokens(capsys, tmp_path / "fused", "--features", str(features)) == want
+
+
+def test_build_merged_decoder_folder_generates_the_export_folders_tokens(whisper_folder, tmp_path, capsys):
+    """An encoder-decoder folder whose decoder is Optimum's merged decoder (decoder_model_merged.onnx: an If
+    on use_cache_branch, the cache branch's cross-attention presents empty, no trtattn metadata): `build DIR`
+    prepares both branches as their own parts, with only the inputs each branch reads, and `run OUT`
+    gives the tokens `run DIR` gives, request by request."""
+    folder = _merged_folder(whisper_folder, tmp_path)
+    assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp32"]) in (0, 4)
+    out = tmp_path / "built" / folder.name
+    parts = json.loads((out / "pipeline.json").read_text())["parts"]
+    assert {role: (p["form"], p["branch"], p["sites"]) for role, p in parts.items()} == {
+        "encoder": ("padded", None, 2), "decoder": ("padded", "use_cache_branch=False", 4),
+        "decoder_with_past": ("kv-cache", "use_cache_branch=True", 4)}
+    first = {i["name"] for i in parts["decoder"]["inputs"]}
+    assert "encoder_hidden_states" in first and not any(n.startswith("past_key_values") for n in first)
+    assert "encoder_hidden_states" not in {i["name"] for i in parts["decoder_with_past"]["inputs"]}
+    features = tmp_path / "features.npy"
+    np.save(features, np.random.default_rng(0).standard_normal((2, 16, 32)).astype(np.float32))
+    want = _run_tokens(capsys, folder, "--features", str(features))
+    assert want == _run_tokens(capsys, whisper_folder, "--features", str(features))  # the merge changes nothing
+    assert len(want) == 2 and any(len(set(t)) > 1 for t in want)
+    assert _run_tokens(capsys, out, "--backend", "ort", "--features", str(features)) == want
+
+
+@pytest.mark.slow  # exporting BART's parts afresh
+def test_build_merged_bart_folder_without_metadata_keeps_the_kv_cache_form(zoo_dir, tmp_path, capsys):
+    """BART as a user's Optimum folder: merged decoder, no trtattn metadata in any part (every role guessed
+    from the graph). The cached step is still the kv-cache form, its cross-attention reading the encoder's
+    padding mask as lengths, and the built folder's tokens equal the export folder's, prompt by prompt."""
+    folder = _merged_folder(_encoder_decoder_folder("bart", zoo_dir, tmp_path, 2), tmp_path)
+    for path in folder.glob("*.onnx"):
+        model = onnx.load(str(path))
+        del model.metadata_props[:]
+        onnx.save(model, str(path))
+    assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp32"]) in (0, 4)
+    out = tmp_path / "built" / folder.name
+    part = json.loads((out / "pipeline.json").read_text())["parts"]["decoder_with_past"]
+    assert (part["form"], part["branch"]) == ("kv-cache", "use_cache_branch=True") and "note" not in part
+    assert "encoder_attention_mask" in {i["name"] for i in part["inputs"]}
+    prompts = [["--prompt", "100,101,102,103,104,105,106"], ["--prompt", "8"], ["--prompt", "5,6,7,9,11"]]
+    want = [_run_tokens(capsys, folder, *p)[0] for p in prompts]
+    assert len({tuple(t) for t in want}) == 3
+    assert [_run_tokens(capsys, out, "--backend", "ort", *p)[0] for p in prompts] == want
+
+
 def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_original(zoo_export):
     """Class 6 on the zoo's llama-merged (Optimum's merge of the without- and with-cache decoders): each
     branch verified on its own, every site of both fused, and the fused If runs both ways as the original."""
@@ -242,8 +343,9 @@ def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_orig
     assert all(r.status == "fused" and r.site.graph for r in result.reports)
     onnx.checker.check_model(result.model)
     a, b = OrtSession(original, name="original"), OrtSession(result.model, name="fused")
-    for use_cache in (False, True):
-        feeds = make_feeds(take_branch(original, "use_cache_branch", use_cache), seed=1)
+    past = make_feeds(take_branch(original, "use_cache_branch", True), seed=1)
+    for use_cache in (False, True):  # (the first step's branch reads no past, but the If takes one)
+        feeds = {**past, **make_feeds(take_branch(original, "use_cache_branch", use_cache), seed=1)}
         feeds["use_cache_branch"] = np.asarray([use_cache])
         want, got = a.run(feeds), b.run(feeds)
         assert all(np.abs(want[k] - got[k]).max() <= 1e-4 for k in want)

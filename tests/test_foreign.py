@@ -154,6 +154,63 @@ def test_make_regenerates_a_corpus_file(tmp_path):
         make.main(["--out", str(tmp_path), "--skip-tools"])
 
 
+def test_make_only_parses_file_names_and_refuses_what_it_cannot_make(capsys, monkeypatch):
+    from trtattn.zoo.foreign import make
+
+    for kind in make.SCRIPTS:  # (a developer's environment may name the scripts' Pythons)
+        monkeypatch.delenv(f"TRTATTN_FOREIGN_{kind.upper()}", raising=False)
+
+    args = make.parse_args(["--only", "bert.onnxsim.onnx", "plain-opset7.torchscript.onnx"])
+    assert args.only == ["bert.onnxsim.onnx", "plain-opset7.torchscript.onnx"] and not args.skip_tools
+    args = make.parse_args(["--only", "mha.tf2onnx.onnx", "--skip-tools", "--tf", "py"])  # named by the script
+    assert args.only == ["mha.tf2onnx.onnx"] and args.tf == "py"
+    assert make.parse_args([]).only is None
+    for argv, why in ((["--only", "tf-mha.tf2onnx.onnx"], "tf-mha.tf2onnx.onnx: not a tool-derived file"),
+                      (["--only", "bert.onnxsim.onnx", "--skip-tools", "--tf", "py"],
+                       "bert.onnxsim.onnx: tool-derived, and --skip-tools is given"),
+                      (["--only"], "expected at least one argument")):
+        with pytest.raises(SystemExit):
+            make.parse_args(argv)
+        assert why in capsys.readouterr().err
+
+
+def test_make_only_remakes_the_named_file_and_keeps_the_other_rows(tmp_path, monkeypatch):
+    from trtattn.zoo.foreign import make, tools
+
+    kept = {**ROWS[0], "source": "as committed"}
+    name = next(r["file"] for r in ROWS if r["file"] in tools.RECIPES and r["file"] != kept["file"])
+    (tmp_path / "manifest.json").write_text(json.dumps([kept, {**kept, "file": name, "source": "old"}]))
+    (tmp_path / kept["file"]).write_bytes(b"kept")
+    asked = []
+
+    def fake_make(out, only=None):  # the recipes export with torch: only which ones are asked is checked here
+        asked.append(only)
+        (out / name).write_bytes(b"new")
+        return [{**kept, "file": name, "source": "remade"}]
+
+    monkeypatch.setattr(tools, "make", fake_make)
+    assert make.main(["--out", str(tmp_path), "--only", name]) == 0
+    assert asked == [[name]]
+    rows = {r["file"]: r for r in json.loads((tmp_path / "manifest.json").read_text())}
+    assert rows == {kept["file"]: kept, name: {**kept, "file": name, "source": "remade"}}
+    assert (tmp_path / kept["file"]).read_bytes() == b"kept"
+
+
+def test_make_only_copies_only_the_named_files_a_script_writes(tmp_path):
+    """A stand-alone script writes all its files; --only keeps the named ones (a stand-in for the foreign
+    venv's Python: it writes two files into the folder it is given and prints their rows)."""
+    from trtattn.zoo.foreign import make
+
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\nfor f in a b; do echo $f > "$2/$f.onnx"; echo "{\\"file\\": \\"$f.onnx\\"}"; done\n')
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert make.run_script("tf", str(python), out, {"b.onnx"}) == [{"file": "b.onnx"}]
+    assert [p.name for p in out.iterdir()] == ["b.onnx"]
+    assert [r["file"] for r in make.run_script("tf", str(python), out)] == ["a.onnx", "b.onnx"]
+
+
 @pytest.mark.parametrize("name", ["plain-opset7.torchscript.onnx", "plain-opset9.torchscript.onnx",
                                   "paddle-mha-opset7.paddle2onnx.onnx", "bert-opset10.torchscript.onnx"])
 def test_normalize_writes_low_opset_exports_as_valid_onnx(name):

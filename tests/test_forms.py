@@ -261,3 +261,28 @@ def test_a_form_onnx_runtime_cannot_run_is_an_error_naming_the_node(zoo_export):
     node.input[1] = shape.name
     with pytest.raises(TrtattnError, match=r"the padded form of this model does not run on ONNX Runtime \(.*/model/"):
         forms_mod.verify_form("padded", original, broken, [])
+
+
+@pytest.mark.parametrize("keeps_where_true,read_as_lengths", [(True, True), (False, False)])
+def test_a_padding_mask_whose_meaning_is_guessed_from_the_graph_is_read_as_lengths(keeps_where_true, read_as_lengths):
+    """Without the zoo's metadata (a user's export) a mask's role is guessed from the graph: True at the
+    tokens (Where(mask, logits, fill), as Hugging Face writes it) may be read as lengths; True at the padding
+    may not. (The check once compared with a word the guess never gives: no guessed mask qualified, and a
+    BART decoder step fell back from the kv-cache form.)"""
+    from onnx import TensorProto, helper
+
+    from trtattn.graph.roles import input_specs
+    from trtattn.routes.prepare.padded import right_padded_masks
+
+    keep = ["cond", "x", "fill"] if keeps_where_true else ["cond", "fill", "x"]
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["attention_mask"], ["cond"], to=TensorProto.BOOL),
+         helper.make_node("Constant", [], ["fill"], value=helper.make_tensor("f", TensorProto.FLOAT, [], [-1e9])),
+         helper.make_node("Where", keep, ["masked"]), helper.make_node("Softmax", ["masked"], ["y"], axis=-1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    role = next(s.role for s in input_specs(model) if s.name == "attention_mask")
+    assert role == {"kind": "padding_mask", "true_at": "tokens" if keeps_where_true else "padding"}
+    assert (right_padded_masks(model) == {"attention_mask"}) == read_as_lengths

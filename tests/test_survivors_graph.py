@@ -247,6 +247,42 @@ def test_a_taken_branch_can_leave_its_placeholders_out():
     assert [o.name for o in kept.graph.output] == ["y", "p"]
 
 
+def _unused(model: onnx.ModelProto) -> list[str]:
+    """Nodes whose outputs nothing reads, inputs and initializers no node reads (subgraphs included)."""
+    def reads(graph):
+        return {i for n in graph.node for i in n.input} | {
+            i for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH for i in reads(a.g)}
+
+    read = reads(model.graph) | {o.name for o in model.graph.output}
+    return ([f"node {n.name}" for n in model.graph.node if not read & set(n.output)]
+            + [f"input {i.name}" for i in model.graph.input if i.name not in read]
+            + [f"initializer {t.name}" for t in model.graph.initializer if t.name not in read])
+
+
+@pytest.mark.parametrize("value,gone", [(True, "z"), (False, "x")])
+def test_a_taken_branch_keeps_nothing_unused(value, gone):
+    """The placeholders' makers go with them, and so do the inputs and weights only the other branch read
+    (a first step's past, a cached step's encoder states); an input no branch read stays."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from trtattn.graph.branches import take_branch
+
+    model = _if_model()
+    model.graph.input.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [2]))
+    model.graph.initializer.append(numpy_helper.from_array(np.float32([3, 4]), "v"))
+    other = next(a.g for a in model.graph.node[0].attribute if a.name == "else_branch")
+    other.node[0].op_type, other.node[0].input[:] = "Sub", ["v", "z"]  # else: y = v - z, v an outer weight
+    assert _unused(model) == ["input other"]
+    taken = take_branch(model, "flag", value, drop_empty=True)
+    assert _unused(taken) == ["input other"]  # the input the If never read is the user's business
+    assert gone not in {i.name for i in taken.graph.input} and "flag" not in {i.name for i in taken.graph.input}
+    assert ("v" in {t.name for t in taken.graph.initializer}) == (not value)
+    validate.check(taken, "taken")
+    got = _run(taken, **{"x" if value else "z": np.float32([1, 2])}, other=True)
+    assert got["y"].tolist() == ([11.0, 22.0] if value else [2.0, 2.0])
+
+
 def test_an_empty_initializer_output_is_a_placeholder_too():
     import numpy as np
     from onnx import numpy_helper

@@ -2,8 +2,10 @@
 decoder with use_cache_branch True is its decoder with a cache; False, its first step).
 
 The chosen branch's nodes and initializers move into the main graph; each branch output reaches the If's
-output name through an Identity (a branch may return an outer tensor as it is). The input model is not
-modified."""
+output name through an Identity (a branch may return an outer tensor as it is). What the taken model
+no longer needs goes: the nodes that made left-out placeholders, and the inputs and weights only the other
+branch read (a first step's past, a cached step's encoder states), so the model's interface is the
+branch's own. The input model is not modified."""
 
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ def empty_outputs(branch: onnx.GraphProto) -> set[str]:
 def take_branch(model: onnx.ModelProto, name: str, value: bool, drop_empty: bool = False) -> onnx.ModelProto:
     """`model` with the boolean input `name` fixed to `value`: every If it decides replaced by its branch.
     drop_empty: the branch's placeholder outputs (empty constants) are left out of the model's outputs, so
-    the model can be run and compared like any other."""
+    the model can be run and compared like any other. Nodes no output depends on, and inputs the If read
+    but nothing reads now, are removed."""
     if name not in branch_inputs(model):
         raise TrtattnError(f"'{name}' is not a boolean input that decides an If of the main graph")
     out = onnx.ModelProto()
@@ -50,29 +53,47 @@ def take_branch(model: onnx.ModelProto, name: str, value: bool, drop_empty: bool
             for made, wanted in zip(branch.output, node.output):
                 if made.name in empty_outputs(branch):
                     dropped.add(wanted)
-        nodes.extend(n for n in branch.node if not (drop_empty and set(n.output) & dropped))
+        nodes.extend(branch.node)
         out.graph.initializer.extend(branch.initializer)
         out.graph.sparse_initializer.extend(branch.sparse_initializer)
         for made, wanted in zip(branch.output, node.output):
             if wanted and wanted != made.name and wanted not in dropped:  # (a branch may name its output as the If's)
                 nodes.append(onnx.helper.make_node("Identity", [made.name], [wanted], name=f"{wanted}/branch"))
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
     if dropped:
         kept = [o for o in out.graph.output if o.name not in dropped]
         del out.graph.output[:]
         out.graph.output.extend(kept)
-    if not any(name in n.input for n in out.graph.node) and not _read_in_subgraphs(out.graph, name):
-        kept = [i for i in out.graph.input if i.name != name]
-        del out.graph.input[:]
-        out.graph.input.extend(kept)
+    read_before = _reads(model.graph.node)
+    nodes = _live(nodes, {o.name for o in out.graph.output})
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    # inputs only the branch not taken read (a first step's past, a cached step's encoder states), and the flag
+    read = _reads(nodes)
+    kept = [i for i in out.graph.input if i.name in read or i.name not in read_before]
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    weights = [t for t in out.graph.initializer if t.name in read]  # the other branch's weights go with it
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(weights)
     return out
 
 
-def _read_in_subgraphs(graph: onnx.GraphProto, name: str) -> bool:
-    for n in graph.node:
+def _reads(nodes) -> set[str]:
+    """Every tensor name the nodes read, in their subgraphs too (a branch reads outer names directly)."""
+    names: set[str] = set()
+    for n in nodes:
+        names.update(n.input)
         for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH and (any(name in m.input for m in a.g.node)
-                                                        or _read_in_subgraphs(a.g, name)):
-                return True
-    return False
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                names |= _reads(g.node)
+    return names
+
+
+def _live(nodes: list, wanted: set[str]) -> list:
+    """The nodes an output depends on, in their order: placeholders dropped, the nodes that made them go too."""
+    keep = [False] * len(nodes)
+    for k in range(len(nodes) - 1, -1, -1):  # the nodes are in topological order
+        if wanted & set(nodes[k].output):
+            keep[k] = True
+            wanted |= _reads([nodes[k]])
+    return [n for n, kept in zip(nodes, keep) if kept]

@@ -116,10 +116,11 @@ def _merge(model: onnx.ModelProto, cond: str, bodies: dict) -> onnx.ModelProto:
         kept_inits.update({t.name: t for t in fused.graph.initializer if t.name in main_inits and t.name not in kept_inits})
     del out.graph.initializer[:]
     out.graph.initializer.extend(kept_inits.values())
-    if cond not in {i.name for i in out.graph.input}:
-        out.graph.input.extend([i for i in model.graph.input if i.name == cond])
+    # the original's inputs (a taken branch keeps only those it reads), as the fused branches type them
+    fused_inputs = {i.name: i for v in (False, True) for i in bodies[v].graph.input}
     order = [i.name for i in model.graph.input]
-    inputs = sorted(out.graph.input, key=lambda i: order.index(i.name) if i.name in order else len(order))
+    inputs = [fused_inputs.get(i.name, i) for i in model.graph.input]
+    inputs += [i for i in base.graph.input if i.name not in order]
     del out.graph.input[:]
     out.graph.input.extend(inputs)
     del out.graph.output[:]  # the taken branch left its placeholders out: the If returns them all again

@@ -118,9 +118,11 @@ def load_pipeline(folder, backend: str = "auto") -> Pipeline:
 
 
 # ---------------------------------------------------------------- one decoder step
-def _empty_past(session, name: str, batch: int, config: dict) -> np.ndarray:
+def _empty_past(session, name: str, batch: int, config: dict, unread: bool = False) -> np.ndarray:
     """A past of length 0, [batch, kv heads, 0, head size]: heads and head size from the input's static
-    dims, else from config.json."""
+    dims, else from config.json. unread (a merged decoder's first step, whose branch does not read the
+    past): a static length is kept, as the input's shape demands (cross-attention K/V over a fixed
+    encoder length)."""
     info = session.input(name)
     shape = list(info.shape)
     if len(shape) != 4:
@@ -135,7 +137,8 @@ def _empty_past(session, name: str, batch: int, config: dict) -> np.ndarray:
     if not heads or not size:
         raise TrtattnError(f"{session.name}: cannot tell the heads and head size of {name} (dynamic dims, and "
                            "config.json does not say)")
-    return np.zeros((batch, int(heads), 0, int(size)), info.dtype)
+    length = shape[2] if unread and isinstance(shape[2], int) and shape[2] >= 0 else 0
+    return np.zeros((batch, int(heads), length, int(size)), info.dtype)
 
 
 def _step(session, ids: np.ndarray, past: dict, length: int, extra: dict, config: dict) -> tuple[np.ndarray, dict]:
@@ -156,7 +159,8 @@ def _step(session, ids: np.ndarray, past: dict, length: int, extra: dict, config
         feeds["use_cache_branch"] = np.asarray([length > 0])
     for name in names:
         if name.startswith(PAST):
-            feeds[name] = past[name] if name in past else _empty_past(session, name, batch, config)
+            feeds[name] = past[name] if name in past else _empty_past(
+                session, name, batch, config, unread="use_cache_branch" in names and not length)
     out = session.run(feeds)
     if "logits" not in out:
         raise TrtattnError(f"{session.name}: no 'logits' output; generation needs a model with a language-model head")

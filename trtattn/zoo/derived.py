@@ -10,7 +10,8 @@ int8_qdq        ONNX Runtime's quantize_static (QDQ format, int8 activations and
                 only: int8 moves the output by up to ~30% of its range on these random weights.
 merged_decoder  optimum's merged decoder: the without-cache and with-cache Llama decoders as the two
                 branches of If(use_cache_branch), weights deduplicated into the outer graph, scalar and
-                1-D integer initializers kept in the branches (optimum's merge_decoders)
+                1-D integer initializers kept in the branches (optimum's merge_decoders; merge_decoders
+                merges any pair, a seq2seq decoder's cross-attention presents empty in the cache branch)
 external_data   the model with its weights in model.onnx.data next to it
 foreign_dims    the input dims as other exporters write them: -1 (paddle2onnx), '?' and a fresh name
                 per input and axis (tf2onnx's unk__N), so that the same batch has two names
@@ -126,30 +127,59 @@ def merged_decoder(base, exporter: str, tmp: Path) -> onnx.ModelProto:
     meta = _metadata(with_past)
     if [o.name for o in no_past.graph.output] != [o.name for o in with_past.graph.output]:
         raise ExportError("the decoders without and with a cache have different outputs")
-    inputs: dict[str, onnx.ValueInfoProto] = {}
-    for model in (no_past, with_past):
-        for vi in model.graph.input:
-            inputs.setdefault(vi.name, vi)
-    # the mask is [batch, past + seq] with a cache and [batch, seq] without: optimum gives it its own dim
-    mask = inputs["attention_mask"].type.tensor_type.shape.dim[1]
-    mask.Clear()
-    mask.dim_param = "attention_mask_sequence_length"
-    shared = _share_initializers([no_past, with_past], suffix="merged")
-    use_cache = onnx.helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])
-    if_node = onnx.helper.make_node(
-        "If", ["use_cache_branch"], [o.name for o in with_past.graph.output], name="optimum::if",
-        then_branch=_branch(with_past.graph, "with_past"), else_branch=_branch(no_past.graph, "no_past"))
-    graph = onnx.helper.make_graph([if_node], "merged", [*inputs.values(), use_cache], list(with_past.graph.output),
-                                   initializer=shared)
-    opsets: dict[str, onnx.OperatorSetIdProto] = {}
-    for model in (no_past, with_past):
-        for o in model.opset_import:
-            opsets.setdefault(o.domain, o)
-    merged = onnx.helper.make_model(graph, opset_imports=list(opsets.values()), ir_version=with_past.ir_version)
+    merged = merge_decoders(no_past, with_past)
     meta["inputs"]["use_cache_branch"] = {"kind": "flag", "value": True}
     meta["dims"]["attention_mask_sequence_length"] = meta["dims"]["past"] + meta["dims"]["seq"]
     merged.metadata_props.add(key="trtattn.inputs", value=json.dumps(meta))
     return merged
+
+
+def merge_decoders(no_past: onnx.ModelProto, with_past: onnx.ModelProto) -> onnx.ModelProto:
+    """Optimum's merge_decoders: If(use_cache_branch) with `with_past` as the then branch and `no_past` as the
+    else branch, the inputs of both, weights deduplicated into the outer graph. An output of `no_past` that
+    `with_past` lacks (a seq2seq decoder's cross-attention presents) is an empty constant in the cache branch;
+    an input whose dims differ between the two (the mask: [batch, seq] against [batch, past + seq]) gets a dim
+    of its own. Neither model is modified."""
+    no_past, with_past = onnx.load_from_string(no_past.SerializeToString()), onnx.load_from_string(
+        with_past.SerializeToString())
+    made = {o.name for o in with_past.graph.output}
+    if not made <= {o.name for o in no_past.graph.output}:
+        raise ExportError(f"the decoder with a cache has outputs the first step lacks: "
+                          f"{sorted(made - {o.name for o in no_past.graph.output})}")
+    outputs = list(no_past.graph.output)
+    for out in outputs:  # the placeholder: the output's static dims (heads, head size), 0 for the others
+        if out.name not in made:
+            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in out.type.tensor_type.shape.dim]
+            empty = onnx.helper.make_tensor(out.name, out.type.tensor_type.elem_type, dims if 0 in dims else
+                                            [0] * len(dims), [])
+            with_past.graph.node.append(onnx.helper.make_node("Constant", [], [out.name], value=empty,
+                                                              name=f"{out.name}/empty"))
+    order = {o.name: o for o in with_past.graph.output}
+    order.update({o.name: o for o in outputs if o.name not in made})
+    del with_past.graph.output[:]
+    with_past.graph.output.extend(order[o.name] for o in outputs)
+    inputs: dict[str, onnx.ValueInfoProto] = {}
+    for model in (no_past, with_past):
+        for vi in model.graph.input:
+            if vi.name not in inputs:
+                inputs[vi.name] = vi
+                continue
+            mine, theirs = inputs[vi.name].type.tensor_type.shape.dim, vi.type.tensor_type.shape.dim
+            for k, (a, b) in enumerate(zip(mine, theirs)):
+                if a != b:  # optimum names the mask's "attention_mask_sequence_length"
+                    a.Clear()
+                    a.dim_param = f"{vi.name}_sequence_length" if k == 1 else f"{vi.name}_dim_{k}"
+    shared = _share_initializers([no_past, with_past], suffix="merged")
+    use_cache = onnx.helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])
+    if_node = onnx.helper.make_node(
+        "If", ["use_cache_branch"], [o.name for o in outputs], name="optimum::if",
+        then_branch=_branch(with_past.graph, "with_past"), else_branch=_branch(no_past.graph, "no_past"))
+    graph = onnx.helper.make_graph([if_node], "merged", [*inputs.values(), use_cache], outputs, initializer=shared)
+    opsets: dict[str, onnx.OperatorSetIdProto] = {}
+    for model in (no_past, with_past):
+        for o in model.opset_import:
+            opsets.setdefault(o.domain, o)
+    return onnx.helper.make_model(graph, opset_imports=list(opsets.values()), ir_version=with_past.ir_version)
 
 
 def _kept_in_branch(t: onnx.TensorProto) -> bool:

@@ -27,7 +27,7 @@ def right_padded_masks(model: onnx.ModelProto) -> set[str]:
     from ...graph.roles import input_specs
 
     return {s.name for s in input_specs(model) if s.role.get("kind") == "padding_mask" and s.role.get("side") != "left"
-            and s.role.get("true_at", "valid") == "valid" and len(s.shape) == 2}
+            and s.role.get("true_at") != "padding" and len(s.shape) == 2}
 
 
 def lengths_of(emit: Emitter, mask: gs.Tensor) -> gs.Tensor:
