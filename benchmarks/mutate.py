@@ -154,6 +154,14 @@ def mutated_line(diff: str) -> str:
                 "")
 
 
+def _scratch(folder: str, names: list[str]) -> set[str]:
+    """What the copy of the tree leaves out: caches, and models and weights made by runs (not the corpus
+    committed under tests/data, which tests read)."""
+    made = shutil.ignore_patterns("*.onnx", "*.data")(folder, names)
+    keep = "tests/data" in Path(folder).as_posix()
+    return shutil.ignore_patterns("__pycache__")(folder, names) | (set() if keep else made)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*", help="path[:start-end] of modules to mutate (default: --base's changes)")
@@ -182,7 +190,7 @@ def main(argv=None) -> int:
         work = Path(tmp)
         for item in COPIED:
             src = ROOT / item
-            (shutil.copytree(src, work / item, ignore=shutil.ignore_patterns("__pycache__", "*.onnx", "*.data"))
+            (shutil.copytree(src, work / item, ignore=_scratch)
              if src.is_dir() else shutil.copy2(src, work / item))
         for module, spans in sorted(lines.items()):
             tests = args.tests or tests_for(module)
