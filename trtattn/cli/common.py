@@ -48,11 +48,11 @@ def add_verify_opts(p) -> None:
                         "precision the model computes in: 1e-4 fp32, 1e-2 fp16, 6e-2 bf16)")
 
 
-def add_inputs_opt(p) -> None:
+def add_inputs_opt(p, folder: str = "") -> None:
     p.add_argument("--inputs", metavar="FILE",
                    help="verify on exactly these inputs: an .npz of arrays keyed by input name, or Polygraphy's "
                         "inputs JSON (polygraphy run --save-inputs; one input set per entry) (default: inputs "
-                        "searched in the model's domain)")
+                        "searched in the model's domain)." + folder)
 
 
 def given_inputs(args, model):
