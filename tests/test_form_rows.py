@@ -64,6 +64,9 @@ def test_kv_cache_check_says_the_rows_lengths_every_row_with_new_tokens(bart_ste
         assert min(rows["new"]) >= 1 and len(set(rows["new"])) == len(rows["new"]) > 1, rows
         encoder = rows["encoder_attention_mask"]
         assert min(encoder) >= 1 and len(set(encoder)) == len(encoder), rows
+    from trtattn.cli.common import verdict
+
+    assert f"rows: past {lengths[0]['past']}, new {lengths[0]['new']}" in verdict(prepared.verification)
 
 
 def test_kv_cache_feeds_spread_new_tokens_over_one_to_seq(bart_step):
