@@ -361,3 +361,26 @@ def test_normalize_folder_normalizes_every_model_and_reports_per_file(llama_fold
     assert model["sites"] == 2 and model["not_done"] == 0 and model["action"] in ("normalized", "unchanged")
     assert (out / "config.json").read_bytes() == (llama_folder / "config.json").read_bytes()
     assert main(["normalize", str(llama_folder), "-o", str(out), "--quantize", "int8"]) == 2  # per model, not a folder
+
+
+def test_build_folder_verifies_each_part_on_its_own_inputs_file(llama_folder, tmp_path):
+    """`build DIR --inputs INPUTS_DIR`: the decoder is verified on INPUTS_DIR/decoder.npz (its record names the
+    file); a single file, or a file naming no part, is refused in one line before anything is prepared."""
+    from trtattn.folder_engines import prepare_folder
+    from trtattn.graph.feeds import make_feeds
+
+    model = onnx.load(str(llama_folder / "model.onnx"), load_external_data=False)
+    given = tmp_path / "inputs"
+    given.mkdir()
+    np.savez(given / "decoder.npz", **make_feeds(model, seed=5))
+    result = prepare_folder(llama_folder, tmp_path / "out", precision="fp32", inputs=given)
+    part, = result.parts
+    assert part.error is None and part.prepared.inputs is not None
+    assert part.prepared.verification["inputs"] == {"source": "file", "iterations": 1,
+                                                    "path": str(given / "decoder.npz")}
+    with pytest.raises(TrtattnError, match="give a folder of one inputs file per part .decoder.npz"):
+        prepare_folder(llama_folder, tmp_path / "out2", inputs=given / "decoder.npz")
+    np.savez(given / "encoder.npz", **make_feeds(model, seed=5))
+    with pytest.raises(TrtattnError, match="encoder.npz names no part of this folder"):
+        prepare_folder(llama_folder, tmp_path / "out3", inputs=given)
+    assert not (tmp_path / "out2").exists() and not (tmp_path / "out3").exists()

@@ -302,3 +302,27 @@ def test_fp16_check_runs_on_the_given_inputs(tmp_path):
     with pytest.raises(TrtattnError):
         prepare(model, name="a", precision="fp16", inputs=_given(tmp_path, model, 1e3))
     assert prepare(model, name="a", precision="fp16").precision_check.get("inputs") is None
+
+
+@pytest.mark.parametrize("mode", ["int8", "fp8"])
+def test_quantized_checks_run_on_the_given_inputs(tmp_path, mode):
+    """At int8/fp8 (ModelOpt PTQ, calibrated on --calib) the user's inputs reach every check: the Q/DQ model's
+    accuracy against fp32, the fused model's verification and its tolerance, which is measured on them
+    (inputs and calibration 10 times larger than generated ones give a tolerance over 5 times larger)."""
+    pytest.importorskip("modelopt.onnx.quantization", reason="ModelOpt's ONNX quantization (the quant extra)")
+    from trtattn.graph.feeds import make_feeds
+    from trtattn.rewrite.quantize.source import fuse_tolerance
+    from trtattn.routes.prepare import prepare
+
+    model = attention_model()
+    calib = {"x": (np.random.default_rng(1).standard_normal((4, 6, 32)) * 10).astype(np.float32)}
+    given = _given(tmp_path, model, 10.0)
+    prepared = prepare(model, name="a", precision=mode, calib=calib, inputs=given)
+    assert prepared.source_model is not model and prepared.quantization["source"] == "ModelOpt PTQ"
+    assert prepared.inputs is given
+    for record in (prepared.fused.verification["inputs"], prepared.quantization["inputs"]):
+        assert record == {"source": "file", "iterations": 3, "path": given.path}, record
+    assert prepared.fused.verification["iterations"] == 3
+    assert prepared.fused.verification["atol"] == pytest.approx(fuse_tolerance(prepared.source_model, mode, given.sets))
+    generated = [make_feeds(model, seed=seed) for seed in (0, 1)]
+    assert prepared.fused.verification["atol"] > 5 * fuse_tolerance(prepared.source_model, mode, generated)

@@ -13,6 +13,10 @@ TensorRT, build.build. pipeline.json names the parts, the file each came from, t
 contract (inputs, profiles) and the generation settings from generation_config.json; the folder's
 config, generation config and tokenizer files are copied beside it, so `run` finds them. A part that
 cannot be prepared is listed with why (and the command exits 1); nothing in DIR is modified.
+
+`--inputs INPUTS_DIR` verifies each part on its own inputs: INPUTS_DIR/ROLE.npz or ROLE.json (Polygraphy's
+inputs JSON), e.g. encoder.npz, decoder_with_past.json; a part without a file is verified on generated
+inputs, as its record says; a file naming no part, or a single file, is refused.
 """
 
 from __future__ import annotations
@@ -101,9 +105,28 @@ def _load(part: PartPlan):
     return take_branch(model, name, value == "True", drop_empty=True)
 
 
+def part_inputs(inputs, plans: list[PartPlan]) -> dict[str, Path]:
+    """Part role -> its inputs file in the folder `inputs` (module doc); {} without one."""
+    if inputs is None:
+        return {}
+    path, roles = Path(inputs), [p.role for p in plans]
+    wanted = ", ".join(f"{r}.npz" for r in dict.fromkeys(roles))
+    if not path.is_dir():
+        raise TrtattnError(f"--inputs {path}: with an export folder, give a folder of one inputs file per part "
+                           f"({wanted}, or .json)")
+    files = {f.stem: f for f in sorted(path.iterdir()) if f.suffix in (".npz", ".json")}
+    unknown = [f.name for stem, f in files.items() if stem not in roles]
+    if unknown or not files:
+        raise TrtattnError(f"--inputs {path}: " + (f"{', '.join(unknown)} names no part of this folder" if unknown
+                                                    else "holds no inputs file") + f" (its parts: {wanted})")
+    return files
+
+
 def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force: bool = False, progress=None,
-                   **options) -> FolderBuild:
-    """build.prepare for every part; the verified forms and plans written to OUT_DIR with pipeline.json."""
+                   inputs=None, **options) -> FolderBuild:
+    """build.prepare for every part, each verified on its file in the folder `inputs` (part_inputs) if it has
+    one; the verified forms and plans written to OUT_DIR with pipeline.json."""
+    from .graph.user_inputs import GivenInputs
     from .routes.prepare import prepare
 
     src, out = Path(source), Path(out_dir)
@@ -114,6 +137,7 @@ def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force
     if (out / PIPELINE_JSON).exists() and not force:
         raise TrtattnError(f"{out / PIPELINE_JSON} exists (use --force to replace it)")
     plans = part_plans(src)
+    files = part_inputs(inputs, plans)
     result = FolderBuild(src, out, "encoder-decoder" if plans[0].role == "encoder" else "decoder-only", plans)
     out.mkdir(parents=True, exist_ok=True)
     for part in progress.track(plans, "preparing the parts", unit="part") if progress is not None else plans:
@@ -122,7 +146,9 @@ def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force
             progress.note(f"preparing {label}:")
         settings = dict(precision=precision, dims=dims, progress=progress, source=str(part.source), **options)
         try:
-            part.prepared = prepare(_load(part), name=part.role, form=part.form, **settings)
+            model = _load(part)
+            settings["inputs"] = GivenInputs.load(files.get(part.role), model)
+            part.prepared = prepare(model, name=part.role, form=part.form, **settings)
         except TrtattnError as e:
             part.error = str(e)
         if part.error and part.role == "decoder_with_past" and part.form == "kv-cache":

@@ -62,7 +62,8 @@ def add_parser(sub) -> None:
     b.add_argument("--dims", type=dims_text, help="symbolic dim values for verification, e.g. batch=2,seq=16")
     add_memory_opt(b)
     add_report_html(b)
-    add_inputs_opt(b)
+    add_inputs_opt(b, folder=" With an export folder: a folder of one file per part, ROLE.npz or ROLE.json "
+                            "(encoder, decoder, decoder_with_past); a part without one is verified on generated inputs.")
 
 
 def run(args, progress) -> int:
@@ -122,7 +123,7 @@ def _run_folder(args, progress) -> int:
 
     out = Path(args.out_dir) / Path(args.model).resolve().name
     result = prepare_folder(args.model, out, precision=args.precision, dims=parse_dims(args.dims), force=args.force,
-                            progress=progress)
+                            progress=progress, inputs=args.inputs)
     for part in result.parts:
         if part.prepared is not None:
             print(f"--- {part.role} ({part.source.name}{', ' + part.branch if part.branch else ''})")

@@ -48,11 +48,11 @@ def add_verify_opts(p) -> None:
                         "precision the model computes in: 1e-4 fp32, 1e-2 fp16, 6e-2 bf16)")
 
 
-def add_inputs_opt(p) -> None:
+def add_inputs_opt(p, folder: str = "") -> None:
     p.add_argument("--inputs", metavar="FILE",
                    help="verify on exactly these inputs: an .npz of arrays keyed by input name, or Polygraphy's "
                         "inputs JSON (polygraphy run --save-inputs; one input set per entry) (default: inputs "
-                        "searched in the model's domain)")
+                        "searched in the model's domain)." + folder)
 
 
 def given_inputs(args, model):
@@ -98,8 +98,14 @@ def verdict(v: OutcomeSummary) -> str:
     err = v.get("max_abs_err")
     how = f", run in {v['slices']} slices of layers" if v.get("slices") else ""
     used = f"; {inputs_phrase(v['inputs'])}" if v.get("inputs") else ""
+    used += f"; {rows_phrase(v['lengths'])}" if v.get("lengths") else ""
     return ("passed" if v["passed"] else "FAILED") + (f" (max abs error {err:.3g} over {v.get('iterations')} inputs{how}{used})"
                                                        if err is not None else "")
+
+
+def rows_phrase(lengths: list[dict]) -> str:
+    """A ragged form's check: the per-row lengths of its first input set ('rows: new [3, 1], ...')."""
+    return "rows: " + ", ".join(f"{name} {rows}" for name, rows in lengths[0].items())
 
 
 def inputs_phrase(inputs: dict) -> str:

@@ -38,14 +38,11 @@ def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding:
         low = 3 if vocab > 8 else 0  # keep clear of special tokens (pad/bos/eos) when there are many
         return rng.integers(low, vocab, size=shape).astype(dt)
     if kind in ("padding_mask", "ones_mask"):
-        keep = np.ones(shape, dtype=bool)
         if kind == "padding_mask" and padding and len(shape) == 2 and shape[0] >= 2 and shape[1] >= 4:
-            pad = max(1, shape[1] // 4)
-            if spec.role.get("side") == "left":
-                keep[-1, :pad] = False
-            else:
-                keep[-1, shape[1] - pad:] = False
-        return (~keep if spec.role.get("true_at") == "padding" else keep).astype(dt)
+            lengths = [shape[1]] * (shape[0] - 1) + [shape[1] - max(1, shape[1] // 4)]
+            return mask_of_lengths(spec, shape[1], lengths)
+        return mask_of_lengths(spec, shape[1], [shape[1]] * shape[0]) if len(shape) == 2 else \
+            (np.zeros if spec.role.get("true_at") == "padding" else np.ones)(shape, dtype=dt)
     if kind == "flag":
         return np.full(shape, spec.role.get("value", True), dtype=dt)
     if kind == "write_index":  # every row appends after a cache of the past length
@@ -61,3 +58,20 @@ def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding:
     if dt == np.bool_:
         return np.ones(shape, dtype=np.bool_)
     return rng.standard_normal(shape).astype(dt)
+
+
+def mask_of_lengths(spec: InputSpec, width: int, lengths) -> np.ndarray:
+    """A [B, width] padding mask in the input's own convention (side, true at padding or at tokens, dtype)
+    whose row b keeps lengths[b] tokens."""
+    keep = np.arange(width)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]
+    if spec.role.get("side") == "left":
+        keep = keep[:, ::-1]
+    return (~keep if spec.role.get("true_at") == "padding" else keep).astype(spec.dtype)
+
+
+def spread_lengths(rows: int, low: int, high: int) -> list[int]:
+    """`rows` lengths from `high` down to `low`, evenly spread: the rows of a check differ in length and
+    each keeps at least `low` tokens."""
+    if rows < 2:
+        return [high] * rows
+    return [int(round(high - (high - low) * b / (rows - 1))) for b in range(rows)]

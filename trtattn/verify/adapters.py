@@ -1,6 +1,10 @@
 """How a candidate (a form model or an engine) takes the original's inputs and how its outputs line up
 with the original's. The padded form takes them as they are; the packed form takes ragged rows end to
-end; the kv-cache form takes preallocated caches and a write index."""
+end; the kv-cache form takes preallocated caches and a write index.
+
+The ragged forms read per-row lengths, so their checks run on rows that each keep real tokens and differ
+in length (spread_masks): a row without a real token, or rows all of one length, would let a wrong
+length pass."""
 
 from __future__ import annotations
 
@@ -8,8 +12,12 @@ import numpy as np
 import onnx
 
 from ..contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_padded
-from ..graph.feeds import make_feeds
+from ..graph.dim_names import dim_value
+from ..graph.dims import DimsDoNotFit, fit_dims
+from ..graph.feeds import make_feeds, mask_of_lengths, spread_lengths
 from ..graph.roles import input_specs
+
+ROW_TOKENS = 3  # new tokens per row a ragged check runs on at least: lengths 1..3 across the rows
 
 
 class Adapter:
@@ -27,6 +35,54 @@ class Adapter:
 
     def original_feeds(self, dims, seed) -> dict:
         return make_feeds(self.original, dims=dims, seed=seed)
+
+    def fit(self, dims) -> dict:
+        """Dims the original runs on and its check takes (ragged forms: enough tokens per row)."""
+        return fit_dims(self.original, dims)
+
+    def row_lengths(self, feeds: dict) -> dict[str, list[int]]:
+        """What the check's record says of the rows' lengths (none for the padded form)."""
+        return {}
+
+
+def token_masks(original: onnx.ModelProto) -> list[str]:
+    """The 2-D padding masks, in input order (the first is the tokens' when there is one)."""
+    return [s.name for s in input_specs(original) if s.role.get("kind") == "padding_mask" and len(s.shape) == 2]
+
+
+def fit_row_tokens(original: onnx.ModelProto, dims) -> dict:
+    """fit_dims, with the token ids' length raised to ROW_TOKENS when it is shorter (a decoder step's seq=1)
+    and the model runs there: rows of 1..ROW_TOKENS new tokens."""
+    dims = fit_dims(original, dims)
+    ids = next((s for s in input_specs(original) if s.role.get("kind") == "token_ids" and len(s.shape) == 2), None)
+    if ids is None or not isinstance(ids.shape[1], str) or dim_value(ids.shape[1], dims) >= ROW_TOKENS:
+        return dims
+    try:
+        return fit_dims(original, {**dims, ids.shape[1]: ROW_TOKENS})
+    except DimsDoNotFit:  # the model takes this one length only
+        return dims
+
+
+def spread_masks(original: onnx.ModelProto, feeds: dict, token_mask_start: int = 0) -> dict:
+    """`feeds` with each 2-D padding mask's rows keeping lengths spread over 1..its width, all different
+    (spread_lengths); the first (the tokens') from `token_mask_start` + 1 when it is right-padded, so
+    that every row keeps at least one of the tokens after that start (a decoder step's new tokens)."""
+    specs = {s.name: s for s in input_specs(original)}
+    masks = token_masks(original)
+    out = dict(feeds)
+    for name in masks:
+        batch, width = feeds[name].shape
+        low = token_mask_start + 1 if name == masks[0] and specs[name].role.get("side") != "left" else 1
+        out[name] = mask_of_lengths(specs[name], width, spread_lengths(batch, min(low, width), width))
+    return out
+
+
+def mask_lengths(original: onnx.ModelProto, feeds: dict) -> dict[str, list[int]]:
+    """Each 2-D padding mask's kept tokens per row, as the record shows them."""
+    specs = {s.name: s for s in input_specs(original)}
+    return {name: [int(n) for n in (feeds[name] == 0 if specs[name].role.get("true_at") == "padding"
+                                    else feeds[name] != 0).sum(axis=1)]
+            for name in token_masks(original) if name in feeds}
 
 
 class PackedAdapter(Adapter):
@@ -53,7 +109,13 @@ class PackedAdapter(Adapter):
         return packed, {k: v for k, v in out.items() if k in packed}
 
     def original_feeds(self, dims, seed):
-        return make_feeds(self.original, dims=dims, seed=seed, padding=True)
+        return spread_masks(self.original, make_feeds(self.original, dims=dims, seed=seed, padding=False))
+
+    def fit(self, dims) -> dict:
+        return fit_row_tokens(self.original, dims)
+
+    def row_lengths(self, feeds):
+        return mask_lengths(self.original, feeds) or {"tokens": [int(n) for n in self.lengths(feeds)]}
 
 
 class CacheAdapter(Adapter):

@@ -76,6 +76,7 @@ class OutcomeSummary(TypedDict, total=False):
     slices: int  # the largest model ran in this many slices of layers
     error: str  # a check that could not run its inputs, in one line (routes/trt_ops: a kernel's refusal)
     inputs: dict  # which inputs it ran on (graph/user_inputs.InputsUsed)
+    lengths: list[dict[str, list[int]]]  # a ragged form's check: each iteration's per-row lengths
     branches: dict[str, OutcomeSummary]  # a merged decoder: each If branch's own (rewrite/branches.py)
     note_branches: str
 
@@ -92,6 +93,7 @@ class Outcome:
     bounds: dict[str, float] = field(default_factory=dict)  # name -> the max abs error allowed (atol + rtol * max|ref|)
     slices: int = 0  # > 0: the largest model ran in this many slices of layers (verify/slices.py)
     inputs: dict = field(default_factory=dict)  # which inputs it ran on (graph/user_inputs.InputsUsed)
+    lengths: list = field(default_factory=list)  # a ragged form's check: each iteration's per-row lengths
 
     def within(self, name: str, error: float | None) -> bool:
         """Whether `error` (a max abs error of output or site `name`) is within its bound."""
@@ -102,7 +104,8 @@ class Outcome:
                 "max_abs_err": max(self.output_errors.values(), default=0.0),
                 "outputs": self.output_errors, "nan_mismatch": self.nan_mismatch,
                 "bounds": {k: v for k, v in self.bounds.items() if k in self.output_errors or k in self.site_errors},
-                **({"slices": self.slices} if self.slices else {}), **({"inputs": self.inputs} if self.inputs else {})}
+                **({"slices": self.slices} if self.slices else {}), **({"inputs": self.inputs} if self.inputs else {}),
+                **({"lengths": self.lengths} if self.lengths else {})}
 
 
 def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
@@ -222,7 +225,7 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
     if given is not None:
         original_feeds, used = given.sets, given.used()
     else:
-        dims = fit_dims(adapter.original, dims)  # dims the original runs on (graph/dims.py)
+        dims = adapter.fit(dims)  # dims the original runs on (graph/dims.py) and the form's check takes
         randoms = random_nodes(adapter.original)
         if randoms:  # the engine cannot be seeded: inputs on which the original repeats itself, or a refusal
             original_feeds, used = search(adapter.original, dims=dims, seed=seed, iterations=iterations,
@@ -250,6 +253,7 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
     outcome.output_errors = errors
     outcome.slices = max(len(getattr(r, "slices", ())) for r in (reference, candidate))
     outcome.inputs = used.to_json()
+    outcome.lengths = [lengths for lengths in map(adapter.row_lengths, original_feeds) if lengths]
     return outcome
 
 

@@ -43,8 +43,10 @@ def qdq_types(model: onnx.ModelProto) -> set[str]:
 
 
 def quantized_model(model: onnx.ModelProto, mode: str, calib: str | dict | None, *, dims=None,
-                    progress=None) -> tuple[onnx.ModelProto, dict]:
-    """(the Q/DQ model, what was done). A model with Q/DQ already is kept (its type must be `mode`)."""
+                    progress=None, feeds: list[dict] | None = None) -> tuple[onnx.ModelProto, dict]:
+    """(the Q/DQ model, what was done). A model with Q/DQ already is kept (its type must be `mode`).
+    ModelOpt calibrates on `calib`; its accuracy against fp32 is checked on `feeds` (the user's) or
+    generated ones."""
     from ...graph.feeds import make_feeds
 
     if mode not in QDQ_DTYPES:
@@ -66,7 +68,8 @@ def quantized_model(model: onnx.ModelProto, mode: str, calib: str | dict | None,
     if not normalized.ok:
         raise TrtattnError("normalising the model for quantization failed its verification: "
                            f"{normalized.verification}")
-    feeds = [make_feeds(model, dims=dims, seed=100 + i, padding=False) for i in range(2)]
+    if feeds is None:
+        feeds = [make_feeds(model, dims=dims, seed=100 + i, padding=False) for i in range(2)]
     quantized, summary, passed = quantize_checked(model, normalized.model, mode, calib, feeds, progress)
     if not passed:
         accuracy = summary["accuracy"]

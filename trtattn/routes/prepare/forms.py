@@ -99,8 +99,10 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
         derived.verification = verify_form(form, original, derived.model, [r.site for r in reports], dims=dims,
                                            inputs=inputs, **tolerance)
     if not derived.verification["passed"]:
+        rows = derived.verification.get("lengths")
         raise TrtattnError(f"the {form} form does not match the original model on ONNX Runtime "
-                           f"(max abs error {derived.verification.get('max_abs_err')}); not building it")
+                           f"(max abs error {derived.verification.get('max_abs_err')}"
+                           f"{'; rows of ' + str(rows[0]) if rows else ''}); not building it")
     return derived
 
 

@@ -153,13 +153,14 @@ def _quantize(work: Work) -> None:
     if work.request.precision in QUANTIZED:
         work.start, work.quantization, work.atol = quantized_start(work.model, work.request.precision,
                                                                    work.request.calib, dims=work.dims,
-                                                                   progress=work.progress)
+                                                                   progress=work.progress, inputs=work.request.inputs)
 
 
 def _given_inputs(work: Work):
-    """The user's inputs where the model they were given for is the one checked (a quantized start takes the
-    user's inputs as the original does)."""
-    return work.request.inputs if work.start is work.model else None
+    """The user's inputs (GivenInputs, or None: generated ones), which every check runs on at every precision:
+    a quantized start (ModelOpt's Q/DQ model) keeps the original's inputs, so it takes them as the original
+    does. (ModelOpt's calibration stays on --calib.)"""
+    return work.request.inputs
 
 
 def _fuse(work: Work) -> None:
@@ -264,15 +265,20 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precisio
                     work.precision_check, work.quantization, work.start, _given_inputs(work))
 
 
-def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, progress=None):
-    """(the Q/DQ model, what was done, the tolerance its fused form is verified within)."""
+def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, progress=None, inputs=None):
+    """(the Q/DQ model, what was done, the tolerance its fused form is verified within). The quantized
+    model's accuracy and the tolerance are measured on the user's inputs (`inputs`, GivenInputs) when given,
+    else on generated ones; ModelOpt calibrates on `calib` either way."""
     from ...graph.feeds import make_feeds
     from ...rewrite.quantize.source import fuse_tolerance, quantized_model
 
     progress = progress or Progress(enabled=False)
     with progress.step(f"quantizing to {mode} (ModelOpt PTQ) unless the model has its Q/DQ"):
-        start, info = quantized_model(model, mode, calib, dims=dims, progress=progress)
-    feeds = [make_feeds(start, dims=dims, seed=seed) for seed in VERIFY_SEEDS]
+        start, info = quantized_model(model, mode, calib, dims=dims, progress=progress,
+                                      feeds=inputs.sets if inputs is not None else None)
+    feeds = inputs.sets if inputs is not None else [make_feeds(start, dims=dims, seed=seed) for seed in VERIFY_SEEDS]
+    if inputs is not None:
+        info = {**info, "inputs": inputs.used().to_json()}  # what the accuracy and the tolerance were measured on
     return start, info, fuse_tolerance(start, mode, feeds)
 
 
@@ -290,7 +296,11 @@ def form_in_precision(derived, original: onnx.ModelProto, precision: str, *, io_
     from ...rewrite import precision as precision_mod
 
     adapter = forms.form_adapter(original, [i.name for i in derived.model.graph.input], cache_inputs(derived.model))
-    originals = inputs.sets if inputs is not None else [adapter.original_feeds(dims, seed) for seed in VERIFY_SEEDS]
+    if inputs is not None:
+        originals = inputs.sets
+    else:
+        fitted = adapter.fit(dims)
+        originals = [adapter.original_feeds(fitted, seed) for seed in VERIFY_SEEDS]
     feeds = [adapter.feeds(f) for f in originals]
     if precision in ("fp32", *QUANTIZED):  # a Q/DQ model's types are ModelOpt's (its high precision: fp16)
         return derived.model, precision_mod.precision_table(derived.model, feeds[0]), {}, []

@@ -14,7 +14,7 @@ import onnx
 from ...contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_rows
 from ...graph.feeds import make_feeds
 from ...graph.roles import input_specs
-from ...verify.adapters import Adapter
+from ...verify.adapters import Adapter, fit_row_tokens, mask_lengths, spread_masks, token_masks
 
 
 class PackedCacheAdapter(Adapter):
@@ -29,14 +29,25 @@ class PackedCacheAdapter(Adapter):
         self.roles = {s.name: s.role.get("kind") for s in input_specs(original)}
 
     def original_feeds(self, dims, seed):
-        return make_feeds(self.original, dims=dims, seed=seed, padding=True)
+        """Rows that each keep 1..seq new tokens (a right-padded mask) or 1..past + seq tokens (left),
+        other padding masks (an encoder's) 1..their width: every row is checked, at its own length."""
+        feeds = make_feeds(self.original, dims=dims, seed=seed, padding=False)
+        return spread_masks(self.original, feeds, token_mask_start=feeds[self.caches[0]].shape[2])
+
+    def fit(self, dims) -> dict:
+        return fit_row_tokens(self.original, dims)
+
+    def row_lengths(self, feeds):
+        valid, past, _ = self._rows(feeds)
+        return {"past": [int(n) for n in valid[:, :past].sum(axis=1)],
+                "new": [int(n) for n in valid[:, past:].sum(axis=1)], **mask_lengths(self.original, feeds)}
 
     def _rows(self, feeds: dict) -> tuple[np.ndarray, int, int]:
         """(valid [B, past + seq] booleans, past, seq) of the original's feeds."""
         ids = next(v for k, v in feeds.items() if self.roles.get(k) == "token_ids")
         batch, seq = ids.shape
         past = feeds[self.caches[0]].shape[2]
-        masks = [v for k, v in feeds.items() if self.roles.get(k) == "padding_mask" and v.ndim == 2]
+        masks = [feeds[name] for name in token_masks(self.original)[:1] if name in feeds]
         valid = np.ones((batch, past + seq), bool)
         if masks:
             m = masks[0].astype(bool)
