@@ -9,6 +9,7 @@ import os
 import onnx
 
 from trtattn.match import match
+from trtattn.testing.edits import anonymous_dims
 
 FOREIGN = os.path.join(os.path.dirname(__file__), "data", "foreign")
 BERT, SMALL = [(4, 4, 16)] * 2, [(4, 4, 8)]
@@ -20,23 +21,9 @@ EXPECTED = {  # (query heads, key/value heads, head size) of each site, as each 
 }
 
 
-def _anonymous_dims(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Input dims as paddle2onnx and tf2onnx may write them (-1 and '?'), no intermediate shapes."""
-    for vi in model.graph.input:
-        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
-            if d.dim_param:
-                d.Clear()
-                if axis == 0:
-                    d.dim_value = -1
-                else:
-                    d.dim_param = "?"
-    del model.graph.value_info[:]
-    return model
-
-
 def _load(name: str) -> onnx.ModelProto:
     if name.startswith("anonymous:"):
-        return _anonymous_dims(onnx.load(os.path.join(FOREIGN, name.split(":", 1)[1])))
+        return anonymous_dims(onnx.load(os.path.join(FOREIGN, name.split(":", 1)[1])))
     return onnx.load(os.path.join(FOREIGN, name))
 
 

@@ -11,22 +11,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.graph import shapes
 from trtattn.match import match
+from trtattn.testing.edits import anonymous_dims
 
 FOREIGN = os.path.join(os.path.dirname(__file__), "data", "foreign")
-
-
-def _anonymous(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The dims as bert-foreign-dims writes them: axis 0 -1, the others '?'; no intermediate shapes."""
-    for vi in model.graph.input:
-        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
-            if d.dim_param:
-                d.Clear()
-                if axis == 0:
-                    d.dim_value = -1
-                else:
-                    d.dim_param = "?"
-    del model.graph.value_info[:]
-    return model
 
 
 def _negative(model: onnx.ModelProto) -> list[str]:
@@ -35,7 +22,7 @@ def _negative(model: onnx.ModelProto) -> list[str]:
 
 
 def test_bert_with_anonymous_dims_is_inferred_and_matched():
-    model = _anonymous(onnx.load(os.path.join(FOREIGN, "bert-opset11.torchscript.onnx")))
+    model = anonymous_dims(onnx.load(os.path.join(FOREIGN, "bert-opset11.torchscript.onnx")))
     inferred = shapes.symbolic_shapes(model)
     assert inferred is not None and not _negative(inferred)
     assert [i.type.tensor_type.shape.dim[0].dim_value for i in model.graph.input] == [-1, -1]  # input untouched

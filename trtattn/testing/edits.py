@@ -126,3 +126,18 @@ def with_sinks(model: onnx.ModelProto, heads: int, *, shift=False, first=False, 
         e.made.append(gs.Node("Slice", f"sink/drop_{len(e.made)}", {},
                               [wide, i64("s", start), i64("e", end), i64("a", [-1])], [p]))
     return e.model()
+
+
+def anonymous_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The input dims as paddle2onnx and tf2onnx may write them (axis 0 -1, the others '?'), and no
+    intermediate shapes: what ONNX Runtime's symbolic inference once gave up on. Edits `model` in place."""
+    for vi in model.graph.input:
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.dim_param:
+                d.Clear()
+                if axis == 0:
+                    d.dim_value = -1
+                else:
+                    d.dim_param = "?"
+    del model.graph.value_info[:]
+    return model
