@@ -81,10 +81,7 @@ def test_a_multiplier_computed_from_shapes_alone_is_still_a_mask():
              helper.make_node("Slice", ["x_shape", "ones/start", "ones/end"], ["batch_seq"], name="ones/Slice"),
              helper.make_node("ConstantOfShape", ["batch_seq"], ["ones"], name="ones/ConstantOfShape",
                               value=numpy_helper.from_array(np.asarray([1.0], np.float32)))]
-    cast.input[0] = "ones"
-    at = list(model.graph.node).index(cast)
-    for i, n in enumerate(nodes):
-        model.graph.node.insert(at + i, n)
+    _feed_before(model, cast, nodes, "ones")
     assert _steps(match(model)) == [["scale", "add", "mul_mask", "add"]]
 
 
@@ -195,10 +192,7 @@ def test_a_multiplier_of_unknown_shape_from_shapes_alone_is_not_a_mask():
     nodes = [helper.make_node("Shape", ["free"], ["free_shape"], name="ones/Shape"),
              helper.make_node("ConstantOfShape", ["free_shape"], ["ones"], name="ones/ConstantOfShape",
                               value=numpy_helper.from_array(np.asarray([1.0], np.float32)))]
-    cast.input[0] = "ones"
-    at = list(model.graph.node).index(cast)
-    for i, n in enumerate(nodes):
-        model.graph.node.insert(at + i, n)
+    _feed_before(model, cast, nodes, "ones")
     result = match(model)
     assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
 
@@ -215,3 +209,11 @@ def test_a_mask_on_the_probabilities_alone_is_not_already_normal(form):
     assert [s.op for s in site.mask_steps] == [{"mul": "probs_mul", "where": "probs_where",
                                                 "where_not": "probs_where_not"}[form]]
     assert not already_normal(site)
+
+
+def _feed_before(model, consumer, nodes, output: str) -> None:
+    """Insert `nodes` before `consumer` and make its first input their `output`."""
+    consumer.input[0] = output
+    at = list(model.graph.node).index(consumer)
+    for i, n in enumerate(nodes):
+        model.graph.node.insert(at + i, n)
