@@ -56,3 +56,12 @@ def test_limit_bounds_the_walk():
     assert depends_on_input_values(t, names, limit=71)
     assert value_inputs(t, names, limit=71) == {"x"}
     assert value_inputs(t, names, limit=70) == set()
+
+
+def test_a_tensor_reached_twice_does_not_end_the_walk():
+    """y = mask + (r + r), r = Relu(x): the walk meets r a second time before it reaches mask; a revisit is
+    skipped, not the end of the walk."""
+    x, mask, names = _inputs()
+    r = _node("Relu", [x], "r")
+    y = _node("Add", [_node("Cast", [mask], "m", attrs={"to": 1}), _node("Add", [r, r], "rr")], "y")
+    assert value_inputs(y, names) == {"x", "mask"}

@@ -93,3 +93,28 @@ def test_heads_merged_into_the_batch_are_not_taken_for_static_positions(zoo_dir,
     monkeypatch.setenv("TRTATTN_ZOO_CACHE", str(zoo_dir))
     result = run_case("vit.torchscript/1/heads_3d/all")
     assert result.outcome == "fused", result.reason
+
+
+def test_sizes_show_a_static_dim_as_one_number_and_a_varying_one_per_run():
+    assert repr(Sizes((4, 4))) == "4" and repr(Sizes((2, 6))) == "(2|6)"
+    assert Sizes((4, 4)).static and not Sizes((2, 6)).static
+
+
+def test_a_model_that_needs_two_dims_equal_is_measured_at_the_second_choice():
+    """x [B, S, 8] + y [B, T, 8] runs only with S == T: the first choice (one prime per dim) fails to run,
+    the second (every dim times 3) runs, and it is what is measured."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "T", 8])
+    shape = helper.make_tensor("shape", TensorProto.INT64, [4], [0, 0, 2, 4])
+    nodes = [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("Reshape", ["s", "shape"], ["r"])]
+    graph = helper.make_graph(nodes, "g", [x, y], [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)],
+                              [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    base, choices = probe_dims(model)
+    assert choices[0]["S"] // base["S"] != choices[0]["T"] // base["T"]  # the first choice cannot run
+    g = gs.import_onnx(model)
+    got = measured(GraphView(g, model), g.tensors()["r"])
+    assert got is not None and got[2:] == [Sizes((2, 2)), Sizes((4, 4))]
+    assert got[1] == Sizes((base["S"], 3 * base["S"]))  # the second choice: every dim times 3
