@@ -113,3 +113,39 @@ def test_a_mask_must_broadcast_into_the_probabilities_without_enlarging_them():
     assert not _broadcasts_into([3, "batch", 1, 1, "seq"], probs)  # a mask of higher rank makes P larger
     assert not _broadcasts_into(["batch", 8, "seq", "seq"], probs)  # 8 heads against 4
     assert not _broadcasts_into([2, 1, 6, 6], [2, 1, 1, 6])  # six queries against one
+    assert _broadcasts_into([2, 1, 1, 6], [2, 4, 6, 6])  # static dims that agree
+    assert not _broadcasts_into([2, 1, 1, 3], [2, 4, 6, 6])  # 3 keys do not broadcast into 6
+
+
+def _node_of(model: onnx.ModelProto, op_type: str) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.op_type == op_type and n.name.startswith("renorm/"))
+
+
+def test_masked_probabilities_read_by_a_third_node_are_not_a_renormalisation():
+    """P * m also read by a Transpose (an op named after 'Shape', which the reader skips): the masked
+    probabilities are used beyond the division, so they are not renormalised probabilities."""
+    model = renormalised("mul")
+    masked = _node_of(model, "Mul").output[0]
+    model.graph.node.append(onnx.helper.make_node("Transpose", [masked], ["seen"], name="renorm/extra", perm=[0, 1, 3, 2]))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("seen", onnx.TensorProto.FLOAT, None))
+    result = match(model)
+    assert not result.sites and "the probabilities feed" in result.skipped[0].reason
+
+
+def test_masked_probabilities_divided_by_their_max_are_listed():
+    """P * m / ReduceMax(P * m): two readers, no sum among them: not a renormalisation, listed (not a crash)."""
+    model = renormalised("mul")
+    _node_of(model, "ReduceSum").op_type = "ReduceMax"
+    result = match(model)
+    assert not result.sites and "the probabilities feed" in result.skipped[0].reason
+
+
+def test_a_zero_sum_guard_must_compare_the_sum_itself():
+    """flax's guard Where(s > 0, s, 1) with its comparison made on another tensor: not the guard, so the
+    division is not by the sum and the site is listed."""
+    model = renormalised("mul", guard=True)
+    greater = _node_of(model, "Greater")
+    model.graph.input.append(onnx.helper.make_tensor_value_info("other", onnx.TensorProto.FLOAT, None))
+    greater.input[0] = "other"
+    result = match(model)
+    assert not result.sites and "the probabilities feed" in result.skipped[0].reason
