@@ -118,3 +118,18 @@ def test_a_model_that_needs_two_dims_equal_is_measured_at_the_second_choice():
     got = measured(GraphView(g, model), g.tensors()["r"])
     assert got is not None and got[2:] == [Sizes((2, 2)), Sizes((4, 4))]
     assert got[1] == Sizes((base["S"], 3 * base["S"]))  # the second choice: every dim times 3
+
+
+def test_a_copy_of_the_atoms_carries_every_field():
+    """A trial split works on a copy: a field the copy dropped (the broadcast batch atoms, the run-time
+    entries, the measured sizes) would be forgotten by every trial."""
+    atoms = Atoms()
+    frame = _frame(atoms, "x0", "m")
+    atoms.broadcast.add("x0")
+    atoms.entries["x0"] = ("shape", 0)
+    atoms.measure["m"] = Sizes((2, 6))
+    atoms.hard_coded["m"] = (6, "r")
+    atoms.dynamic.add("m")
+    copy = atoms.copy()
+    assert frame and vars(copy) == vars(atoms)
+    assert all(getattr(copy, k) is not v for k, v in vars(atoms).items() if isinstance(v, (dict, set)))
