@@ -138,3 +138,24 @@ def test_a_softmax_shifted_over_another_axis_keeps_its_shift():
     g = _graph(build)
     assert not canonicalize(g, 18, rank_of=lambda t: 3).counts
     assert len(g.nodes) == 3
+
+
+def test_an_opset_12_shifted_softmax_without_an_axis_keeps_its_meaning():
+    """Softmax-12 without an axis normalises every axis from 1 on: a shift by the last axis' max is not a
+    no-op there, so the shift must stay (at opset 13 the default is the last axis, and it goes)."""
+    import onnxruntime as ort
+
+    def build(op, x):
+        return op("Softmax", [op("Sub", [x, op("ReduceMax", [x], axes=[-1], keepdims=1)])])
+
+    for opset, rewritten in ((12, False), (13, True)):
+        g = _graph(build)
+        g.opset = opset
+        g.outputs[0].dtype = np.float32
+        before = gs.export_onnx(g.copy())
+        assert bool(canonicalize(g, opset, rank_of=lambda t: 3).counts) == rewritten, opset
+        after = gs.export_onnx(g)
+        x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+        want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+                     for m in (before, after))
+        assert np.abs(want - got).max() < 1e-6, opset

@@ -31,7 +31,8 @@ class Found:
     x: gs.Tensor  # the Softmax input (y, before the check looks at a shift)
     reductions: list[gs.Node]
     exps: list[gs.Node] = field(default_factory=list)
-    axis: int | None = None  # set when the pattern reads it from a LogSoftmax
+    axis: int | None = None  # set when the pattern reads it from a Softmax or LogSoftmax
+    default_axis: bool = False  # that op has no axis attribute: its opset's default (check() resolves it)
     why: str | None = None  # the pattern found the shape but a part of it is not a softmax's
 
 
@@ -161,6 +162,17 @@ class Rule:
         return sm
 
 
+def _found_with_axis(anchor: gs.Node, x: gs.Tensor, reductions: list[gs.Node], op: gs.Node) -> Found:
+    """A match whose axis is `op`'s (a Softmax or LogSoftmax) attribute, or its opset's default."""
+    axis = op.attrs.get("axis")
+    return Found(anchor, x, reductions, axis=None if axis is None else int(axis), default_axis=axis is None)
+
+
+def _resolve_default_axis(found: Found, opset: int) -> None:
+    if found.default_axis:  # Softmax and LogSoftmax default to axis 1 before opset 13, to the last axis since
+        found.axis, found.default_axis = (1 if opset < 13 else -1), False
+
+
 class ExpDivSum(Rule):
     """Exp(y) / ReduceSum(Exp(y)), y optionally x - ReduceMax(x): ONNX's Softmax body, safe softmax, plain."""
 
@@ -195,13 +207,10 @@ class ExpLogSoftmax(Rule):
         ls = _producer(node.inputs[0])
         if ls is None or ls.op != "LogSoftmax":
             return None
-        axis = ls.attrs.get("axis")
-        return Found(node, ls.inputs[0], [], axis=None if axis is None else int(axis))
+        return _found_with_axis(node, ls.inputs[0], [], ls)
 
     def check(self, found, opset, rank_of):
-        if found.axis is None:  # LogSoftmax's default, which is Softmax's at the same opset: 1 before 13, then -1
-            found.axis = 1 if opset < 13 else -1
-        return None
+        return None  # LogSoftmax's axis, or its default (Softmax's at the same opset), is the Softmax's
 
 
 class ExpSubLogSumExp(Rule):
@@ -237,7 +246,7 @@ class ShiftedSoftmax(Rule):
         shift = _shift_of(node.inputs[0])
         if shift is None:
             return None
-        return Found(node, node.inputs[0], [shift[1]], axis=int(node.attrs.get("axis", -1)))
+        return _found_with_axis(node, node.inputs[0], [shift[1]], node)
 
     def check(self, found, opset, rank_of):
         got, keep = _reduce(found.reductions[0])
@@ -293,6 +302,7 @@ def canonicalize(graph: gs.Graph, opset: int, rank_of=lambda t: None) -> Canonic
             found = rule.pattern(node)
             if found is None:
                 continue
+            _resolve_default_axis(found, opset)
             why = found.why or rule.check(found, opset, rank_of)
             claimed.update(id(e) for e in found.exps)
             if why is not None and isinstance(rule, ShiftedSoftmax):
