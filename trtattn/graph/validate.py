@@ -36,29 +36,16 @@ class InvalidModelError(ModelLoadError):
 
 def check(model: onnx.ModelProto, what: str, full: bool | None = None) -> None:
     """Raise InvalidModelError naming `what` (a path, or 'the fused model') and the node or value at fault."""
-    try:
-        structural(model)
-    except TrtattnError as e:
-        raise InvalidModelError(f"{what}: {e}") from None
-    if full is None:
-        full = sum(nbytes(t) for t in all_tensors(model) if t.HasField("raw_data")) <= FULL_CHECK_LIMIT
-    if full:
-        try:  # onnx.checker.check_model would refuse graph inputs and outputs of unknown rank, which are valid
-            onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-        except Exception as e:  # InferenceError: the first line names the node and what is wrong
-            first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
-            raise InvalidModelError(f"{what}: invalid ONNX ({first})") from None
+    _structure(model, what)
+    _strict(model, what, full)
 
 
 def check_read(model: onnx.ModelProto, path) -> str | None:
     """check() of a model read from `path`; a strict-inference failure ONNX Runtime does not share is a note
     (returned), not an error."""
+    _structure(model, str(path))
     try:
-        structural(model)
-    except TrtattnError as e:
-        raise InvalidModelError(f"{path}: {e}") from None
-    try:
-        check(model, str(path))
+        _strict(model, str(path))
     except InvalidModelError as strict:
         import onnxruntime as ort
 
@@ -70,6 +57,25 @@ def check_read(model: onnx.ModelProto, path) -> str | None:
             raise strict from None
         return f"{strict} -- ONNX Runtime loads it, so it is read as ONNX Runtime reads it"
     return None
+
+
+def _structure(model: onnx.ModelProto, what: str) -> None:
+    try:
+        structural(model)
+    except TrtattnError as e:
+        raise InvalidModelError(f"{what}: {e}") from None
+
+
+def _strict(model: onnx.ModelProto, what: str, full: bool | None = None) -> None:
+    """ONNX's strict type and shape inference, when the proto's weights are small enough to copy."""
+    if full is None:
+        full = sum(nbytes(t) for t in all_tensors(model) if t.HasField("raw_data")) <= FULL_CHECK_LIMIT
+    if full:
+        try:  # onnx.checker.check_model would refuse graph inputs and outputs of unknown rank, which are valid
+            onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        except Exception as e:  # InferenceError: the first line names the node and what is wrong
+            first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise InvalidModelError(f"{what}: invalid ONNX ({first})") from None
 
 
 def structural(model: onnx.ModelProto) -> None:
