@@ -12,6 +12,7 @@ from __future__ import annotations
 import onnx
 
 from ..errors import TrtattnError
+from .dependence import node_reads
 
 
 def branch_inputs(model: onnx.ModelProto) -> list[str]:
@@ -79,14 +80,8 @@ def take_branch(model: onnx.ModelProto, name: str, value: bool, drop_empty: bool
 
 
 def _reads(nodes) -> set[str]:
-    """Every tensor name the nodes read, in their subgraphs too (a branch reads outer names directly)."""
-    names: set[str] = set()
-    for n in nodes:
-        names.update(n.input)
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                names |= _reads(g.node)
-    return names
+    """Every tensor name the nodes read (a branch's subgraphs read outer names directly)."""
+    return {name for n in nodes for name in node_reads(n)}
 
 
 def _live(nodes: list, wanted: set[str]) -> list:

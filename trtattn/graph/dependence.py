@@ -3,12 +3,15 @@
 A padding mask or position ids reach a tensor by value; a sequence length read off an input through Shape
 or Size reaches it only by shape, which every run of the same shape shares. The walk goes up from the
 tensor through producers and stops at the ops whose output is a function of their input's shape alone.
+
+Also, for ONNX protos: the names a node reads (`node_reads`), its subgraphs' outer names included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import onnx
 import onnx_graphsurgeon as gs
 
 # ops whose output depends only on the shape of their input: nothing of its values flows through them
@@ -42,3 +45,16 @@ def depends_on_input_values(tensor: gs.Tensor, graph_inputs: set[str], limit: in
     """Whether the value of any graph input in `graph_inputs` reaches `tensor` (stops at the first found).
     limit: as for value_inputs; a walk cut short answers False."""
     return next(_value_sources(tensor, graph_inputs, limit), None) is not None
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Names a node reads: its inputs and the outer-scope names its subgraphs use."""
+    names = [i for i in node.input if i]
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            inner = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                inner.update(n.output)
+            for n in g.node:
+                names.extend(r for r in node_reads(n) if r not in inner)
+    return names

@@ -24,6 +24,7 @@ from onnx import helper
 
 from ..errors import TrtattnError
 from ..graph import external
+from ..graph.dependence import node_reads
 from ..graph.evaluate import ort_session
 from ..graph.memory import available_memory  # noqa: F401  (part of this module's API)
 
@@ -65,19 +66,6 @@ class Slice:
     model: onnx.ModelProto | None = field(default=None, repr=False)
 
 
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """Names a node reads: its inputs and the outer-scope names its subgraphs use."""
-    names = [i for i in node.input if i]
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            inner = {i.name for i in g.input} | {t.name for t in g.initializer}
-            for n in g.node:
-                inner.update(n.output)
-            for n in g.node:
-                names.extend(r for r in _reads(n) if r not in inner)
-    return names
-
-
 def plan(model: onnx.ModelProto, outputs, budget: int) -> list[Slice]:
     """The model's nodes in slices of at most `budget` resident bytes of weights (a node heavier than that
     alone), cut where the fewest activations cross. `outputs`: every name the run must give (graph outputs
@@ -86,7 +74,7 @@ def plan(model: onnx.ModelProto, outputs, budget: int) -> list[Slice]:
     graph_inputs = {i.name for i in model.graph.input}
     weights = {t.name: resident_bytes(t) for t in model.graph.initializer}
     made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    reads = [_reads(n) for n in nodes]
+    reads = [node_reads(n) for n in nodes]
     last = {}
     for k, names in enumerate(reads):
         for name in names:
@@ -133,7 +121,7 @@ def _slice_model(model: onnx.ModelProto, piece: Slice, carried: dict[str, np.nda
         value = carried[name]
         inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype),
                                                     [None] * value.ndim))
-    read = {n for node in piece.nodes for n in _reads(node)}
+    read = {n for node in piece.nodes for n in node_reads(node)}
     outputs = [onnx.ValueInfoProto(name=n) for n in piece.outputs]
     graph = helper.make_graph(piece.nodes, f"{model.graph.name}_slice", inputs, outputs,
                               initializer=[inits[n] for n in read if n in inits])
