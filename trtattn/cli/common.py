@@ -77,13 +77,13 @@ def check_output(model, output, force: bool, report=None) -> None:
         refuse_overwrite(report, (model, output))
 
 
-def load_model(path, progress=None):
-    """The input model with its weights left on disk (read where something needs them: ONNX Runtime maps
-    them, outputs copy them file to file), so a model of any size loads in a moment; bad input gives one
-    line (ModelLoadError)."""
+def load_model(path, progress=None, with_weights: bool = False):
+    """The input model, its weights left on disk unless `with_weights` (read where something needs them: ONNX
+    Runtime maps them, outputs copy them file to file), so a model of any size loads in a moment; bad input
+    gives one line (ModelLoadError), a model only ONNX Runtime accepts a note."""
     from ..graph import io, validate
 
-    model = io.load(path, load_external_data=False)
+    model = io.load(path, load_external_data=with_weights)
     note = validate.check_read(model, path)  # an invalid model is refused before any work (graph/validate.py)
     if note:
         (progress.note if progress is not None else lambda text: print(f"[trtattn] {text}", file=sys.stderr))(note)

@@ -9,10 +9,9 @@ from pathlib import Path
 
 from ..errors import TrtattnError
 from ..graph import io as onnxio
-from ..graph import validate
 from ..report import table, write_json
 from ..version import __version__
-from .common import check_output, given_inputs, verdict
+from .common import check_output, given_inputs, load_model, verdict
 from .dims import parse_dims
 
 OPS = ("onnx", "trt")
@@ -51,10 +50,7 @@ def run(args, progress) -> int:
 
     check_output(args.model, args.output, args.force)
     check_output(args.model, sidecar_path(args.output), args.force)
-    model = onnxio.load(args.model)
-    note = validate.check_read(model, args.model)
-    if note:
-        progress.note(note)
+    model = load_model(args.model, progress, with_weights=True)
     result = fuse_trt(model, name=Path(args.output).stem, form=args.form or "padded", precision=args.precision or "fp16",
                       calib=args.calib, dims=parse_dims(args.dims), progress=progress, source=str(args.model),
                       inputs=given_inputs(args, model))
