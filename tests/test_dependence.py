@@ -65,3 +65,18 @@ def test_a_tensor_reached_twice_does_not_end_the_walk():
     r = _node("Relu", [x], "r")
     y = _node("Add", [_node("Cast", [mask], "m", attrs={"to": 1}), _node("Add", [r, r], "rr")], "y")
     assert value_inputs(y, names) == {"x", "mask"}
+
+
+def test_a_node_reads_its_inputs_and_the_outer_names_its_subgraphs_use():
+    """An If whose branch reads the outer 'a' and its own 't': the If reads 'cond' and 'a', not 't' (the
+    slicer and a taken branch's liveness would otherwise wait for a tensor no node outside makes)."""
+    from onnx import TensorProto, helper
+
+    from trtattn.graph.dependence import node_reads
+
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    branch = helper.make_graph([helper.make_node("Relu", ["a"], ["t"]), helper.make_node("Neg", ["t"], ["y"])],
+                               "then", [], [out])
+    other = helper.make_graph([helper.make_node("Identity", ["b"], ["y"])], "else", [], [out])
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=other)
+    assert sorted(node_reads(node)) == ["a", "b", "cond"]
