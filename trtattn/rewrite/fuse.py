@@ -19,6 +19,7 @@ from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
 from ..graph.dims import fit_dims
 from ..graph.emit import Emitter
+from ..graph.io import default_session_refusal
 from ..graph.shapes import symbolic_shapes, upgrade_opset
 from ..graph.view import export_graph, import_graph
 from ..match import analyse, logit_ops, probe_feeds, subgraphs
@@ -274,6 +275,14 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
             except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
                 for r in _blame(e, active):
                     r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"
+                continue
+        if outcome.passed:  # compared with ONNX Runtime's basic optimizations; loaded as the user will load it
+            with progress.step("loading the rewritten model in ONNX Runtime with default session options"):
+                refusal = default_session_refusal(fused)
+            if refusal is not None:
+                for r in _blame(Exception(refusal), active):
+                    r.status, r.reason = NOT_FUSED, ("ONNX Runtime with default session options refuses the "
+                                                     f"rewritten model: {refusal}")
                 continue
         for r in active:
             r.max_abs_err = _site_error(r, outcome)

@@ -1,0 +1,135 @@
+"""Read what ONNX Runtime runs, write nothing less valid than what was read, verify as the user loads it
+(issue 26). Hand-built graphs in the styles of ONNX Runtime's transformer optimizer: each is read (with a
+note naming the check it fails), fused where it has attention, and written so that ONNX Runtime with
+default session options loads it; a model ONNX Runtime refuses too is refused with its reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtattn.cli import main
+from trtattn.graph import io as onnxio
+from trtattn.graph import validate
+from trtattn.testing.graphs import attention_model
+
+HIDDEN = 32  # attention_model's default heads * head
+
+
+def _with_norm(model: onnx.ModelProto, op: str, domain: str = "", *, skip: bool = False, gamma_only=False,
+               **attrs) -> onnx.ModelProto:
+    """`model` with a normalization of its output appended, as ONNX Runtime's optimizer writes one; a node in
+    another domain is added without importing that domain."""
+    out = model.graph.output[0].name
+    model.graph.initializer.extend([numpy_helper.from_array(np.full(HIDDEN, 1.5, np.float32), "norm_gamma"),
+                                    numpy_helper.from_array(np.full(HIDDEN, 0.25, np.float32), "norm_beta")])
+    inputs = [out] + (["x"] if skip else []) + ["norm_gamma"] + ([] if gamma_only else ["norm_beta"])
+    model.graph.node.append(helper.make_node(op, inputs, ["normed"], name="norm", domain=domain, **attrs))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("normed", TensorProto.FLOAT, None))
+    return model
+
+
+def _loads_with_defaults(path) -> None:
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # default options: every optimization on
+
+
+def _fuse(tmp_path, model: onnx.ModelProto, capsys) -> tuple[onnx.ModelProto, str]:
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    assert main(["fuse", str(src), "-o", str(out)]) == 0
+    text = capsys.readouterr()
+    written = onnx.load(out)
+    assert sum(n.op_type == "Attention" for n in written.graph.node) == 1
+    _loads_with_defaults(out)
+    return written, text.out + text.err
+
+
+def test_layernorm_below_opset_17_is_read_fused_and_written_valid(tmp_path, capsys):
+    """ONNX defines LayerNormalization from opset 17; ONNX Runtime runs it (and its optimizer writes it) at 16."""
+    model = _with_norm(attention_model(opset=16), "LayerNormalization", axis=-1, epsilon=1e-5)
+    written, text = _fuse(tmp_path, model, capsys)
+    assert "'LayerNormalization' does not exist at opset 16" in text and "ONNX Runtime loads it" in text
+    assert validate.findings(written) == []  # at opset 23 it is an ONNX op: the output passes every check
+
+
+def test_simplified_layernorm_in_the_default_domain_is_kept_as_onnx_runtime_runs_it(tmp_path, capsys):
+    model = _with_norm(attention_model(opset=17), "SimplifiedLayerNormalization", gamma_only=True, axis=-1,
+                       epsilon=1e-5)
+    written, text = _fuse(tmp_path, model, capsys)
+    assert "'SimplifiedLayerNormalization' is not an ONNX op" in text
+    # the one check the input failed, and only it
+    assert [(f.check, f.subject) for f in validate.findings(written)] == [("op", ("", "SimplifiedLayerNormalization"))]
+
+
+def test_a_domain_the_model_does_not_import_is_imported_in_what_is_written(tmp_path, capsys):
+    model = _with_norm(attention_model(opset=17), "SkipLayerNormalization", "com.microsoft", skip=True, epsilon=1e-5)
+    assert [o.domain for o in model.opset_import] == [""]
+    written, text = _fuse(tmp_path, model, capsys)
+    assert "in domain 'com.microsoft', which the model does not import" in text
+    assert {o.domain: o.version for o in written.opset_import}.get("com.microsoft") == 1
+    assert validate.findings(written) == []
+
+
+def test_nodes_out_of_order_are_sorted_keeping_every_name(tmp_path, capsys):
+    model = attention_model(opset=17)
+    names = {n.name for n in model.graph.node}
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes[::-1])
+    read = onnx.ModelProto()
+    read.CopyFrom(model)
+    note = validate.check_read(read, "m.onnx")
+    assert note and "which nothing before it defines: nodes sorted" in note
+    assert {n.name for n in read.graph.node} == names and validate.findings(read) == []
+    written, _ = _fuse(tmp_path, model, capsys)
+    assert validate.findings(written) == []
+    kept = names - {n.name for n in written.graph.node}  # the attention's nodes went into the op
+    assert all(n.name in names or n.name.startswith("trtattn/") for n in written.graph.node) and kept
+
+
+def _rank_mismatch_model() -> onnx.ModelProto:
+    """No attention; a value_info of the wrong rank: ONNX's strict inference refuses it, ONNX Runtime runs it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Add", ["r", "x"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+                              value_info=[helper.make_tensor_value_info("r", TensorProto.FLOAT, [2, 12])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_nothing_to_fuse_is_copied_byte_for_byte_whatever_strict_inference_says(tmp_path, capsys):
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_rank_mismatch_model(), src)
+    assert main(["fuse", str(src), "-o", str(out)]) == 0
+    assert "differ in rank" in capsys.readouterr().err
+    assert out.read_bytes() == src.read_bytes()
+
+
+def test_a_model_onnx_runtime_refuses_is_refused_with_its_reason(tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("FooBar", ["x"], ["y"], name="foo")], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    src = tmp_path / "in.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    assert main(["fuse", str(src), "-o", str(tmp_path / "out.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "'FooBar' is not an ONNX op" in err and "ONNX Runtime refuses it too" in err and "No Op registered" in err
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_written_model_may_fail_only_the_checks_its_input_failed(tmp_path):
+    """The input fails strict inference (and ONNX Runtime runs it): an output failing it too is written; an
+    output failing a check the input passed is not."""
+    src = tmp_path / "in.onnx"
+    onnx.save(_rank_mismatch_model(), src)
+    onnxio.save(_rank_mismatch_model(), tmp_path / "same.onnx", protect=(src,))
+    worse = _rank_mismatch_model()
+    worse.graph.output.append(helper.make_tensor_value_info("ghost", TensorProto.FLOAT, None))
+    with pytest.raises(validate.InvalidModelError, match="'ghost' is produced by no node"):
+        onnxio.save(worse, tmp_path / "worse.onnx", protect=(src,))
+    with pytest.raises(validate.InvalidModelError, match="differ in rank"):  # no input: the strict check holds
+        onnxio.save(_rank_mismatch_model(), tmp_path / "alone.onnx")
+    assert not (tmp_path / "worse.onnx").exists() and not (tmp_path / "alone.onnx").exists()
