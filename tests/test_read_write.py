@@ -133,3 +133,37 @@ def test_a_written_model_may_fail_only_the_checks_its_input_failed(tmp_path):
     with pytest.raises(validate.InvalidModelError, match="differ in rank"):  # no input: the strict check holds
         onnxio.save(_rank_mismatch_model(), tmp_path / "alone.onnx")
     assert not (tmp_path / "worse.onnx").exists() and not (tmp_path / "alone.onnx").exists()
+
+
+def test_an_int8_model_at_opset_20_is_written_at_23_so_onnx_runtime_loads_it(tmp_path, capsys):
+    """int8 projections, the head split after them in float: at opset 21+ ONNX Runtime's Q/DQ propagation inserts
+    a QuantizeLinear with output_dtype INT8, its int8 -> uint8 transformer gives it a uint8 zero point, and the
+    session is refused (graph/qdq_pairs.py). The pairs written out, the fused model loads with default options
+    and computes what the original computes."""
+    from trtattn.graph.shapes import upgrade_opset
+
+    model = attention_model(opset=20, qdq="proj")
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])  # the input loads
+    with pytest.raises(Exception, match="output_dtype INT8 does not match y_zero_point type UINT8"):
+        ort.InferenceSession(upgrade_opset(model, 23).SerializeToString(), providers=["CPUExecutionProvider"])
+    written, _ = _fuse(tmp_path, model, capsys)  # loads with default options (in _fuse)
+    assert next(o.version for o in written.opset_import if o.domain == "") == 23
+    assert validate.findings(written) == []
+    x = np.random.default_rng(1).standard_normal((2, 6, HIDDEN)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = ort.InferenceSession(str(tmp_path / "out.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got[0], expected[0], atol=1e-5)
+
+
+def test_a_fused_model_onnx_runtime_refuses_with_default_options_is_not_written(tmp_path, capsys, monkeypatch):
+    """Verification compares at ONNX Runtime's basic level; the model is then loaded as the user will load it,
+    and a refusal there keeps the original (exit 1, ONNX Runtime's reason in the table)."""
+    from trtattn.rewrite import fuse
+
+    monkeypatch.setattr(fuse, "write_propagated_pairs", lambda model: 0)  # the int8 model as written before
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(attention_model(opset=20, qdq="proj"), src)
+    assert main(["fuse", str(src), "-o", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "ONNX Runtime with default session options refuses the rewritten model" in text and "output_dtype" in text
+    assert not out.exists()

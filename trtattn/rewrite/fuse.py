@@ -20,6 +20,7 @@ from ..graph.branches import branch_inputs
 from ..graph.dims import fit_dims
 from ..graph.emit import Emitter
 from ..graph.io import default_session_refusal
+from ..graph.qdq_pairs import write_propagated_pairs
 from ..graph.shapes import symbolic_shapes, upgrade_opset
 from ..graph.view import export_graph, import_graph
 from ..match import analyse, logit_ops, probe_feeds, subgraphs
@@ -377,6 +378,7 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
                 f"the rewrite failed ({type(e).__name__}: {e}; a trtattn bug, please report it)"
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     fused = export_graph(graph, working)
+    write_propagated_pairs(fused)  # an int8 model raised to opset 23 loads in ONNX Runtime (graph/qdq_pairs.py)
     del fused.metadata_props[:]
     fused.metadata_props.extend(copy.deepcopy(list(working.metadata_props)))
     fused.producer_name, fused.producer_version = "trtattn", __version__
