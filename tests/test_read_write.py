@@ -167,3 +167,19 @@ def test_a_fused_model_onnx_runtime_refuses_with_default_options_is_not_written(
     text = capsys.readouterr().out
     assert "ONNX Runtime with default session options refuses the rewritten model" in text and "output_dtype" in text
     assert not out.exists()
+
+
+def test_verify_fails_an_onnx_candidate_onnx_runtime_refuses_with_default_options(tmp_path, capsys):
+    """The int8 model raised to opset 23 as it was written before: valid ONNX, equal at the basic level the
+    comparison runs at, refused with default options: `trtattn verify` fails it, saying why."""
+    from trtattn.graph.shapes import upgrade_opset
+
+    model = attention_model(opset=20, qdq="proj")
+    src, candidate = tmp_path / "in.onnx", tmp_path / "candidate.onnx"
+    onnx.save(model, src)
+    onnx.save(upgrade_opset(model, 23), candidate)
+    assert main(["verify", str(candidate), "--onnx", str(src)]) == 1
+    out = capsys.readouterr().out
+    assert "refuses the candidate" in out and "output_dtype INT8" in out and "FAILED" in out
+    onnx.save(model, candidate)  # the original itself passes
+    assert main(["verify", str(candidate), "--onnx", str(src)]) == 0
