@@ -183,3 +183,25 @@ def test_verify_fails_an_onnx_candidate_onnx_runtime_refuses_with_default_option
     assert "refuses the candidate" in out and "output_dtype INT8" in out and "FAILED" in out
     onnx.save(model, candidate)  # the original itself passes
     assert main(["verify", str(candidate), "--onnx", str(src)]) == 0
+
+
+def test_sorting_counts_what_a_subgraph_reads_from_the_scope_around_it():
+    """An If whose branch reads a name a later node defines: the If goes after that node, as ONNX Runtime
+    orders them; the model then passes every check and runs."""
+    def branch(name):
+        return helper.make_graph([helper.make_node("Identity", ["a"], [f"{name}_out"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [2])])
+
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("If", ["cond"], ["y"], name="if", then_branch=branch("then"), else_branch=branch("else")),
+             helper.make_node("Relu", ["x"], ["a"], name="relu")]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    model = helper.make_model(helper.make_graph(nodes, "g", [cond, x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    assert [f.check for f in validate.findings(model)] == ["order", "order"]  # each branch reads 'a' too early
+    note = validate.check_read(model, "m.onnx")
+    assert note and "nodes sorted" in note
+    assert [n.name for n in model.graph.node] == ["relu", "if"] and validate.findings(model) == []
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"cond": np.array(True), "x": np.array([-1.0, 2.0], np.float32)})[0]
+    np.testing.assert_array_equal(got, [0.0, 2.0])
