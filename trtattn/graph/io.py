@@ -222,12 +222,13 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
     """Write `model` atomically. Never writes over any path in `protect` (the inputs) or over a data file
     the model reads. With external data (the default for a model whose weights are on disk, and past
     2 GB) every tensor over 1 KB goes to PATH.data, written before the model that names it; weights on
-    disk are copied file to file. The model is left as it was. `check`: refuse an invalid model
-    (graph/validate.py) rather than write it. `progress` (report.Progress) counts the tensors of the data file."""
+    disk are copied file to file. The model is left as it was. `check`: refuse a model less valid than the
+    ONNX models in `protect` it was made from, or one ONNX Runtime does not load (graph/validate.py), rather
+    than write it. `progress` (report.Progress) counts the tensors of the data file."""
     path = Path(path)
     refuse_overwrite(path, protect)
     if check:
-        validate.check(model, f"not writing {path}, the model made for it is invalid")
+        check_written(model, f"not writing {path}, the model made for it is invalid", protect)
     if data_dir(model) is None:
         lost = next((t.name for t in all_tensors(model) if uses_external_data(t)), None)
         if lost is not None:  # written as it is, the output would name data files that are not beside it
@@ -258,6 +259,25 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
     return path
 
 
+def check_written(model: onnx.ModelProto, what: str, sources=()) -> None:
+    """validate.check_written of `model`, made from the ONNX files among `sources` (read as trtattn reads
+    them, weights left on disk), loaded in ONNX Runtime as it would be written when a check is excused."""
+    found = validate.findings(model)
+    if not found:
+        return
+    read = [load(p, load_external_data=False) for p in sources if p is not None and Path(p).is_file()
+            and Path(p).suffix == ".onnx"]
+    with session_source(model) as source:
+        validate.check_written(model, what, read, source, found=found)
+
+
+def default_session_refusal(model: onnx.ModelProto) -> str | None:
+    """None when ONNX Runtime with default session options (as a user loads what trtattn writes) builds a
+    session for `model` (the bytes it would be written as, its weights where they are), else its reason."""
+    with session_source(model) as source:
+        return validate.onnx_runtime_refusal(source, data_dir(model))
+
+
 @contextlib.contextmanager
 def _materialized_copy_if_needed(model: onnx.ModelProto):
     """The model with all its data in the proto: itself, or a copy whose weights were read in."""
@@ -270,11 +290,13 @@ def _materialized_copy_if_needed(model: onnx.ModelProto):
 
 
 def copy_model(src: str | os.PathLike, dst: str | os.PathLike, model: onnx.ModelProto) -> Path:
-    """The output of a command that changed nothing: the input itself, with its external data."""
+    """The output of a command that changed nothing: the input itself (byte for byte, or with its external data
+    in one file beside it): `model`, as read from `src`, is checked as any output is (check_written), so a model
+    that fails a check the file fails too is copied when ONNX Runtime loads it."""
     if data_dir(model) is not None or any(uses_external_data(t) for t in all_tensors(model)) or is_large(model):
         return save(model, dst, protect=(src,))
     refuse_overwrite(dst, (src,))
-    validate.check(model, f"not writing {dst}, the model is invalid")
+    check_written(model, f"not writing {dst}, the model is invalid", (src,))
     dst = Path(dst)
     with writing(dst):
         _make_parent(dst)

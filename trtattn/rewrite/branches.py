@@ -17,7 +17,9 @@ import onnx
 
 from ..errors import TrtattnError
 from ..graph.branches import branch_inputs, empty_outputs, take_branch
+from ..graph.io import default_session_refusal
 from ..graph.shapes import upgrade_opset
+from ..site import SiteStatus
 from ..verify import OutcomeSummary
 
 BRIDGE = "/branch"  # suffix of the Identity take_branch adds from a branch output to the If's output
@@ -66,6 +68,13 @@ def fuse_branches(model: onnx.ModelProto, fuse, **options):
         reports += [dataclasses.replace(rep, site=in_branch(model, cond, value, rep.site)) for rep in r.reports]
         ignored += [tagged(cond, value, i) for i in r.ignored]
     FuseResult = type(results[True])  # (fuse's own result type: this module does not import fuse)
+    refusal = default_session_refusal(merged) if merged is not None else None
+    if refusal is not None:  # each branch loads; the merged model must too, as the user will load it
+        for rep in reports:
+            if rep.status == SiteStatus.FUSED:
+                rep.status = SiteStatus.NOT_FUSED
+                rep.reason = f"ONNX Runtime with default session options refuses the merged model: {refusal}"
+        merged = None
     return FuseResult(merged or model, reports, ignored, verification(cond, results), merged is not None)
 
 

@@ -19,6 +19,8 @@ from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
 from ..graph.dims import fit_dims
 from ..graph.emit import Emitter
+from ..graph.io import default_session_refusal
+from ..graph.qdq_pairs import write_propagated_pairs
 from ..graph.shapes import symbolic_shapes, upgrade_opset
 from ..graph.view import export_graph, import_graph
 from ..match import analyse, logit_ops, probe_feeds, subgraphs
@@ -275,6 +277,14 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                 for r in _blame(e, active):
                     r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"
                 continue
+        if outcome.passed:  # compared with ONNX Runtime's basic optimizations; loaded as the user will load it
+            with progress.step("loading the rewritten model in ONNX Runtime with default session options"):
+                refusal = default_session_refusal(fused)
+            if refusal is not None:
+                for r in _blame(Exception(refusal), active):
+                    r.status, r.reason = NOT_FUSED, ("ONNX Runtime with default session options refuses the "
+                                                     f"rewritten model: {refusal}")
+                continue
         for r in active:
             r.max_abs_err = _site_error(r, outcome)
         bad = [r for r in active if r.max_abs_err is None
@@ -368,6 +378,7 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
                 f"the rewrite failed ({type(e).__name__}: {e}; a trtattn bug, please report it)"
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     fused = export_graph(graph, working)
+    write_propagated_pairs(fused)  # an int8 model raised to opset 23 loads in ONNX Runtime (graph/qdq_pairs.py)
     del fused.metadata_props[:]
     fused.metadata_props.extend(copy.deepcopy(list(working.metadata_props)))
     fused.producer_name, fused.producer_version = "trtattn", __version__

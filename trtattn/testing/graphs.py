@@ -81,7 +81,7 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
     """products: "matmul" | "einsum" (both products); softmax_style: None | "flatten" (Flatten -> Softmax ->
     Reshape(Shape(logits)), the version converter's opset-12 form) | "merged" (heads merged into the batch
     around the softmax); shape_reader: the output's head merge reads the batch from Shape(probs);
-    softcap: cap * tanh(logits / cap) after the scale; qdq: "qkv" | "probs" | "logits" Q/DQ pairs (int8/uint8)."""
+    softcap: cap * tanh(logits / cap) after the scale; qdq: "proj" | "qkv" | "probs" | "logits" Q/DQ pairs (int8/uint8)."""
     rng = np.random.default_rng(seed)
     g = _G(opset)
     kv_heads = kv_heads or heads
@@ -106,6 +106,8 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
             q, k, v = (g.slice_last(qkv, i * d, (i + 1) * d) for i in range(3))
     if scale_style == "mul_q_proj":  # the scale on the projection output, before the head split (Whisper)
         q = g.op("Mul", [q, g.scalar(scale)])
+    if qdq == "proj":  # int8 projections, then the head split in float (what ONNX Runtime propagates Q/DQ across)
+        q, k, v = (_qdq(g, t, 0.05) for t in (q, k, v))
 
     # ---- heads: [B,S,N*H] -> [B,S,N,H] -> BNSH
     def split_heads(t, n):

@@ -68,4 +68,9 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
     if adapter.form != "padded" and not site_errors:
         notes.append(f"{adapter.form} form: per-site outputs have another layout than the original's; outputs compared")
     outcome.output_errors = {k: v for k, v in outcome.output_errors.items() if k not in site_names}
+    if kind == "onnxruntime":  # compared at ONNX Runtime's basic level; loaded as a user loads it
+        refusal = onnxio.default_session_refusal(model)
+        if refusal is not None:
+            outcome.passed = False
+            notes.append(f"ONNX Runtime with default session options refuses the candidate: {refusal}")
     return Verification(str(candidate), kind, adapter.form, precision, outcome, site_errors, notes)
