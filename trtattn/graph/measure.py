@@ -10,6 +10,11 @@ for the run, then removed; only the shapes leave ONNX Runtime). A dim is then a 
 each run: static where the two agree (heads, head dims, a unit axis), varying with the input where they
 differ (batch, positions), and distinct primes keep independent input dims apart. The probes are small
 (the default dims and a few times them); a model that does not run at them is not measured.
+
+Values are evaluated the same way (`value`): a tensor of the graph's shape arithmetic that folding could not
+make a constant (it reads the shape of a Slice whose end is computed, say) is run at both probes, and one
+that is the same at both does not change with the dims: a constant (a scale, a head count). One that differs
+(the batch, a length) is not.
 """
 
 from __future__ import annotations
@@ -138,3 +143,35 @@ def measured(view, t: gs.Tensor) -> list[Sizes] | None:
 
 def _static(shape) -> bool:
     return shape is not None and all(isinstance(d, (int, np.integer)) and d > 0 for d in shape)
+
+
+_VALUES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> {name: value the same at both runs}
+
+
+def value(view, t: gs.Tensor) -> np.ndarray | None:
+    """`t`'s constant value: folded (view.const), or, for a tensor of the shape arithmetic folding left unknown,
+    evaluated at both probe dims and the same at both. None: not a constant, or not known to be one. The first
+    call evaluates every such tensor of the view's graph in one run per probe; later calls read the result."""
+    folded = view.const(t)
+    if folded is not None or getattr(view, "model", None) is None or t.name not in view.shape_only:
+        return folded
+    if view not in _VALUES:
+        _VALUES[view] = _constants(view)
+    return _VALUES[view].get(t.name)
+
+
+def _constants(view) -> dict[str, np.ndarray]:
+    wanted = view.unfolded()
+    runs = _runs(view.graph, view.model, wanted) if wanted else None
+    if runs is None:
+        return {}
+    return {t.name: np.asarray(a) for t, a, b in zip(wanted, *runs)
+            if np.shape(a) == np.shape(b) and np.array_equal(a, b)}
+
+
+def scalar_value(view, t: gs.Tensor) -> float | None:
+    """A scalar `value`, as a float."""
+    v = value(view, t)
+    if v is None or v.size != 1 or v.dtype.kind not in "fiu":
+        return None
+    return float(v.reshape(()))

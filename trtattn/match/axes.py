@@ -21,6 +21,7 @@ import re
 
 import numpy as np
 
+from ..graph.dim_names import is_free
 from ..graph.measure import Sizes
 from .errors import Unsupported
 
@@ -47,6 +48,7 @@ class Atoms:
         self.size: dict[str, int | None] = {}
         self.symbol: dict[str, str] = {}  # a dim name an inference gave an atom alone on an axis
         self.dynamic: set[str] = set()  # atoms seen alone on an axis of a symbolic (or -1) dim
+        self.unnamed: set[str] = set()  # atoms seen alone on an axis inference could only call unk__N
         self.hard_coded: dict[str, tuple[int, str]] = {}  # atom -> (size, Reshape) a constant target gives it
         self.parts: dict[str, tuple[str, ...]] = {}  # atom -> the atoms it was split into
         # atom -> (Reshape target, index): where a Reshape computes the size of an axis holding it alone
@@ -57,7 +59,7 @@ class Atoms:
     def copy(self) -> Atoms:
         c = Atoms()
         c.size, c.symbol, c.parts, c.measure = dict(self.size), dict(self.symbol), dict(self.parts), dict(self.measure)
-        c.dynamic, c.hard_coded = set(self.dynamic), dict(self.hard_coded)
+        c.dynamic, c.unnamed, c.hard_coded = set(self.dynamic), set(self.unnamed), dict(self.hard_coded)
         c.entries, c.broadcast = dict(self.entries), set(self.broadcast)
         return c
 
@@ -105,7 +107,9 @@ class Atoms:
                     self.size[unknown[0]] = d // rest
             elif isinstance(d, str) and len(g) == 1 and not d.startswith("unk__"):
                 self.symbol.setdefault(g[0], d)
-            if len(g) == 1 and (isinstance(d, str) or (isinstance(d, int) and d < 0)):
+            if len(g) == 1 and isinstance(d, str) and is_free(d):
+                self.unnamed.add(g[0])  # a fresh symbol says nothing of whether the dim varies
+            elif len(g) == 1 and (isinstance(d, str) or (isinstance(d, int) and d < 0)):
                 self.dynamic.add(g[0])
 
     def _learn_measured(self, frame: Frame, dims: list[Sizes]) -> None:
@@ -125,10 +129,13 @@ class Atoms:
                     if len(g) == 1:
                         self.dynamic.add(g[0])
 
-    def baked(self, atoms: tuple[str, ...]) -> list[tuple[str, int, str]]:
+    def baked(self, atoms: tuple[str, ...], lengths_vary: bool = True) -> list[tuple[str, int, str]]:
         """(atom, size, Reshape) for each of `atoms` a constant Reshape target fixes although it is a
-        symbolic dim elsewhere: the graph means something else at other lengths."""
-        return [(a, *self.hard_coded[a]) for a in atoms if a in self.hard_coded and a in self.dynamic]
+        symbolic dim elsewhere: the graph means something else at other lengths. A dim inference could only
+        call unk__N counts as symbolic when `lengths_vary`: the model's inputs have a symbolic dim besides
+        the batch (a model whose only symbolic dim is the batch has static lengths, whatever inference says)."""
+        return [(a, *self.hard_coded[a]) for a in atoms if a in self.hard_coded
+                and (a in self.dynamic or (lengths_vary and a in self.unnamed))]
 
 
 # ---------------------------------------------------------------- dims
