@@ -114,3 +114,45 @@ def test_lengths_vary_reads_the_inputs():
     assert lengths_vary([spec("x", ["unk__1", "unk__2", 32])])
     assert lengths_vary([spec("ids", ["batch", "seq"], "token_ids")])
     assert not lengths_vary([spec("ids", ["batch", 32], "token_ids"), spec("mask", ["batch", 32], "padding_mask")])
+
+
+# ------------------------------------------------------------------ class 5: tf2onnx's select on the probabilities
+def keras_select_after_softmax(fill: float = 0.0) -> onnx.ModelProto:
+    """The tf2onnx Keras encoder block with where(mask, P, fill) on the probabilities, as tf2onnx lowers SelectV2
+    (Add(Mul(Cast(c), P), Mul(y, Cast(Not(c))))), on the boolean mask the block already masks its logits with."""
+    from onnx import helper
+
+    model = onnx.load(FOREIGN / "keras-block.tf2onnx.onnx")
+    graph = model.graph
+    softmax = next(n for n in graph.node if n.op_type == "Softmax")
+    probs, scope = softmax.output[0], "multi_head_attention_1_1/SelectV2_1"
+    cond = next(n for n in graph.node if n.op_type == "And").output[0]
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array(fill, np.float32), f"{scope}/y"))
+    made = [("Cast", [cond], {"to": onnx.TensorProto.FLOAT}), ("Mul", ["a", probs], {}), ("Not", [cond], {}),
+            ("Cast", ["c"], {"to": onnx.TensorProto.FLOAT}), ("Mul", [f"{scope}/y", "d"], {}), ("Add", ["b", "e"], {})]
+    name = {k: f"{scope}__{k}:0" for k in "abcde"}
+    nodes = [helper.make_node(op, [name.get(i, i) for i in ins], [f"{scope}:0" if op == "Add" else name["abcde"[i]]],
+                              name=scope if op == "Add" else f"{scope}__{'abcde'[i]}", **attrs)
+             for i, (op, ins, attrs) in enumerate(made)]
+    for n in graph.node:
+        n.input[:] = [f"{scope}:0" if x == probs else x for x in n.input]
+    at = list(graph.node).index(softmax) + 1
+    for i, n in enumerate(nodes):
+        graph.node.insert(at + i, n)
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_keras_select_of_zero_after_the_softmax_is_a_mask():
+    """tf2onnx's select: the probabilities feed Mul(Cast(mask), P), then an Add of the other branch. Evaluated on
+    the model's padded feeds, that branch is 0 everywhere: P * mask, a mask re-applied to the probabilities."""
+    result = fuse_model(keras_select_after_softmax(0.0))
+    [report] = _fused(result)
+    assert report.site.mask.value == "additive"
+    assert "padding" in result.verification["inputs"]["domains"]["mask"]
+
+
+def test_keras_select_of_another_value_is_listed():
+    """where(mask, P, 0.5): the other branch is 0.5 where the mask drops P, which no fused op computes: listed."""
+    [report] = fuse_model(keras_select_after_softmax(0.5)).reports
+    assert report.status.value == "not fused" and "SelectV2_1" in report.reason, report.row()

@@ -95,8 +95,9 @@ def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor]) -
     return shapes
 
 
-def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable]) -> list | None:
-    """The values of `outs` at the first run and at the first choice of second run that runs."""
+def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padding: bool = False) -> list | None:
+    """The values of `outs` at the first run and at the first choice of second run that runs (`padding`: the
+    feeds' padding masks mask some positions)."""
     def quiet(options):  # a choice that does not run is expected: no error chatter
         options.log_severity_level = 4
 
@@ -109,12 +110,12 @@ def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable]) -> l
         def run(feeds: dict) -> list:
             return session.run(names, {k: v for k, v in feeds.items() if k in needed})
 
-        first = run(make_feeds(model, dims=base, padding=False))
+        first = run(make_feeds(model, dims=base, padding=padding))
     except Exception:
         return None
     for dims in choices:
         try:
-            return [first, run(make_feeds(model, dims=dims, padding=False))]
+            return [first, run(make_feeds(model, dims=dims, padding=padding))]
         except Exception:
             continue
     return None
@@ -175,3 +176,23 @@ def scalar_value(view, t: gs.Tensor) -> float | None:
     if v is None or v.size != 1 or v.dtype.kind not in "fiu":
         return None
     return float(v.reshape(()))
+
+
+_ZEROS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> {name: is zero}
+
+
+def is_zero(view, t: gs.Tensor) -> bool:
+    """Whether `t` is 0 at every element: a constant of zeros, or a tensor of the graph evaluated on the model's
+    feeds (padding masks masking some positions) at both probe dims and 0 everywhere at both (the other branch
+    of a select tf2onnx lowers as Cast(c) * x + y * Cast(Not(c)), with y = 0). False when it cannot be told."""
+    folded = view.const(t)
+    if folded is not None:
+        return folded.size > 0 and not np.any(folded)
+    model = getattr(view, "model", None)
+    if model is None or not isinstance(t, gs.Variable):
+        return False
+    known = _ZEROS.setdefault(view, {})
+    if t.name not in known:
+        runs = _runs(view.graph, model, [t], padding=True)
+        known[t.name] = runs is not None and all(np.size(r[0]) > 0 and not np.any(r[0]) for r in runs)
+    return known[t.name]
