@@ -87,6 +87,40 @@ def test_a_divisor_that_changes_with_the_dims_is_not_a_scale(monkeypatch):
     assert report.status.value == "not fused" and "not a scalar" in report.reason, report.row()
 
 
+def test_values_are_evaluated_at_the_dims_the_model_runs_at(monkeypatch):
+    """A recognizer-style export that runs only at an image height of 32 (a Conv whose kernel is 32 high) and not
+    at the default dims: the probes ran at the defaults, so nothing was measured or evaluated (every measured rule
+    fell back to names) and its scale stayed 'a tensor, not a scalar'. They run at the dims the search found."""
+    torch = pytest.importorskip("torch", reason="the export needs torch")
+    from trtattn.graph import shapes
+    from trtattn.testing.exports import export_module
+
+    class Recognizer(torch.nn.Module):
+        def __init__(self, embed=32, heads=4):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, embed, (32, 4), (32, 4))
+            self.in_proj, self.heads = torch.nn.Linear(embed, 3 * embed), heads
+
+        def forward(self, image):  # [N, 3, 32, W] -> [W/4, N, E]
+            x = self.conv(image).mean(2).permute(2, 0, 1)
+            length, batch = x.shape[0], x.shape[1]
+            proj = self.in_proj(x)
+            embed = proj.size(-1) // 3
+            q, k, v = proj[:, :, :embed], proj[:, :, embed:2 * embed], proj[:, :, 2 * embed:]
+            head = q.size(2) // self.heads
+            q, k, v = (t.contiguous().view(length, batch * self.heads, head).transpose(0, 1) for t in (q, k, v))
+            scores = torch.bmm(q, k.transpose(1, 2)) / (head ** 0.5)
+            return torch.bmm(torch.softmax(scores, dim=-1), v).transpose(0, 1).contiguous().view(length, batch, -1)
+
+    torch.manual_seed(0)
+    model = export_module(Recognizer(), (torch.randn(2, 3, 32, 20),), ["image"], {"image": {0: "N", 2: "H", 3: "W"}})
+    monkeypatch.setattr(shapes, "symbolic_shapes", lambda model: None)
+    result = fuse_model(model)
+    assert result.dims["values"]["H"] == 32  # not the default: the model does not run there
+    [report] = _fused(result)
+    assert report.site.scale == pytest.approx(1 / np.sqrt(8), rel=1e-6)
+
+
 # ------------------------------------------------------------------ class 2: a static length, a symbolic batch
 @pytest.mark.parametrize("name", ["keras-mha", "keras-block"])
 def test_a_static_length_with_a_symbolic_batch_is_not_baked(name):
@@ -156,3 +190,30 @@ def test_keras_select_of_another_value_is_listed():
     """where(mask, P, 0.5): the other branch is 0.5 where the mask drops P, which no fused op computes: listed."""
     [report] = fuse_model(keras_select_after_softmax(0.5)).reports
     assert report.status.value == "not fused" and "SelectV2_1" in report.reason, report.row()
+
+
+# ------------------------------------------------------------------ class 3: measured sizes that cannot be placed
+def test_a_regroup_the_measured_sizes_cannot_place_follows_the_names():
+    """The recognizer's message, reproduced at the regroup: the probabilities as [batch*heads*query, key] back to
+    4-D, measured [8, 8, 1, 1] at both runs (a length of 1 at the probe dims tells a position from a unit axis by
+    nothing). The measured sizes cannot be placed; the names inference gives ([N, 8, L, L]) can, as they did
+    before sizes were measured."""
+    from trtattn.graph.measure import Sizes
+    from trtattn.match.axes import Atoms, Unfollowable, regroup, show
+    from trtattn.match.layout_ops import _regroup
+
+    def atoms():
+        a = Atoms()
+        for x in ("x0", "m", "n", "c"):
+            a.new(x)
+        a.new("x1", 8)
+        return a
+
+    frame = (("x0", "x1", "m"), ("n",))
+    measured = ([Sizes((64, 64)), Sizes((1, 1))], [Sizes((8, 8)), Sizes((8, 8)), Sizes((1, 1)), Sizes((1, 1))])
+    named = (["unk__2", "L"], ["N", 8, "L", "L"])
+    with pytest.raises(Unfollowable, match=r"cannot tell how \[x0\*x1\*m, n\] regroups into \[8, 8, 1, 1\]"):
+        regroup(atoms(), frame, *measured, "Reshape")
+    registry = atoms()
+    assert show(_regroup(registry, frame, measured, named, "Reshape")) == "[x0, x1, m, n]"
+    assert "m" in registry.dynamic and "n" in registry.dynamic  # named after the inputs' length

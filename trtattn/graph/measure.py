@@ -44,11 +44,11 @@ class Sizes(tuple):
         return str(self[0]) if self.static else "(" + "|".join(map(str, self)) + ")"
 
 
-def probe_dims(model: onnx.ModelProto) -> tuple[dict[str, int], list[dict[str, int]]]:
-    """The dims of the first run (the defaults) and the choices for the second, in order: each input dim
-    (unified dims together) times its own prime, then every input dim times 3."""
+def probe_dims(model: onnx.ModelProto, dims: dict | None = None) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The dims of the first run (`dims`, the dims the model runs at, over the defaults) and the choices for the
+    second, in order: each input dim (unified dims together) times its own prime, then every input dim times 3."""
     specs = input_specs(model)
-    base = resolve_dims(model, specs=specs)
+    base = resolve_dims(model, dims, specs=specs)
     classes = dim_classes(specs)
     names = sorted({d for s in specs for d in s.shape if isinstance(d, str) and d in base})
     labels = sorted({classes.get(n, n) for n in names})
@@ -66,9 +66,10 @@ def probe_dims(model: onnx.ModelProto) -> tuple[dict[str, int], list[dict[str, i
     return base, choices
 
 
-def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor]) -> dict[str, list[Sizes]]:
+def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor],
+            dims: dict | None = None) -> dict[str, list[Sizes]]:
     """name -> the measured shape of each of `tensors` (graph tensors), or {} when the model does not run at
-    the probe dims. `graph` gets Shape nodes for the duration and comes back as it was."""
+    the probe dims (from `dims`: probe_dims). `graph` gets Shape nodes for the duration and comes back as it was."""
     wanted = [t for t in tensors if isinstance(t, gs.Variable)]
     if not wanted:
         return {}
@@ -79,7 +80,7 @@ def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor]) -
             out = gs.Variable(f"measure_shape/{i}", dtype=np.int64)
             graph.nodes.append(gs.Node("Shape", f"measure/{i}", inputs=[t], outputs=[out]))
             outs.append(out)
-        runs = _runs(graph, model, outs)
+        runs = _runs(graph, model, outs, dims=dims)
         if runs is None:  # a model that does not run at the probe dims: nothing measured, names decide
             return {}
     finally:
@@ -95,14 +96,15 @@ def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor]) -
     return shapes
 
 
-def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padding: bool = False) -> list | None:
+def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padding: bool = False,
+          dims: dict | None = None) -> list | None:
     """The values of `outs` at the first run and at the first choice of second run that runs (`padding`: the
-    feeds' padding masks mask some positions)."""
+    feeds' padding masks mask some positions; `dims`: as for probe_dims)."""
     def quiet(options):  # a choice that does not run is expected: no error chatter
         options.log_severity_level = 4
 
     try:
-        base, choices = probe_dims(model)
+        base, choices = probe_dims(model, dims)
         session = ort_session(cut_out(graph, outs, model), level="disable", register=quiet)  # opens fastest
         needed = {i.name for i in session.get_inputs()}
         names = [t.name for t in outs]
@@ -134,7 +136,7 @@ def measured(view, t: gs.Tensor) -> list[Sizes] | None:
     if view not in _MEASURED:
         regrouped = {id(x): x for n in view.graph.nodes if n.op in ("Reshape", "Flatten") for x in (n.inputs[0], n.outputs[0])}
         unknown = [x for x in regrouped.values() if isinstance(x, gs.Variable) and not _static(view.shape(x))]
-        _MEASURED[view] = measure(view.graph, model, unknown)
+        _MEASURED[view] = measure(view.graph, model, unknown, getattr(view, "dims", None))
     shapes = _MEASURED[view]
     if t.name in shapes:
         return shapes[t.name]
@@ -163,7 +165,7 @@ def value(view, t: gs.Tensor) -> np.ndarray | None:
 
 def _constants(view) -> dict[str, np.ndarray]:
     wanted = view.unfolded()
-    runs = _runs(view.graph, view.model, wanted) if wanted else None
+    runs = _runs(view.graph, view.model, wanted, dims=view.dims) if wanted else None
     if runs is None:
         return {}
     return {t.name: np.asarray(a) for t, a, b in zip(wanted, *runs)
@@ -193,6 +195,6 @@ def is_zero(view, t: gs.Tensor) -> bool:
         return False
     known = _ZEROS.setdefault(view, {})
     if t.name not in known:
-        runs = _runs(view.graph, model, [t], padding=True)
+        runs = _runs(view.graph, model, [t], padding=True, dims=view.dims)
         known[t.name] = runs is not None and all(np.size(r[0]) > 0 and not np.any(r[0]) for r in runs)
     return known[t.name]

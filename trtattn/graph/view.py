@@ -115,9 +115,11 @@ def _constants(graph: gs.Graph):
 
 
 class GraphView:
-    def __init__(self, graph: gs.Graph, model: onnx.ModelProto | None = None, fold: bool = True):
+    def __init__(self, graph: gs.Graph, model: onnx.ModelProto | None = None, fold: bool = True,
+                 dims: dict | None = None):
         self.graph = graph
         self.model = model  # what graph/measure.py runs to measure shapes inference could not name
+        self.dims = dict(dims) if dims else None  # the dims the model runs at (graph/dims.py), where it measures
         self.opset = int(graph.opset) if graph.opset else DEFAULT_OPSET
         self._folded: dict[str, gs.Tensor] = {}
         self.shape_only: set[str] = set()  # outputs of the graph's shape arithmetic (constants and shapes alone)

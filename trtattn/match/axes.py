@@ -63,6 +63,10 @@ class Atoms:
         c.entries, c.broadcast = dict(self.entries), set(self.broadcast)
         return c
 
+    def adopt(self, other: Atoms) -> None:
+        """Take what `other` (a copy of this registry that a trial worked on) learned."""
+        self.__dict__.update(other.copy().__dict__)
+
     def sizes(self, a: str, runs: int) -> tuple[int, ...] | None:
         """An atom's size at each of `runs` measured runs: its static size every time, or what was measured."""
         s = self.size.get(a)
@@ -107,9 +111,20 @@ class Atoms:
                     self.size[unknown[0]] = d // rest
             elif isinstance(d, str) and len(g) == 1 and not d.startswith("unk__"):
                 self.symbol.setdefault(g[0], d)
-            if len(g) == 1 and isinstance(d, str) and is_free(d):
-                self.unnamed.add(g[0])  # a fresh symbol says nothing of whether the dim varies
-            elif len(g) == 1 and (isinstance(d, str) or (isinstance(d, int) and d < 0)):
+        self.note_symbolic(frame, dims)
+
+    def note_symbolic(self, frame: Frame, dims: list | None) -> None:
+        """Atoms alone on an axis whose inferred dim is symbolic (or -1): `dynamic`, or `unnamed` where the
+        name is a fresh symbol, which says nothing of whether the dim varies. Also where a layout op follows
+        measured dims instead: what inference names after the inputs still tells which lengths vary."""
+        if dims is None or len(dims) != len(frame):
+            return
+        for g, d in zip(self.resolve(frame), dims):
+            if len(g) != 1 or isinstance(d, Sizes):
+                continue
+            if isinstance(d, str) and is_free(d):
+                self.unnamed.add(g[0])
+            elif isinstance(d, str) or (isinstance(d, int) and d < 0):
                 self.dynamic.add(g[0])
 
     def _learn_measured(self, frame: Frame, dims: list[Sizes]) -> None:

@@ -75,16 +75,22 @@ class Reshape(Rule):
     ops = ("Reshape",)
 
     def forward(self, view, node, frame, atoms):
-        dims_in, dims_out = _reshape_dims(view, node, view.shape(node.inputs[0]), reshape_dims(view, node))
-        out = regroup(atoms, frame, dims_in, dims_out, _what(node))
+        named_in, named_out = view.shape(node.inputs[0]), reshape_dims(view, node)
+        dims_in, dims_out = _reshape_dims(view, node, named_in, named_out)
+        atoms.note_symbolic(frame, named_in)
+        out = _regroup(atoms, frame, (dims_in, dims_out), (named_in, named_out), _what(node))
+        atoms.note_symbolic(out, named_out)
         _note_constants(view, node, out, atoms)
         _note_entries(view, node, out, atoms)
         return out
 
     def backward(self, view, node, frame, atoms):
         _note_constants(view, node, frame, atoms)
-        dims_in, dims_out = _reshape_dims(view, node, view.shape(node.inputs[0]), reshape_dims(view, node))
-        out = regroup(atoms, frame, dims_out, dims_in, _what(node))
+        named_in, named_out = view.shape(node.inputs[0]), reshape_dims(view, node)
+        dims_in, dims_out = _reshape_dims(view, node, named_in, named_out)
+        atoms.note_symbolic(frame, named_out)
+        out = _regroup(atoms, frame, (dims_out, dims_in), (named_out, named_in), _what(node))
+        atoms.note_symbolic(out, named_in)
         _note_entries(view, node, frame, atoms)
         return out
 
@@ -178,6 +184,22 @@ def _reshape_dims(view, node: gs.Node, dims_in: list | None, dims_out: list | No
     if got_in is None or got_out is None:
         return dims_in, dims_out
     return got_in, got_out
+
+
+def _regroup(atoms: Atoms, frame: Frame, dims: tuple, named: tuple, what: str) -> Frame:
+    """regroup by `dims` (measured where inference left fresh symbols); where the measured sizes cannot be
+    placed, by the dims inference `named` (a size-1 length at both runs, or a length the graph folds into the
+    batch, leaves the numbers ambiguous or contradictory where the names are not): what matched before
+    measuring still matches, and a failure is the names' failure."""
+    if dims == named:
+        return regroup(atoms, frame, *dims, what)
+    trial = atoms.copy()
+    try:
+        out = regroup(trial, frame, *dims, what)
+    except Unfollowable:
+        return regroup(atoms, frame, *named, what)
+    atoms.adopt(trial)
+    return out
 
 
 def _fresh(dims: list | None) -> bool:
