@@ -191,13 +191,14 @@ def _regroup(atoms: Atoms, frame: Frame, dims: tuple, named: tuple, what: str) -
     placed, by the dims inference `named` (a size-1 length at both runs, or a length the graph folds into the
     batch, leaves the numbers ambiguous or contradictory where the names are not): what matched before
     measuring still matches, and a failure is the names' failure."""
+    (dims_from, dims_to), (named_from, named_to) = dims, named
     if dims == named:
-        return regroup(atoms, frame, *dims, what)
+        return regroup(atoms, frame, dims_from, dims_to, what)
     trial = atoms.copy()
     try:
-        out = regroup(trial, frame, *dims, what)
+        out = regroup(trial, frame, dims_from, dims_to, what)
     except Unfollowable:
-        return regroup(atoms, frame, *named, what)
+        return regroup(atoms, frame, named_from, named_to, what)
     atoms.adopt(trial)
     return out
 
