@@ -4,12 +4,13 @@ Shape inference names a dim it cannot follow with a fresh symbol (`unk__28`) or 
 computes Reshape targets with ReduceProd and Max over Shape slices, which ONNX's inference does not
 follow, and ONNX Runtime's symbolic inference gives up on some models altogether. Such a name says
 nothing about which dims are equal or what they are made of. Here the model runs on ONNX Runtime twice,
-at the default dims and with every input dim multiplied by its own prime (or, when the model needs two
-of them equal, all by the same one), and each wanted tensor's shape is read at both (Shape nodes added
-for the run, then removed; only the shapes leave ONNX Runtime). A dim is then a `Sizes`, its value at
-each run: static where the two agree (heads, head dims, a unit axis), varying with the input where they
-differ (batch, positions), and distinct primes keep independent input dims apart. The probes are small
-(the default dims and a few times them); a model that does not run at them is not measured.
+at the dims it runs at (the defaults, or those graph/dims.py found) and with every input dim multiplied by
+its own prime (or, when the model needs two of them equal, all by the same one), and each wanted tensor's
+shape is read at both (Shape nodes added for the run, then removed; only the shapes leave ONNX Runtime). A
+dim is then a `Sizes`, its value at each run: static where the two agree (heads, head dims, a unit axis),
+varying with the input where they differ (batch, positions), and distinct primes keep independent input
+dims apart. The probes are small (those dims and a few times them); a model that does not run at them is
+not measured.
 
 Values are evaluated the same way (`value`): a tensor of the graph's shape arithmetic that folding could not
 make a constant (it reads the shape of a Slice whose end is computed, say) is run at both probes, and one

@@ -5,8 +5,9 @@ frame) and backward (output -> input).
                 nothing: the frame as it is
     Transpose   the axes permuted
     Reshape     atoms regrouped by static sizes and dim names (axes.regroup); where inference left a
-                fresh symbol (unk__N) or no dim, by sizes measured at two runs (graph/measure.py); a
-                constant target that fixes a position's size is noted (a length written into the graph)
+                fresh symbol (unk__N) or no dim, by sizes measured at two runs (graph/measure.py), and by
+                the names again where those sizes cannot be placed; a constant target that fixes a
+                position's size is noted (a length written into the graph)
     Flatten     the axes before and after `axis` merged (forward); regrouped by dims (backward)
     Unsqueeze   unit axes inserted / removed       Squeeze   the reverse
 
