@@ -216,4 +216,25 @@ def test_a_regroup_the_measured_sizes_cannot_place_follows_the_names():
         regroup(atoms(), frame, *measured, "Reshape")
     registry = atoms()
     assert show(_regroup(registry, frame, measured, named, "Reshape")) == "[x0, x1, m, n]"
-    assert "m" in registry.dynamic and "n" in registry.dynamic  # named after the inputs' length
+
+
+def test_a_length_of_one_at_both_runs_is_placed_by_the_names():
+    """The same with the heads' size unknown too: the measured sizes are placed, wrongly (the query positions
+    merged into the heads, a unit axis in their place, which the second product reports as 'does not keep the
+    query positions of the probabilities', the opset-7 recognizer's message). A length measured 1 at both
+    runs, where inference names a symbol, is placed by the names."""
+    from trtattn.graph.measure import Sizes
+    from trtattn.match.axes import Atoms, regroup, show
+    from trtattn.match.layout_ops import _regroup
+
+    def atoms():
+        a = Atoms()
+        for x in ("x0", "x1", "m", "n", "c"):
+            a.new(x)
+        return a
+
+    frame = (("x0", "x1", "m"), ("n",))
+    measured = ([Sizes((64, 64)), Sizes((1, 1))], [Sizes((8, 8)), Sizes((8, 8)), Sizes((1, 1)), Sizes((1, 1))])
+    named = (["unk__2", "unk__3"], ["unk__4", 8, "unk__5", "unk__6"])
+    assert show(regroup(atoms(), frame, *measured, "Reshape")) != "[x0, x1, m, n]"
+    assert show(_regroup(atoms(), frame, measured, named, "Reshape")) == "[x0, x1, m, n]"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..graph.dim_names import is_free
-from ..graph.measure import measured
+from ..graph.measure import Sizes, measured
 from .axes import Atoms, Frame, Unfollowable, regroup, show
 
 
@@ -188,13 +188,13 @@ def _reshape_dims(view, node: gs.Node, dims_in: list | None, dims_out: list | No
 
 
 def _regroup(atoms: Atoms, frame: Frame, dims: tuple, named: tuple, what: str) -> Frame:
-    """regroup by `dims` (measured where inference left fresh symbols); where the measured sizes cannot be
-    placed, by the dims inference `named` (a size-1 length at both runs, or a length the graph folds into the
-    batch, leaves the numbers ambiguous or contradictory where the names are not): what matched before
-    measuring still matches, and a failure is the names' failure."""
+    """regroup by `dims` (measured where inference left fresh symbols), or by the dims inference `named` where
+    the measured sizes cannot be placed, or where a length is 1 at both runs (_unit_at_both_runs): numbers
+    that are ambiguous or contradictory where the names are not (a length the graph folds into the batch is
+    one). What matched before sizes were measured still matches, and a failure is the names' failure."""
     (dims_from, dims_to), (named_from, named_to) = dims, named
-    if dims == named:
-        return regroup(atoms, frame, dims_from, dims_to, what)
+    if dims == named or _unit_at_both_runs(dims_from, named_from) or _unit_at_both_runs(dims_to, named_to):
+        return regroup(atoms, frame, named_from, named_to, what)
     trial = atoms.copy()
     try:
         out = regroup(trial, frame, dims_from, dims_to, what)
@@ -202,6 +202,15 @@ def _regroup(atoms: Atoms, frame: Frame, dims: tuple, named: tuple, what: str) -
         return regroup(atoms, frame, named_from, named_to, what)
     atoms.adopt(trial)
     return out
+
+
+def _unit_at_both_runs(measured: list | None, named: list | None) -> bool:
+    """A dim measured 1 at both runs that inference does not call 1: a length that is 1 at both probes, which
+    the numbers cannot tell from a unit axis (they place it anywhere, or nowhere: 'cannot tell how [x0*x1*m, n]
+    regroups into [8, 8, 1, 1]'), where the names can."""
+    if measured is None or named is None or len(measured) != len(named):
+        return False
+    return any(isinstance(m, Sizes) and m.static and m[0] == 1 and n != 1 for m, n in zip(measured, named))
 
 
 def _fresh(dims: list | None) -> bool:
