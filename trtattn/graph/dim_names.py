@@ -64,6 +64,15 @@ def dim_classes(specs: list[InputSpec]) -> dict[str, str]:
     return out
 
 
+def lengths_vary(specs: list[InputSpec]) -> bool:
+    """Whether an input has a symbolic dim other than the batch (axis 0 of the inputs, and the dims unified
+    with it): a length, a past length, an image size. Told by the model's inputs, not by the names shape
+    inference gives the dims inside."""
+    classes = dim_classes(specs)
+    batch = {classes.get(s.shape[0], s.shape[0]) for s in specs if s.shape and isinstance(s.shape[0], str)}
+    return any(isinstance(d, str) and classes.get(d, d) not in batch for s in specs for d in s.shape[1:])
+
+
 def name_free_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with its inputs' free dims (-1, '?', unk__0, s33) written as the dims they stand
     for (batch, seq, ...), so that shape inference sees which dims are equal and -1 is gone; the

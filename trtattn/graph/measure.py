@@ -4,12 +4,18 @@ Shape inference names a dim it cannot follow with a fresh symbol (`unk__28`) or 
 computes Reshape targets with ReduceProd and Max over Shape slices, which ONNX's inference does not
 follow, and ONNX Runtime's symbolic inference gives up on some models altogether. Such a name says
 nothing about which dims are equal or what they are made of. Here the model runs on ONNX Runtime twice,
-at the default dims and with every input dim multiplied by its own prime (or, when the model needs two
-of them equal, all by the same one), and each wanted tensor's shape is read at both (Shape nodes added
-for the run, then removed; only the shapes leave ONNX Runtime). A dim is then a `Sizes`, its value at
-each run: static where the two agree (heads, head dims, a unit axis), varying with the input where they
-differ (batch, positions), and distinct primes keep independent input dims apart. The probes are small
-(the default dims and a few times them); a model that does not run at them is not measured.
+at the dims it runs at (the defaults, or those graph/dims.py found) and with every input dim multiplied by
+its own prime (or, when the model needs two of them equal, all by the same one), and each wanted tensor's
+shape is read at both (Shape nodes added for the run, then removed; only the shapes leave ONNX Runtime). A
+dim is then a `Sizes`, its value at each run: static where the two agree (heads, head dims, a unit axis),
+varying with the input where they differ (batch, positions), and distinct primes keep independent input
+dims apart. The probes are small (those dims and a few times them); a model that does not run at them is
+not measured.
+
+Values are evaluated the same way (`value`): a tensor of the graph's shape arithmetic that folding could not
+make a constant (it reads the shape of a Slice whose end is computed, say) is run at both probes, and one
+that is the same at both does not change with the dims: a constant (a scale, a head count). One that differs
+(the batch, a length) is not.
 """
 
 from __future__ import annotations
@@ -39,11 +45,11 @@ class Sizes(tuple):
         return str(self[0]) if self.static else "(" + "|".join(map(str, self)) + ")"
 
 
-def probe_dims(model: onnx.ModelProto) -> tuple[dict[str, int], list[dict[str, int]]]:
-    """The dims of the first run (the defaults) and the choices for the second, in order: each input dim
-    (unified dims together) times its own prime, then every input dim times 3."""
+def probe_dims(model: onnx.ModelProto, dims: dict | None = None) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The dims of the first run (`dims`, the dims the model runs at, over the defaults) and the choices for the
+    second, in order: each input dim (unified dims together) times its own prime, then every input dim times 3."""
     specs = input_specs(model)
-    base = resolve_dims(model, specs=specs)
+    base = resolve_dims(model, dims, specs=specs)
     classes = dim_classes(specs)
     names = sorted({d for s in specs for d in s.shape if isinstance(d, str) and d in base})
     labels = sorted({classes.get(n, n) for n in names})
@@ -61,9 +67,10 @@ def probe_dims(model: onnx.ModelProto) -> tuple[dict[str, int], list[dict[str, i
     return base, choices
 
 
-def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor]) -> dict[str, list[Sizes]]:
+def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor],
+            dims: dict | None = None) -> dict[str, list[Sizes]]:
     """name -> the measured shape of each of `tensors` (graph tensors), or {} when the model does not run at
-    the probe dims. `graph` gets Shape nodes for the duration and comes back as it was."""
+    the probe dims (from `dims`: probe_dims). `graph` gets Shape nodes for the duration and comes back as it was."""
     wanted = [t for t in tensors if isinstance(t, gs.Variable)]
     if not wanted:
         return {}
@@ -74,7 +81,7 @@ def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor]) -
             out = gs.Variable(f"measure_shape/{i}", dtype=np.int64)
             graph.nodes.append(gs.Node("Shape", f"measure/{i}", inputs=[t], outputs=[out]))
             outs.append(out)
-        runs = _runs(graph, model, outs)
+        runs = _runs(graph, model, outs, dims=dims)
         if runs is None:  # a model that does not run at the probe dims: nothing measured, names decide
             return {}
     finally:
@@ -90,13 +97,15 @@ def measure(graph: gs.Graph, model: onnx.ModelProto, tensors: list[gs.Tensor]) -
     return shapes
 
 
-def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable]) -> list | None:
-    """The values of `outs` at the first run and at the first choice of second run that runs."""
+def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padding: bool = False,
+          dims: dict | None = None) -> list | None:
+    """The values of `outs` at the first run and at the first choice of second run that runs (`padding`: the
+    feeds' padding masks mask some positions; `dims`: as for probe_dims)."""
     def quiet(options):  # a choice that does not run is expected: no error chatter
         options.log_severity_level = 4
 
     try:
-        base, choices = probe_dims(model)
+        base, choices = probe_dims(model, dims)
         session = ort_session(cut_out(graph, outs, model), level="disable", register=quiet)  # opens fastest
         needed = {i.name for i in session.get_inputs()}
         names = [t.name for t in outs]
@@ -104,12 +113,12 @@ def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable]) -> l
         def run(feeds: dict) -> list:
             return session.run(names, {k: v for k, v in feeds.items() if k in needed})
 
-        first = run(make_feeds(model, dims=base, padding=False))
+        first = run(make_feeds(model, dims=base, padding=padding))
     except Exception:
         return None
     for dims in choices:
         try:
-            return [first, run(make_feeds(model, dims=dims, padding=False))]
+            return [first, run(make_feeds(model, dims=dims, padding=padding))]
         except Exception:
             continue
     return None
@@ -128,7 +137,7 @@ def measured(view, t: gs.Tensor) -> list[Sizes] | None:
     if view not in _MEASURED:
         regrouped = {id(x): x for n in view.graph.nodes if n.op in ("Reshape", "Flatten") for x in (n.inputs[0], n.outputs[0])}
         unknown = [x for x in regrouped.values() if isinstance(x, gs.Variable) and not _static(view.shape(x))]
-        _MEASURED[view] = measure(view.graph, model, unknown)
+        _MEASURED[view] = measure(view.graph, model, unknown, getattr(view, "dims", None))
     shapes = _MEASURED[view]
     if t.name in shapes:
         return shapes[t.name]
@@ -138,3 +147,55 @@ def measured(view, t: gs.Tensor) -> list[Sizes] | None:
 
 def _static(shape) -> bool:
     return shape is not None and all(isinstance(d, (int, np.integer)) and d > 0 for d in shape)
+
+
+_VALUES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> {name: value the same at both runs}
+
+
+def value(view, t: gs.Tensor) -> np.ndarray | None:
+    """`t`'s constant value: folded (view.const), or, for a tensor of the shape arithmetic folding left unknown,
+    evaluated at both probe dims and the same at both. None: not a constant, or not known to be one. The first
+    call evaluates every such tensor of the view's graph in one run per probe; later calls read the result."""
+    folded = view.const(t)
+    if folded is not None or getattr(view, "model", None) is None or t.name not in view.shape_only:
+        return folded
+    if view not in _VALUES:
+        _VALUES[view] = _constants(view)
+    return _VALUES[view].get(t.name)
+
+
+def _constants(view) -> dict[str, np.ndarray]:
+    wanted = view.unfolded()
+    runs = _runs(view.graph, view.model, wanted, dims=view.dims) if wanted else None
+    if runs is None:
+        return {}
+    return {t.name: np.asarray(a) for t, a, b in zip(wanted, *runs)
+            if np.shape(a) == np.shape(b) and np.array_equal(a, b)}
+
+
+def scalar_value(view, t: gs.Tensor) -> float | None:
+    """A scalar `value`, as a float."""
+    v = value(view, t)
+    if v is None or v.size != 1 or v.dtype.kind not in "fiu":
+        return None
+    return float(v.reshape(()))
+
+
+_ZEROS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> {name: is zero}
+
+
+def is_zero(view, t: gs.Tensor) -> bool:
+    """Whether `t` is 0 at every element: a constant of zeros, or a tensor of the graph evaluated on the model's
+    feeds (padding masks masking some positions) at both probe dims and 0 everywhere at both (the other branch
+    of a select tf2onnx lowers as Cast(c) * x + y * Cast(Not(c)), with y = 0). False when it cannot be told."""
+    folded = view.const(t)
+    if folded is not None:
+        return folded.size > 0 and not np.any(folded)
+    model = getattr(view, "model", None)
+    if model is None or not isinstance(t, gs.Variable):
+        return False
+    known = _ZEROS.setdefault(view, {})
+    if t.name not in known:
+        runs = _runs(view.graph, model, [t], padding=True, dims=view.dims)
+        known[t.name] = runs is not None and all(np.size(r[0]) > 0 and not np.any(r[0]) for r in runs)
+    return known[t.name]

@@ -115,11 +115,14 @@ def _constants(graph: gs.Graph):
 
 
 class GraphView:
-    def __init__(self, graph: gs.Graph, model: onnx.ModelProto | None = None, fold: bool = True):
+    def __init__(self, graph: gs.Graph, model: onnx.ModelProto | None = None, fold: bool = True,
+                 dims: dict | None = None):
         self.graph = graph
         self.model = model  # what graph/measure.py runs to measure shapes inference could not name
+        self.dims = dict(dims) if dims else None  # the dims the model runs at (graph/dims.py), where it measures
         self.opset = int(graph.opset) if graph.opset else DEFAULT_OPSET
         self._folded: dict[str, gs.Tensor] = {}
+        self.shape_only: set[str] = set()  # outputs of the graph's shape arithmetic (constants and shapes alone)
         self._shapes: dict[str, list] = known_shapes(model) if model is not None else {}
         if fold:
             self._fold()
@@ -139,6 +142,7 @@ class GraphView:
         # not its layers: copying the whole graph cost more than the folding), knowing the inferred shapes,
         # so Shape -> Gather of static dims folds too; weights on disk are not constants there
         cone = _constant_cone(self.graph)
+        self.shape_only = {t.name for n in cone for t in n.outputs if t.name}
         values = {n.outputs[0].name: n.attrs["value"] for n in cone if _constant_node(n)}  # no nodes in the copy:
         nodes = [n for n in cone if not _constant_node(n)]  # TorchScript writes every constant as a node
         if not nodes:
@@ -207,6 +211,12 @@ class GraphView:
             return np.asarray(v.values if isinstance(v, gs.Constant) else v)
         folded = self._folded.get(t.name)
         return np.asarray(folded.values) if folded is not None else None
+
+    def unfolded(self) -> list[gs.Variable]:
+        """The outputs of the graph's shape arithmetic that folding could not make constants (what they
+        read has dims inference did not follow: a Slice whose end is computed)."""
+        return [t for name in sorted(self.shape_only) if isinstance(t := self.tensors.get(name), gs.Variable)
+                and name not in self._folded]
 
     def scalar(self, t: gs.Tensor) -> float | None:
         v = self.const(t)

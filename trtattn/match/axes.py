@@ -21,6 +21,7 @@ import re
 
 import numpy as np
 
+from ..graph.dim_names import is_free
 from ..graph.measure import Sizes
 from .errors import Unsupported
 
@@ -47,6 +48,7 @@ class Atoms:
         self.size: dict[str, int | None] = {}
         self.symbol: dict[str, str] = {}  # a dim name an inference gave an atom alone on an axis
         self.dynamic: set[str] = set()  # atoms seen alone on an axis of a symbolic (or -1) dim
+        self.unnamed: set[str] = set()  # atoms seen alone on an axis inference could only call unk__N
         self.hard_coded: dict[str, tuple[int, str]] = {}  # atom -> (size, Reshape) a constant target gives it
         self.parts: dict[str, tuple[str, ...]] = {}  # atom -> the atoms it was split into
         # atom -> (Reshape target, index): where a Reshape computes the size of an axis holding it alone
@@ -57,9 +59,13 @@ class Atoms:
     def copy(self) -> Atoms:
         c = Atoms()
         c.size, c.symbol, c.parts, c.measure = dict(self.size), dict(self.symbol), dict(self.parts), dict(self.measure)
-        c.dynamic, c.hard_coded = set(self.dynamic), dict(self.hard_coded)
+        c.dynamic, c.unnamed, c.hard_coded = set(self.dynamic), set(self.unnamed), dict(self.hard_coded)
         c.entries, c.broadcast = dict(self.entries), set(self.broadcast)
         return c
+
+    def adopt(self, other: Atoms) -> None:
+        """Take what `other` (a copy of this registry that a trial worked on) learned."""
+        self.__dict__.update(other.copy().__dict__)
 
     def sizes(self, a: str, runs: int) -> tuple[int, ...] | None:
         """An atom's size at each of `runs` measured runs: its static size every time, or what was measured."""
@@ -105,7 +111,20 @@ class Atoms:
                     self.size[unknown[0]] = d // rest
             elif isinstance(d, str) and len(g) == 1 and not d.startswith("unk__"):
                 self.symbol.setdefault(g[0], d)
-            if len(g) == 1 and (isinstance(d, str) or (isinstance(d, int) and d < 0)):
+        self.note_symbolic(frame, dims)
+
+    def note_symbolic(self, frame: Frame, dims: list | None) -> None:
+        """Atoms alone on an axis whose inferred dim is symbolic (or -1): `dynamic`, or `unnamed` where the
+        name is a fresh symbol, which says nothing of whether the dim varies. Also where a layout op follows
+        measured dims instead: what inference names after the inputs still tells which lengths vary."""
+        if dims is None or len(dims) != len(frame):
+            return
+        for g, d in zip(self.resolve(frame), dims):
+            if len(g) != 1 or isinstance(d, Sizes):
+                continue
+            if isinstance(d, str) and is_free(d):
+                self.unnamed.add(g[0])
+            elif isinstance(d, str) or (isinstance(d, int) and d < 0):
                 self.dynamic.add(g[0])
 
     def _learn_measured(self, frame: Frame, dims: list[Sizes]) -> None:
@@ -125,10 +144,13 @@ class Atoms:
                     if len(g) == 1:
                         self.dynamic.add(g[0])
 
-    def baked(self, atoms: tuple[str, ...]) -> list[tuple[str, int, str]]:
+    def baked(self, atoms: tuple[str, ...], lengths_vary: bool = True) -> list[tuple[str, int, str]]:
         """(atom, size, Reshape) for each of `atoms` a constant Reshape target fixes although it is a
-        symbolic dim elsewhere: the graph means something else at other lengths."""
-        return [(a, *self.hard_coded[a]) for a in atoms if a in self.hard_coded and a in self.dynamic]
+        symbolic dim elsewhere: the graph means something else at other lengths. A dim inference could only
+        call unk__N counts as symbolic when `lengths_vary`: the model's inputs have a symbolic dim besides
+        the batch (a model whose only symbolic dim is the batch has static lengths, whatever inference says)."""
+        return [(a, *self.hard_coded[a]) for a in atoms if a in self.hard_coded
+                and (a in self.dynamic or (lengths_vary and a in self.unnamed))]
 
 
 # ---------------------------------------------------------------- dims

@@ -3,9 +3,13 @@ every attention-like Softmax that is not fused listed with why (never silent).""
 
 from __future__ import annotations
 
+import weakref
+
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..graph.dim_names import lengths_vary
+from ..graph.roles import input_specs
 from ..graph.view import GraphView
 from ..site import (
     AttentionSite,
@@ -145,6 +149,18 @@ def _operands(view: GraphView, core: Core):
     raise Unsupported(f"cannot read K and V of {core.bmm1.node.name} and {core.bmm2.node.name} with the same heads")
 
 
+_LENGTHS_VARY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> lengths_vary of its model
+
+
+def _lengths_vary(view: GraphView) -> bool:
+    """Whether the model's inputs have a symbolic dim besides the batch (without a model: assume so)."""
+    if view.model is None:
+        return True
+    if view not in _LENGTHS_VARY:
+        _LENGTHS_VARY[view] = lengths_vary(input_specs(view.model))
+    return _LENGTHS_VARY[view]
+
+
 def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     core = find_core(view, sm)
     atoms = core.atoms
@@ -152,7 +168,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         q, k, v, batch, heads, kv = _operands(view, core)
     except Unfollowable as e:
         raise Unsupported(str(e)) from None
-    for atom, size, node in atoms.baked((core.query, core.key)):
+    for atom, size, node in atoms.baked((core.query, core.key), _lengths_vary(view)):
         what = "query" if atom == core.query else "key"
         raise Unsupported(f"Reshape {node} writes the {what} length {size} into the graph where the model's length "
                           "is symbolic: at other lengths it attends within blocks of that length, which no fused "

@@ -5,8 +5,9 @@ frame) and backward (output -> input).
                 nothing: the frame as it is
     Transpose   the axes permuted
     Reshape     atoms regrouped by static sizes and dim names (axes.regroup); where inference left a
-                fresh symbol (unk__N) or no dim, by sizes measured at two runs (graph/measure.py); a
-                constant target that fixes a position's size is noted (a length written into the graph)
+                fresh symbol (unk__N) or no dim, by sizes measured at two runs (graph/measure.py), and by
+                the names again where those sizes cannot be placed; a constant target that fixes a
+                position's size is noted (a length written into the graph)
     Flatten     the axes before and after `axis` merged (forward); regrouped by dims (backward)
     Unsqueeze   unit axes inserted / removed       Squeeze   the reverse
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..graph.dim_names import is_free
-from ..graph.measure import measured
+from ..graph.measure import Sizes, measured
 from .axes import Atoms, Frame, Unfollowable, regroup, show
 
 
@@ -75,16 +76,22 @@ class Reshape(Rule):
     ops = ("Reshape",)
 
     def forward(self, view, node, frame, atoms):
-        dims_in, dims_out = _reshape_dims(view, node, view.shape(node.inputs[0]), reshape_dims(view, node))
-        out = regroup(atoms, frame, dims_in, dims_out, _what(node))
+        named_in, named_out = view.shape(node.inputs[0]), reshape_dims(view, node)
+        dims_in, dims_out = _reshape_dims(view, node, named_in, named_out)
+        atoms.note_symbolic(frame, named_in)
+        out = _regroup(atoms, frame, (dims_in, dims_out), (named_in, named_out), _what(node))
+        atoms.note_symbolic(out, named_out)
         _note_constants(view, node, out, atoms)
         _note_entries(view, node, out, atoms)
         return out
 
     def backward(self, view, node, frame, atoms):
         _note_constants(view, node, frame, atoms)
-        dims_in, dims_out = _reshape_dims(view, node, view.shape(node.inputs[0]), reshape_dims(view, node))
-        out = regroup(atoms, frame, dims_out, dims_in, _what(node))
+        named_in, named_out = view.shape(node.inputs[0]), reshape_dims(view, node)
+        dims_in, dims_out = _reshape_dims(view, node, named_in, named_out)
+        atoms.note_symbolic(frame, named_out)
+        out = _regroup(atoms, frame, (dims_out, dims_in), (named_out, named_in), _what(node))
+        atoms.note_symbolic(out, named_in)
         _note_entries(view, node, frame, atoms)
         return out
 
@@ -178,6 +185,32 @@ def _reshape_dims(view, node: gs.Node, dims_in: list | None, dims_out: list | No
     if got_in is None or got_out is None:
         return dims_in, dims_out
     return got_in, got_out
+
+
+def _regroup(atoms: Atoms, frame: Frame, dims: tuple, named: tuple, what: str) -> Frame:
+    """regroup by `dims` (measured where inference left fresh symbols), or by the dims inference `named` where
+    the measured sizes cannot be placed, or where a length is 1 at both runs (_unit_at_both_runs): numbers
+    that are ambiguous or contradictory where the names are not (a length the graph folds into the batch is
+    one). What matched before sizes were measured still matches, and a failure is the names' failure."""
+    (dims_from, dims_to), (named_from, named_to) = dims, named
+    if dims == named or _unit_at_both_runs(dims_from, named_from) or _unit_at_both_runs(dims_to, named_to):
+        return regroup(atoms, frame, named_from, named_to, what)
+    trial = atoms.copy()
+    try:
+        out = regroup(trial, frame, dims_from, dims_to, what)
+    except Unfollowable:
+        return regroup(atoms, frame, named_from, named_to, what)
+    atoms.adopt(trial)
+    return out
+
+
+def _unit_at_both_runs(measured: list | None, named: list | None) -> bool:
+    """A dim measured 1 at both runs that inference does not call 1: a length that is 1 at both probes, which
+    the numbers cannot tell from a unit axis (they place it anywhere, or nowhere: 'cannot tell how [x0*x1*m, n]
+    regroups into [8, 8, 1, 1]'), where the names can."""
+    if measured is None or named is None or len(measured) != len(named):
+        return False
+    return any(isinstance(m, Sizes) and m.static and m[0] == 1 and n != 1 for m, n in zip(measured, named))
 
 
 def _fresh(dims: list | None) -> bool:

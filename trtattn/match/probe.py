@@ -151,12 +151,14 @@ def _dtype(name: str):
 
 
 # ---------------------------------------------------------------- match + probe
-def analyse(model: onnx.ModelProto, feeds=None, progress=None) -> tuple[gs.Graph, MatchResult, dict]:
+def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None = None
+            ) -> tuple[gs.Graph, MatchResult, dict]:
     """Match sites and probe what their masks mean. Returns (graph, match result, meanings): the graph is
     imported once (weights left on disk stay there) and comes back unchanged, ready to be rewritten.
-    `progress` (report.Progress) counts the probe runs."""
+    `progress` (report.Progress) counts the probe runs; `dims`: the dims the model runs at (graph/dims.py),
+    where values and shapes a pattern cannot tell are measured (graph/measure.py)."""
     graph = import_graph(model)
-    view = GraphView(graph, model)
+    view = GraphView(graph, model, dims=dims)
     result = match(graph, view)
     meanings = {}
     if result.sites:

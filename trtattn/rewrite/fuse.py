@@ -246,7 +246,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                  given: tuple[bool, bool], progress, inputs) -> FuseResult:
     with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(model, ATTENTION_OPSET)
-        graph, result, meanings = analyse(working, probe_feeds(working, dims), progress)
+        graph, result, meanings = analyse(working, probe_feeds(working, dims), progress, dims=dims)
     if not result.sites and not result.skipped:
         return FuseResult(model, [], result.ignored, {"passed": True, "note": "no attention found"})
     reports = [SiteReport(s, pattern=getattr(meanings.get(s.name), "pattern", "none"),

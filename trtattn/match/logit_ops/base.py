@@ -19,13 +19,15 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ...graph.emit import Emitter
+from ...graph.measure import scalar_value
 from ...site import MaskKind, MaskStep
 
 
 def scalar(view, t: gs.Tensor) -> float | None:
     """A scalar constant, also through a DequantizeLinear of a quantized constant or of a QuantizeLinear of
-    one (a statically quantized model quantizes its constants too): the value the model computes with."""
-    v = view.scalar(t)
+    one (a statically quantized model quantizes its constants too): the value the model computes with. A scalar
+    of the shape arithmetic folding could not follow is evaluated (graph/measure.value)."""
+    v = scalar_value(view, t)
     if v is not None:
         return v
     dq = view.producer(t)

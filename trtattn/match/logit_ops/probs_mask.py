@@ -13,6 +13,10 @@ axis. With P = Softmax(x) that is exp(x) * m / sum(exp(x) * m) = Softmax(x + log
 boolean mask m != 0, whether or not the logits were masked before (`renormalisation` reads it). A row the mask
 zeroes everywhere is 0/0 = NaN in the plain form and 0 under flax's guard (the sum replaced by 1 where it is
 0, the result by 0); the fused op gives 0, as for any fully masked row.
+
+tf2onnx writes where(mask, P, y) as Cast(mask) * P + y * Cast(Not(mask)): the first term is P * m, the second what
+the select gives where the mask drops P. What it is, is evaluated (`zero_added`), not matched: 0 everywhere on the
+model's feeds (y = 0, Keras' masked softmax) leaves P * m as it is; anything else is listed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ...graph.measure import is_zero
 from ...site import MaskStep
 from ..errors import Unsupported
 from .base import scalar
@@ -78,9 +83,12 @@ def renormalisation(view, step: gs.Node, probs: gs.Tensor, axis: int, rank: int 
     """The nodes renormalising the probabilities `probs` masked by `step` (a node read_probabilities took)
     over the softmax `axis` (Div by their ReduceSum, optionally guarded against a zero sum), and the tensor
     they make; None when they are not renormalised. A sum that is not over the softmax axis alone, or a mask
-    that does not broadcast into the probabilities, is not a renormalisation: it raises why."""
+    that does not broadcast into the probabilities, is not a renormalisation: it raises why.
+    Also the Add of a tensor that is 0 everywhere (`zero_added`): it leaves the masked probabilities as they are."""
     masked = step.outputs[0]
     users = [c for c in view.consumers(masked) if c.op != "Shape"]
+    if len(users) == 1 and zero_added(view, users[0], masked):
+        return [users[0]], users[0].outputs[0]
     sums = [c for c in users if c.op == "ReduceSum" and c.inputs[0] is masked]
     divs = [c for c in users if c.op == "Div" and c.inputs[0] is masked]
     if len(users) != 2 or len(sums) != 1 or len(divs) != 1:
@@ -118,6 +126,16 @@ def renormalisation(view, step: gs.Node, probs: gs.Tensor, axis: int, rank: int 
         nodes.append(after[0])  # the rows whose sum is 0 set to 0 again: what the fused op gives them
         out = after[0].outputs[0]
     return nodes, out
+
+
+def zero_added(view, node: gs.Node, t: gs.Tensor) -> bool:
+    """`node` adds to `t` a tensor evaluated to be 0 everywhere (graph/measure.is_zero), of a shape that does not
+    broadcast `t` up: tf2onnx writes Keras' where(mask, P, 0) as Cast(mask) * P + 0 * Cast(Not(mask)), and the
+    second term is what a select's other branch gives where the mask keeps P, and 0 where it drops it."""
+    if node.op != "Add" or len(node.inputs) != 2 or sum(i is t for i in node.inputs) != 1:
+        return False
+    other = node.inputs[1] if node.inputs[0] is t else node.inputs[0]
+    return _broadcasts_into(view.shape(other), view.shape(t)) and is_zero(view, other)
 
 
 def _broadcasts_into(small: list | None, big: list | None) -> bool:

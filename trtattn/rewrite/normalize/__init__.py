@@ -113,7 +113,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         cleaned, stats = cleanup(model)
         external.set_data_dir(cleaned, external.data_dir(model))  # weights on disk: still where they were
     with progress.step("matching attention sites and probing masks"):
-        graph, result, meanings = analyse(cleaned, probe_feeds(cleaned, dims), progress)
+        graph, result, meanings = analyse(cleaned, probe_feeds(cleaned, dims), progress, dims=dims)
     scopes: dict[tuple, tuple] = {}  # a site's graph (main, or an If/Loop body) -> (graph, tensors, nodes, masks)
     rows: list[SiteNormalization] = []
     rewritten = 0
@@ -185,7 +185,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
             r.max_abs_err = outcome.site_errors.get(r.site.output)
         verification = outcome.summary()
     # what the normalised graph offers TensorRT, site by site
-    _, after, after_meanings = analyse(out, probe_feeds(out, dims))
+    _, after, after_meanings = analyse(out, probe_feeds(out, dims), dims=dims)
     by_softmax = {s.softmax or s.output: s for s in after.sites}
     for r in rows:
         s2 = by_softmax.get(r.site.softmax or r.site.output)
