@@ -79,6 +79,7 @@ class OutcomeSummary(TypedDict, total=False):
     lengths: list[dict[str, list[int]]]  # a ragged form's check: each iteration's per-row lengths
     branches: dict[str, OutcomeSummary]  # a merged decoder: each If branch's own (rewrite/branches.py)
     note_branches: str
+    one_key: list[str]  # fused sites verified only where their softmax has one key (graph/dims.py): unproven
 
 
 @dataclass
