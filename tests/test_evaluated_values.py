@@ -121,6 +121,30 @@ def test_values_are_evaluated_at_the_dims_the_model_runs_at(monkeypatch):
     assert report.site.scale == pytest.approx(1 / np.sqrt(8), rel=1e-6)
 
 
+def test_verify_matches_the_original_at_the_dims_it_runs_at(monkeypatch, tmp_path):
+    """`trtattn verify` matches the original's sites to compare their outputs: at the dims the search found (the
+    recogniser runs only at a height of 32), where fuse matched them, not at the defaults, where nothing runs and
+    nothing a pattern cannot prove is measured."""
+    from trtattn.graph.view import GraphView
+    from trtattn.verify import candidate
+
+    original = onnx.load(FOREIGN / "paddle-recognizer.paddle2onnx.onnx")
+    fused = fuse_model(original)
+    _fused(fused)
+    path = tmp_path / "fused.onnx"
+    onnx.save(fused.model, path)
+    seen = []
+
+    def view(graph, model=None, fold=True, dims=None):
+        seen.append(dims)
+        return GraphView(graph, model, fold, dims)
+
+    monkeypatch.setattr(candidate, "GraphView", view)
+    verification = candidate.verify_candidate(str(path), original)
+    assert [d and d["DynamicDimension.1"] for d in seen] == [32]
+    assert verification.outcome.passed and list(verification.site_errors) == ["Softmax.0"]
+
+
 # ------------------------------------------------------------------ class 2: a static length, a symbolic batch
 @pytest.mark.parametrize("name", ["keras-mha", "keras-block"])
 def test_a_static_length_with_a_symbolic_batch_is_not_baked(name):
