@@ -63,6 +63,16 @@ def test_scale_from_the_shape_of_a_computed_slice_is_evaluated(monkeypatch):
     assert report.site.scale == pytest.approx(1 / np.sqrt(8), rel=1e-6)
 
 
+def test_the_committed_in_projection_export_is_evaluated_without_symbolic_shapes(monkeypatch):
+    """The corpus's TorchScript export of the same code (tests/data/foreign): with ONNX Runtime's symbolic shape
+    inference giving up, as it did on the real models, its scale is still evaluated."""
+    from trtattn.graph import shapes
+
+    monkeypatch.setattr(shapes, "symbolic_shapes", lambda model: None)
+    [report] = _fused(fuse_model(onnx.load(FOREIGN / "in-projection.torchscript.onnx")))
+    assert report.site.scale == pytest.approx(1 / np.sqrt(8), rel=1e-6)
+
+
 def test_a_divisor_that_changes_with_the_dims_is_not_a_scale(monkeypatch):
     """The same export with the logits divided by the square root of the slice's length axis instead: it varies
     with the input, so it is not folded into a scale, and the site is listed with why."""
