@@ -26,28 +26,14 @@ def _fused(result, sites=1):
 def in_projection_export() -> onnx.ModelProto:
     """nn.MultiheadAttention-style code: one in-projection sliced into Q, K, V at an end computed from its shape,
     the head size read off the Q slice and the logits divided by its square root, as TorchScript writes it:
-    Div(logits, Pow(Cast(Div(Gather(Shape(Slice(proj, 0, end)), 2), heads)), 0.5))."""
-    torch = pytest.importorskip("torch", reason="the export needs torch")
-    from trtattn.testing.exports import export_module
+    Div(logits, Pow(Cast(Div(Gather(Shape(Slice(proj, 0, end)), 2), heads)), 0.5)) (the corpus's recipe)."""
+    pytest.importorskip("torch", reason="the export needs torch")
+    import tempfile
 
-    class InProjection(torch.nn.Module):
-        def __init__(self, embed=32, heads=4):
-            super().__init__()
-            self.in_proj, self.out_proj, self.heads = torch.nn.Linear(embed, 3 * embed), torch.nn.Linear(embed, embed), heads
+    from trtattn.zoo.foreign.tools import in_projection
 
-        def forward(self, x):  # [L, B, E]
-            length, batch = x.shape[0], x.shape[1]
-            proj = self.in_proj(x)
-            embed = proj.size(-1) // 3
-            q, k, v = proj[:, :, :embed], proj[:, :, embed:2 * embed], proj[:, :, 2 * embed:]
-            head = q.size(2) // self.heads
-            q, k, v = (t.contiguous().view(length, batch * self.heads, head).transpose(0, 1) for t in (q, k, v))
-            scores = torch.bmm(q, k.transpose(1, 2)) / (head ** 0.5)
-            o = torch.bmm(torch.softmax(scores, dim=-1), v).transpose(0, 1).contiguous().view(length, batch, -1)
-            return self.out_proj(o)
-
-    torch.manual_seed(0)
-    return export_module(InProjection(), (torch.randn(5, 2, 32),), ["x"], {"x": {0: "L", 1: "B"}})
+    with tempfile.TemporaryDirectory() as tmp:
+        return in_projection(Path(tmp))[0]
 
 
 def test_scale_from_the_shape_of_a_computed_slice_is_evaluated(monkeypatch):
