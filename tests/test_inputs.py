@@ -327,3 +327,6 @@ def test_an_attention_with_one_key_at_every_length_is_said():
     assert result.verification["one_key"] == ["attn"]
     assert "verified at one key only, which proves nothing: attn" in verdict(result.verification)
     assert "one key: unproven" in site_table([row])
+    from trtattn.rewrite.normalize import normalize_model
+
+    assert normalize_model(model).verification["one_key"] == ["attn"]
