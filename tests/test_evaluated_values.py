@@ -141,6 +141,15 @@ def test_verify_matches_the_original_at_the_dims_it_runs_at(monkeypatch, tmp_pat
     assert verification.outcome.passed and list(verification.site_errors) == ["Softmax.0"]
 
 
+@pytest.mark.parametrize("name", ["paddle-recognizer", "paddle-recognizer-opset7"])
+def test_heads_are_measured_where_the_graph_computes_the_shape(name):
+    """paddle2onnx's recogniser: Q, K, V from one projection reshaped by a Concat-computed shape, so inference
+    leaves every dim of the products unknown, and the model runs at one image height only. The second probe keeps
+    that height and moves the other dims; the products' operands are measured: 4 heads of 8, not 1 of unknown."""
+    [report] = _fused(fuse_model(onnx.load(FOREIGN / f"{name}.paddle2onnx.onnx")))
+    assert (report.site.q_heads, report.site.kv_heads, report.site.head_size) == (4, 4, 8)
+
+
 # ------------------------------------------------------------------ class 2: a static length, a symbolic batch
 @pytest.mark.parametrize("name", ["keras-mha", "keras-block"])
 def test_a_static_length_with_a_symbolic_batch_is_not_baked(name):
