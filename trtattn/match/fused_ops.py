@@ -119,19 +119,25 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         hidden = sizes[0] if sizes else (view.dim(n.inputs[1], 1) or 0) // 3 or None
     head = hidden // heads if hidden and heads else None
     scale = n.attrs.get("scale") or (1.0 / math.sqrt(head) if head else 1.0)
+    past = {"Attention": (4, 4), "MultiHeadAttention": (6, 7), "GroupQueryAttention": (3, 4)}.get(n.op)
+    past_k, past_v = (_opt(n, past[0]), _opt(n, past[1])) if past else (None, None)
     causal = CausalKind.NONE
-    if n.op == "GroupQueryAttention":
-        causal = CausalKind.LOWER_RIGHT
+    if n.op == "GroupQueryAttention" or (n.attrs.get("unidirectional", 0) and past_k is not None):
+        causal = CausalKind.LOWER_RIGHT  # the past keys, then the new ones up to the query's own
     elif n.attrs.get("unidirectional", 0):
         causal = CausalKind.UPPER_LEFT
     mask_at = {"Attention": (3, 5), "QAttention": (5,), "MultiHeadAttention": (4, 5)}.get(n.op, ())
     masked = any(_opt(n, i) is not None for i in mask_at)
     return AttentionSite(
-        name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "QAttention", "GroupQueryAttention") else SiteKind.CROSS,
+        name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "QAttention", "GroupQueryAttention") or past_k is not None
+        else SiteKind.CROSS,
         query=q.name, key=(_opt(n, 1) or q).name, value=(_opt(n, 2) or q).name, output=n.outputs[0].name,
         q_heads=heads, kv_heads=kv_heads, head_size=head, v_head_size=head, scale=float(scale),
         scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=masked,
         mask=MaskKind.ADDITIVE if masked else MaskKind.NONE,
-        cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" else CacheKind.NONE,
-        source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",),
+        cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else CacheKind.NONE,
+        past_key=past_k.name if past_k is not None else None, past_value=past_v.name if past_v is not None else None,
+        source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",) + (
+            ("present = Concat(past, new): ONNX Runtime's when each row's past fills past_key",)
+            if n.op == "GroupQueryAttention" and past_k is not None else ()),
     )

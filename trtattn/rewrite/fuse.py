@@ -227,7 +227,7 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
 
         return fuse_branches(model, fuse_model, verify=verify, dims=dims, seed=seed, atol=atol, rtol=rtol,
                              progress=progress)
-    fit = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py)
+    fit = fit_dims(model, dims, progress=progress, given=inputs)  # dims the original runs on (graph/dims.py)
     result = _fuse_fitted(model, fit, verify=verify, seed=seed, atol=atol, rtol=rtol, given=given, progress=progress,
                           inputs=inputs)
     result.dims = fit_record(fit)

@@ -11,8 +11,13 @@ com.microsoft QAttention (ONNX Runtime's quantize_dynamic over an optimized Atte
     attention after an int8/uint8 projection, written as the integer product ONNX Runtime computes
     (MatMulInteger, int32 accumulation, times input_scale * weight_scale), so that the quantized layers
     after it see the same values.
-Past/present caches, packed QKV formats, rotary inside the op and GroupQueryAttention are not
-converted: the site is reported with the reason instead.
+With a cache (Attention's past [2, B, N, P, H] and present; MultiHeadAttention's past_key/past_value
+[B, N, P, H] and present_key/present_value) the standard op takes the past and returns the present
+(Concat(past, new) on the sequence axis, which is what both contrib kernels write), masks and
+lengths span past + new keys, and unidirectional is causal from the bottom right (query i sees the
+past and new keys up to i). GroupQueryAttention: rewrite/group_query.py. A cache in a shared buffer
+(past_present_share_buffer, past_sequence_length), packed QKV formats and rotary inside the op are
+not converted: the site is reported with the reason instead.
 """
 
 from __future__ import annotations
@@ -57,11 +62,11 @@ def _mask_rank(mask) -> int | None:
     return len(mask.shape) if mask.shape is not None else None
 
 
-def _key_padding(emit: Emitter, mask, k4, filter_value: float, dtype):
-    """mask_index / key_padding_mask -> additive [B, 1, 1, T] (0 where attended, filter where not)."""
+def _key_padding(emit: Emitter, mask, total, filter_value: float, dtype):
+    """mask_index / key_padding_mask -> additive [B, 1, 1, T] (0 where attended, filter where not); `total`:
+    the number of keys T (past + new), a 0-D int64 tensor."""
     rank = _mask_rank(mask)
     if rank == 1:  # per-row lengths: key j attended iff j < length[b]
-        total = emit("Gather", [emit("Shape", [k4], dtype=np.int64), emit.const(2, np.int64)], {"axis": 0}, dtype=np.int64)
         j = emit("Range", [emit.const(0, np.int64), total, emit.const(1, np.int64)], dtype=np.int64)
         lengths = emit("Cast", [mask], {"to": 7}, dtype=np.int64)
         keep = emit("Less", [emit("Unsqueeze", [j, emit.const([0], np.int64)], dtype=np.int64),
@@ -76,17 +81,31 @@ def _key_padding(emit: Emitter, mask, k4, filter_value: float, dtype):
     return emit("Where", [keep, emit.const(0.0, dtype), emit.const(filter_value, dtype)], dtype=dtype, name="key_padding")
 
 
-def _causal(emit: Emitter, q4, k4, filter_value: float, dtype):
-    """unidirectional: key j attended iff j <= i (+ past length, none here)."""
-    def length(t):
-        return emit("Gather", [emit("Shape", [t], dtype=np.int64), emit.const(2, np.int64)], {"axis": 0}, dtype=np.int64)
-
+def causal_keep(emit: Emitter, queries, total, past):
+    """[Sq, T] booleans: key j attended by query i iff j <= past + i (bottom-right aligned: the past keys
+    and the new ones up to the query's own); 0-D int64 lengths."""
     zero, one = emit.const(0, np.int64), emit.const(1, np.int64)
-    i = emit("Range", [zero, length(q4), one], dtype=np.int64)
-    j = emit("Range", [zero, length(k4), one], dtype=np.int64)
-    keep = emit("LessOrEqual", [emit("Unsqueeze", [j, emit.const([0], np.int64)], dtype=np.int64),
+    i = emit("Add", [emit("Range", [zero, queries, one], dtype=np.int64), past], dtype=np.int64)
+    j = emit("Range", [zero, total, one], dtype=np.int64)
+    return emit("LessOrEqual", [emit("Unsqueeze", [j, emit.const([0], np.int64)], dtype=np.int64),
                                 emit("Unsqueeze", [i, emit.const([1], np.int64)], dtype=np.int64)], dtype=np.bool_)
+
+
+def _causal(emit: Emitter, queries, total, past, filter_value: float, dtype):
+    """unidirectional, as the contrib kernels apply it: key j attended iff j <= i + past length."""
+    keep = causal_keep(emit, queries, total, past)
     return emit("Where", [keep, emit.const(0.0, dtype), emit.const(filter_value, dtype)], dtype=dtype, name="causal")
+
+
+def _refuse_shared_buffer(node: gs.Node, past_length_input: int) -> None:
+    if node.attrs.get("past_present_share_buffer", 0) or _opt(node, past_length_input) is not None:
+        raise TrtattnError(f"com.microsoft:{node.op} {node.name} keeps its cache in a shared buffer "
+                           "(past_present_share_buffer / past_sequence_length): not converted")
+
+
+def _used(graph: gs.Graph, t) -> bool:
+    """Whether an output is read: by a node, or as a graph output."""
+    return t is not None and bool(t.name) and (bool(t.outputs) or any(o is t for o in graph.outputs))
 
 
 def _quantized_projection(emit: Emitter, node: gs.Node):
@@ -120,11 +139,14 @@ def _onnx_type(dtype) -> int:
 
 
 def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
-    """Replace a com.microsoft Attention / MultiHeadAttention node; returns the new Attention node."""
+    """Replace a com.microsoft Attention / MultiHeadAttention / GroupQueryAttention node; returns the new
+    Attention node."""
+    if node.op == "GroupQueryAttention":
+        from .group_query import convert_group_query
+
+        return convert_group_query(graph, node, prefix)
     if node.op not in ("Attention", "MultiHeadAttention", "QAttention"):
         raise TrtattnError(f"converting com.microsoft:{node.op} to the standard Attention op is not supported")
-    if len(node.outputs) > 1 and any(o.name and o.outputs for o in node.outputs[1:]):
-        raise TrtattnError(f"com.microsoft:{node.op} {node.name} returns a present cache: not converted")
     if node.attrs.get("do_rotary", 0):
         raise TrtattnError(f"com.microsoft:{node.op} {node.name} applies rotary embedding inside: not converted")
     emit = Emitter(graph, prefix)
@@ -132,14 +154,21 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     filter_value = float(node.attrs.get("mask_filter_value", DEFAULT_FILTER))
     x = node.inputs[0]
     dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+    past_k = past_v = None
     if node.op in ("Attention", "QAttention"):
         if node.op == "QAttention":
             qkv, width, dtype, mask = _quantized_projection(emit, node)
             attention_bias = None
         else:
             weight, bias, mask = node.inputs[1], _opt(node, 2), _opt(node, 3)
-            if _opt(node, 4) is not None:
-                raise TrtattnError(f"com.microsoft:Attention {node.name} has a past input: not converted")
+            past = _opt(node, 4)
+            if past is not None:  # [2, B, N, P, H]: the past key and value stacked
+                _refuse_shared_buffer(node, 6)
+                past_k, past_v = (emit("Gather", [past, emit.const(i, np.int64)], {"axis": 0}, dtype=dtype)
+                                  for i in (0, 1))
+            elif _used(graph, node.outputs[1] if len(node.outputs) > 1 else None):
+                raise TrtattnError(f"com.microsoft:Attention {node.name} returns a present cache without a past "
+                                   "input: not converted")
             attention_bias = _opt(node, 5)
             width = weight.shape[1] if weight.shape else None
             qkv = emit("MatMul", [x, weight], dtype=dtype)
@@ -158,8 +187,14 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         if len(k.shape or []) == 4:
             raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} takes K/V in BNSH (a cache): not converted")
         bias, mask, attention_bias = _opt(node, 3), _opt(node, 4), _opt(node, 5)
-        if _opt(node, 6) is not None:
-            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} has a past input: not converted")
+        past_k, past_v = _opt(node, 6), _opt(node, 7)
+        if (past_k is None) != (past_v is None):
+            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} has only one of past_key and past_value")
+        if past_k is not None:
+            _refuse_shared_buffer(node, 8)
+        elif any(_used(graph, o) for o in node.outputs[1:3]):
+            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} returns a present cache without a "
+                               "past input: not converted")
         width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
         if width is None:
             raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name}: the hidden size is unknown")
@@ -172,27 +207,44 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         else:
             v_width = width
         head_q, head_v = width // heads, v_width // heads
+    extra = node.outputs[3:] if node.op == "MultiHeadAttention" else node.outputs[2:]
+    if any(_used(graph, o) for o in extra):
+        raise TrtattnError(f"com.microsoft:{node.op} {node.name} also outputs its QK product: not converted")
     q4, k4 = _heads(emit, q, heads, head_q, dtype), _heads(emit, k, heads, head_q, dtype)
     v4 = _heads(emit, v, heads, head_v, dtype)
+    past_len = emit.dim(past_k, 2) if past_k is not None else emit.const(0, np.int64)
+    total = emit("Add", [past_len, emit.dim(k4, 2)], dtype=np.int64) if past_k is not None else emit.dim(k4, 2)
     additive = None
     if mask is not None:
-        additive = _key_padding(emit, mask, k4, filter_value, dtype)
+        additive = _key_padding(emit, mask, total, filter_value, dtype)
     if node.attrs.get("unidirectional", 0):
-        causal = _causal(emit, q4, k4, filter_value, dtype)
+        causal = _causal(emit, emit.dim(q4, 2), total, past_len, filter_value, dtype)
         additive = causal if additive is None else emit("Add", [additive, causal], dtype=dtype)
     if attention_bias is not None:
         additive = attention_bias if additive is None else emit("Add", [additive, attention_bias], dtype=dtype)
     scale = node.attrs.get("scale") or 1.0 / math.sqrt(head_q)
     inputs = [q4, k4, v4]
-    if additive is not None:
-        inputs.append(emit.full_query_rows(additive, q4))
-    y = emit("Attention", inputs, {"scale": float(scale)}, dtype=dtype, name="Attention")
-    attention = graph.nodes[-1]
+    if additive is not None or past_k is not None:
+        inputs.append(emit.full_query_rows(additive, q4) if additive is not None else gs.Variable.empty())
+    presents: list = []
+    if past_k is not None:
+        inputs += [past_k, past_v]
+        if node.op == "MultiHeadAttention":
+            presents = [o if _used(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
+                        for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
+        else:
+            presents = [gs.Variable(f"{prefix}/present_{p}", dtype=dtype) for p in "kv"]
+    y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
+    attention = gs.Node("Attention", f"{prefix}/Attention", {"scale": float(scale)}, inputs=inputs,
+                        outputs=[y, *presents])
+    graph.nodes.append(attention)
+    if node.op != "MultiHeadAttention" and past_k is not None and _used(graph, node.outputs[1]):
+        stacked = [emit("Unsqueeze", [p, emit.const([0], np.int64)], dtype=dtype) for p in presents]
+        emit("Concat", stacked, {"axis": 0}, dtype=dtype, name="present")
+        graph.nodes[-1].outputs = [node.outputs[1]]
     out = node.outputs[0]
-    merged = _merge(emit, y, dtype)
     node.outputs.clear()
     node.inputs.clear()
-    last = graph.nodes[-1]
-    last.outputs = [out]
-    del merged
+    _merge(emit, y, dtype)
+    graph.nodes[-1].outputs = [out]
     return attention

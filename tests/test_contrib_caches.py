@@ -1,0 +1,142 @@
+"""Linked inputs and ONNX Runtime's contrib attention ops with caches (issue 26, parts 1 and 2).
+
+Integer inputs an op reads as lengths (GroupQueryAttention's seqlens_k and total_sequence_length) get the
+values the other inputs' dims make them (graph/roles.py LINKED_LENGTHS), so the dims search has a model
+that runs; position_ids [1, S] broadcast over the batch makes it try batch 1 first; `--inputs` fixes every
+dim it covers (nothing searched). MultiHeadAttention, Attention and GroupQueryAttention with past/present
+become the standard Attention op with past_key/past_value and present outputs, verified on ONNX Runtime."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from trtattn.graph.dims import fit_dims
+from trtattn.graph.feeds import make_feeds
+from trtattn.graph.roles import input_specs
+from trtattn.graph.user_inputs import GivenInputs
+from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.contrib_graphs import cache_model, group_query_feeds, group_query_model
+
+
+def _run(model, feeds):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _ops(model):
+    return collections.Counter(f"{n.domain}:{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
+
+
+# ---------------------------------------------------------------- linked inputs
+def test_group_query_lengths_are_linked_to_the_dims():
+    roles = {s.name: s.role for s in input_specs(group_query_model())}
+    assert roles["total_sequence_length"] == {"kind": "length", "of": ["s", "past"], "add": 0}
+    assert roles["seqlens_k"] == {"kind": "length", "of": ["s", "past"], "add": -1}
+    feeds = make_feeds(group_query_model(), dims={"b": 1, "s": 3, "past": 5})
+    assert feeds["total_sequence_length"].item() == 8 and feeds["seqlens_k"].tolist() == [7]
+    _run(group_query_model(), feeds)  # ONNX Runtime takes them
+
+
+def test_dims_search_with_rotary_positions_broadcast_over_the_batch():
+    """RotaryEmbedding takes position_ids [1, S] per row (batch 1 only) and GroupQueryAttention its lengths:
+    the search finds batch 1 at once and the feeds at the dims it found run."""
+    model = group_query_model(rotary=True)
+    fit = fit_dims(model)
+    assert fit["b"] == 1 and fit.runs == 2, fit.reasons  # the defaults, then batch 1 before any length
+    assert "position_ids" in fit.reasons[0]
+    _run(model, make_feeds(model, dims=fit))
+
+
+def test_given_inputs_fix_the_dims_without_a_search(tmp_path):
+    model = group_query_model(rotary=True)
+    feeds = group_query_feeds(1, 3, 5)
+    feeds["position_ids"] = np.arange(5, 8, dtype=np.int64)[None]
+    np.savez(tmp_path / "in.npz", **feeds)
+    given = GivenInputs.load(tmp_path / "in.npz", model)
+    fit = fit_dims(model, {"s": 4}, given=given)
+    assert (fit["b"], fit["s"], fit["past"]) == (1, 3, 5)
+    assert "from the inputs given" in fit.reasons[0] and "--dims s=4 set aside" in fit.reasons[1]
+    assert fit.runs == 1  # the user's inputs, once
+    result = fuse_model(model, inputs=given)
+    assert result.ok, [r.row() for r in result.reports]
+    assert result.verification["inputs"]["source"] == "file" and result.dims["values"]["s"] == 3
+
+
+def test_given_inputs_the_model_does_not_run_on_are_one_line(tmp_path):
+    from trtattn.graph.dims import DimsDoNotFit
+
+    model = group_query_model()
+    feeds = group_query_feeds(2, 3, 5)  # batch 2 with a past and more than one new token: the kernel refuses
+    np.savez(tmp_path / "in.npz", **feeds)
+    with pytest.raises(DimsDoNotFit, match=r"does not run on the inputs given \(--inputs .*in.npz\): "
+                                           r"GroupQueryAttention node 'gqa' fails: batch_size must be 1"):
+        fit_dims(model, given=GivenInputs.load(tmp_path / "in.npz", model))
+
+
+# ---------------------------------------------------------------- contrib ops with caches
+@pytest.mark.parametrize("op", ["MultiHeadAttention", "Attention"])
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_contrib_attention_with_a_cache_becomes_attention_with_past_and_present(op, unidirectional):
+    model = cache_model(op, unidirectional=unidirectional)
+    result = fuse_model(model)
+    assert result.ok, [r.row() for r in result.reports]
+    (report,) = result.reports
+    assert report.site.cache.value == "concat" and report.site.kind.value == "self"
+    assert report.site.causal.value == ("lower_right" if unidirectional else "none")
+    assert _ops(result.model)["Attention"] == 1 and _ops(result.model)[f"com.microsoft:{op}"] == 0
+    (attention,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    assert len(attention.input) == 6 and len(attention.output) == 3  # past in, present out
+    assert set(result.verification["outputs"]) == {o.name for o in model.graph.output}  # the present is compared
+    assert result.verification["max_abs_err"] <= 1e-5
+    # at dims of its own: a past of 4, 3 new tokens (the causal mask is aligned to the bottom right)
+    rng = np.random.default_rng(1)
+    if op == "Attention":
+        feeds = {"x": rng.standard_normal((2, 3, 16)), "past": rng.standard_normal((2, 2, 2, 4, 8))}
+    else:
+        feeds = {**{n: rng.standard_normal((2, 3, 16)) for n in "qkv"},
+                 **{n: rng.standard_normal((2, 2, 4, 8)) for n in ("past_key", "past_value")}}
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    for want, got in zip(_run(model, feeds), _run(result.model, feeds)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,new,past,seqlens", [(2, 1, 4, None), (1, 3, 4, None), (2, 5, 0, None),
+                                                    (3, 5, 0, [4, 2, 0])])  # a first prompt right-padded
+def test_group_query_attention_becomes_attention_with_past_and_present(rows, new, past, seqlens):
+    model = group_query_model()
+    result = fuse_model(model)
+    assert result.ok, [r.row() for r in result.reports]
+    assert _ops(result.model)["Attention"] == 1 and _ops(result.model)["com.microsoft:GroupQueryAttention"] == 0
+    (attention,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    assert attention.input[4:] == ["past_key", "past_value"] and list(attention.output[1:]) == ["present_key",
+                                                                                                 "present_value"]
+    feeds = group_query_feeds(rows, new, past, seqlens)
+    for want, got in zip(_run(model, feeds), _run(result.model, feeds)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_group_query_attention_ragged_past_keeps_the_outputs_and_says_the_present_differs():
+    """A row whose past is shorter than past_key: the standard op's present is Concat(past, new), ONNX
+    Runtime's writes the new keys after the row's own past; the attention output is the same."""
+    model = group_query_model()
+    result = fuse_model(model)
+    assert any("present = Concat(past, new)" in n for n in result.reports[0].site.notes)
+    feeds = group_query_feeds(3, 1, 4, seqlens=[4, 2, 3])
+    want, got = _run(model, feeds), _run(result.model, feeds)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-5)
+    assert not np.allclose(got[1], want[1])
+
+
+@pytest.mark.parametrize("attrs, reason", [({"smooth_softmax": 1}, "smooth softmax"),
+                                           ({"local_window_size": 2}, "sliding window"), ({"softcap": 5.0}, "softcap")])
+def test_group_query_attention_it_cannot_convert_is_listed_with_why(attrs, reason):
+    from onnx import helper
+
+    model = group_query_model()
+    model.graph.node[0].attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items())
+    result = fuse_model(model)
+    assert not result.ok and reason in result.reports[0].reason

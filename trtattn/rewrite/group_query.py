@@ -1,0 +1,112 @@
+"""ONNX Runtime's com.microsoft GroupQueryAttention as the standard ONNX Attention op with past/present.
+
+GroupQueryAttention takes Q [B, S, N*H], K and V [B, S, Nkv*H], past_key/past_value [B, Nkv, P, H], and
+per row the total length (seqlens_k = total - 1) next to the batch's total_sequence_length. Its kernel
+writes the present as the past rows' first `past_b` keys followed by the new ones, where the first prompt
+(S == total_sequence_length) has no past and later steps have past_b = total_b - S; query i sees the past
+keys and the new keys up to its own (causal from the bottom right) within the row's total.
+
+The standard op's present is Concat(past, new) (its kv-cache update): the same cache when every row's
+past fills past_key (P == total_b - S, a concatenated cache, and always on a first prompt with no past),
+which is how a model built on concatenated caches calls it. The keys each query sees are read from
+seqlens_k as the kernel reads them, in a boolean mask: past keys below past_b, new keys up to the query
+and below the row's new length. Rotary inside the op, packed QKV, a sliding window, softcap, smooth
+softmax and sinks are not converted: the site is reported with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..errors import TrtattnError
+from ..graph.emit import Emitter
+from .microsoft import _heads, _merge, _opt, _used, causal_keep
+
+_NOT_CONVERTED = {"do_rotary": "applies rotary embedding inside", "smooth_softmax": "uses a smooth softmax",
+                  "softcap": "caps its logits (softcap)"}
+
+
+def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
+    """Replace a com.microsoft GroupQueryAttention node; returns the new Attention node."""
+    where = f"com.microsoft:GroupQueryAttention {node.name}"
+    for attr, why in _NOT_CONVERTED.items():
+        if node.attrs.get(attr, 0):
+            raise TrtattnError(f"{where} {why}: not converted")
+    if int(node.attrs.get("local_window_size", -1)) != -1:
+        raise TrtattnError(f"{where} attends within a sliding window (local_window_size): not converted")
+    q, k, v = node.inputs[0], _opt(node, 1), _opt(node, 2)
+    if k is None or v is None:
+        raise TrtattnError(f"{where} takes Q, K and V packed in one input: not converted")
+    if _opt(node, 11) is not None:
+        raise TrtattnError(f"{where} has attention sinks (head_sink): not converted")
+    if len(node.outputs) > 3 and _used(graph, node.outputs[3]):
+        raise TrtattnError(f"{where} also outputs its QK product: not converted")
+    past_k, past_v, seqlens, total_length = _opt(node, 3), _opt(node, 4), node.inputs[5], node.inputs[6]
+    if (past_k is None) != (past_v is None):
+        raise TrtattnError(f"{where} has only one of past_key and past_value")
+    heads, kv_heads = int(node.attrs["num_heads"]), int(node.attrs["kv_num_heads"])
+    width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
+    if width is None:
+        raise TrtattnError(f"{where}: the query's hidden size is unknown")
+    head = width // heads
+    dtype = np.dtype(q.dtype) if q.dtype is not None else np.dtype(np.float32)
+    emit = Emitter(graph, prefix)
+    q4, k4, v4 = _heads(emit, q, heads, head, dtype), _heads(emit, k, kv_heads, head, dtype), \
+        _heads(emit, v, kv_heads, head, dtype)
+    keep = _keep(emit, q4, past_k, seqlens, total_length)
+    bias = _opt(node, 10)
+    mask = keep if bias is None else emit(
+        "Where", [keep, bias, emit.const(np.finfo(dtype).min, dtype)], dtype=dtype, name="attention_bias")
+    scale = node.attrs.get("scale") or 1.0 / math.sqrt(head)
+    inputs = [q4, k4, v4, emit.full_query_rows(mask, q4)]
+    presents = []
+    if past_k is not None:
+        inputs += [past_k, past_v]
+        presents = [o if _used(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
+                    for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
+    y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
+    attention = gs.Node("Attention", f"{prefix}/Attention", {"scale": float(scale)}, inputs=inputs,
+                        outputs=[y, *presents])
+    graph.nodes.append(attention)
+    if past_k is None and any(_used(graph, o) for o in node.outputs[1:3]):  # no past: the present is the new K/V
+        for o, t in zip(node.outputs[1:3], (k4, v4)):
+            if _used(graph, o):
+                emit("Identity", [t], dtype=dtype, name="present")
+                graph.nodes[-1].outputs = [o]
+    out = node.outputs[0]
+    node.outputs.clear()
+    node.inputs.clear()
+    _merge(emit, y, dtype)
+    graph.nodes[-1].outputs = [out]
+    return attention
+
+
+def _keep(emit: Emitter, q4, past_k, seqlens, total_length):
+    """[B, 1, S, P + S] booleans, True where a query sees a key, as the kernel reads seqlens_k: row b's
+    total is seqlens_k[b] + 1; on a first prompt (S == total_sequence_length) it has no past, else its
+    past is total - S keys; query i sees the past keys below that and the new keys n <= i below the
+    row's new length (total - past)."""
+    i64 = np.int64
+    s = emit.dim(q4, 2)
+    p = emit.dim(past_k, 2) if past_k is not None else emit.const(0, i64)
+    row_total = emit("Add", [emit.cast(seqlens, i64), emit.const(1, i64)], dtype=i64)  # [B]
+    first = emit("Equal", [emit.cast(total_length, i64), s], dtype=np.bool_)
+    row_past = emit("Where", [first, emit.const(0, i64), emit("Sub", [row_total, s], dtype=i64)], dtype=i64)
+    row_new = emit("Sub", [row_total, row_past], dtype=i64)
+
+    def per_row(t):  # [B] -> [B, 1, 1, 1]
+        return emit("Unsqueeze", [t, emit.const([1, 2, 3], i64)], dtype=i64)
+
+    keys = emit("Add", [p, s], dtype=i64)
+    j = emit("Range", [emit.const(0, i64), keys, emit.const(1, i64)], dtype=i64)  # [P + S]
+    n = emit("Sub", [j, p], dtype=i64)  # a new key's index (negative for the past)
+    past_seen = emit("And", [emit("Less", [j, p], dtype=np.bool_),
+                             emit("Less", [j, per_row(row_past)], dtype=np.bool_)], dtype=np.bool_)
+    causal = causal_keep(emit, s, keys, p)  # [S, P + S]: j <= P + i
+    new_seen = emit("And", [emit("And", [emit("GreaterOrEqual", [n, emit.const(0, i64)], dtype=np.bool_), causal],
+                                 dtype=np.bool_),
+                            emit("Less", [n, per_row(row_new)], dtype=np.bool_)], dtype=np.bool_)
+    return emit("Or", [past_seen, new_seen], dtype=np.bool_, name="keys_seen")

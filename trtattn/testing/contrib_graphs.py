@@ -1,0 +1,85 @@
+"""Hand-built graphs of ONNX Runtime's contrib attention ops with caches and linked inputs (tests of
+rewrite/microsoft.py, rewrite/group_query.py and the dims search): ONNX Runtime runs them on CPU.
+
+- `group_query_model`: GroupQueryAttention with past_key/past_value and its integer inputs seqlens_k and
+  total_sequence_length as graph inputs, optionally after RotaryEmbedding with position_ids [1, S]
+  (broadcast over the batch: the model runs at batch 1 only).
+- `cache_model`: MultiHeadAttention (past_key/past_value -> present_key/present_value) or Attention
+  (past [2, B, N, P, H] -> present), unidirectional or not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+_OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+
+
+def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "contrib", inputs, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                                                         for n in outputs], list(inits))
+    model = helper.make_model(graph, opset_imports=_OPSETS)
+    model.ir_version = 8
+    return model
+
+
+def _rotary_tables(head: int, positions: int = 64) -> list[onnx.TensorProto]:
+    angles = np.arange(positions)[:, None] / (10000 ** (np.arange(0, head, 2) / head))[None]
+    return [numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos_cache"),
+            numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin_cache")]
+
+
+def group_query_model(*, heads=4, kv_heads=2, head=8, rotary=False) -> onnx.ModelProto:
+    inputs = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["b", "s", heads * head]),
+              helper.make_tensor_value_info("key", TensorProto.FLOAT, ["b", "s", kv_heads * head]),
+              helper.make_tensor_value_info("value", TensorProto.FLOAT, ["b", "s", kv_heads * head]),
+              helper.make_tensor_value_info("past_key", TensorProto.FLOAT, ["b", kv_heads, "past", head]),
+              helper.make_tensor_value_info("past_value", TensorProto.FLOAT, ["b", kv_heads, "past", head]),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["b"]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    nodes, inits, q, k = [], [], "query", "key"
+    if rotary:
+        inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "s"]))
+        inits = _rotary_tables(head)
+        nodes = [helper.make_node("RotaryEmbedding", [t, "position_ids", "cos_cache", "sin_cache"], [f"{t}_rotated"],
+                                  domain="com.microsoft", num_heads=n) for t, n in ((q, heads), (k, kv_heads))]
+        q, k = "query_rotated", "key_rotated"
+    nodes.append(helper.make_node("GroupQueryAttention", [q, k, "value", "past_key", "past_value", "seqlens_k",
+                                                          "total_sequence_length"], ["y", "present_key", "present_value"],
+                                  domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, name="gqa"))
+    return _model(nodes, inputs, ["y", "present_key", "present_value"], inits)
+
+
+def group_query_feeds(rows: int, new: int, past: int, seqlens=None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Feeds of group_query_model (4/2 heads of 8) that ONNX Runtime runs: seqlens_k = total - 1 per row
+    unless given."""
+    rng = np.random.default_rng(seed)
+    feeds = {"query": rng.standard_normal((rows, new, 32)), "key": rng.standard_normal((rows, new, 16)),
+             "value": rng.standard_normal((rows, new, 16)), "past_key": rng.standard_normal((rows, 2, past, 8)),
+             "past_value": rng.standard_normal((rows, 2, past, 8))}
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    feeds["seqlens_k"] = np.asarray(seqlens if seqlens is not None else [past + new - 1] * rows, dtype=np.int32)
+    feeds["total_sequence_length"] = np.array(past + new, dtype=np.int32)
+    return feeds
+
+
+def cache_model(op: str = "MultiHeadAttention", *, unidirectional=1, heads=2, head=8, seed=0) -> onnx.ModelProto:
+    width = heads * head
+    rng = np.random.default_rng(seed)
+    if op == "Attention":
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", width]),
+                  helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, "b", heads, "past", head])]
+        inits = [numpy_helper.from_array((rng.standard_normal((width, 3 * width)) * 0.3).astype(np.float32), "w"),
+                 numpy_helper.from_array((rng.standard_normal(3 * width) * 0.3).astype(np.float32), "bias")]
+        node = helper.make_node("Attention", ["x", "w", "bias", "", "past"], ["y", "present"], domain="com.microsoft",
+                                num_heads=heads, unidirectional=unidirectional, name="attention")
+        return _model([node], inputs, ["y", "present"], inits)
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", width]) for n in ("q", "k", "v")] + \
+             [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", heads, "past", head])
+              for n in ("past_key", "past_value")]
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "", "past_key", "past_value"],
+                            ["y", "present_key", "present_value"], domain="com.microsoft", num_heads=heads,
+                            unidirectional=unidirectional, name="mha")
+    return _model([node], inputs, ["y", "present_key", "present_value"])
