@@ -79,9 +79,9 @@ def test_given_inputs_the_model_does_not_run_on_are_one_line(tmp_path):
 
 # ---------------------------------------------------------------- contrib ops with caches
 @pytest.mark.parametrize("op", ["MultiHeadAttention", "Attention"])
-@pytest.mark.parametrize("unidirectional", [0, 1])
-def test_contrib_attention_with_a_cache_becomes_attention_with_past_and_present(op, unidirectional):
-    model = cache_model(op, unidirectional=unidirectional)
+@pytest.mark.parametrize("unidirectional,mask", [(0, False), (1, False), (1, True)])
+def test_contrib_attention_with_a_cache_becomes_attention_with_past_and_present(op, unidirectional, mask):
+    model = cache_model(op, unidirectional=unidirectional, mask=mask)
     result = fuse_model(model)
     assert result.ok, [r.row() for r in result.reports]
     (report,) = result.reports
@@ -100,6 +100,9 @@ def test_contrib_attention_with_a_cache_becomes_attention_with_past_and_present(
         feeds = {**{n: rng.standard_normal((2, 3, 16)) for n in "qkv"},
                  **{n: rng.standard_normal((2, 2, 4, 8)) for n in ("past_key", "past_value")}}
     feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    if mask:  # row 1 padded at the front of its past: the mask spans past + new keys
+        feeds["mask"] = np.ones((2, 7), np.int32)
+        feeds["mask"][1, :2] = 0
     for want, got in zip(_run(model, feeds), _run(result.model, feeds)):
         np.testing.assert_allclose(got, want, atol=1e-5)
 

@@ -65,21 +65,24 @@ def group_query_feeds(rows: int, new: int, past: int, seqlens=None, seed: int = 
     return feeds
 
 
-def cache_model(op: str = "MultiHeadAttention", *, unidirectional=1, heads=2, head=8, seed=0) -> onnx.ModelProto:
+def cache_model(op: str = "MultiHeadAttention", *, unidirectional=1, mask=False, heads=2, head=8,
+                seed=0) -> onnx.ModelProto:
+    """`mask`: a raw key padding mask [B, past + S] (int32, 0 at the padding) over the past and new keys."""
     width = heads * head
     rng = np.random.default_rng(seed)
+    padding = [helper.make_tensor_value_info("mask", TensorProto.INT32, ["b", "past+s"])] if mask else []
     if op == "Attention":
         inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", width]),
                   helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, "b", heads, "past", head])]
         inits = [numpy_helper.from_array((rng.standard_normal((width, 3 * width)) * 0.3).astype(np.float32), "w"),
                  numpy_helper.from_array((rng.standard_normal(3 * width) * 0.3).astype(np.float32), "bias")]
-        node = helper.make_node("Attention", ["x", "w", "bias", "", "past"], ["y", "present"], domain="com.microsoft",
-                                num_heads=heads, unidirectional=unidirectional, name="attention")
-        return _model([node], inputs, ["y", "present"], inits)
+        node = helper.make_node("Attention", ["x", "w", "bias", "mask" if mask else "", "past"], ["y", "present"],
+                                domain="com.microsoft", num_heads=heads, unidirectional=unidirectional, name="attention")
+        return _model([node], inputs + padding, ["y", "present"], inits)
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", width]) for n in ("q", "k", "v")] + \
              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", heads, "past", head])
               for n in ("past_key", "past_value")]
-    node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "", "past_key", "past_value"],
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "mask" if mask else "", "", "past_key", "past_value"],
                             ["y", "present_key", "present_value"], domain="com.microsoft", num_heads=heads,
                             unidirectional=unidirectional, name="mha")
-    return _model([node], inputs, ["y", "present_key", "present_value"])
+    return _model([node], inputs + padding, ["y", "present_key", "present_value"])
