@@ -188,10 +188,11 @@ def _variables(specs, classes: dict[str, str], user: dict) -> dict[str, bool]:
 
 
 def _broadcast_batch(specs) -> bool:
-    """Whether an input is fixed at 1 on the batch axis that another leaves free (position_ids [1, S]
-    broadcast over the batch): ops that take it per row (RotaryEmbedding) then run at batch 1 only."""
-    axis0 = [spec.shape[0] for spec in specs if spec.shape]
-    return 1 in axis0 and any(isinstance(d, str) for d in axis0)
+    """Whether a per-token input (rank 2 or more) is fixed at 1 on the batch axis that another input leaves
+    free (position_ids [1, S] broadcast over the batch): ops that take it per row (RotaryEmbedding) then
+    run at batch 1 only. (A one-element flag [1] says nothing about the batch.)"""
+    return any(len(spec.shape) >= 2 and spec.shape[0] == 1 for spec in specs) and \
+        any(spec.shape and isinstance(spec.shape[0], str) for spec in specs)
 
 
 def _candidates(variables: dict[str, bool], guess: dict, classes: dict[str, str], hints: list[int],
