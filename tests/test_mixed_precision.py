@@ -124,3 +124,36 @@ def test_fuzz_fp16_products_kind_fuses_at_fp16s_tolerance():
     result = oracle.run_case("hand.plain/0/fp16_products/both")
     assert result.outcome == "fused", result.reason
     assert result.atol == REWRITE_TOLERANCES["fp16"][0] and 1e-4 < result.max_err < result.atol
+
+
+def _converted(path) -> onnx.ModelProto:
+    float16 = pytest.importorskip("onnxconverter_common.float16", reason="needs onnxconverter-common")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float16.convert_float_to_float16(onnx.load(path), keep_io_types=True)
+
+
+@pytest.mark.slow
+def test_gpt2_fp16_conversion_with_fp32_io(zoo_export):
+    """A decoder (the zoo's GPT-2, dynamo) through onnxconverter-common with keep_io_types: ONNX Runtime runs
+    it, both causal sites fuse in fp16 and verify at fp16's tolerance, and the outputs stay fp32."""
+    model = _converted(zoo_export("gpt2", "dynamo"))
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    result = fuse_model(model)
+    assert result.ok and [r.site.dtype for r in result.reports] == ["float16", "float16"]
+    assert result.verification["atol"] == REWRITE_TOLERANCES["fp16"][0]
+    assert [o.type.tensor_type.elem_type for o in result.model.graph.output] == [onnx.TensorProto.FLOAT]
+
+
+def test_gpt2_torchscript_fp16_conversion_onnx_runtime_refuses_is_refused_in_one_line(zoo_export, tmp_path, capsys):
+    """The same conversion of the TorchScript GPT-2 keeps a Cast to fp32 (/model/Cast_1) under an fp16
+    value_info: ONNX Runtime refuses the model, and so does trtattn, in one line naming the node."""
+    from trtattn.cli import main
+
+    model = _converted(zoo_export("gpt2", "torchscript"))
+    with pytest.raises(Exception, match="Cast_1"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    onnx.save(model, tmp_path / "gpt2.onnx")
+    assert main(["fuse", str(tmp_path / "gpt2.onnx"), "-o", str(tmp_path / "out.onnx")]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("trtattn: error")]
+    assert "invalid ONNX" in line and "/model/Cast_1" in line and not (tmp_path / "out.onnx").exists()
