@@ -107,17 +107,20 @@ def test_contrib_attention_with_a_cache_becomes_attention_with_past_and_present(
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True])  # Q, K and V in one input, split before the op
 @pytest.mark.parametrize("rows,new,past,seqlens", [(2, 1, 4, None), (1, 3, 4, None), (2, 5, 0, None),
                                                     (3, 5, 0, [4, 2, 0])])  # a first prompt right-padded
-def test_group_query_attention_becomes_attention_with_past_and_present(rows, new, past, seqlens):
-    model = group_query_model()
+def test_group_query_attention_becomes_attention_with_past_and_present(rows, new, past, seqlens, packed):
+    model = group_query_model(packed=packed)
     result = fuse_model(model)
     assert result.ok, [r.row() for r in result.reports]
+    site = result.reports[0].site
+    assert (site.q_heads, site.kv_heads, site.head_size, site.scale) == (4, 2, 8, pytest.approx(8 ** -0.5))
     assert _ops(result.model)["Attention"] == 1 and _ops(result.model)["com.microsoft:GroupQueryAttention"] == 0
     (attention,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
     assert attention.input[4:] == ["past_key", "past_value"] and list(attention.output[1:]) == ["present_key",
                                                                                                  "present_value"]
-    feeds = group_query_feeds(rows, new, past, seqlens)
+    feeds = group_query_feeds(rows, new, past, seqlens, packed=packed)
     for want, got in zip(_run(model, feeds), _run(result.model, feeds)):
         np.testing.assert_allclose(got, want, atol=1e-5)
 

@@ -117,6 +117,8 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
     if n.op in ("Attention", "QAttention"):  # input is the hidden state; the op projects Q, K, V itself
         sizes = n.attrs.get("qkv_hidden_sizes")
         hidden = sizes[0] if sizes else (view.dim(n.inputs[1], 1) or 0) // 3 or None
+    if n.op == "GroupQueryAttention" and _opt(n, 1) is None and hidden and heads:  # Q, K, V packed in one input
+        hidden = hidden * heads // (heads + 2 * kv_heads)
     head = hidden // heads if hidden and heads else None
     scale = n.attrs.get("scale") or (1.0 / math.sqrt(head) if head else 1.0)
     past = {"Attention": (4, 4), "MultiHeadAttention": (6, 7), "GroupQueryAttention": (3, 4)}.get(n.op)

@@ -10,8 +10,8 @@ The standard op's present is Concat(past, new) (its kv-cache update): the same c
 past fills past_key (P == total_b - S, a concatenated cache, and always on a first prompt with no past),
 which is how a model built on concatenated caches calls it. The keys each query sees are read from
 seqlens_k as the kernel reads them, in a boolean mask: past keys below past_b, new keys up to the query
-and below the row's new length. Rotary inside the op, packed QKV, a sliding window, softcap, smooth
-softmax and sinks are not converted: the site is reported with the reason.
+and below the row's new length. Q, K and V packed in the query input are split. Rotary inside the op, a
+sliding window, softcap, smooth softmax and sinks are not converted: the site is reported with the reason.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     if int(node.attrs.get("local_window_size", -1)) != -1:
         raise TrtattnError(f"{where} attends within a sliding window (local_window_size): not converted")
     q, k, v = node.inputs[0], _opt(node, 1), _opt(node, 2)
-    if k is None or v is None:
-        raise TrtattnError(f"{where} takes Q, K and V packed in one input: not converted")
+    if (k is None) != (v is None):
+        raise TrtattnError(f"{where} has only one of key and value")
     if _opt(node, 11) is not None:
         raise TrtattnError(f"{where} has attention sinks (head_sink): not converted")
     if len(node.outputs) > 3 and _used(graph, node.outputs[3]):
@@ -51,9 +51,14 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
     if width is None:
         raise TrtattnError(f"{where}: the query's hidden size is unknown")
-    head = width // heads
+    head = width // heads if k is not None else width // (heads + 2 * kv_heads)  # packed: [B, S, (N + 2 Nkv) H]
     dtype = np.dtype(q.dtype) if q.dtype is not None else np.dtype(np.float32)
     emit = Emitter(graph, prefix)
+    if k is None:  # Q, K and V packed in one input
+        parts = [gs.Variable(f"{prefix}/{p}", dtype=dtype) for p in "qkv"]
+        graph.nodes.append(gs.Node("Split", f"{prefix}/split", {"axis": -1}, inputs=[
+            q, emit.const([heads * head, kv_heads * head, kv_heads * head], np.int64)], outputs=parts))
+        q, k, v = parts
     q4, k4, v4 = _heads(emit, q, heads, head, dtype), _heads(emit, k, kv_heads, head, dtype), \
         _heads(emit, v, kv_heads, head, dtype)
     keep = _keep(emit, q4, past_k, seqlens, total_length)

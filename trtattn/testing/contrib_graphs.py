@@ -31,10 +31,15 @@ def _rotary_tables(head: int, positions: int = 64) -> list[onnx.TensorProto]:
             numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin_cache")]
 
 
-def group_query_model(*, heads=4, kv_heads=2, head=8, rotary=False) -> onnx.ModelProto:
-    inputs = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["b", "s", heads * head]),
-              helper.make_tensor_value_info("key", TensorProto.FLOAT, ["b", "s", kv_heads * head]),
-              helper.make_tensor_value_info("value", TensorProto.FLOAT, ["b", "s", kv_heads * head]),
+def group_query_model(*, heads=4, kv_heads=2, head=8, rotary=False, packed=False) -> onnx.ModelProto:
+    """`packed`: Q, K and V in one input [B, S, (N + 2 Nkv) H] (the key and value inputs left out)."""
+    if packed:
+        qkv = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["b", "s", (heads + 2 * kv_heads) * head])]
+    else:
+        qkv = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["b", "s", heads * head]),
+               helper.make_tensor_value_info("key", TensorProto.FLOAT, ["b", "s", kv_heads * head]),
+               helper.make_tensor_value_info("value", TensorProto.FLOAT, ["b", "s", kv_heads * head])]
+    inputs = [*qkv,
               helper.make_tensor_value_info("past_key", TensorProto.FLOAT, ["b", kv_heads, "past", head]),
               helper.make_tensor_value_info("past_value", TensorProto.FLOAT, ["b", kv_heads, "past", head]),
               helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["b"]),
@@ -46,18 +51,22 @@ def group_query_model(*, heads=4, kv_heads=2, head=8, rotary=False) -> onnx.Mode
         nodes = [helper.make_node("RotaryEmbedding", [t, "position_ids", "cos_cache", "sin_cache"], [f"{t}_rotated"],
                                   domain="com.microsoft", num_heads=n) for t, n in ((q, heads), (k, kv_heads))]
         q, k = "query_rotated", "key_rotated"
-    nodes.append(helper.make_node("GroupQueryAttention", [q, k, "value", "past_key", "past_value", "seqlens_k",
+    k, value = ("", "") if packed else (k, "value")
+    nodes.append(helper.make_node("GroupQueryAttention", [q, k, value, "past_key", "past_value", "seqlens_k",
                                                           "total_sequence_length"], ["y", "present_key", "present_value"],
                                   domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, name="gqa"))
     return _model(nodes, inputs, ["y", "present_key", "present_value"], inits)
 
 
-def group_query_feeds(rows: int, new: int, past: int, seqlens=None, seed: int = 0) -> dict[str, np.ndarray]:
+def group_query_feeds(rows: int, new: int, past: int, seqlens=None, seed: int = 0,
+                      packed: bool = False) -> dict[str, np.ndarray]:
     """Feeds of group_query_model (4/2 heads of 8) that ONNX Runtime runs: seqlens_k = total - 1 per row
     unless given."""
     rng = np.random.default_rng(seed)
-    feeds = {"query": rng.standard_normal((rows, new, 32)), "key": rng.standard_normal((rows, new, 16)),
-             "value": rng.standard_normal((rows, new, 16)), "past_key": rng.standard_normal((rows, 2, past, 8)),
+    qkv = {"query": rng.standard_normal((rows, new, 64))} if packed else {
+        "query": rng.standard_normal((rows, new, 32)), "key": rng.standard_normal((rows, new, 16)),
+        "value": rng.standard_normal((rows, new, 16))}
+    feeds = {**qkv, "past_key": rng.standard_normal((rows, 2, past, 8)),
              "past_value": rng.standard_normal((rows, 2, past, 8))}
     feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
     feeds["seqlens_k"] = np.asarray(seqlens if seqlens is not None else [past + new - 1] * rows, dtype=np.int32)
