@@ -10,8 +10,9 @@ The standard op's present is Concat(past, new) (its kv-cache update): the same c
 past fills past_key (P == total_b - S, a concatenated cache, and always on a first prompt with no past),
 which is how a model built on concatenated caches calls it. The keys each query sees are read from
 seqlens_k as the kernel reads them, in a boolean mask: past keys below past_b, new keys up to the query
-and below the row's new length. Q, K and V packed in the query input are split. Rotary inside the op, a
-sliding window, softcap, smooth softmax and sinks are not converted: the site is reported with the reason.
+and below the row's new length. Q, K and V packed in the query input are split; softcap is the standard
+op's (both cap the logits before the mask). Rotary inside the op, a sliding window, smooth softmax and
+sinks are not converted: the site is reported with the reason.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from ..errors import TrtattnError
 from ..graph.emit import Emitter
 from .microsoft import _heads, _merge, _opt, _used, causal_keep
 
-_NOT_CONVERTED = {"do_rotary": "applies rotary embedding inside", "smooth_softmax": "uses a smooth softmax",
-                  "softcap": "caps its logits (softcap)"}
+_NOT_CONVERTED = {"do_rotary": "applies rotary embedding inside", "smooth_softmax": "uses a smooth softmax"}
 
 
 def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
@@ -73,8 +73,10 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         presents = [o if _used(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
                     for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
     y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
-    attention = gs.Node("Attention", f"{prefix}/Attention", {"scale": float(scale)}, inputs=inputs,
-                        outputs=[y, *presents])
+    attrs = {"scale": float(scale)}
+    if node.attrs.get("softcap", 0.0):  # capped before the mask, as the kernel and the standard op both do
+        attrs["softcap"] = float(node.attrs["softcap"])
+    attention = gs.Node("Attention", f"{prefix}/Attention", attrs, inputs=inputs, outputs=[y, *presents])
     graph.nodes.append(attention)
     if past_k is None and any(_used(graph, o) for o in node.outputs[1:3]):  # no past: the present is the new K/V
         for o, t in zip(node.outputs[1:3], (k4, v4)):
