@@ -154,12 +154,34 @@ def test_group_query_attention_softcap_becomes_the_standard_ops_softcap():
     assert not np.allclose(_run(group_query_model(), feeds)[0], want[0], atol=1e-2)
 
 
-@pytest.mark.parametrize("attrs, reason", [({"smooth_softmax": 1}, "smooth softmax"),
-                                           ({"local_window_size": 2}, "sliding window")])
-def test_group_query_attention_it_cannot_convert_is_listed_with_why(attrs, reason):
+@pytest.mark.parametrize("window", [1, 3])
+def test_group_query_attention_sliding_window_is_part_of_the_mask(window):
+    """local_window_size w: each query sees the last w keys up to its own, as ONNX Runtime's kernel does, on
+    a first prompt, a padded one, a chunk after a past and a ragged decode step."""
     from onnx import helper
 
     model = group_query_model()
+    model.graph.node[0].attribute.append(helper.make_attribute("local_window_size", window))
+    result = fuse_model(model)
+    assert result.ok and result.reports[0].site.window == window, [r.row() for r in result.reports]
+    for case in [(2, 5, 0, None), (3, 5, 0, [4, 2, 0]), (1, 3, 4, None), (3, 1, 4, [4, 2, 3])]:
+        feeds = group_query_feeds(*case)
+        want, got = _run(model, feeds), _run(result.model, feeds)
+        np.testing.assert_allclose(got[0], want[0], atol=1e-5, err_msg=str(case))
+        assert not np.allclose(_run(group_query_model(), feeds)[0], want[0], atol=1e-3)  # the window matters
+
+
+@pytest.mark.parametrize("attrs, reason", [({"smooth_softmax": 1}, "smooth softmax"),
+                                           ({"do_rotary": 1}, "rotary")])
+def test_group_query_attention_it_cannot_convert_is_listed_with_why(attrs, reason):
+    from onnx import helper
+
+    from trtattn.testing.contrib_graphs import rotary_tables
+
+    model = group_query_model(head=16)  # the kernel's rotary takes head sizes that are multiples of 16
     model.graph.node[0].attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items())
+    if "do_rotary" in attrs:  # the kernel's own cos/sin tables
+        model.graph.node[0].input.extend(["cos_cache", "sin_cache"])
+        model.graph.initializer.extend(rotary_tables(16))
     result = fuse_model(model)
     assert not result.ok and reason in result.reports[0].reason

@@ -138,6 +138,7 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=masked,
         mask=MaskKind.ADDITIVE if masked else MaskKind.NONE,
         softcap=float(n.attrs.get("softcap", 0.0)) or None,
+        window=int(n.attrs.get("local_window_size", -1)) if int(n.attrs.get("local_window_size", -1)) > 0 else None,
         cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else CacheKind.NONE,
         past_key=past_k.name if past_k is not None else None, past_value=past_v.name if past_v is not None else None,
         source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",) + (

@@ -11,8 +11,8 @@ past fills past_key (P == total_b - S, a concatenated cache, and always on a fir
 which is how a model built on concatenated caches calls it. The keys each query sees are read from
 seqlens_k as the kernel reads them, in a boolean mask: past keys below past_b, new keys up to the query
 and below the row's new length. Q, K and V packed in the query input are split; softcap is the standard
-op's (both cap the logits before the mask). Rotary inside the op, a sliding window, smooth softmax and
-sinks are not converted: the site is reported with the reason.
+op's (both cap the logits before the mask); a sliding window (local_window_size) is part of the mask.
+Rotary inside the op, smooth softmax and sinks are not converted: the site is reported with the reason.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     for attr, why in _NOT_CONVERTED.items():
         if node.attrs.get(attr, 0):
             raise TrtattnError(f"{where} {why}: not converted")
-    if int(node.attrs.get("local_window_size", -1)) != -1:
-        raise TrtattnError(f"{where} attends within a sliding window (local_window_size): not converted")
     q, k, v = node.inputs[0], _opt(node, 1), _opt(node, 2)
     if (k is None) != (v is None):
         raise TrtattnError(f"{where} has only one of key and value")
@@ -61,7 +59,8 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         q, k, v = parts
     q4, k4, v4 = _heads(emit, q, heads, head, dtype), _heads(emit, k, kv_heads, head, dtype), \
         _heads(emit, v, kv_heads, head, dtype)
-    keep = _keep(emit, q4, past_k, seqlens, total_length)
+    window = int(node.attrs.get("local_window_size", -1))
+    keep = _keep(emit, q4, past_k, seqlens, total_length, window if window > 0 else None)
     bias = _opt(node, 10)
     mask = keep if bias is None else emit(
         "Where", [keep, bias, emit.const(np.finfo(dtype).min, dtype)], dtype=dtype, name="attention_bias")
@@ -91,11 +90,13 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     return attention
 
 
-def _keep(emit: Emitter, q4, past_k, seqlens, total_length):
+def _keep(emit: Emitter, q4, past_k, seqlens, total_length, window: int | None):
     """[B, 1, S, P + S] booleans, True where a query sees a key, as the kernel reads seqlens_k: row b's
     total is seqlens_k[b] + 1; on a first prompt (S == total_sequence_length) it has no past, else its
     past is total - S keys; query i sees the past keys below that and the new keys n <= i below the
-    row's new length (total - past)."""
+    row's new length (total - past). With a sliding window (local_window_size w) it sees the last w keys up
+    to its own, as ONNX Runtime's kernel does (measured: w keys, not w + 1): positions above past + i - w
+    (a past key j is at j, a new key n at past + n)."""
     i64 = np.int64
     s = emit.dim(q4, 2)
     p = emit.dim(past_k, 2) if past_k is not None else emit.const(0, i64)
@@ -116,4 +117,12 @@ def _keep(emit: Emitter, q4, past_k, seqlens, total_length):
     new_seen = emit("And", [emit("And", [emit("GreaterOrEqual", [n, emit.const(0, i64)], dtype=np.bool_), causal],
                                  dtype=np.bool_),
                             emit("Less", [n, per_row(row_new)], dtype=np.bool_)], dtype=np.bool_)
+    if window is not None:
+        i = emit("Unsqueeze", [emit("Range", [emit.const(0, i64), s, emit.const(1, i64)], dtype=i64),
+                               emit.const([1], i64)], dtype=i64)  # [S, 1]
+        reach = emit("Sub", [i, emit.const(window - 1, i64)], dtype=i64)  # the oldest key seen, as a new key's index
+        past_seen = emit("And", [past_seen, emit("GreaterOrEqual", [j, emit("Add", [reach, per_row(row_past)],
+                                                                                dtype=i64)], dtype=np.bool_)],
+                         dtype=np.bool_)
+        new_seen = emit("And", [new_seen, emit("GreaterOrEqual", [n, reach], dtype=np.bool_)], dtype=np.bool_)
     return emit("Or", [past_seen, new_seen], dtype=np.bool_, name="keys_seen")

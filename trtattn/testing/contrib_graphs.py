@@ -25,7 +25,7 @@ def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
     return model
 
 
-def _rotary_tables(head: int, positions: int = 64) -> list[onnx.TensorProto]:
+def rotary_tables(head: int, positions: int = 64) -> list[onnx.TensorProto]:
     angles = np.arange(positions)[:, None] / (10000 ** (np.arange(0, head, 2) / head))[None]
     return [numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos_cache"),
             numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin_cache")]
@@ -47,7 +47,7 @@ def group_query_model(*, heads=4, kv_heads=2, head=8, rotary=False, packed=False
     nodes, inits, q, k = [], [], "query", "key"
     if rotary:
         inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "s"]))
-        inits = _rotary_tables(head)
+        inits = rotary_tables(head)
         nodes = [helper.make_node("RotaryEmbedding", [t, "position_ids", "cos_cache", "sin_cache"], [f"{t}_rotated"],
                                   domain="com.microsoft", num_heads=n) for t, n in ((q, heads), (k, kv_heads))]
         q, k = "query_rotated", "key_rotated"
