@@ -171,17 +171,41 @@ def test_group_query_attention_sliding_window_is_part_of_the_mask(window):
         assert not np.allclose(_run(group_query_model(), feeds)[0], want[0], atol=1e-3)  # the window matters
 
 
-@pytest.mark.parametrize("attrs, reason", [({"smooth_softmax": 1}, "smooth softmax"),
-                                           ({"do_rotary": 1}, "rotary")])
-def test_group_query_attention_it_cannot_convert_is_listed_with_why(attrs, reason):
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("head,rotary", [(16, 16), (32, 16)])  # the whole head, or half of it
+def test_group_query_attention_rotary_inside_becomes_rotary_embedding(head, rotary, interleaved):
+    """do_rotary: the standard RotaryEmbedding on the new Q and K at the positions the kernel gives them (the
+    row's past length + i), with the op's own tables; the same outputs as the kernel's."""
     from onnx import helper
 
     from trtattn.testing.contrib_graphs import rotary_tables
 
-    model = group_query_model(head=16)  # the kernel's rotary takes head sizes that are multiples of 16
-    model.graph.node[0].attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items())
-    if "do_rotary" in attrs:  # the kernel's own cos/sin tables
-        model.graph.node[0].input.extend(["cos_cache", "sin_cache"])
-        model.graph.initializer.extend(rotary_tables(16))
+    model = group_query_model(head=head)  # the kernel's rotary takes head sizes that are multiples of 16
+    model.graph.node[0].attribute.extend([helper.make_attribute("do_rotary", 1),
+                                          helper.make_attribute("rotary_interleaved", interleaved)])
+    model.graph.node[0].input.extend(["cos_cache", "sin_cache"])
+    model.graph.initializer.extend(rotary_tables(rotary))
     result = fuse_model(model)
-    assert not result.ok and reason in result.reports[0].reason
+    assert result.ok, [r.row() for r in result.reports]
+    rope = result.reports[0].site.rope
+    assert rope is not None and (rope.rotary_dim, rope.interleaved) == (rotary, bool(interleaved))
+    assert _ops(result.model)["RotaryEmbedding"] == 2
+    rng = np.random.default_rng(0)
+    for rows, new, past, seqlens in [(3, 5, 0, [4, 2, 0]), (1, 3, 4, None), (3, 1, 4, [4, 2, 3])]:
+        feeds = {"query": rng.standard_normal((rows, new, 4 * head)), "key": rng.standard_normal((rows, new, 2 * head)),
+                 "value": rng.standard_normal((rows, new, 2 * head)),
+                 "past_key": rng.standard_normal((rows, 2, past, head)),
+                 "past_value": rng.standard_normal((rows, 2, past, head))}
+        feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+        feeds["seqlens_k"] = np.asarray(seqlens or [past + new - 1] * rows, np.int32)
+        feeds["total_sequence_length"] = np.array(past + new, np.int32)
+        np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], atol=1e-5)
+
+
+def test_group_query_attention_it_cannot_convert_is_listed_with_why():
+    from onnx import helper
+
+    model = group_query_model()
+    model.graph.node[0].attribute.append(helper.make_attribute("smooth_softmax", 1))
+    result = fuse_model(model)
+    assert not result.ok and "smooth softmax" in result.reports[0].reason

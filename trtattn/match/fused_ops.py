@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
-from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, ScalePlacement, SiteKind
+from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, Rope, RopeKind, ScalePlacement, SiteKind
 from .cache import CacheRole, find_cache, projection_source
 from .errors import Unsupported
 from .heads import heads_and_size, strip_repeat
@@ -139,9 +139,22 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         mask=MaskKind.ADDITIVE if masked else MaskKind.NONE,
         softcap=float(n.attrs.get("softcap", 0.0)) or None,
         window=int(n.attrs.get("local_window_size", -1)) if int(n.attrs.get("local_window_size", -1)) > 0 else None,
+        rope=_inner_rope(view, n, head),
         cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else CacheKind.NONE,
         past_key=past_k.name if past_k is not None else None, past_value=past_v.name if past_v is not None else None,
         source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",) + (
             ("present = Concat(past, new): ONNX Runtime's when each row's past fills past_key",)
             if n.op == "GroupQueryAttention" and past_k is not None else ()),
     )
+
+
+def _inner_rope(view: GraphView, n: gs.Node, head: int | None) -> Rope | None:
+    """GroupQueryAttention's rotary inside the op (do_rotary, its cos/sin tables at inputs 7 and 8)."""
+    cos, sin = _opt(n, 7), _opt(n, 8)
+    if n.op != "GroupQueryAttention" or not n.attrs.get("do_rotary", 0) or cos is None or sin is None:
+        return None
+    half = view.dim(cos, -1)
+    interleaved = bool(n.attrs.get("rotary_interleaved", 0))
+    return Rope(RopeKind.INTERLEAVED if interleaved else RopeKind.HALF_SPLIT, 2 * half if half else (head or 0),
+                cos.name, sin.name, n.inputs[0].name, (_opt(n, 1) or n.inputs[0]).name,
+                position_ids=getattr(_opt(n, 9), "name", None), interleaved=interleaved)

@@ -11,8 +11,9 @@ past fills past_key (P == total_b - S, a concatenated cache, and always on a fir
 which is how a model built on concatenated caches calls it. The keys each query sees are read from
 seqlens_k as the kernel reads them, in a boolean mask: past keys below past_b, new keys up to the query
 and below the row's new length. Q, K and V packed in the query input are split; softcap is the standard
-op's (both cap the logits before the mask); a sliding window (local_window_size) is part of the mask.
-Rotary inside the op, smooth softmax and sinks are not converted: the site is reported with the reason.
+op's (both cap the logits before the mask); a sliding window (local_window_size) is part of the mask;
+rotary inside the op (do_rotary) is the standard RotaryEmbedding on the new Q and K at the positions the
+kernel gives them. A smooth softmax and sinks are not converted: the site is reported with the reason.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..errors import TrtattnError
 from ..graph.emit import Emitter
 from .microsoft import _heads, _merge, _opt, _used, causal_keep
 
-_NOT_CONVERTED = {"do_rotary": "applies rotary embedding inside", "smooth_softmax": "uses a smooth softmax"}
+_NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax"}
 
 
 def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
@@ -59,8 +60,11 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         q, k, v = parts
     q4, k4, v4 = _heads(emit, q, heads, head, dtype), _heads(emit, k, kv_heads, head, dtype), \
         _heads(emit, v, kv_heads, head, dtype)
+    row_past, row_new = _row_lengths(emit, q4, seqlens, total_length)
+    if node.attrs.get("do_rotary", 0):
+        q4, k4 = _rotary(emit, node, q4, k4, row_past, head, dtype)
     window = int(node.attrs.get("local_window_size", -1))
-    keep = _keep(emit, q4, past_k, seqlens, total_length, window if window > 0 else None)
+    keep = _keep(emit, q4, past_k, row_past, row_new, window if window > 0 else None)
     bias = _opt(node, 10)
     mask = keep if bias is None else emit(
         "Where", [keep, bias, emit.const(np.finfo(dtype).min, dtype)], dtype=dtype, name="attention_bias")
@@ -90,20 +94,48 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     return attention
 
 
-def _keep(emit: Emitter, q4, past_k, seqlens, total_length, window: int | None):
-    """[B, 1, S, P + S] booleans, True where a query sees a key, as the kernel reads seqlens_k: row b's
-    total is seqlens_k[b] + 1; on a first prompt (S == total_sequence_length) it has no past, else its
-    past is total - S keys; query i sees the past keys below that and the new keys n <= i below the
-    row's new length (total - past). With a sliding window (local_window_size w) it sees the last w keys up
-    to its own, as ONNX Runtime's kernel does (measured: w keys, not w + 1): positions above past + i - w
-    (a past key j is at j, a new key n at past + n)."""
+def _row_lengths(emit: Emitter, q4, seqlens, total_length):
+    """Each row's past and new lengths [B] as the kernel reads seqlens_k: row b's total is seqlens_k[b] + 1;
+    on a first prompt (S == total_sequence_length) it has no past, else its past is total - S keys."""
+    i64 = np.int64
+    s = emit.dim(q4, 2)
+    row_total = emit("Add", [emit.cast(seqlens, i64), emit.const(1, i64)], dtype=i64)
+    first = emit("Equal", [emit.cast(total_length, i64), s], dtype=np.bool_)
+    row_past = emit("Where", [first, emit.const(0, i64), emit("Sub", [row_total, s], dtype=i64)], dtype=i64)
+    return row_past, emit("Sub", [row_total, row_past], dtype=i64)
+
+
+def _rotary(emit: Emitter, node: gs.Node, q4, k4, row_past, head: int, dtype):
+    """do_rotary: the standard RotaryEmbedding on the new Q and K ([B, N, S, H]) with the op's cos/sin
+    tables, at the positions the kernel gives the new tokens (position_ids when given, else each row's past
+    length + i); rotary_interleaved as the standard op's interleaved, a table narrower than the head as
+    its rotary_embedding_dim."""
+    cos, sin = _opt(node, 7), _opt(node, 8)
+    if cos is None or sin is None:
+        raise TrtattnError(f"com.microsoft:GroupQueryAttention {node.name} applies rotary embedding without "
+                           "cos_cache and sin_cache: not converted")
+    i64 = np.int64
+    positions = _opt(node, 9)
+    if positions is None:
+        new = emit("Range", [emit.const(0, i64), emit.dim(q4, 2), emit.const(1, i64)], dtype=i64)
+        positions = emit("Add", [emit("Unsqueeze", [row_past, emit.const([1], i64)], dtype=i64),
+                                 emit("Unsqueeze", [new, emit.const([0], i64)], dtype=i64)], dtype=i64)
+    attrs = {"interleaved": int(node.attrs.get("rotary_interleaved", 0))}
+    half = cos.shape[-1] if cos.shape and isinstance(cos.shape[-1], int) else None
+    if half is not None and 2 * half < head:
+        attrs["rotary_embedding_dim"] = 2 * half
+    return tuple(emit("RotaryEmbedding", [t, cos, sin, emit.cast(positions, i64)], attrs, dtype=dtype, name=f"{x}_rotary")
+                 for x, t in (("q", q4), ("k", k4)))
+
+
+def _keep(emit: Emitter, q4, past_k, row_past, row_new, window: int | None):
+    """[B, 1, S, P + S] booleans, True where a query sees a key: query i sees the row's past keys (below
+    row_past) and the new keys n <= i below the row's new length. With a sliding window (local_window_size w)
+    it sees the last w keys up to its own, as ONNX Runtime's kernel does (measured: w keys, not w + 1):
+    positions above past + i - w (a past key j is at j, a new key n at past + n)."""
     i64 = np.int64
     s = emit.dim(q4, 2)
     p = emit.dim(past_k, 2) if past_k is not None else emit.const(0, i64)
-    row_total = emit("Add", [emit.cast(seqlens, i64), emit.const(1, i64)], dtype=i64)  # [B]
-    first = emit("Equal", [emit.cast(total_length, i64), s], dtype=np.bool_)
-    row_past = emit("Where", [first, emit.const(0, i64), emit("Sub", [row_total, s], dtype=i64)], dtype=i64)
-    row_new = emit("Sub", [row_total, row_past], dtype=i64)
 
     def per_row(t):  # [B] -> [B, 1, 1, 1]
         return emit("Unsqueeze", [t, emit.const([1, 2, 3], i64)], dtype=i64)
