@@ -202,6 +202,25 @@ def test_group_query_attention_rotary_inside_becomes_rotary_embedding(head, rota
         np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], atol=1e-5)
 
 
+@pytest.mark.parametrize("bias_shape", [["b", 1, "s", "past+s"], [1, 4, "s", "past+s"]])
+def test_group_query_attention_bias_is_read_at_the_kernels_columns(bias_shape):
+    """attention_bias columns follow the kernel's compacted present (a new key n at the row's past + n), so a
+    ragged decode step gives the kernel's outputs too."""
+    from onnx import TensorProto, helper
+
+    model = group_query_model()
+    model.graph.node[0].input.extend(["", "", "", "bias"])
+    model.graph.input.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, bias_shape))
+    result = fuse_model(model)
+    assert result.ok, [r.row() for r in result.reports]
+    rng = np.random.default_rng(0)
+    for rows, new, past, seqlens in [(3, 5, 0, [4, 2, 0]), (1, 3, 4, None), (3, 1, 4, [4, 2, 3])]:
+        feeds = group_query_feeds(rows, new, past, seqlens)
+        feeds["bias"] = rng.standard_normal([rows if d == "b" else new if d == "s" else past + new if d == "past+s"
+                                             else d for d in bias_shape]).astype(np.float32)
+        np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], atol=1e-5)
+
+
 def test_group_query_attention_it_cannot_convert_is_listed_with_why():
     from onnx import helper
 

@@ -13,7 +13,8 @@ seqlens_k as the kernel reads them, in a boolean mask: past keys below past_b, n
 and below the row's new length. Q, K and V packed in the query input are split; softcap is the standard
 op's (both cap the logits before the mask); a sliding window (local_window_size) is part of the mask;
 rotary inside the op (do_rotary) is the standard RotaryEmbedding on the new Q and K at the positions the
-kernel gives them. A smooth softmax and sinks are not converted: the site is reported with the reason.
+kernel gives them; attention_bias is read at the kernel's columns. A smooth softmax and sinks are not
+converted: the site is reported with the reason.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     keep = _keep(emit, q4, past_k, row_past, row_new, window if window > 0 else None)
     bias = _opt(node, 10)
     mask = keep if bias is None else emit(
-        "Where", [keep, bias, emit.const(np.finfo(dtype).min, dtype)], dtype=dtype, name="attention_bias")
+        "Where", [keep, _bias_at_keys(emit, bias, q4, past_k, row_past), emit.const(np.finfo(dtype).min, dtype)],
+        dtype=dtype, name="attention_bias")
     scale = node.attrs.get("scale") or 1.0 / math.sqrt(head)
     inputs = [q4, k4, v4, emit.full_query_rows(mask, q4)]
     presents = []
@@ -126,6 +128,28 @@ def _rotary(emit: Emitter, node: gs.Node, q4, k4, row_past, head: int, dtype):
         attrs["rotary_embedding_dim"] = 2 * half
     return tuple(emit("RotaryEmbedding", [t, cos, sin, emit.cast(positions, i64)], attrs, dtype=dtype, name=f"{x}_rotary")
                  for x, t in (("q", q4), ("k", k4)))
+
+
+def _bias_at_keys(emit: Emitter, bias, q4, past_k, row_past):
+    """attention_bias [B or 1, N or 1, S, T] read at the keys' places: the kernel's column for a new key n is
+    the row's past length + n (its present is compacted), the standard op's key is at P + n."""
+    if past_k is None:
+        return bias  # no past: the same columns
+    i64 = np.int64
+    p, columns = emit.dim(past_k, 2), emit.dim(bias, 3)
+    j = emit("Range", [emit.const(0, i64), emit("Add", [p, emit.dim(q4, 2)], dtype=i64), emit.const(1, i64)],
+             dtype=i64)
+    rows = emit("Unsqueeze", [row_past, emit.const([1], i64)], dtype=i64)  # [B, 1]
+    at = emit("Where", [emit("Less", [j, p], dtype=np.bool_), j, emit("Add", [rows, emit("Sub", [j, p], dtype=i64)],
+                                                                      dtype=i64)], dtype=i64)  # [B, P + S]
+    at = emit("Min", [at, emit("Sub", [columns, emit.const(1, i64)], dtype=i64)], dtype=i64)  # masked keys: any column
+    at = emit("Unsqueeze", [at, emit.const([1, 2], i64)], dtype=i64)  # [B, 1, 1, P + S]
+    shape = emit("Concat", [emit.shape_slice(q4, 0, 1), emit.shape_slice(bias, 1, 3), emit.shape_slice(at, 3, 4)],
+                 {"axis": 0}, dtype=i64)
+    rows_bias = emit("Expand", [bias, emit("Concat", [emit.shape_slice(q4, 0, 1), emit.shape_slice(bias, 1, 4)],
+                                           {"axis": 0}, dtype=i64)], dtype=bias.dtype)
+    return emit("GatherElements", [rows_bias, emit("Expand", [at, shape], dtype=i64)], {"axis": 3}, dtype=bias.dtype,
+                name="bias_at_keys")
 
 
 def _keep(emit: Emitter, q4, past_k, row_past, row_new, window: int | None):
