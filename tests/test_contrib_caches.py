@@ -228,3 +228,32 @@ def test_group_query_attention_it_cannot_convert_is_listed_with_why():
     model.graph.node[0].attribute.append(helper.make_attribute("smooth_softmax", 1))
     result = fuse_model(model)
     assert not result.ok and "smooth softmax" in result.reports[0].reason
+
+
+def test_multi_head_attention_with_keys_and_values_in_heads_is_a_static_cross_attention_cache():
+    """K/V [B, N, T, H] (a cross-attention's cache, computed once) go to the standard op as they are, with a
+    key padding mask; with a bias on them the site is listed with why."""
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["b", "s", 16]),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, ["b", 2, "t", 8]),
+              helper.make_tensor_value_info("v", TensorProto.FLOAT, ["b", 2, "t", 8]),
+              helper.make_tensor_value_info("mask", TensorProto.INT32, ["b", "t"])]
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "mask"], ["y"], domain="com.microsoft",
+                            num_heads=2, name="mha")
+    graph = helper.make_graph([node], "cross", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    result = fuse_model(model)
+    assert result.ok, [r.row() for r in result.reports]
+    assert result.reports[0].site.cache.value == "cross_static"
+    rng = np.random.default_rng(0)
+    feeds = {"q": rng.standard_normal((2, 3, 16)), "k": rng.standard_normal((2, 2, 5, 8)),
+             "v": rng.standard_normal((2, 2, 5, 8))}
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    feeds["mask"] = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int32)
+    np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], atol=1e-5)
+    model.graph.node[0].input[3] = "bias"
+    model.graph.initializer.append(helper.make_tensor("bias", TensorProto.FLOAT, [48], np.zeros(48, np.float32)))
+    listed = fuse_model(model)
+    assert not listed.ok and "BNSH with a bias" in listed.reports[0].reason

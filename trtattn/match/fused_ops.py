@@ -140,7 +140,8 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         softcap=float(n.attrs.get("softcap", 0.0)) or None,
         window=int(n.attrs.get("local_window_size", -1)) if int(n.attrs.get("local_window_size", -1)) > 0 else None,
         rope=_inner_rope(view, n, head),
-        cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else CacheKind.NONE,
+        cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else
+        CacheKind.CROSS_STATIC if n.op == "MultiHeadAttention" and view.rank(_opt(n, 1) or q) == 4 else CacheKind.NONE,
         past_key=past_k.name if past_k is not None else None, past_value=past_v.name if past_v is not None else None,
         source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",) + (
             ("present = Concat(past, new): ONNX Runtime's when each row's past fills past_key",)

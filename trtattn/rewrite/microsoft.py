@@ -5,8 +5,8 @@ com.microsoft Attention: one projection [D, Dq + Dk + Dv] (+ bias) of the hidden
     reshaped into heads; mask_index as per-row lengths [B] (right padding) or a raw [B, T] mask;
     an optional attention_bias; unidirectional = causal. Masked logits get mask_filter_value
     (default -10000) added, exactly as the contrib kernel does.
-com.microsoft MultiHeadAttention: Q/K/V [B, S, D] (+ a packed bias), key_padding_mask [B, T],
-    attention_bias, unidirectional.
+com.microsoft MultiHeadAttention: Q/K/V [B, S, D] (+ a packed bias), or K/V already in heads [B, N, T, H]
+    (a cross-attention's cache, computed once), key_padding_mask [B, T], attention_bias, unidirectional.
 com.microsoft QAttention (ONNX Runtime's quantize_dynamic over an optimized Attention): the same
     attention after an int8/uint8 projection, written as the integer product ONNX Runtime computes
     (MatMulInteger, int32 accumulation, times input_scale * weight_scale), so that the quantized layers
@@ -184,9 +184,11 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         head_q, head_v = sizes[0] // heads, sizes[2] // heads
     else:
         q, k, v = node.inputs[:3]
-        if len(k.shape or []) == 4:
-            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} takes K/V in BNSH (a cache): not converted")
         bias, mask, attention_bias = _opt(node, 3), _opt(node, 4), _opt(node, 5)
+        bnsh = len(k.shape or []) == 4  # K/V already in heads: a cross-attention's cache, computed once
+        if bnsh and (bias is not None or _opt(node, 6) is not None):
+            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} takes K/V in BNSH with a bias or a past: "
+                               "not converted")
         past_k, past_v = _opt(node, 6), _opt(node, 7)
         if (past_k is None) != (past_v is None):
             raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} has only one of past_key and past_value")
@@ -198,7 +200,10 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
         if width is None:
             raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name}: the hidden size is unknown")
-        if bias is not None:  # one [Dq + Dk + Dv] bias for the three projections
+        if bnsh:
+            v_width = v.shape[1] * v.shape[3] if v.shape and all(isinstance(d, int) for d in (v.shape[1], v.shape[3])) \
+                else width
+        elif bias is not None:  # one [Dq + Dk + Dv] bias for the three projections
             parts = [gs.Variable(f"{prefix}/bias_{p}", dtype=dtype) for p in "qkv"]
             v_width = (bias.shape[0] - 2 * width) if bias.shape else width
             graph.nodes.append(gs.Node("Split", f"{prefix}/split_bias", {"axis": 0},
@@ -210,8 +215,11 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     extra = node.outputs[3:] if node.op == "MultiHeadAttention" else node.outputs[2:]
     if any(_used(graph, o) for o in extra):
         raise TrtattnError(f"com.microsoft:{node.op} {node.name} also outputs its QK product: not converted")
-    q4, k4 = _heads(emit, q, heads, head_q, dtype), _heads(emit, k, heads, head_q, dtype)
-    v4 = _heads(emit, v, heads, head_v, dtype)
+    q4 = _heads(emit, q, heads, head_q, dtype)
+    if node.op == "MultiHeadAttention" and len(k.shape or []) == 4:  # BNSH already
+        k4, v4 = k, v
+    else:
+        k4, v4 = _heads(emit, k, heads, head_q, dtype), _heads(emit, v, heads, head_v, dtype)
     past_len = emit.dim(past_k, 2) if past_k is not None else emit.const(0, np.int64)
     total = emit("Add", [past_len, emit.dim(k4, 2)], dtype=np.int64) if past_k is not None else emit.dim(k4, 2)
     additive = None
