@@ -41,6 +41,20 @@ def test_group_query_lengths_are_linked_to_the_dims():
     _run(group_query_model(), feeds)  # ONNX Runtime takes them
 
 
+def test_lengths_through_casts_follow_the_token_ids_sequence():
+    """The query is computed from token ids: the new tokens are the token ids' sequence dim, whatever its name,
+    so --dims on it keeps the lengths consistent."""
+    from trtattn.testing.contrib_graphs import group_query_decoder
+
+    model = group_query_decoder()
+    roles = {s.name: s.role for s in input_specs(model)}
+    assert roles["seqlens_k"]["of"] == roles["total_sequence_length"]["of"] == ["sequence_length",
+                                                                                "past_sequence_length"]
+    result = fuse_model(model, dims={"sequence_length": 1, "past_sequence_length": 5, "batch": 3})
+    assert result.ok, [r.row() for r in result.reports]
+    assert result.verification["inputs"]["domains"]["total_sequence_length"] == "sequence_length + past_sequence_length"
+
+
 def test_dims_search_with_rotary_positions_broadcast_over_the_batch():
     """RotaryEmbedding takes position_ids [1, S] per row (batch 1 only) and GroupQueryAttention its lengths:
     the search finds batch 1 at once and the feeds at the dims it found run."""

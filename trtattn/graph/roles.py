@@ -180,7 +180,7 @@ def _linked_length(uses: GraphUses, name: str, shapes: dict[str, list]) -> dict 
     """The role of an integer input an op reads as a length (LINKED_LENGTHS), through casts and reshapes:
     {"kind": "length", "of": [dims summed], "add": k}. The past is the op's past key (BNSH: axis 2) when
     that is an input, else none; the new tokens its query's axis 1 when that is an input, else the
-    sequence of the token ids ("seq")."""
+    sequence of the token ids (a 2-D input that indexes an embedding table; "seq" when there is none)."""
     frontier, seen = [name], set()
     while frontier:
         t = frontier.pop()
@@ -191,7 +191,8 @@ def _linked_length(uses: GraphUses, name: str, shapes: dict[str, list]) -> dict 
             linked = LINKED_LENGTHS.get((n.domain or "", n.op_type), {})
             if i in linked:
                 query, past = n.input[0], (n.input[3] if len(n.input) > 3 else "")
-                new = shapes[query][1] if len(shapes.get(query, ())) > 1 else "seq"
+                new = shapes[query][1] if len(shapes.get(query, ())) > 1 else next(
+                    (shape[1] for other, shape in shapes.items() if len(shape) == 2 and uses.vocab(other)), "seq")
                 of = [new] + ([shapes[past][2]] if len(shapes.get(past, ())) > 2 else [])
                 return {"kind": "length", "of": of, "add": linked[i]}
             if n.op_type in _LENGTH_PASS and i == 0:

@@ -95,3 +95,25 @@ def cache_model(op: str = "MultiHeadAttention", *, unidirectional=1, mask=False,
                             ["y", "present_key", "present_value"], domain="com.microsoft", num_heads=heads,
                             unidirectional=unidirectional, name="mha")
     return _model([node], inputs + padding, ["y", "present_key", "present_value"])
+
+
+def group_query_decoder(seed=0) -> onnx.ModelProto:
+    """Token ids -> embedding -> Q/K/V projections -> GroupQueryAttention with a past, its int64 length inputs
+    cast to int32 (the query is not an input: its new tokens are the token ids' sequence)."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * scale, name)
+             for name, shape, scale in (("embedding", (50, 64), 1.0), ("wq", (64, 64), 0.2), ("wk", (64, 32), 0.2),
+                                        ("wv", (64, 32), 0.2))]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+              helper.make_tensor_value_info("past_key", TensorProto.FLOAT, ["batch", 2, "past_sequence_length", 16]),
+              helper.make_tensor_value_info("past_value", TensorProto.FLOAT, ["batch", 2, "past_sequence_length", 16]),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT64, ["batch"]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT64, [])]
+    nodes = [helper.make_node("Gather", ["embedding", "input_ids"], ["hidden"]),
+             *(helper.make_node("MatMul", ["hidden", f"w{t}"], [t]) for t in "qkv"),
+             helper.make_node("Cast", ["seqlens_k"], ["seqlens_k_int32"], to=TensorProto.INT32),
+             helper.make_node("Cast", ["total_sequence_length"], ["total_int32"], to=TensorProto.INT32),
+             helper.make_node("GroupQueryAttention", ["q", "k", "v", "past_key", "past_value", "seqlens_k_int32",
+                                                      "total_int32"], ["y", "present_key", "present_value"],
+                              domain="com.microsoft", num_heads=4, kv_num_heads=2, name="gqa")]
+    return _model(nodes, inputs, ["y", "present_key", "present_value"], inits)
