@@ -104,6 +104,8 @@ def test_contrib_attention_with_a_cache_becomes_attention_with_past_and_present(
     assert _ops(result.model)["Attention"] == 1 and _ops(result.model)[f"com.microsoft:{op}"] == 0
     (attention,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
     assert len(attention.input) == 6 and len(attention.output) == 3  # past in, present out
+    # causal alone is the op's is_causal (bottom-right with a past); next to a mask, the kernel's filter value
+    assert [a.i for a in attention.attribute if a.name == "is_causal"] == ([1] if unidirectional and not mask else [])
     assert set(result.verification["outputs"]) == {o.name for o in model.graph.output}  # the present is compared
     assert result.verification["max_abs_err"] <= 1e-5
     # at dims of its own: a past of 4, 3 new tokens (the causal mask is aligned to the bottom right)
@@ -134,6 +136,7 @@ def test_group_query_attention_becomes_attention_with_past_and_present(rows, new
     (attention,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
     assert attention.input[4:] == ["past_key", "past_value"] and list(attention.output[1:]) == ["present_key",
                                                                                                  "present_value"]
+    assert [a.i for a in attention.attribute if a.name == "is_causal"] == [1]  # causal + a padding mask
     feeds = group_query_feeds(rows, new, past, seqlens, packed=packed)
     for want, got in zip(_run(model, feeds), _run(result.model, feeds)):
         np.testing.assert_allclose(got, want, atol=1e-5)

@@ -65,7 +65,10 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     if node.attrs.get("do_rotary", 0):
         q4, k4 = _rotary(emit, node, q4, k4, row_past, head, dtype)
     window = int(node.attrs.get("local_window_size", -1))
-    keep = _keep(emit, q4, past_k, row_past, row_new, window if window > 0 else None)
+    window = window if window > 0 else None
+    # without a window the causal part is the standard op's is_causal (bottom-right with a past: j <= P + i),
+    # and the mask says only which keys each row has: causal + padding, as the kv-cache form reads it
+    keep = _keep(emit, q4, past_k, row_past, row_new, window)
     bias = _opt(node, 10)
     mask = keep if bias is None else emit(
         "Where", [keep, _bias_at_keys(emit, bias, q4, past_k, row_past), emit.const(np.finfo(dtype).min, dtype)],
@@ -78,7 +81,7 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         presents = [o if _used(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
                     for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
     y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
-    attrs = {"scale": float(scale)}
+    attrs = {"scale": float(scale), **({"is_causal": 1} if window is None else {})}
     if node.attrs.get("softcap", 0.0):  # capped before the mask, as the kernel and the standard op both do
         attrs["softcap"] = float(node.attrs["softcap"])
     attention = gs.Node("Attention", f"{prefix}/Attention", attrs, inputs=inputs, outputs=[y, *presents])
@@ -153,8 +156,9 @@ def _bias_at_keys(emit: Emitter, bias, q4, past_k, row_past):
 
 
 def _keep(emit: Emitter, q4, past_k, row_past, row_new, window: int | None):
-    """[B, 1, S, P + S] booleans, True where a query sees a key: query i sees the row's past keys (below
-    row_past) and the new keys n <= i below the row's new length. With a sliding window (local_window_size w)
+    """Booleans, True where a query sees a key: the row's past keys (below row_past) and its new keys below
+    its new length, [B, 1, 1, P + S] (the op's is_causal adds n <= i); with a sliding window
+    (local_window_size w), [B, 1, S, P + S] with the causal part in it: query i sees new keys n <= i and
     it sees the last w keys up to its own, as ONNX Runtime's kernel does (measured: w keys, not w + 1):
     positions above past + i - w (a past key j is at j, a new key n at past + n)."""
     i64 = np.int64
@@ -169,16 +173,15 @@ def _keep(emit: Emitter, q4, past_k, row_past, row_new, window: int | None):
     n = emit("Sub", [j, p], dtype=i64)  # a new key's index (negative for the past)
     past_seen = emit("And", [emit("Less", [j, p], dtype=np.bool_),
                              emit("Less", [j, per_row(row_past)], dtype=np.bool_)], dtype=np.bool_)
-    causal = causal_keep(emit, s, keys, p)  # [S, P + S]: j <= P + i
-    new_seen = emit("And", [emit("And", [emit("GreaterOrEqual", [n, emit.const(0, i64)], dtype=np.bool_), causal],
-                                 dtype=np.bool_),
+    new_seen = emit("And", [emit("GreaterOrEqual", [n, emit.const(0, i64)], dtype=np.bool_),
                             emit("Less", [n, per_row(row_new)], dtype=np.bool_)], dtype=np.bool_)
-    if window is not None:
-        i = emit("Unsqueeze", [emit("Range", [emit.const(0, i64), s, emit.const(1, i64)], dtype=i64),
-                               emit.const([1], i64)], dtype=i64)  # [S, 1]
-        reach = emit("Sub", [i, emit.const(window - 1, i64)], dtype=i64)  # the oldest key seen, as a new key's index
-        past_seen = emit("And", [past_seen, emit("GreaterOrEqual", [j, emit("Add", [reach, per_row(row_past)],
-                                                                                dtype=i64)], dtype=np.bool_)],
-                         dtype=np.bool_)
-        new_seen = emit("And", [new_seen, emit("GreaterOrEqual", [n, reach], dtype=np.bool_)], dtype=np.bool_)
+    if window is None:
+        return emit("Or", [past_seen, new_seen], dtype=np.bool_, name="keys_seen")  # [B, 1, 1, P + S]; is_causal
+    new_seen = emit("And", [new_seen, causal_keep(emit, s, keys, p)], dtype=np.bool_)  # [S, P + S]: j <= P + i
+    i = emit("Unsqueeze", [emit("Range", [emit.const(0, i64), s, emit.const(1, i64)], dtype=i64),
+                           emit.const([1], i64)], dtype=i64)  # [S, 1]
+    reach = emit("Sub", [i, emit.const(window - 1, i64)], dtype=i64)  # the oldest key seen, as a new key's index
+    past_seen = emit("And", [past_seen, emit("GreaterOrEqual", [j, emit("Add", [reach, per_row(row_past)], dtype=i64)],
+                                             dtype=np.bool_)], dtype=np.bool_)
+    new_seen = emit("And", [new_seen, emit("GreaterOrEqual", [n, reach], dtype=np.bool_)], dtype=np.bool_)
     return emit("Or", [past_seen, new_seen], dtype=np.bool_, name="keys_seen")

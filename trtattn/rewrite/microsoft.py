@@ -225,7 +225,10 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     additive = None
     if mask is not None:
         additive = _key_padding(emit, mask, total, filter_value, dtype)
-    if node.attrs.get("unidirectional", 0):
+    # unidirectional alone is the standard op's is_causal (bottom-right with a past, as the kernel's); next to
+    # a mask the kernel's filter value is added instead, so that a row with no key left averages as it does
+    in_op = bool(node.attrs.get("unidirectional", 0)) and mask is None and attention_bias is None
+    if node.attrs.get("unidirectional", 0) and not in_op:
         causal = _causal(emit, emit.dim(q4, 2), total, past_len, filter_value, dtype)
         additive = causal if additive is None else emit("Add", [additive, causal], dtype=dtype)
     if attention_bias is not None:
@@ -243,8 +246,8 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         else:
             presents = [gs.Variable(f"{prefix}/present_{p}", dtype=dtype) for p in "kv"]
     y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
-    attention = gs.Node("Attention", f"{prefix}/Attention", {"scale": float(scale)}, inputs=inputs,
-                        outputs=[y, *presents])
+    attention = gs.Node("Attention", f"{prefix}/Attention", {"scale": float(scale), **({"is_causal": 1} if in_op else {})},
+                        inputs=inputs, outputs=[y, *presents])
     graph.nodes.append(attention)
     if node.op != "MultiHeadAttention" and past_k is not None and _used(graph, node.outputs[1]):
         stacked = [emit("Unsqueeze", [p, emit.const([0], np.int64)], dtype=dtype) for p in presents]

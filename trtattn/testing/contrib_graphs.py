@@ -17,9 +17,13 @@ from onnx import TensorProto, helper, numpy_helper
 _OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
 
 
+_RANKS = {"y": 3, "present": 5}  # the outputs' ranks (the others: a present key or value, BNSH)
+
+
 def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "contrib", inputs, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
-                                                         for n in outputs], list(inits))
+    """A model strict ONNX accepts too: its outputs have a rank (dims unnamed)."""
+    graph = helper.make_graph(nodes, "contrib", inputs, [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * _RANKS.get(n, 4)) for n in outputs], list(inits))
     model = helper.make_model(graph, opset_imports=_OPSETS)
     model.ir_version = 8
     return model
