@@ -64,8 +64,8 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     row_past, row_new = _row_lengths(emit, q4, seqlens, total_length)
     if node.attrs.get("do_rotary", 0):
         q4, k4 = _rotary(emit, node, q4, k4, row_past, head, dtype)
-    window = int(node.attrs.get("local_window_size", -1))
-    window = window if window > 0 else None
+    size = int(node.attrs.get("local_window_size", -1))
+    window = size if size > 0 else None
     # without a window the causal part is the standard op's is_causal (bottom-right with a past: j <= P + i),
     # and the mask says only which keys each row has: causal + padding, as the kv-cache form reads it
     keep = _keep(emit, q4, past_k, row_past, row_new, window)
