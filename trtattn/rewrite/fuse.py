@@ -27,6 +27,7 @@ from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
 from ..verify import REWRITE_TOLERANCES, OutcomeSummary, compare_models, tolerance_for
 from ..version import __version__
+from .group_query import convert_group_query
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
 
@@ -109,7 +110,8 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     """Replace one site by an ONNX Attention node (returned). Raises on anything it cannot express."""
     if site.source.startswith("com.microsoft"):
         node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
-        return convert_microsoft(graph, node, f"trtattn/{site.name}")
+        convert_contrib = convert_group_query if node.op == "GroupQueryAttention" else convert_microsoft
+        return convert_contrib(graph, node, f"trtattn/{site.name}")
     if site.source == "onnx:Attention":
         return _retarget_attention(graph, tensors, site)
     lay = site.layout

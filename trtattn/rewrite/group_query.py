@@ -26,7 +26,7 @@ import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
 from ..graph.emit import Emitter
-from .microsoft import _heads, _merge, _opt, _used, causal_keep
+from .microsoft import causal_keep, is_read, merge_heads, optional_input, split_heads
 
 _NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax"}
 
@@ -37,14 +37,14 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     for attr, why in _NOT_CONVERTED.items():
         if node.attrs.get(attr, 0):
             raise TrtattnError(f"{where} {why}: not converted")
-    q, k, v = node.inputs[0], _opt(node, 1), _opt(node, 2)
+    q, k, v = node.inputs[0], optional_input(node, 1), optional_input(node, 2)
     if (k is None) != (v is None):
         raise TrtattnError(f"{where} has only one of key and value")
-    if _opt(node, 11) is not None:
+    if optional_input(node, 11) is not None:
         raise TrtattnError(f"{where} has attention sinks (head_sink): not converted")
-    if len(node.outputs) > 3 and _used(graph, node.outputs[3]):
+    if len(node.outputs) > 3 and is_read(graph, node.outputs[3]):
         raise TrtattnError(f"{where} also outputs its QK product: not converted")
-    past_k, past_v, seqlens, total_length = _opt(node, 3), _opt(node, 4), node.inputs[5], node.inputs[6]
+    past_k, past_v, seqlens, total_length = optional_input(node, 3), optional_input(node, 4), node.inputs[5], node.inputs[6]
     if (past_k is None) != (past_v is None):
         raise TrtattnError(f"{where} has only one of past_key and past_value")
     heads, kv_heads = int(node.attrs["num_heads"]), int(node.attrs["kv_num_heads"])
@@ -59,8 +59,8 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         graph.nodes.append(gs.Node("Split", f"{prefix}/split", {"axis": -1}, inputs=[
             q, emit.const([heads * head, kv_heads * head, kv_heads * head], np.int64)], outputs=parts))
         q, k, v = parts
-    q4, k4, v4 = _heads(emit, q, heads, head, dtype), _heads(emit, k, kv_heads, head, dtype), \
-        _heads(emit, v, kv_heads, head, dtype)
+    q4, k4, v4 = split_heads(emit, q, heads, head, dtype), split_heads(emit, k, kv_heads, head, dtype), \
+        split_heads(emit, v, kv_heads, head, dtype)
     row_past, row_new = _row_lengths(emit, q4, seqlens, total_length)
     if node.attrs.get("do_rotary", 0):
         q4, k4 = _rotary(emit, node, q4, k4, row_past, head, dtype)
@@ -69,7 +69,7 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     # without a window the causal part is the standard op's is_causal (bottom-right with a past: j <= P + i),
     # and the mask says only which keys each row has: causal + padding, as the kv-cache form reads it
     keep = _keep(emit, q4, past_k, row_past, row_new, window)
-    bias = _opt(node, 10)
+    bias = optional_input(node, 10)
     mask = keep if bias is None else emit(
         "Where", [keep, _bias_at_keys(emit, bias, q4, past_k, row_past), emit.const(np.finfo(dtype).min, dtype)],
         dtype=dtype, name="attention_bias")
@@ -78,7 +78,7 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     presents = []
     if past_k is not None:
         inputs += [past_k, past_v]
-        presents = [o if _used(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
+        presents = [o if is_read(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
                     for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
     y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
     attrs = {"scale": float(scale), **({"is_causal": 1} if window is None else {})}
@@ -86,15 +86,15 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         attrs["softcap"] = float(node.attrs["softcap"])
     attention = gs.Node("Attention", f"{prefix}/Attention", attrs, inputs=inputs, outputs=[y, *presents])
     graph.nodes.append(attention)
-    if past_k is None and any(_used(graph, o) for o in node.outputs[1:3]):  # no past: the present is the new K/V
+    if past_k is None and any(is_read(graph, o) for o in node.outputs[1:3]):  # no past: the present is the new K/V
         for o, t in zip(node.outputs[1:3], (k4, v4)):
-            if _used(graph, o):
+            if is_read(graph, o):
                 emit("Identity", [t], dtype=dtype, name="present")
                 graph.nodes[-1].outputs = [o]
     out = node.outputs[0]
     node.outputs.clear()
     node.inputs.clear()
-    _merge(emit, y, dtype)
+    merge_heads(emit, y, dtype)
     graph.nodes[-1].outputs = [out]
     return attention
 
@@ -115,12 +115,12 @@ def _rotary(emit: Emitter, node: gs.Node, q4, k4, row_past, head: int, dtype):
     tables, at the positions the kernel gives the new tokens (position_ids when given, else each row's past
     length + i); rotary_interleaved as the standard op's interleaved, a table narrower than the head as
     its rotary_embedding_dim."""
-    cos, sin = _opt(node, 7), _opt(node, 8)
+    cos, sin = optional_input(node, 7), optional_input(node, 8)
     if cos is None or sin is None:
         raise TrtattnError(f"com.microsoft:GroupQueryAttention {node.name} applies rotary embedding without "
                            "cos_cache and sin_cache: not converted")
     i64 = np.int64
-    positions = _opt(node, 9)
+    positions = optional_input(node, 9)
     if positions is None:
         new = emit("Range", [emit.const(0, i64), emit.dim(q4, 2), emit.const(1, i64)], dtype=i64)
         positions = emit("Add", [emit("Unsqueeze", [row_past, emit.const([1], i64)], dtype=i64),

@@ -33,17 +33,17 @@ from ..graph.emit import Emitter
 DEFAULT_FILTER = -10000.0
 
 
-def _opt(n: gs.Node, i: int):
+def optional_input(n: gs.Node, i: int):
     return n.inputs[i] if len(n.inputs) > i and n.inputs[i].name else None
 
 
-def _heads(emit: Emitter, t, heads: int, head: int, dtype):
+def split_heads(emit: Emitter, t, heads: int, head: int, dtype):
     """[B, S, N*H] -> [B, N, S, H]"""
     r = emit("Reshape", [t, emit.const([0, 0, heads, head], np.int64)], dtype=dtype)
     return emit("Transpose", [r], {"perm": [0, 2, 1, 3]}, dtype=dtype)
 
 
-def _merge(emit: Emitter, y, dtype):
+def merge_heads(emit: Emitter, y, dtype):
     """[B, N, S, H] -> [B, S, N*H]"""
     t = emit("Transpose", [y], {"perm": [0, 2, 1, 3]}, dtype=dtype)
     return emit("Reshape", [t, emit.const([0, 0, -1], np.int64)], dtype=dtype)
@@ -98,12 +98,12 @@ def _causal(emit: Emitter, queries, total, past, filter_value: float, dtype):
 
 
 def _refuse_shared_buffer(node: gs.Node, past_length_input: int) -> None:
-    if node.attrs.get("past_present_share_buffer", 0) or _opt(node, past_length_input) is not None:
+    if node.attrs.get("past_present_share_buffer", 0) or optional_input(node, past_length_input) is not None:
         raise TrtattnError(f"com.microsoft:{node.op} {node.name} keeps its cache in a shared buffer "
                            "(past_present_share_buffer / past_sequence_length): not converted")
 
 
-def _used(graph: gs.Graph, t) -> bool:
+def is_read(graph: gs.Graph, t) -> bool:
     """Whether an output is read: by a node, or as a graph output."""
     return t is not None and bool(t.name) and (bool(t.outputs) or any(o is t for o in graph.outputs))
 
@@ -114,11 +114,11 @@ def _quantized_projection(emit: Emitter, node: gs.Node):
     input_scale * weight_scale (per tensor or per column), plus the bias. Returns (qkv, width, bias dtype,
     mask_index). QAttention's inputs: input, weight, bias, input_scale, weight_scale, mask_index,
     input_zero_point, weight_zero_point, past."""
-    if _opt(node, 8) is not None:
+    if optional_input(node, 8) is not None:
         raise TrtattnError(f"com.microsoft:QAttention {node.name} has a past input: not converted")
-    x, weight, bias = node.inputs[0], node.inputs[1], _opt(node, 2)
-    x_scale, w_scale, mask = node.inputs[3], node.inputs[4], _opt(node, 5)
-    x_zero, w_zero = _opt(node, 6), _opt(node, 7)
+    x, weight, bias = node.inputs[0], node.inputs[1], optional_input(node, 2)
+    x_scale, w_scale, mask = node.inputs[3], node.inputs[4], optional_input(node, 5)
+    x_zero, w_zero = optional_input(node, 6), optional_input(node, 7)
     dtype = np.dtype(np.float32) if bias is None or bias.dtype is None else np.dtype(bias.dtype)
     inputs = [x, weight, x_zero or gs.Variable.empty(), w_zero or gs.Variable.empty()]
     while not inputs[-1].name:  # trailing optional inputs left out
@@ -139,12 +139,8 @@ def _onnx_type(dtype) -> int:
 
 
 def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
-    """Replace a com.microsoft Attention / MultiHeadAttention / GroupQueryAttention node; returns the new
-    Attention node."""
-    if node.op == "GroupQueryAttention":
-        from .group_query import convert_group_query
-
-        return convert_group_query(graph, node, prefix)
+    """Replace a com.microsoft Attention / MultiHeadAttention / QAttention node; returns the new Attention node.
+    (GroupQueryAttention: group_query.convert_group_query.)"""
     if node.op not in ("Attention", "MultiHeadAttention", "QAttention"):
         raise TrtattnError(f"converting com.microsoft:{node.op} to the standard Attention op is not supported")
     if node.attrs.get("do_rotary", 0):
@@ -160,16 +156,16 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
             qkv, width, dtype, mask = _quantized_projection(emit, node)
             attention_bias = None
         else:
-            weight, bias, mask = node.inputs[1], _opt(node, 2), _opt(node, 3)
-            past = _opt(node, 4)
+            weight, bias, mask = node.inputs[1], optional_input(node, 2), optional_input(node, 3)
+            past = optional_input(node, 4)
             if past is not None:  # [2, B, N, P, H]: the past key and value stacked
                 _refuse_shared_buffer(node, 6)
                 past_k, past_v = (emit("Gather", [past, emit.const(i, np.int64)], {"axis": 0}, dtype=dtype)
                                   for i in (0, 1))
-            elif _used(graph, node.outputs[1] if len(node.outputs) > 1 else None):
+            elif is_read(graph, node.outputs[1] if len(node.outputs) > 1 else None):
                 raise TrtattnError(f"com.microsoft:Attention {node.name} returns a present cache without a past "
                                    "input: not converted")
-            attention_bias = _opt(node, 5)
+            attention_bias = optional_input(node, 5)
             width = weight.shape[1] if weight.shape else None
             qkv = emit("MatMul", [x, weight], dtype=dtype)
             if bias is not None:
@@ -184,17 +180,17 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         head_q, head_v = sizes[0] // heads, sizes[2] // heads
     else:
         q, k, v = node.inputs[:3]
-        bias, mask, attention_bias = _opt(node, 3), _opt(node, 4), _opt(node, 5)
+        bias, mask, attention_bias = optional_input(node, 3), optional_input(node, 4), optional_input(node, 5)
         bnsh = len(k.shape or []) == 4  # K/V already in heads: a cross-attention's cache, computed once
-        if bnsh and (bias is not None or _opt(node, 6) is not None):
+        if bnsh and (bias is not None or optional_input(node, 6) is not None):
             raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} takes K/V in BNSH with a bias or a past: "
                                "not converted")
-        past_k, past_v = _opt(node, 6), _opt(node, 7)
+        past_k, past_v = optional_input(node, 6), optional_input(node, 7)
         if (past_k is None) != (past_v is None):
             raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} has only one of past_key and past_value")
         if past_k is not None:
             _refuse_shared_buffer(node, 8)
-        elif any(_used(graph, o) for o in node.outputs[1:3]):
+        elif any(is_read(graph, o) for o in node.outputs[1:3]):
             raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} returns a present cache without a "
                                "past input: not converted")
         width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
@@ -213,13 +209,13 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
             v_width = width
         head_q, head_v = width // heads, v_width // heads
     extra = node.outputs[3:] if node.op == "MultiHeadAttention" else node.outputs[2:]
-    if any(_used(graph, o) for o in extra):
+    if any(is_read(graph, o) for o in extra):
         raise TrtattnError(f"com.microsoft:{node.op} {node.name} also outputs its QK product: not converted")
-    q4 = _heads(emit, q, heads, head_q, dtype)
+    q4 = split_heads(emit, q, heads, head_q, dtype)
     if node.op == "MultiHeadAttention" and len(k.shape or []) == 4:  # BNSH already
         k4, v4 = k, v
     else:
-        k4, v4 = _heads(emit, k, heads, head_q, dtype), _heads(emit, v, heads, head_v, dtype)
+        k4, v4 = split_heads(emit, k, heads, head_q, dtype), split_heads(emit, v, heads, head_v, dtype)
     past_len = emit.dim(past_k, 2) if past_k is not None else emit.const(0, np.int64)
     total = emit("Add", [past_len, emit.dim(k4, 2)], dtype=np.int64) if past_k is not None else emit.dim(k4, 2)
     additive = None
@@ -241,7 +237,7 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     if past_k is not None:
         inputs += [past_k, past_v]
         if node.op == "MultiHeadAttention":
-            presents = [o if _used(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
+            presents = [o if is_read(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
                         for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
         else:
             presents = [gs.Variable(f"{prefix}/present_{p}", dtype=dtype) for p in "kv"]
@@ -249,13 +245,13 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     attention = gs.Node("Attention", f"{prefix}/Attention", {"scale": float(scale), **({"is_causal": 1} if in_op else {})},
                         inputs=inputs, outputs=[y, *presents])
     graph.nodes.append(attention)
-    if node.op != "MultiHeadAttention" and past_k is not None and _used(graph, node.outputs[1]):
+    if node.op != "MultiHeadAttention" and past_k is not None and is_read(graph, node.outputs[1]):
         stacked = [emit("Unsqueeze", [p, emit.const([0], np.int64)], dtype=dtype) for p in presents]
         emit("Concat", stacked, {"axis": 0}, dtype=dtype, name="present")
         graph.nodes[-1].outputs = [node.outputs[1]]
     out = node.outputs[0]
     node.outputs.clear()
     node.inputs.clear()
-    _merge(emit, y, dtype)
+    merge_heads(emit, y, dtype)
     graph.nodes[-1].outputs = [out]
     return attention
