@@ -253,7 +253,11 @@ class GraphView:
         return d if isinstance(d, int) and d > 0 else None
 
     def dtype(self, t: gs.Tensor):
-        return t.dtype  # a Constant's dtype comes from its proto: the values are not loaded
+        """A tensor's element type: as imported (a Constant's from its proto: the values are not loaded), or,
+        where no value_info gave it, what the Cast that makes it says."""
+        if t.dtype is None and t.inputs and t.inputs[0].op == "Cast" and "to" in t.inputs[0].attrs:
+            return onnx.helper.tensor_dtype_to_np_dtype(int(t.inputs[0].attrs["to"]))
+        return t.dtype
 
 
 def _constant_node(node: gs.Node) -> bool:

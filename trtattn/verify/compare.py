@@ -79,6 +79,7 @@ class OutcomeSummary(TypedDict, total=False):
     lengths: list[dict[str, list[int]]]  # a ragged form's check: each iteration's per-row lengths
     branches: dict[str, OutcomeSummary]  # a merged decoder: each If branch's own (rewrite/branches.py)
     note_branches: str
+    tolerance_why: str  # why atol/rtol are not the model's own ("the fp16 tolerance: site attn computes its products in float16")
 
 
 @dataclass

@@ -145,7 +145,7 @@ def _check_request(work: Work) -> None:
 
 
 def _fit_dims(work: Work) -> None:
-    work.dims = fit_dims(work.model, work.request.dims, progress=work.progress)
+    work.dims = fit_dims(work.model, work.request.dims, progress=work.progress, given=work.request.inputs)
 
 
 def _quantize(work: Work) -> None:
