@@ -1,0 +1,209 @@
+"""The tensor-parallel split of a model, found from its graph: which products split by columns, which
+by rows with an ALL_REDUCE after, which outputs are gathered, what each rank's KV cache holds, and what
+stays whole on every rank and why.
+
+Every product with a 2-D weight is tried in graph order as the seed of a region (shard.py follows its
+columns forward). Where a region meets an operand computed whole, the nearest products that compute it
+are tried as seeds too, so Q's region takes K's and V's projections (whole KV groups go with their query
+heads, or K/V stay whole when their heads do not split), and the gate's region takes the up projection.
+A region is kept when it ends in partial sums (an attention's out-projection, an MLP's down projection)
+or, for a product of at least `gather_bytes` of weight, in graph outputs gathered (a vocabulary-parallel
+LM head). A region that cannot split names the node and why; its weights stay replicated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ...graph.view import import_graph
+from .facts import Facts, constant_value, measure_all
+from .shard import Pass, Shard, Split, Unsplittable, weight_operand
+
+GATHER_BYTES = 64 << 20  # an LM head under this many bytes of weight stays whole on every rank
+LAYOUT = {"Transpose", "Reshape", "Identity", "Cast", "Squeeze", "Unsqueeze"}
+
+
+@dataclass
+class SiteSplit:
+    name: str
+    q_heads: int | None
+    kv_heads: int | None
+    q_per_rank: int | None  # None: the site runs whole on every rank
+    kv_per_rank: int | None  # None: K/V whole on every rank (each rank slices the heads it needs)
+    note: str = ""
+
+
+@dataclass
+class ParallelPlan:
+    ranks: int
+    graph: gs.Graph
+    nodes: list[gs.Node]
+    facts: Facts
+    split: Split
+    sites: list[SiteSplit] = field(default_factory=list)
+    replicated: list[tuple[str, str]] = field(default_factory=list)  # (product node, why it stays whole)
+    gather_bytes: int = GATHER_BYTES
+
+    def weight_name(self, i: int) -> str:
+        return self.nodes[i].inputs[1].name
+
+
+def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray], *, sites=(),
+               gather_bytes: int = GATHER_BYTES) -> ParallelPlan:
+    if ranks < 2:
+        raise ValueError(f"--tp {ranks}: tensor parallelism needs at least 2 ranks")
+    graph = import_graph(model)
+    graph.toposort()
+    for k, node in enumerate(graph.nodes):  # the rank writer finds nodes by name: every node has one
+        if not node.name:
+            node.name = f"tp_node_{k}"
+    nodes = list(graph.nodes)
+    facts = measure_all(model, feeds)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    cache = _cache_outputs(graph, sites)
+    finder = _Finder(Pass(graph, nodes, facts, ranks, opset, cache), nodes, gather_bytes)
+    split, replicated = finder.grow_all()
+    plan = ParallelPlan(ranks, graph, nodes, facts, split, replicated=replicated, gather_bytes=gather_bytes)
+    plan.sites = [_site_split(s, split, ranks) for s in sites]
+    return plan
+
+
+class _Finder:
+    def __init__(self, one_pass: Pass, nodes: list[gs.Node], gather_bytes: int):
+        self.one_pass, self.nodes, self.gather_bytes = one_pass, nodes, gather_bytes
+        self.producer = {o.name: i for i, n in enumerate(nodes) for o in n.outputs}
+
+    def grow_all(self) -> tuple[Split, list[tuple[str, str]]]:
+        seeds: set[int] = set()
+        inputs: dict[str, Shard] = {}
+        split = self.one_pass.run(seeds, inputs)
+        covered: set[int] = set()
+        replicated: list[tuple[str, str]] = []
+        for c in (i for i, n in enumerate(self.nodes) if weight_operand(n) is not None):
+            if c in covered:
+                continue
+            try:
+                grown, grown_inputs, new = self._grow(seeds | {c}, inputs)
+                reason = self._refuse(split, new, c)
+            except Unsplittable as e:
+                reason = str(e)
+            if reason:
+                replicated.append((self.nodes[c].name, reason))
+                continue
+            seeds, inputs, split = grown, grown_inputs, new
+            covered |= seeds | set(split.rows)
+        return split, [(n, r) for n, r in replicated if not any(self.nodes[i].name == n for i in covered)]
+
+    def _grow(self, seeds: set[int], inputs: dict[str, Shard]) -> tuple[set[int], dict[str, Shard], Split]:
+        """Run to a fixed point: graph inputs met become sharded inputs; an activation sliced whole is
+        split at the product computing it where that keeps the pass valid."""
+        tried: set[tuple[int, int]] = set()
+        while True:
+            split = self.one_pass.run(seeds, inputs)
+            if split.input_shards.keys() - inputs.keys():
+                inputs = dict(split.input_shards)
+                continue
+            upgraded = False
+            for key in split.activation_slices:
+                if key in tried:
+                    continue
+                tried.add(key)
+                for seed, shards in self._splits_above(self.nodes[key[0]].inputs[key[1]], seeds, inputs):
+                    try:
+                        trial = self.one_pass.run(seed, shards)
+                    except Unsplittable:
+                        continue
+                    if key not in trial.activation_slices:
+                        seeds, inputs = seed, dict(trial.input_shards)
+                        upgraded = True
+                        break
+                if upgraded:
+                    break
+            if not upgraded:
+                return seeds, inputs, split
+
+    def _splits_above(self, t: gs.Tensor, seeds: set[int], inputs: dict[str, Shard]):
+        """Ways to compute `t` already split, nearest first: a product with a 2-D weight above it split by
+        columns, or a graph input above it (a past K/V) fed in slices along one of its axes."""
+        products, graph_inputs = self._nearest(t)
+        for i in products:
+            if i not in seeds:
+                yield seeds | {i}, inputs
+        for name in graph_inputs:
+            if name in inputs:
+                continue
+            for axis, size in enumerate(self.one_pass.facts.shapes[name]):
+                if size > 1 and size % self.one_pass.n == 0:
+                    yield seeds, {**inputs, name: Shard(axis)}
+
+    def _nearest(self, t: gs.Tensor) -> tuple[list[int], list[str]]:
+        """The products with a 2-D weight nearest above `t` on each path, and the graph inputs reached
+        without passing one, nearest first."""
+        found, reached, frontier, seen = [], [], [t], set()
+        inputs = self.one_pass.inputs
+        while frontier:
+            nxt = []
+            for x in frontier:
+                i = self.producer.get(x.name)
+                if i is None:
+                    if x.name in inputs and x.name not in reached:
+                        reached.append(x.name)
+                    continue
+                if i in seen:
+                    continue
+                seen.add(i)
+                if weight_operand(self.nodes[i]) is not None:
+                    found.append(i)
+                else:
+                    nxt.extend(y for y in self.nodes[i].inputs if constant_value(y) is None)
+            frontier = nxt
+        return found, reached
+
+    def _refuse(self, before: Split, after: Split, seed: int) -> str:
+        """Why a grown region is not kept ('' when it is)."""
+        if set(after.rows) - set(before.rows):
+            return ""
+        new_gathered = after.gathered.keys() - before.gathered.keys()
+        if new_gathered:
+            size = constant_value(self.nodes[seed].inputs[1]).nbytes
+            if size >= self.gather_bytes:
+                return ""
+            return f"{size} bytes of weight, under the {self.gather_bytes}-byte threshold for a split with ALL_GATHER"
+        return "its columns reach no product that splits by rows and no graph output"
+
+
+def _cache_outputs(graph: gs.Graph, sites) -> set[str]:
+    """Graph outputs that are a site's K or V (after the cache concat), through layout ops: each rank
+    keeps the heads it computes."""
+    kv = {n for s in sites for n in (s.key, s.value, s.new_key, s.new_value) if n}
+    consumers: dict[str, list[gs.Node]] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            consumers.setdefault(t.name, []).append(node)
+    frontier, seen = list(kv), set(kv)
+    while frontier:
+        name = frontier.pop()
+        for node in consumers.get(name, []):
+            if node.op in LAYOUT:
+                out = node.outputs[0].name
+                if out not in seen:
+                    seen.add(out)
+                    frontier.append(out)
+    outputs = {o.name for o in graph.outputs}
+    return seen & outputs
+
+
+def _site_split(site, split: Split, ranks: int) -> SiteSplit:
+    q, kv = site.q_heads, site.kv_heads or site.q_heads
+    if site.query not in split.sharded:
+        return SiteSplit(site.name, q, kv, None, None, "whole on every rank (its query heads do not split)")
+    q_rank = q // ranks if q else None
+    k_sharded = any(n in split.sharded for n in (site.key, site.new_key) if n)
+    if k_sharded:
+        return SiteSplit(site.name, q, kv, q_rank, kv // ranks if kv else None)
+    return SiteSplit(site.name, q, kv, q_rank, None,
+                     f"K/V whole on every rank: {kv} KV heads do not split into {ranks}")

@@ -1,0 +1,119 @@
+"""Each rank's form: the original model with its weights sliced, the shapes it builds divided where they
+are constants, and the collectives explicit as nodes of the `trtattn.dist` domain:
+
+    AllReduce(x) -> y      (reduce="sum", ranks=N): the partial sums of a product split by rows
+    AllGather(x) -> y      (axis=a, ranks=N): a sharded graph output, ranks' slices concatenated along a
+
+These are what the builder lowers to `add_dist_collective` (ALL_REDUCE / ALL_GATHER); ONNX Runtime has
+no kernel for them, so collectives.py runs a rank set by cutting its forms at these nodes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ...graph.view import export_graph
+from .facts import constant_value
+from .find import ParallelPlan
+from .shard import Shard
+
+DOMAIN = "trtattn.dist"
+OPS = ("AllReduce", "AllGather")
+
+
+def slice_array(value: np.ndarray, shard: Shard, ranks: int, rank: int) -> np.ndarray:
+    """Rank `rank`'s block of `value` along `shard`."""
+    shape = value.shape
+    a = shard.axis
+    view = value.reshape(shape[:a] + (shard.outer, ranks, shape[a] // (shard.outer * ranks)) + shape[a + 1:])
+    part = np.take(view, rank, axis=a + 1)
+    return np.ascontiguousarray(part.reshape(shape[:a] + (shape[a] // ranks,) + shape[a + 1:]))
+
+
+def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.ModelProto:
+    n, split = plan.ranks, plan.split
+    graph = plan.graph.copy()
+    nodes = list(graph.nodes)
+    made: dict[tuple, gs.Tensor] = {}
+
+    def constant(t: gs.Tensor, shard: Shard) -> gs.Tensor:
+        key = (t.name, shard)
+        if key not in made:
+            made[key] = gs.Constant(f"{t.name}.rank{rank}of{n}", slice_array(constant_value(t), shard, n, rank))
+        return made[key]
+
+    for (i, k), shard in split.constant_slices.items():
+        nodes[i].inputs[k] = constant(nodes[i].inputs[k], shard)
+    for (i, k), entries in split.shape_fixes.items():
+        t = nodes[i].inputs[k]
+        value = constant_value(t)
+        if value is not None:
+            fixed = np.array(value, copy=True).reshape(-1)
+            fixed[entries] //= n
+            nodes[i].inputs[k] = gs.Constant(f"{t.name}.rank_shape{i}", fixed.astype(value.dtype))
+        else:  # computed: divide the static entries on the rank
+            divisor = np.ones(len(plan.facts.values[t.name].reshape(-1)), dtype=np.int64)
+            divisor[entries] = n
+            out = gs.Variable(f"{t.name}.rank_shape{i}", dtype=np.int64)
+            graph.nodes.append(gs.Node("Div", f"{nodes[i].name}/rank_shape", inputs=[t, gs.Constant(
+                f"{out.name}.divisor", divisor)], outputs=[out]))
+            nodes[i].inputs[k] = out
+    for (i, k), shard in split.activation_slices.items():  # one Slice per tensor and axis, shared
+        t = nodes[i].inputs[k]
+        key = (t.name, shard)
+        if key not in made:
+            part = plan.facts.shapes[t.name][shard.axis] // n
+            made[key] = gs.Variable(f"{t.name}.rank{rank}of{n}.axis{shard.axis}", dtype=t.dtype)
+            bounds = [gs.Constant(f"{made[key].name}.{what}", np.array([v], dtype=np.int64)) for what, v in
+                      (("starts", rank * part), ("ends", (rank + 1) * part), ("axes", shard.axis))]
+            graph.nodes.append(gs.Node("Slice", f"{nodes[i].name}/rank_slice{k}", inputs=[t, *bounds],
+                                       outputs=[made[key]]))
+        nodes[i].inputs[k] = made[key]
+    for i, names in split.head_attrs.items():
+        for a in names:
+            nodes[i].attrs[a] = nodes[i].attrs[a] // n
+    for t in graph.inputs:
+        if t.name in split.input_shards:
+            t.shape = _divided(t.shape, split.input_shards[t.name].axis, n)
+    for i in split.rows:
+        _collective(graph, nodes[i], "AllReduce", n, plan.facts.dtypes, reduce="sum")
+    outputs = {t.name: t for t in graph.outputs}
+    for name, shard in split.gathered.items():
+        _collective(graph, outputs[name].inputs[0], "AllGather", n, plan.facts.dtypes, output=outputs[name],
+                    axis=shard.axis)
+    for name, shard in split.cached.items():
+        outputs[name].shape = _divided(outputs[name].shape, shard.axis, n)
+    keep = {t.name for t in list(graph.inputs) + list(graph.outputs)}
+    for t in graph.tensors().values():  # intermediate shapes: the rank's differ, ONNX Runtime infers them
+        if isinstance(t, gs.Variable) and t.name not in keep:
+            t.shape = None
+
+    graph.cleanup().toposort()
+    model = export_graph(graph, like, do_type_check=False)
+    model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+    for prop in like.metadata_props:
+        model.metadata_props.add(key=prop.key, value=prop.value)
+    model.metadata_props.add(key="trtattn.rank", value=f"{rank}/{n}")
+    return model
+
+
+def _collective(graph: gs.Graph, node: gs.Node, kind: str, ranks: int, dtypes: dict,
+                output: gs.Tensor | None = None, **attrs) -> None:
+    """Put the collective `kind` on `node`'s output (or on `output` of it): the node writes a local tensor the op reads."""
+    out = output if output is not None else node.outputs[0]
+    out.dtype = out.dtype or dtypes[out.name]  # typed: the cut at collectives makes it an input
+    local = gs.Variable(f"{out.name}/local", dtype=out.dtype)
+    node.outputs[node.outputs.index(out)] = local
+    graph.nodes.append(gs.Node(kind, f"{node.name}/{kind}", attrs={**attrs, "ranks": ranks}, inputs=[local],
+                               outputs=[out], domain=DOMAIN))
+
+
+def _divided(shape, axis: int, ranks: int):
+    if shape is None:
+        return None
+    shape = list(shape)
+    if isinstance(shape[axis], (int, np.integer)) and shape[axis] > 0:
+        shape[axis] //= ranks
+    return shape
