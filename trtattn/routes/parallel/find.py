@@ -146,7 +146,7 @@ class _Finder:
         found, reached, frontier, seen = [], [], [t], set()
         inputs = self.one_pass.inputs
         while frontier:
-            nxt = []
+            nxt: list[gs.Tensor] = []
             for x in frontier:
                 i = self.producer.get(x.name)
                 if i is None:
@@ -169,7 +169,7 @@ class _Finder:
             return ""
         new_gathered = after.gathered.keys() - before.gathered.keys()
         if new_gathered:
-            size = constant_value(self.nodes[seed].inputs[1]).nbytes
+            size = np.asarray(constant_value(self.nodes[seed].inputs[1])).nbytes
             if size >= self.gather_bytes:
                 return ""
             return f"{size} bytes of weight, under the {self.gather_bytes}-byte threshold for a split with ALL_GATHER"

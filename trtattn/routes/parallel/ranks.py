@@ -41,7 +41,7 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
     def constant(t: gs.Tensor, shard: Shard) -> gs.Tensor:
         key = (t.name, shard)
         if key not in made:
-            made[key] = gs.Constant(f"{t.name}.rank{rank}of{n}", slice_array(constant_value(t), shard, n, rank))
+            made[key] = gs.Constant(f"{t.name}.rank{rank}of{n}", slice_array(np.asarray(constant_value(t)), shard, n, rank))
         return made[key]
 
     for (i, k), shard in split.constant_slices.items():

@@ -267,7 +267,7 @@ class Pass:
         """Entry j of a shape operand: left as it is when it is -1 or the graph computes it from a sharded
         tensor's Shape (the rank's value is already a rank's), divided by the ranks when it is a constant."""
         t = node.inputs[1]
-        whole = np.ravel(self.facts.values[t.name] if constant_value(t) is None else constant_value(t))
+        whole = np.ravel(self._whole_value(t))
         here = np.ravel(self.values.value(t))
         entry = j - (len(after) - len(whole))
         if entry < 0:
@@ -290,7 +290,7 @@ class Pass:
         axis = shard.axis + len(out) - len(self.shape(node.inputs[0]))
         target = Shard(axis, shard.outer)
         t = node.inputs[1]
-        whole = np.ravel(self.facts.values[t.name] if constant_value(t) is None else constant_value(t))
+        whole = np.ravel(self._whole_value(t))
         here = np.ravel(self.values.value(t))
         entry = axis - (len(out) - len(whole))
         if entry >= 0:
@@ -391,10 +391,15 @@ class Pass:
                 self._operand(i, node, 3, Shard(1))
         if three_d:
             self.split.head_attrs[i] = tuple(a for a in ("num_heads", "q_num_heads", "kv_num_heads") if a in node.attrs)
-        for k, out in enumerate(node.outputs):
+        for out in node.outputs:
             if out.name:
                 rank = len(self.shape(out))
                 self._set(node, out, Shard(2 if rank == 3 else 1))
+
+    def _whole_value(self, t: gs.Tensor) -> np.ndarray:
+        """A shape operand's value on the whole model (a constant, or as measured)."""
+        value = constant_value(t)
+        return self.facts.values[t.name] if value is None else value
 
     def _fail(self, node: gs.Node, reason: str) -> None:
         raise Unsplittable(node.name, reason)

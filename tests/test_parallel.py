@@ -1,0 +1,113 @@
+"""Tensor parallelism (routes/parallel): the split is found from the graph, each rank's form is a valid ONNX
+model with its collectives explicit, and N ranks run on ONNX Runtime with the collectives in numpy equal the
+original within verification's tolerance."""
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+from trtattn.graph import io, validate
+from trtattn.routes.parallel import DOMAIN, collective, split_model
+from trtattn.testing import write_llama
+from trtattn.testing.graphs import attention_model
+
+
+def _collectives(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node if n.domain == DOMAIN)
+
+
+def test_collectives_in_numpy():
+    parts = [np.full((2, 3), r + 1, np.float32) for r in range(4)]
+    assert np.array_equal(collective("AllReduce", parts), np.full((2, 3), 10, np.float32))
+    gathered = collective("AllGather", parts, axis=1)
+    assert gathered.shape == (2, 12) and gathered[0, 3] == 2
+    with pytest.raises(ValueError, match="AllReduce or AllGather"):
+        collective("Broadcast", parts)
+
+
+@pytest.mark.parametrize("ranks, q_rank, kv_rank", [(2, 2, 1), (4, 1, None)])
+def test_gqa_block_splits_by_whole_kv_groups(ranks, q_rank, kv_rank):
+    """4 query / 2 KV heads: over 2 ranks each takes one KV group with its two query heads; over 4 the KV
+    heads do not split, so K/V stay whole on every rank (named) while the query heads split."""
+    model = attention_model(heads=4, kv_heads=2)
+    forms = split_model(model, ranks)
+    (site,) = forms.plan.sites
+    assert (site.q_per_rank, site.kv_per_rank) == (q_rank, kv_rank)
+    replicated = dict(forms.plan.replicated)
+    assert (len(replicated) == 2) == (kv_rank is None)  # K and V projections, each with the node at fault
+    assert all("does not keep the split blocks" in r for r in replicated.values())
+    assert forms.plan.split.shape_fixes  # the heads constants of its Reshapes are the rank's
+    for r, rank in enumerate(forms.models):
+        validate.check(rank, f"rank {r}")
+        assert _collectives(rank) == {"AllReduce": 1}
+        q_weight = {i.name: i for i in rank.graph.initializer}
+        assert any(list(w.dims) == [32, 32 // ranks] for w in q_weight.values())  # Q's columns, sliced
+    check = forms.verify()
+    assert check.passed, check.errors
+    assert max(check.errors.values()) < 1e-5
+
+
+def test_heads_that_do_not_split_stay_whole():
+    model = attention_model(heads=6)
+    forms = split_model(model, 4)
+    (site,) = forms.plan.sites
+    assert site.q_per_rank is None and "do not split" in site.note
+    reasons = " ".join(r for _, r in forms.plan.replicated)
+    assert "[2, 6, 48] -> [2, 6, 6, 8]" in reasons
+    assert all(_collectives(m) == {} for m in forms.models)
+    assert forms.verify().passed
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp")
+    path = write_llama.write_llama(out / "tiny-cache.onnx", **{**write_llama.PRESETS["tiny"], "form": "cache",
+                                                               "dtype": "float32"})
+    return io.load(path)
+
+
+def test_cache_holds_rank_heads_and_lm_head_gathers(tiny_llama):
+    """The writer's Llama with a cache: each rank's past/present K/V hold its KV heads; with the gather
+    threshold at 0 the LM head splits by vocabulary and its logits are ALL_GATHERed."""
+    forms = split_model(tiny_llama, 2, gather_bytes=0)
+    split = forms.plan.split
+    assert set(split.input_shards) == {f"past_key_values.{i}.{p}" for i in range(2) for p in ("key", "value")}
+    assert set(split.cached) == {f"present.{i}.{p}" for i in range(2) for p in ("key", "value")}
+    assert set(split.gathered) == {"logits"}
+    rank = forms.models[1]
+    past = next(i for i in rank.graph.input if i.name == "past_key_values.0.key")
+    assert past.type.tensor_type.shape.dim[1].dim_value == 1  # 2 KV heads over 2 ranks
+    assert _collectives(rank) == {"AllReduce": 4, "AllGather": 1}
+    check = forms.verify()
+    assert check.passed, check.errors
+    assert set(check.errors) == {"logits"} | set(split.cached)
+
+
+def test_small_lm_head_stays_whole(tiny_llama):
+    forms = split_model(tiny_llama, 2)
+    assert not forms.plan.split.gathered
+    assert any("threshold" in r for _, r in forms.plan.replicated)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_zoo_llama(zoo_export, ranks):
+    model = io.load(zoo_export("llama", "torchscript"))
+    forms = split_model(model, ranks)
+    assert len(forms.plan.split.rows) == 4  # per layer: the out projection and the MLP's down projection
+    assert all(s.q_per_rank == 4 // ranks for s in forms.plan.sites)
+    check = forms.verify()
+    assert check.passed, check.errors
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, exporter", [("bart", "torchscript"), ("t5", "torchscript"),
+                                            ("llama-cache", "torchscript"), ("llama", "dynamo")])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_zoo_split(zoo_export, name, exporter, ranks):
+    model = io.load(zoo_export(name, exporter))
+    forms = split_model(model, ranks)
+    assert forms.plan.split.rows and all(s.q_per_rank for s in forms.plan.sites)
+    check = forms.verify()
+    assert check.passed, check.errors
