@@ -111,3 +111,49 @@ def test_zoo_split(zoo_export, name, exporter, ranks):
     assert forms.plan.split.rows and all(s.q_per_rank for s in forms.plan.sites)
     check = forms.verify()
     assert check.passed, check.errors
+
+
+def test_build_tp_writes_rank_forms_and_plans_then_exits_4(tmp_path, capsys):
+    """Without TensorRT, `build --tp 2` verifies the ranks, writes one form per rank and the set's plan
+    (per rank weights, KV cache, collective bytes; the single-GPU figures beside), and exits 4."""
+    import json
+
+    from trtattn.cli import main
+    from trtattn.trt import compat
+
+    try:
+        compat.import_tensorrt()
+        pytest.skip("TensorRT is installed: build would go on to the engines")
+    except Exception:
+        pass
+    src = tmp_path / "attn.onnx"
+    io.save(attention_model(heads=4, kv_heads=2), src)
+    out = tmp_path / "engines"
+    assert main(["-q", "build", str(src), "--tp", "2", "--out-dir", str(out), "--max-cache", "32"]) == 4
+    plan = json.loads((out / "attn.tp.json").read_text())
+    assert plan["tensor_parallel"] == 2 and plan["verification"]["passed"]
+    assert [c["kind"] for c in plan["collectives"]] == ["ALL_REDUCE"]
+    assert plan["sites"][0]["q_heads_per_rank"] == 2 and plan["sites"][0]["kv_heads_per_rank"] == 1
+    ranks = plan["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["kv_cache_bytes"] * 2 == plan["single_gpu"]["kv_cache_bytes"] == 2 * 2 * 8 * 32 * 4
+    assert ranks[0]["weight_bytes"] < plan["single_gpu"]["weight_bytes"]
+    assert ranks[0]["all_reduce_bytes"] == 32 * 4  # the out-projection's 32 floats per token
+    for r in ranks:
+        validate.check(io.load(out / r["form"]), r["form"])
+    assert "KV cache at 32" in capsys.readouterr().out
+
+
+def test_rank_costs_match_the_llama_formula(tiny_llama):
+    """The README's 8B/70B figures come from llama_costs; on the tiny preset it must give what the split
+    of the written model holds (N=4: only the K/V slices' few index constants differ)."""
+    from trtattn.routes.parallel.cost import llama_costs, rank_costs
+
+    tiny = write_llama.PRESETS["tiny"]
+    for ranks in (2, 4):
+        forms = split_model(tiny_llama, ranks, gather_bytes=0)
+        measured = rank_costs(forms, 64)[0]
+        formula = llama_costs(tiny, ranks, 64, dtype_bytes=4, gather_bytes=0)
+        assert abs(measured.weight_bytes - formula.weight_bytes) <= 128
+        assert (measured.kv_cache_bytes, measured.all_reduces, measured.all_reduce_bytes, measured.all_gather_bytes) \
+            == (formula.kv_cache_bytes, formula.all_reduces, formula.all_reduce_bytes, formula.all_gather_bytes)

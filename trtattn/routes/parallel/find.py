@@ -35,6 +35,8 @@ class SiteSplit:
     q_per_rank: int | None  # None: the site runs whole on every rank
     kv_per_rank: int | None  # None: K/V whole on every rank (each rank slices the heads it needs)
     note: str = ""
+    head_size: int = 0
+    v_head_size: int = 0
 
 
 @dataclass
@@ -199,11 +201,11 @@ def _cache_outputs(graph: gs.Graph, sites) -> set[str]:
 
 def _site_split(site, split: Split, ranks: int) -> SiteSplit:
     q, kv = site.q_heads, site.kv_heads or site.q_heads
+    sizes = {"head_size": site.head_size or 0, "v_head_size": site.v_head_size or site.head_size or 0}
     if site.query not in split.sharded:
-        return SiteSplit(site.name, q, kv, None, None, "whole on every rank (its query heads do not split)")
+        return SiteSplit(site.name, q, kv, None, None, "whole on every rank (its query heads do not split)", **sizes)
     q_rank = q // ranks if q else None
-    k_sharded = any(n in split.sharded for n in (site.key, site.new_key) if n)
-    if k_sharded:
-        return SiteSplit(site.name, q, kv, q_rank, kv // ranks if kv else None)
-    return SiteSplit(site.name, q, kv, q_rank, None,
-                     f"K/V whole on every rank: {kv} KV heads do not split into {ranks}")
+    if any(n in split.sharded for n in (site.key, site.new_key) if n):
+        return SiteSplit(site.name, q, kv, q_rank, kv // ranks if kv else None, **sizes)
+    return SiteSplit(site.name, q, kv, q_rank, None, f"K/V whole on every rank: {kv} KV heads do not split "
+                                                     f"into {ranks}", **sizes)

@@ -1,0 +1,108 @@
+"""trtattn build MODEL --tp N: one form, plan and (with TensorRT) engine per rank, and one sidecar for the
+set (NAME.tp.json). The split is found from the graph and the N rank forms are verified together on ONNX
+Runtime with the collectives in numpy before anything is written; without TensorRT it writes the rank
+forms, the per-rank plans and the sidecar, and exits 4, as build does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import MissingDependencyError
+from ..graph import io as onnxio
+from .common import exit_without_tensorrt, load_model
+from .dims import parse_dims
+
+
+def tp_plan(forms, max_cache: int, name: str) -> dict:
+    """The set's plan: per site its heads per rank, what stays whole and why, per rank its form, weights,
+    KV-cache bytes at max_cache and the bytes its collectives move per token."""
+    from ..routes.parallel import DOMAIN
+    from ..routes.parallel.cost import initializer_bytes, rank_costs
+
+    plan, split = forms.plan, forms.plan.split
+    costs = rank_costs(forms, max_cache)
+    whole_kv = sum((s.kv_heads or 0) * (s.head_size + s.v_head_size) for s in plan.sites) * max_cache
+    width = costs[0].kv_cache_bytes // max(1, sum(((s.kv_per_rank or s.kv_heads) or 0) * (s.head_size + s.v_head_size)
+                                                  for s in plan.sites) * max_cache)
+    return {
+        "tensor_parallel": plan.ranks, "collective_domain": DOMAIN, "max_cache": max_cache,
+        "gather_threshold_bytes": plan.gather_bytes,
+        "sites": [{"name": s.name, "q_heads": s.q_heads, "kv_heads": s.kv_heads, "q_heads_per_rank": s.q_per_rank,
+                   "kv_heads_per_rank": s.kv_per_rank, "note": s.note} for s in plan.sites],
+        "collectives": [{"kind": "ALL_REDUCE", "tensor": plan.nodes[i].outputs[0].name, "after": plan.nodes[i].name}
+                        for i in split.rows] + [{"kind": "ALL_GATHER", "tensor": k, "axis": v.axis}
+                                                for k, v in split.gathered.items()],
+        "sharded_inputs": {k: v.axis for k, v in split.input_shards.items()},
+        "rank_cache_outputs": {k: v.axis for k, v in split.cached.items()},
+        "replicated": [{"node": n, "why": why} for n, why in plan.replicated],
+        "single_gpu": {"weight_bytes": initializer_bytes(forms.original), "kv_cache_bytes": whole_kv * width},
+        "ranks": [{**c.as_dict(), "form": f"{name}.rank{c.rank}of{plan.ranks}.onnx",
+                   "engine": f"{name}.rank{c.rank}of{plan.ranks}.engine"} for c in costs],
+    }
+
+
+def describe(plan: dict) -> str:
+    from ..report import table
+
+    n = plan["tensor_parallel"]
+    lines = [f"tensor parallel over {n} ranks: {len(plan['collectives'])} collectives per step, "
+             f"{sum(s['q_heads_per_rank'] is not None for s in plan['sites'])}/{len(plan['sites'])} sites split"]
+    lines.append(table(plan["sites"], [("name", "site"), ("q_heads", "heads"), ("kv_heads", "kv"),
+                                       ("q_heads_per_rank", "heads/rank"), ("kv_heads_per_rank", "kv/rank"),
+                                       ("note", "note")]))
+    rows = [{"rank": r["rank"], "weights": f"{r['weight_bytes'] / 2**20:.2f} MiB",
+             "kv": f"{r['kv_cache_bytes'] / 2**20:.2f} MiB", "reduces": r["all_reduces"],
+             "moved": f"{r['sent_bytes'] / 1024:.1f} KiB"} for r in plan["ranks"]]
+    single = plan["single_gpu"]
+    rows.append({"rank": "1 GPU", "weights": f"{single['weight_bytes'] / 2**20:.2f} MiB",
+                 "kv": f"{single['kv_cache_bytes'] / 2**20:.2f} MiB", "reduces": 0, "moved": "0"})
+    lines.append(table(rows, [("rank", "rank"), ("weights", "weights"),
+                              ("kv", f"KV cache at {plan['max_cache']} (one sequence)"),
+                              ("reduces", "ALL_REDUCEs/token"), ("moved", "sent/token (ring)")]))
+    for r in plan["replicated"]:
+        lines.append(f"  whole on every rank: {r['node']}: {r['why']}")
+    return "\n".join(lines)
+
+
+def run_tp(args, progress) -> int:
+    from ..routes.parallel import split_model
+    from ..trt import compat
+    from ..trt.profiles import max_positions
+
+    if Path(args.model).is_dir():
+        print("trtattn: build DIR --tp: build each part with --tp (one rank set per part); an export folder as "
+              "one unit is not split yet")
+        return 2
+    model = load_model(args.model, progress, with_weights=True)  # the ranks' weights are slices of these
+    name = args.name or Path(args.model).stem
+    with progress.step(f"finding the split over {args.tp} ranks"):
+        forms = split_model(model, args.tp, dims=parse_dims(args.dims))
+    with progress.step(f"verifying {args.tp} ranks on ONNX Runtime, collectives in numpy"):
+        check = forms.verify()
+    worst = max(check.errors.values(), default=0.0)
+    print(f"{args.tp} ranks against the original: {'passed' if check.passed else 'FAILED'} "
+          f"(max abs error {worst:.3g} over {len(forms.feeds)} inputs)")
+    if not check.passed:
+        for k, e in check.errors.items():
+            print(f"  {k}: {e:.3g} (bound {check.bounds[k]:.3g})")
+        return 1
+    max_cache = args.max_cache or max_positions(model)[0] or 2048
+    plan = tp_plan(forms, max_cache, name)
+    plan["verification"] = {"passed": check.passed, "max_abs_err": worst, "outputs": check.errors}
+    print(describe(plan))
+    out = Path(args.out_dir)
+    for r, rank in enumerate(forms.models):
+        onnxio.save(rank, out / plan["ranks"][r]["form"], protect=(args.model,))
+    sidecar = out / f"{name}.tp.json"
+    onnxio.atomic_write(sidecar, (json.dumps(plan, indent=2) + "\n").encode())
+    if args.plan_json:
+        onnxio.atomic_write(Path(args.plan_json), (json.dumps(plan, indent=2) + "\n").encode())
+    print(f"wrote {args.tp} rank forms and {sidecar}")
+    try:
+        compat.import_tensorrt()
+    except MissingDependencyError as e:
+        return exit_without_tensorrt(e)
+    print("trtattn: building rank engines (add_dist_collective) is not wired into build yet; the rank forms "
+          "and plans are written")
+    return 1
