@@ -201,11 +201,12 @@ def _cache_outputs(graph: gs.Graph, sites) -> set[str]:
 
 def _site_split(site, split: Split, ranks: int) -> SiteSplit:
     q, kv = site.q_heads, site.kv_heads or site.q_heads
-    sizes = {"head_size": site.head_size or 0, "v_head_size": site.v_head_size or site.head_size or 0}
+    head, v_head = site.head_size or 0, site.v_head_size or site.head_size or 0
     if site.query not in split.sharded:
-        return SiteSplit(site.name, q, kv, None, None, "whole on every rank (its query heads do not split)", **sizes)
+        return SiteSplit(site.name, q, kv, None, None, "whole on every rank (its query heads do not split)",
+                         head, v_head)
     q_rank = q // ranks if q else None
     if any(n in split.sharded for n in (site.key, site.new_key) if n):
-        return SiteSplit(site.name, q, kv, q_rank, kv // ranks if kv else None, **sizes)
+        return SiteSplit(site.name, q, kv, q_rank, kv // ranks if kv else None, "", head, v_head)
     return SiteSplit(site.name, q, kv, q_rank, None, f"K/V whole on every rank: {kv} KV heads do not split "
-                                                     f"into {ranks}", **sizes)
+                                                     f"into {ranks}", head, v_head)
