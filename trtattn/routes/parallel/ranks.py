@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ...graph.shapes import tensor_types
 from ...graph.view import export_graph
 from .facts import constant_value
 from .find import ParallelPlan
@@ -77,8 +78,12 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
     for t in graph.inputs:
         if t.name in split.input_shards:
             t.shape = _divided(t.shape, split.input_shards[t.name].axis, n)
+    whole = tensor_types(like)  # an ALL_REDUCE's output has the whole model's shape: TensorRT needs its rank
     for i in split.rows:
+        out = nodes[i].outputs[0]
         _collective(graph, nodes[i], "AllReduce", n, plan.facts.dtypes, reduce="sum")
+        shape = whole.get(out.name, (None, None))[1] or [None] * len(plan.facts.shapes[out.name])
+        out.shape = [d if d is not None else f"{out.name}_dim{k}" for k, d in enumerate(shape)]
     outputs = {t.name: t for t in graph.outputs}
     for name, shard in split.gathered.items():
         _collective(graph, outputs[name].inputs[0], "AllGather", n, plan.facts.dtypes, output=outputs[name],
@@ -86,6 +91,7 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
     for name, shard in split.cached.items():
         outputs[name].shape = _divided(outputs[name].shape, shard.axis, n)
     keep = {t.name for t in list(graph.inputs) + list(graph.outputs)}
+    keep |= {t.name for node in graph.nodes if node.domain == DOMAIN for t in node.outputs}  # shaped above
     for t in graph.tensors().values():  # intermediate shapes: the rank's differ, ONNX Runtime infers them
         if isinstance(t, gs.Variable) and t.name not in keep:
             t.shape = None

@@ -1,0 +1,71 @@
+"""Tensor parallelism on the TensorRT side: each rank's network (the rank form parsed, its collectives
+lowered to add_dist_collective) is checked against the real 11.4 bindings, and the N networks run
+together by trtsim's reference executor equal the original model on ONNX Runtime."""
+
+import numpy as np
+import pytest
+from trtsim.execute import run_ranks
+
+from trtattn.graph.evaluate import ort_session
+from trtattn.routes.parallel import rank_feeds, split_model
+from trtattn.routes.parallel.engine import rank_network_plan
+from trtattn.testing import write_llama
+from trtattn.testing.graphs import attention_model
+from trtattn.trt.network import build_network
+
+pytestmark = [pytest.mark.conformance, pytest.mark.reference]
+
+
+def _networks(trt, forms, name):
+    nets = []
+    for r, model in enumerate(forms.models):
+        plan, cut_model = rank_network_plan(model, name, r, forms.plan.ranks)
+        builder = trt.Builder(trt.Logger(trt.Logger.WARNING))
+        nets.append(build_network(trt, builder, trt.Logger(trt.Logger.WARNING), cut_model, plan))
+    assert trt.sim.problems == []
+    return nets
+
+
+def _layers(net, kind):
+    return [net.get_layer(i) for i in range(net.num_layers) if str(net.get_layer(i).type).endswith(kind)]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_rank_networks_all_reduce_match_onnx_runtime(checked_trt, ranks):
+    trt = checked_trt
+    model = attention_model(heads=4, kv_heads=2)
+    forms = split_model(model, ranks)
+    nets = _networks(trt, forms, "attn")
+    (collective,) = _layers(nets[0], "DIST_COLLECTIVE")
+    assert collective.num_ranks == ranks
+    feeds = forms.feeds[0]
+    expected = ort_session(model).run(None, feeds)[0]
+    outs = run_ranks(nets, rank_feeds(feeds, forms.plan.split.input_shards, ranks))
+    for out in outs:
+        (got,) = out.values()
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_rank_networks_gather_logits_and_keep_rank_caches(checked_trt, tmp_path):
+    """The writer's cached Llama with a vocabulary-parallel LM head: ALL_GATHER along the logits' last axis
+    (moved to the front and back by shuffles), each rank's present K/V its own heads."""
+    from trtattn.graph import io
+
+    trt = checked_trt
+    path = write_llama.write_llama(tmp_path / "tiny.onnx", **{**write_llama.PRESETS["tiny"], "form": "cache",
+                                                              "dtype": "float32"})
+    model = io.load(path)
+    forms = split_model(model, 2, gather_bytes=0)
+    nets = _networks(trt, forms, "tiny")
+    kinds = [layer.num_ranks for layer in _layers(nets[1], "DIST_COLLECTIVE")]
+    assert len(kinds) == 5 and set(kinds) == {2}
+    feeds = forms.feeds[0]
+    session = ort_session(model)
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    split = forms.plan.split
+    outs = run_ranks(nets, rank_feeds(feeds, split.input_shards, 2))
+    for out in outs:
+        np.testing.assert_allclose(out["logits"], expected["logits"], rtol=1e-4, atol=1e-5)
+    for name, shard in split.cached.items():
+        got = np.concatenate([o[name] for o in outs], axis=shard.axis)
+        np.testing.assert_allclose(got, expected[name], rtol=1e-4, atol=1e-5)
