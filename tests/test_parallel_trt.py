@@ -4,6 +4,7 @@ together by trtsim's reference executor equal the original model on ONNX Runtime
 
 import numpy as np
 import pytest
+from trtsim.errors import BuildValidationError
 from trtsim.execute import run_ranks
 
 from trtattn.graph.evaluate import ort_session
@@ -69,3 +70,34 @@ def test_rank_networks_gather_logits_and_keep_rank_caches(checked_trt, tmp_path)
     for name, shard in split.cached.items():
         got = np.concatenate([o[name] for o in outs], axis=shard.axis)
         np.testing.assert_allclose(got, expected[name], rtol=1e-4, atol=1e-5)
+
+
+def test_rank_network_plan_profiles_the_rank_inputs(checked_trt):
+    """Each rank's plan has its own I/O (past K/V with the rank's heads) and a profile over its dynamic
+    dims; the recorded network takes the config TensorRT would build with."""
+    from trtattn.trt.config import create_config
+
+    trt = checked_trt
+    forms = split_model(attention_model(heads=4, kv_heads=2), 2)
+    plan, cut_model = rank_network_plan(forms.models[1], "attn", 1, 2, max_positions=16)
+    assert plan.name == "attn.rank1of2" and [c.kind for c in plan.collectives] == ["ALL_REDUCE"]
+    (profile,) = plan.profiles
+    assert profile["x"]["max"][1] == 16
+    builder = trt.Builder(trt.Logger(trt.Logger.WARNING))
+    network = build_network(trt, builder, trt.Logger(trt.Logger.WARNING), cut_model, plan)
+    config = create_config(trt, builder, network, plan.profiles)
+    assert builder.build_serialized_network(network, config) is not None  # trtsim's build-time checks
+    assert trt.sim.problems == []
+
+
+def test_gather_without_num_ranks_is_refused_at_build(checked_trt):
+    """An ALL_GATHER whose num_ranks was left at 1 has no output shape: trtsim's build check names it."""
+    trt = checked_trt
+    builder = trt.Builder(trt.Logger(trt.Logger.WARNING))
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    x = network.add_input("x", trt.DataType.FLOAT, (2, 3))
+    layer = network.add_dist_collective(x, trt.CollectiveOperation.ALL_GATHER, trt.ReduceOperation.NONE, 0, [0, 1])
+    network.mark_output(layer.get_output(0))
+    config = builder.create_builder_config()
+    with pytest.raises(BuildValidationError, match="ALL_GATHER with num_ranks 1"):
+        builder.build_serialized_network(network, config)

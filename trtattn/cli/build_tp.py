@@ -100,9 +100,13 @@ def run_tp(args, progress) -> int:
         onnxio.atomic_write(Path(args.plan_json), (json.dumps(plan, indent=2) + "\n").encode())
     print(f"wrote {args.tp} rank forms and {sidecar}")
     try:
-        compat.import_tensorrt()
+        trt = compat.import_tensorrt()
     except MissingDependencyError as e:
         return exit_without_tensorrt(e)
-    print("trtattn: building rank engines (add_dist_collective) is not wired into build yet; the rank forms "
-          "and plans are written")
-    return 1
+    from ..routes.parallel.engine import build_ranks
+
+    with progress.step(f"building {args.tp} rank engines with TensorRT {trt.__version__}"):
+        engines = build_ranks(forms.models, trt, out, name, max_positions=args.max_positions or max_cache,
+                              force=args.force, source=str(args.model))
+    print(f"wrote {', '.join(str(e) for e in engines)}")
+    return 0

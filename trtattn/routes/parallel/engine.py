@@ -7,8 +7,11 @@ the ONNX parser, each collective lowered to an IDistCollectiveLayer (trt/lower.p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 
+from ...trt import profiles as profiles_mod
 from ...trt.cut import CutModel, cut
 from ...trt.plan import BuildPlan, CollectivePlan
 from .ranks import DOMAIN
@@ -27,11 +30,45 @@ def collective_plans(model: onnx.ModelProto) -> list[CollectivePlan]:
     return plans
 
 
-def rank_network_plan(model: onnx.ModelProto, name: str, rank: int, ranks: int) -> tuple[BuildPlan, CutModel]:
+def _io(values) -> list[dict]:
+    return [{"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+             "shape": [d.dim_param or (d.dim_value if d.HasField("dim_value") else f"{v.name}_dim{i}")
+                       for i, d in enumerate(v.type.tensor_type.shape.dim)]} for v in values]
+
+
+def rank_network_plan(model: onnx.ModelProto, name: str, rank: int, ranks: int, *, max_positions: int = 2048,
+                      max_batch: int = profiles_mod.DEFAULT_MAX_BATCH) -> tuple[BuildPlan, CutModel]:
+    """The rank's build plan (its collectives, its I/O, one profile over its dynamic dims) and the model
+    TensorRT's parser gets."""
     plans = collective_plans(model)
     if any(p.ranks != ranks for p in plans):
         raise ValueError(f"rank form of {name}: collectives over {sorted({p.ranks for p in plans})} ranks, not {ranks}")
     plan = BuildPlan(name=f"{name}.rank{rank}of{ranks}", form="tensor-parallel", precision="as the form",
-                     collectives=plans, order=[p.node for p in plans],
-                     outputs=[{"name": o.name} for o in model.graph.output])
+                     collectives=plans, order=[p.node for p in plans], inputs=_io(model.graph.input),
+                     outputs=_io(model.graph.output))
+    plan.limits = {"max_positions": max_positions, "max_batch": max_batch}
+    plan.profiles = profiles_mod.default_profiles(plan.inputs, plan.limits)
+    plan.notes.append(f"rank {rank} of {ranks}: NCCL collectives over ranks {list(range(ranks))}")
     return plan, cut(model, {p.node: p for p in plans})
+
+
+def build_ranks(models: list[onnx.ModelProto], trt, out_dir: Path, name: str, *, max_positions: int,
+                force: bool = False, source: str = "") -> list[Path]:
+    """One engine per rank form (GPU with TensorRT >= 11 only; not run on this project's CPU machines)."""
+    from ...trt import engine as engine_mod
+    from ...trt.config import create_config
+    from ...trt.network import build_network
+
+    written = []
+    for r, model in enumerate(models):
+        plan, cut_model = rank_network_plan(model, name, r, len(models), max_positions=max_positions)
+        logger = trt.Logger(trt.Logger.WARNING)
+        builder = trt.Builder(logger)
+        network = build_network(trt, builder, logger, cut_model, plan)
+        config = create_config(trt, builder, network, plan.profiles)
+        blob = engine_mod.build_serialized(trt, builder, network, config)
+        info = engine_mod.sidecar(plan, trt_version=getattr(trt, "__version__", None), source=source,
+                                  gpu=engine_mod.gpu_name())
+        info["tensor_parallel"] = {"rank": r, "ranks": len(models), "collectives": [c.__dict__ for c in plan.collectives]}
+        written.append(engine_mod.write_engine(blob, info, out_dir, plan.name, force=force)[0])
+    return written
