@@ -178,3 +178,46 @@ def test_rank_set_on_too_few_gpus_says_so_in_one_line(tmp_path, capsys, monkeypa
         assert len(err) == 1 and "needs 4 GPUs, this machine has 1" in err[0]
     assert refuse(str(plan), gpus=lambda: 4) == 1  # enough GPUs: the launch itself is not implemented
     assert refuse(str(tmp_path / "plain.onnx")) is None
+
+
+def test_build_folder_tp_writes_a_rank_set_per_part(tmp_path):
+    import json
+
+    from trtattn.cli import main
+    from trtattn.trt import compat
+
+    try:
+        compat.import_tensorrt()
+        pytest.skip("TensorRT is installed: build would go on to the engines")
+    except Exception:
+        pass
+    folder = tmp_path / "export"
+    folder.mkdir()
+    io.save(attention_model(heads=4, kv_heads=2), folder / "encoder_model.onnx")
+    io.save(attention_model(heads=4, seed=1), folder / "decoder_model.onnx")
+    assert main(["-q", "build", str(folder), "--tp", "2", "--out-dir", str(tmp_path / "engines")]) == 4
+    out = tmp_path / "engines" / "export"
+    index = json.loads((out / "tp.json").read_text())
+    assert index == {"tensor_parallel": 2, "parts": {"decoder_model.onnx": "decoder_model.tp.json",
+                                                     "encoder_model.onnx": "encoder_model.tp.json"}}
+    for part in ("decoder_model", "encoder_model"):
+        assert json.loads((out / f"{part}.tp.json").read_text())["verification"]["passed"]
+        assert (out / f"{part}.rank1of2.onnx").is_file()
+
+
+@pytest.mark.slow
+def test_bart_generation_parts_keep_their_caches_per_rank(zoo_dir):
+    """BART's encoder, first decoder step and decoder step with a cache (zoo/generation.py): the first step's
+    presents (self and cross K/V) are each rank's heads, the step reads its pasts in slices."""
+    from trtattn.zoo import generation
+
+    parts = generation.export_family("bart", zoo_dir / "family-bart")
+    layers = 2
+    expected_cached = {"bart-decoder-init": 4 * layers, "bart-decoder-step": 2 * layers}
+    for name, path in parts.items():
+        forms = split_model(io.load(path), 2)
+        split = forms.plan.split
+        assert len(split.cached) == expected_cached.get(name, 0), name
+        assert len(split.input_shards) == (4 * layers if name == "bart-decoder-step" else 0), name
+        check = forms.verify()
+        assert check.passed, (name, check.errors)

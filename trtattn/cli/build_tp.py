@@ -66,16 +66,38 @@ def describe(plan: dict) -> str:
 
 
 def run_tp(args, progress) -> int:
+    if Path(args.model).is_dir():  # an export folder: one rank set per ONNX part, tp.json for the folder
+        return _folder(args, progress)
+    code, _ = _one(args, progress, Path(args.model), args.name or Path(args.model).stem, Path(args.out_dir))
+    return code
+
+
+def _folder(args, progress) -> int:
+    folder = Path(args.model)
+    parts = sorted(folder.glob("*.onnx"))
+    if not parts:
+        print(f"trtattn: {folder} has no ONNX model to split")
+        return 2
+    out = Path(args.out_dir) / folder.resolve().name
+    codes, plans = [], {}
+    for part in parts:
+        print(f"--- {part.name}")
+        code, plan = _one(args, progress, part, part.stem, out)
+        codes.append(code)
+        if plan is not None:
+            plans[part.name] = f"{part.stem}.tp.json"
+    onnxio.atomic_write(out / "tp.json", (json.dumps({"tensor_parallel": args.tp, "parts": plans}, indent=2) + "\n")
+                        .encode())
+    print(f"wrote {out / 'tp.json'}")
+    return 1 if any(c == 1 for c in codes) else max(codes)
+
+
+def _one(args, progress, source: Path, name: str, out: Path) -> tuple[int, dict | None]:
     from ..routes.parallel import split_model
     from ..trt import compat
     from ..trt.profiles import max_positions
 
-    if Path(args.model).is_dir():
-        print("trtattn: build DIR --tp: build each part with --tp (one rank set per part); an export folder as "
-              "one unit is not split yet")
-        return 2
-    model = load_model(args.model, progress, with_weights=True)  # the ranks' weights are slices of these
-    name = args.name or Path(args.model).stem
+    model = load_model(source, progress, with_weights=True)  # the ranks' weights are slices of these
     with progress.step(f"finding the split over {args.tp} ranks"):
         forms = split_model(model, args.tp, dims=parse_dims(args.dims))
     with progress.step(f"verifying {args.tp} ranks on ONNX Runtime, collectives in numpy"):
@@ -86,27 +108,26 @@ def run_tp(args, progress) -> int:
     if not check.passed:
         for k, e in check.errors.items():
             print(f"  {k}: {e:.3g} (bound {check.bounds[k]:.3g})")
-        return 1
+        return 1, None
     max_cache = args.max_cache or max_positions(model)[0] or 2048
     plan = tp_plan(forms, max_cache, name)
     plan["verification"] = {"passed": check.passed, "max_abs_err": worst, "outputs": check.errors}
     print(describe(plan))
-    out = Path(args.out_dir)
     for r, rank in enumerate(forms.models):
-        onnxio.save(rank, out / plan["ranks"][r]["form"], protect=(args.model,))
+        onnxio.save(rank, out / plan["ranks"][r]["form"], protect=(str(source),))
     sidecar = out / f"{name}.tp.json"
     onnxio.atomic_write(sidecar, (json.dumps(plan, indent=2) + "\n").encode())
-    if args.plan_json:
+    if args.plan_json and not Path(args.model).is_dir():
         onnxio.atomic_write(Path(args.plan_json), (json.dumps(plan, indent=2) + "\n").encode())
     print(f"wrote {args.tp} rank forms and {sidecar}")
     try:
         trt = compat.import_tensorrt()
     except MissingDependencyError as e:
-        return exit_without_tensorrt(e)
+        return exit_without_tensorrt(e), plan
     from ..routes.parallel.engine import build_ranks
 
     with progress.step(f"building {args.tp} rank engines with TensorRT {trt.__version__}"):
         engines = build_ranks(forms.models, trt, out, name, max_positions=args.max_positions or max_cache,
-                              force=args.force, source=str(args.model))
+                              force=args.force, source=str(source))
     print(f"wrote {', '.join(str(e) for e in engines)}")
-    return 0
+    return 0, plan

@@ -179,8 +179,8 @@ class _Finder:
 
 
 def _cache_outputs(graph: gs.Graph, sites) -> set[str]:
-    """Graph outputs that are a site's K or V (after the cache concat), through layout ops: each rank
-    keeps the heads it computes."""
+    """Graph outputs that are a site's K or V (after the cache concat), through layout ops (and a Concat of
+    one input: an exporter's present without a past): each rank keeps the heads it computes."""
     kv = {n for s in sites for n in (s.key, s.value, s.new_key, s.new_value) if n}
     consumers: dict[str, list[gs.Node]] = {}
     for node in graph.nodes:
@@ -190,7 +190,7 @@ def _cache_outputs(graph: gs.Graph, sites) -> set[str]:
     while frontier:
         name = frontier.pop()
         for node in consumers.get(name, []):
-            if node.op in LAYOUT:
+            if node.op in LAYOUT or node.op == "Concat" and len(node.inputs) == 1:
                 out = node.outputs[0].name
                 if out not in seen:
                     seen.add(out)

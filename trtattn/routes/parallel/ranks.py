@@ -111,6 +111,10 @@ def _collective(graph: gs.Graph, node: gs.Node, kind: str, ranks: int, dtypes: d
     out = output if output is not None else node.outputs[0]
     out.dtype = out.dtype or dtypes[out.name]  # typed: the cut at collectives makes it an input
     local = gs.Variable(f"{out.name}/local", dtype=out.dtype)
+    for reader in list(out.outputs) if output is not None else ():  # a gathered output read inside: its slice
+        for k, t in enumerate(list(reader.inputs)):
+            if t is out:
+                reader.inputs[k] = local
     node.outputs[node.outputs.index(out)] = local
     graph.nodes.append(gs.Node(kind, f"{node.name}/{kind}", attrs={**attrs, "ranks": ranks}, inputs=[local],
                                outputs=[out], domain=DOMAIN))
