@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 
 from ...graph.evaluate import cut_out, ort_session
 from ...graph.view import import_graph
@@ -172,4 +171,4 @@ def check_ranks(original: onnx.ModelProto, models: list[onnx.ModelProto], input_
     return check
 
 
-__all__ = ["RankSet", "RankCheck", "check_ranks", "collective", "rank_feeds", "gs"]
+__all__ = ["RankSet", "RankCheck", "check_ranks", "collective", "rank_feeds"]
