@@ -76,6 +76,7 @@ def test_cache_holds_rank_heads_and_lm_head_gathers(tiny_llama):
     assert set(split.input_shards) == {f"past_key_values.{i}.{p}" for i in range(2) for p in ("key", "value")}
     assert set(split.cached) == {f"present.{i}.{p}" for i in range(2) for p in ("key", "value")}
     assert set(split.gathered) == {"logits"}
+    assert any("embedding table [256, 64]" in why for _, why in forms.plan.replicated)  # named, kept whole
     rank = forms.models[1]
     past = next(i for i in rank.graph.input if i.name == "past_key_values.0.key")
     assert past.type.tensor_type.shape.dim[1].dim_value == 1  # 2 KV heads over 2 ranks

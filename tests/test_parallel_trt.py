@@ -101,3 +101,21 @@ def test_gather_without_num_ranks_is_refused_at_build(checked_trt):
     config = builder.create_builder_config()
     with pytest.raises(BuildValidationError, match="ALL_GATHER with num_ranks 1"):
         builder.build_serialized_network(network, config)
+
+
+@pytest.mark.trt
+def test_rank_engines_build_on_a_gpu(tmp_path):
+    """On a GPU with TensorRT >= 11 (docker/): the rank forms of the hand-built GQA block build into one
+    engine per rank. Running the set needs one process per GPU (not implemented yet)."""
+    from trtattn.routes.parallel.engine import build_ranks
+    from trtattn.trt import compat
+    from trtattn.trt.session import trt_available
+
+    ok, why = trt_available()
+    if not ok:
+        pytest.skip(f"TensorRT engines cannot be built here ({why}); this test runs in the docker/ container")
+    trt = compat.import_tensorrt()
+    forms = split_model(attention_model(heads=4, kv_heads=2), 2)
+    engines = build_ranks(forms.models, trt, tmp_path, "attn", max_positions=16)
+    assert [e.name for e in engines] == ["attn.rank0of2.engine", "attn.rank1of2.engine"]
+    assert all(e.stat().st_size > 0 for e in engines)

@@ -69,6 +69,11 @@ def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray],
     cache = _cache_outputs(graph, sites)
     finder = _Finder(Pass(graph, nodes, facts, ranks, opset, cache), nodes, gather_bytes)
     split, replicated = finder.grow_all()
+    for node in nodes:  # the vocabulary-parallel embedding (masked lookup + ALL_REDUCE) is not written yet
+        table = constant_value(node.inputs[0]) if node.op == "Gather" and node.inputs else None
+        if table is not None and table.ndim == 2 and table.size >= 1024:
+            replicated.append((node.name, f"embedding table {list(table.shape)} ({table.nbytes} bytes): kept whole on "
+                                          "every rank (a vocabulary-parallel embedding is not implemented)"))
     plan = ParallelPlan(ranks, graph, nodes, facts, split, replicated=replicated, gather_bytes=gather_bytes)
     plan.sites = [_site_split(s, split, ranks) for s in sites]
     return plan
