@@ -70,26 +70,31 @@ def tiny_llama(tmp_path_factory):
 
 def test_cache_holds_rank_heads_and_lm_head_gathers(tiny_llama):
     """The writer's Llama with a cache: each rank's past/present K/V hold its KV heads; with the gather
-    threshold at 0 the LM head splits by vocabulary and its logits are ALL_GATHERed."""
+    threshold at 0 the LM head splits by vocabulary (its logits ALL_GATHERed) and so does the embedding
+    (each rank's lookups ALL_REDUCEd)."""
     forms = split_model(tiny_llama, 2, gather_bytes=0)
     split = forms.plan.split
     assert set(split.input_shards) == {f"past_key_values.{i}.{p}" for i in range(2) for p in ("key", "value")}
     assert set(split.cached) == {f"present.{i}.{p}" for i in range(2) for p in ("key", "value")}
     assert set(split.gathered) == {"logits"}
-    assert any("embedding table [256, 64]" in why for _, why in forms.plan.replicated)  # named, kept whole
+    (lookup,) = split.vocab  # the embedding too: each rank its vocabulary rows (plus one of zeros)
+    assert forms.plan.nodes[lookup].op == "Gather" and not forms.plan.replicated
     rank = forms.models[1]
+    assert [list(t.dims) for t in rank.graph.initializer if t.name.endswith(".vocabulary")] == [[129, 64]]
     past = next(i for i in rank.graph.input if i.name == "past_key_values.0.key")
     assert past.type.tensor_type.shape.dim[1].dim_value == 1  # 2 KV heads over 2 ranks
-    assert _collectives(rank) == {"AllReduce": 4, "AllGather": 1}
+    assert _collectives(rank) == {"AllReduce": 5, "AllGather": 1}
     check = forms.verify()
     assert check.passed, check.errors
     assert set(check.errors) == {"logits"} | set(split.cached)
 
 
-def test_small_lm_head_stays_whole(tiny_llama):
+def test_small_lm_head_and_embedding_stay_whole(tiny_llama):
     forms = split_model(tiny_llama, 2)
-    assert not forms.plan.split.gathered
-    assert any("threshold" in r for _, r in forms.plan.replicated)
+    assert not forms.plan.split.gathered and not forms.plan.split.vocab
+    reasons = [r for _, r in forms.plan.replicated]
+    assert len(reasons) == 2 and all("threshold" in r for r in reasons)
+    assert any(r.startswith("embedding table [256, 64]") for r in reasons)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

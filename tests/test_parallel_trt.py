@@ -59,7 +59,7 @@ def test_rank_networks_gather_logits_and_keep_rank_caches(checked_trt, tmp_path)
     forms = split_model(model, 2, gather_bytes=0)
     nets = _networks(trt, forms, "tiny")
     kinds = [layer.num_ranks for layer in _layers(nets[1], "DIST_COLLECTIVE")]
-    assert len(kinds) == 5 and set(kinds) == {2}
+    assert len(kinds) == 6 and set(kinds) == {2}  # embedding, 2 x (attention, MLP), LM head
     feeds = forms.feeds[0]
     session = ort_session(model)
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))

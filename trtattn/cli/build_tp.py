@@ -31,7 +31,7 @@ def tp_plan(forms, max_cache: int, name: str) -> dict:
         "sites": [{"name": s.name, "q_heads": s.q_heads, "kv_heads": s.kv_heads, "q_heads_per_rank": s.q_per_rank,
                    "kv_heads_per_rank": s.kv_per_rank, "note": s.note} for s in plan.sites],
         "collectives": [{"kind": "ALL_REDUCE", "tensor": plan.nodes[i].outputs[0].name, "after": plan.nodes[i].name}
-                        for i in split.rows] + [{"kind": "ALL_GATHER", "tensor": k, "axis": v.axis}
+                        for i in split.rows + split.vocab] + [{"kind": "ALL_GATHER", "tensor": k, "axis": v.axis}
                                                 for k, v in split.gathered.items()],
         "sharded_inputs": {k: v.axis for k, v in split.input_shards.items()},
         "rank_cache_outputs": {k: v.axis for k, v in split.cached.items()},

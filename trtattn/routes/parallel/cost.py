@@ -56,12 +56,13 @@ def rank_costs(forms, max_cache: int, kv_bytes: int | None = None) -> list[RankC
         heads = s.kv_per_rank if s.kv_per_rank is not None else (s.kv_heads or 0)
         kv += heads * (s.head_size + s.v_head_size) * max_cache * width
     reduce_bytes = gather_bytes = 0
-    for i in plan.split.rows:
+    reducing = plan.split.rows + plan.split.vocab
+    for i in reducing:
         out = plan.nodes[i].outputs[0].name
         reduce_bytes += _per_token(facts, out)
     for name in plan.split.gathered:
         gather_bytes += _per_token(facts, name)
-    return [RankCost(r, n, initializer_bytes(m), kv, len(plan.split.rows), reduce_bytes, gather_bytes,
+    return [RankCost(r, n, initializer_bytes(m), kv, len(reducing), reduce_bytes, gather_bytes,
                      _ring(reduce_bytes, gather_bytes, n)) for r, m in enumerate(forms.models)]
 
 
@@ -75,8 +76,8 @@ def llama_costs(cfg: dict, ranks: int, max_cache: int, dtype_bytes: int = 2,
                 gather_bytes: int | None = None) -> RankCost:
     """One rank of a Llama configuration (write_llama's presets) split as routes/parallel splits the
     written model: Q/K/V and gate/up by columns, o and down by rows, KV heads with their query heads (whole
-    on every rank when they do not split), the LM head by vocabulary when over the gather threshold,
-    embeddings and norms whole."""
+    on every rank when they do not split), the LM head and the embedding by vocabulary when over the
+    gather threshold, norms whole."""
     from .find import GATHER_BYTES
 
     threshold = GATHER_BYTES if gather_bytes is None else gather_bytes
@@ -90,9 +91,11 @@ def llama_costs(cfg: dict, ranks: int, max_cache: int, dtype_bytes: int = 2,
     per_layer = attention + 3 * h * ffn // mlp + 2 * h
     lm_head = h * vocab if cfg.get("lm_head", True) else 0
     lm_split = ranks if lm_head and lm_head * dtype_bytes >= threshold and vocab % ranks == 0 else 1
-    weights = (layers * per_layer + vocab * h + h + lm_head // lm_split) * dtype_bytes
+    embed_split = ranks if vocab * h * dtype_bytes >= threshold and vocab % ranks == 0 and ranks > 1 else 1
+    embedding = vocab * h // embed_split + (h if embed_split > 1 else 0)  # a rank's rows and one row of zeros
+    weights = (layers * per_layer + embedding + h + lm_head // lm_split) * dtype_bytes
     kv = layers * 2 * (kv_heads // kvr) * head * max_cache * dtype_bytes
-    reduces = layers * ((q > 1) + (mlp > 1))
+    reduces = layers * ((q > 1) + (mlp > 1)) + (embed_split > 1)
     reduce_bytes = reduces * h * dtype_bytes
     gather = vocab * dtype_bytes if lm_split > 1 else 0
     return RankCost(0, ranks, weights, kv, reduces, reduce_bytes, gather, _ring(reduce_bytes, gather, ranks))

@@ -8,7 +8,9 @@ are tried as seeds too, so Q's region takes K's and V's projections (whole KV gr
 heads, or K/V stay whole when their heads do not split), and the gate's region takes the up projection.
 A region is kept when it ends in partial sums (an attention's out-projection, an MLP's down projection)
 or, for a product of at least `gather_bytes` of weight, in graph outputs gathered (a vocabulary-parallel
-LM head). A region that cannot split names the node and why; its weights stay replicated.
+LM head). An embedding table of at least `gather_bytes` splits by vocabulary rows: each rank looks up the
+ids in its rows (others give zeros) and an ALL_REDUCE sums. A region that cannot split names the node
+and why; its weights stay replicated.
 """
 
 from __future__ import annotations
@@ -69,11 +71,16 @@ def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray],
     cache = _cache_outputs(graph, sites)
     finder = _Finder(Pass(graph, nodes, facts, ranks, opset, cache), nodes, gather_bytes)
     split, replicated = finder.grow_all()
-    for node in nodes:  # the vocabulary-parallel embedding (masked lookup + ALL_REDUCE) is not written yet
+    for i, node in enumerate(nodes):  # embedding tables: split by vocabulary rows over the threshold
         table = constant_value(node.inputs[0]) if node.op == "Gather" and node.inputs else None
-        if table is not None and table.ndim == 2 and table.size >= 1024:
-            replicated.append((node.name, f"embedding table {list(table.shape)} ({table.nbytes} bytes): kept whole on "
-                                          "every rank (a vocabulary-parallel embedding is not implemented)"))
+        if table is None or table.ndim != 2 or table.size < 1024 or node.inputs[1].name in split.sharded:
+            continue
+        if node.attrs.get("axis", 0) % 2 == 0 and table.shape[0] % ranks == 0 and table.nbytes >= gather_bytes:
+            split.vocab.append(i)
+        else:
+            why = (f"{table.shape[0]} rows do not split into {ranks}" if table.shape[0] % ranks else
+                   f"{table.nbytes} bytes, under the {gather_bytes}-byte threshold for a vocabulary split")
+            replicated.append((node.name, f"embedding table {list(table.shape)}: kept whole on every rank ({why})"))
     plan = ParallelPlan(ranks, graph, nodes, facts, split, replicated=replicated, gather_bytes=gather_bytes)
     plan.sites = [_site_split(s, split, ranks) for s in sites]
     return plan

@@ -1,7 +1,8 @@
 """Each rank's form: the original model with its weights sliced, the shapes it builds divided where they
 are constants, and the collectives explicit as nodes of the `trtattn.dist` domain:
 
-    AllReduce(x) -> y      (reduce="sum", ranks=N): the partial sums of a product split by rows
+    AllReduce(x) -> y      (reduce="sum", ranks=N): the partial sums of a product split by rows, or of an
+                           embedding lookup split by vocabulary
     AllGather(x) -> y      (axis=a, ranks=N): a sharded graph output, ranks' slices concatenated along a
 
 These are what the builder lowers to `add_dist_collective` (ALL_REDUCE / ALL_GATHER); ONNX Runtime has
@@ -79,7 +80,9 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
         if t.name in split.input_shards:
             t.shape = _divided(t.shape, split.input_shards[t.name].axis, n)
     whole = tensor_types(like)  # an ALL_REDUCE's output has the whole model's shape: TensorRT needs its rank
-    for i in split.rows:
+    for i in split.vocab:
+        _vocabulary_lookup(graph, nodes[i], rank, n, plan.facts.dtypes, made)
+    for i in split.rows + split.vocab:
         out = nodes[i].outputs[0]
         _collective(graph, nodes[i], "AllReduce", n, plan.facts.dtypes, reduce="sum")
         shape = whole.get(out.name, (None, None))[1] or [None] * len(plan.facts.shapes[out.name])
@@ -103,6 +106,32 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
         model.metadata_props.add(key=prop.key, value=prop.value)
     model.metadata_props.add(key="trtattn.rank", value=f"{rank}/{n}")
     return model
+
+
+def _vocabulary_lookup(graph: gs.Graph, node: gs.Node, rank: int, ranks: int, dtypes: dict, made: dict) -> None:
+    """Gather(table, ids) on rank r: its rows [r*P, (r+1)*P) and one row of zeros after them; ids outside its
+    rows look up the zeros, so the ranks' lookups sum (ALL_REDUCE) to the whole table's."""
+    table = np.asarray(constant_value(node.inputs[0]))
+    part = table.shape[0] // ranks
+    key = (node.inputs[0].name, "vocabulary")
+    if key not in made:  # one rank table for every lookup of a shared table (BART's encoder and decoder)
+        rows = np.concatenate([table[rank * part:(rank + 1) * part], np.zeros((1,) + table.shape[1:], table.dtype)])
+        made[key] = gs.Constant(f"{node.inputs[0].name}.rank{rank}of{ranks}.vocabulary", rows)
+    ids = node.inputs[1]
+    kind = np.dtype(dtypes[ids.name])
+    base = f"{node.name}/rank{rank}of{ranks}"
+
+    def op(name, kind_of, inputs, dtype=kind):
+        out = gs.Variable(f"{base}/{name}", dtype=dtype)
+        graph.nodes.append(gs.Node(kind_of, f"{base}/{name}", inputs=inputs, outputs=[out]))
+        return out
+
+    const = lambda name, v: gs.Constant(f"{base}/{name}", np.asarray(v, dtype=kind))  # noqa: E731
+    local = op("local_ids", "Sub", [ids, const("first", rank * part)])
+    inside = op("inside", "And", [op("above", "GreaterOrEqual", [local, const("zero", 0)], bool),
+                                  op("below", "Less", [local, const("rows", part)], bool)], bool)
+    node.inputs[1] = op("ids", "Where", [inside, local, const("zeros_row", part)])
+    node.inputs[0] = made[key]
 
 
 def _collective(graph: gs.Graph, node: gs.Node, kind: str, ranks: int, dtypes: dict,

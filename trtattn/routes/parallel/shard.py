@@ -61,6 +61,7 @@ class Split:
     gathered: dict[str, Shard] = field(default_factory=dict)  # outputs ALL_GATHERed
     cached: dict[str, Shard] = field(default_factory=dict)  # outputs each rank keeps its slice of
     head_attrs: dict[int, tuple[str, ...]] = field(default_factory=dict)  # head-count attributes / ranks
+    vocab: list[int] = field(default_factory=list)  # embedding lookups split by vocabulary, ALL_REDUCE after
 
     def region(self, nodes: list[gs.Node]) -> set[int]:
         """Positions of the nodes that read or write a sharded tensor."""
