@@ -49,6 +49,39 @@ def test_gqa_block_splits_by_whole_kv_groups(ranks, q_rank, kv_rank):
     assert max(check.errors.values()) < 1e-5
 
 
+@pytest.mark.parametrize("style", ["split", "slice"])
+def test_fused_qkv_projection_splits_in_blocks(style):
+    """One [d, 3d] projection then Split (or three Slices) into Q, K, V: its columns split as 3 blocks, so each
+    rank holds its heads of Q, of K and of V; the Split sizes / Slice bounds are the rank's."""
+    forms = split_model(attention_model(heads=4, qkv_style=style), 2)
+    assert list(forms.plan.split.groups.values()) == [3]
+    (site,) = forms.plan.sites
+    assert (site.q_per_rank, site.kv_per_rank) == (2, 2)
+    check = forms.verify()
+    assert check.passed, check.errors
+
+
+def test_gemm_bias_is_added_once_after_the_reduce():
+    """Gemm(x, W1, b1) -> Relu -> Gemm(., W2, b2): W1/b1 by columns, W2 by rows; b2 is added after the
+    ALL_REDUCE, not on every rank."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w1", (16, 32)), ("b1", (32,)), ("w2", (32, 16)), ("b2", (16,)))]
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="up"), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="down")], "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    forms = split_model(model, 2)
+    assert len(forms.plan.split.bias_after) == 1
+    assert [n.op_type for n in forms.models[0].graph.node if n.op_type in ("AllReduce", "Add")] == ["AllReduce", "Add"]
+    check = forms.verify()
+    assert check.passed, check.errors
+
+
 def test_heads_that_do_not_split_stay_whole():
     model = attention_model(heads=6)
     forms = split_model(model, 4)
@@ -109,7 +142,8 @@ def test_zoo_llama(zoo_export, ranks):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, exporter", [("bart", "torchscript"), ("t5", "torchscript"),
-                                            ("llama-cache", "torchscript"), ("llama", "dynamo")])
+                                            ("llama-cache", "torchscript"), ("llama", "dynamo"),
+                                            ("gpt2", "torchscript")])
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_zoo_split(zoo_export, name, exporter, ranks):
     model = io.load(zoo_export(name, exporter))

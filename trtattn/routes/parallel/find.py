@@ -23,7 +23,7 @@ import onnx_graphsurgeon as gs
 
 from ...graph.view import import_graph
 from .facts import Facts, constant_value, measure_all
-from .shard import Pass, Shard, Split, Unsplittable, weight_operand
+from .shard import NeedsGroups, Pass, Shard, Split, Unsplittable, weight_operand
 
 GATHER_BYTES = 64 << 20  # an LM head under this many bytes of weight stays whole on every rank
 LAYOUT = {"Transpose", "Reshape", "Identity", "Cast", "Squeeze", "Unsqueeze"}
@@ -51,9 +51,6 @@ class ParallelPlan:
     sites: list[SiteSplit] = field(default_factory=list)
     replicated: list[tuple[str, str]] = field(default_factory=list)  # (product node, why it stays whole)
     gather_bytes: int = GATHER_BYTES
-
-    def weight_name(self, i: int) -> str:
-        return self.nodes[i].inputs[1].name
 
 
 def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray], *, sites=(),
@@ -90,20 +87,26 @@ class _Finder:
     def __init__(self, one_pass: Pass, nodes: list[gs.Node], gather_bytes: int):
         self.one_pass, self.nodes, self.gather_bytes = one_pass, nodes, gather_bytes
         self.producer = {o.name: i for i, n in enumerate(nodes) for o in n.outputs}
+        self.groups: dict[int, int] = {}  # seeds whose columns are blocks (a fused QKV projection)
 
     def grow_all(self) -> tuple[Split, list[tuple[str, str]]]:
         seeds: set[int] = set()
         inputs: dict[str, Shard] = {}
-        split = self.one_pass.run(seeds, inputs)
+        split = self.one_pass.run(seeds, inputs, self.groups)
         covered: set[int] = set()
         replicated: list[tuple[str, str]] = []
         for c in (i for i, n in enumerate(self.nodes) if weight_operand(n) is not None):
             if c in covered:
                 continue
             try:
-                grown, grown_inputs, new = self._grow(seeds | {c}, inputs)
+                try:
+                    grown, grown_inputs, new = self._grow(seeds | {c}, inputs)
+                except NeedsGroups as e:  # a fused projection: its columns in blocks, each split on its own
+                    self.groups[c] = e.groups
+                    grown, grown_inputs, new = self._grow(seeds | {c}, inputs)
                 reason = self._refuse(split, new, c)
             except Unsplittable as e:
+                self.groups.pop(c, None)
                 reason = str(e)
             if reason:
                 replicated.append((self.nodes[c].name, reason))
@@ -117,7 +120,7 @@ class _Finder:
         split at the product computing it where that keeps the pass valid."""
         tried: set[tuple[int, int]] = set()
         while True:
-            split = self.one_pass.run(seeds, inputs)
+            split = self.one_pass.run(seeds, inputs, self.groups)
             if split.input_shards.keys() - inputs.keys():
                 inputs = dict(split.input_shards)
                 continue
@@ -128,7 +131,7 @@ class _Finder:
                 tried.add(key)
                 for seed, shards in self._splits_above(self.nodes[key[0]].inputs[key[1]], seeds, inputs):
                     try:
-                        trial = self.one_pass.run(seed, shards)
+                        trial = self.one_pass.run(seed, shards, self.groups)
                     except Unsplittable:
                         continue
                     if key not in trial.activation_slices:

@@ -84,9 +84,19 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
         _vocabulary_lookup(graph, nodes[i], rank, n, plan.facts.dtypes, made)
     for i in split.rows + split.vocab:
         out = nodes[i].outputs[0]
+        bias = nodes[i].inputs[2] if i in split.bias_after else None
+        if bias is not None:  # a Gemm's bias: added once, after the ALL_REDUCE
+            beta = float(nodes[i].attrs.get("beta", 1.0))
+            nodes[i].inputs.pop(2)
         _collective(graph, nodes[i], "AllReduce", n, plan.facts.dtypes, reduce="sum")
         shape = whole.get(out.name, (None, None))[1] or [None] * len(plan.facts.shapes[out.name])
         out.shape = [d if d is not None else f"{out.name}_dim{k}" for k, d in enumerate(shape)]
+        if bias is not None:
+            reduced = gs.Variable(f"{out.name}/reduced", dtype=out.dtype, shape=list(out.shape))
+            out.inputs[0].outputs[0] = reduced
+            value = np.asarray(constant_value(bias))
+            bias = bias if beta == 1.0 else gs.Constant(f"{bias.name}.beta", (value * beta).astype(value.dtype))
+            graph.nodes.append(gs.Node("Add", f"{nodes[i].name}/bias", inputs=[reduced, bias], outputs=[out]))
     outputs = {t.name: t for t in graph.outputs}
     for name, shard in split.gathered.items():
         _collective(graph, outputs[name].inputs[0], "AllGather", n, plan.facts.dtypes, output=outputs[name],

@@ -46,6 +46,15 @@ class Unsplittable(Exception):
         self.reason = reason
 
 
+class NeedsGroups(Unsplittable):
+    """A Split into `groups` equal parts along the axis a product's columns shard: the product's columns are
+    `groups` blocks (a fused QKV projection), each to be split on its own."""
+
+    def __init__(self, node: str, groups: int):
+        super().__init__(node, f"Split into {groups} parts along the sharded axis")
+        self.groups = groups
+
+
 @dataclass
 class Split:
     """What one pass decided; node positions index the graph's toposorted node list."""
@@ -62,12 +71,8 @@ class Split:
     cached: dict[str, Shard] = field(default_factory=dict)  # outputs each rank keeps its slice of
     head_attrs: dict[int, tuple[str, ...]] = field(default_factory=dict)  # head-count attributes / ranks
     vocab: list[int] = field(default_factory=list)  # embedding lookups split by vocabulary, ALL_REDUCE after
-
-    def region(self, nodes: list[gs.Node]) -> set[int]:
-        """Positions of the nodes that read or write a sharded tensor."""
-        names = set(self.sharded)
-        return {i for i, n in enumerate(nodes)
-                if any(t.name in names for t in list(n.inputs) + list(n.outputs))} | self.columns | set(self.rows)
+    bias_after: list[int] = field(default_factory=list)  # row-split Gemms whose bias is added after the ALL_REDUCE
+    groups: dict[int, int] = field(default_factory=dict)  # column splits in blocks (fused QKV): seed -> blocks
 
 
 def weight_operand(node: gs.Node) -> int | None:
@@ -100,8 +105,9 @@ class Pass:
             shape[shard.axis] //= self.n
         return tuple(shape)
 
-    def run(self, columns: set[int], input_shards: dict[str, Shard]) -> Split:
-        self.split = Split(self.n, columns=set(columns), input_shards=dict(input_shards))
+    def run(self, columns: set[int], input_shards: dict[str, Shard], groups: dict[int, int] | None = None) -> Split:
+        self.split = Split(self.n, columns=set(columns), input_shards=dict(input_shards),
+                           groups={i: g for i, g in (groups or {}).items() if i in columns})
         self.split.sharded.update(input_shards)
         self.values = RankValues(self.facts, self.rank_shape, self.opset)
         for i, node in enumerate(self.nodes):
@@ -150,14 +156,15 @@ class Pass:
         if any(t.name in self.split.sharded for t in node.inputs):
             raise Unsplittable(node.name, "a column split of a sharded input")
         trans_b = node.op == "Gemm" and node.attrs.get("transB", 0)
-        self.split.constant_slices[(i, 1)] = Shard(0 if trans_b else 1)
+        blocks = self.split.groups.get(i, 1)
+        self.split.constant_slices[(i, 1)] = Shard(0 if trans_b else 1, blocks)
         out = node.outputs[0]
         rank = len(self.shape(out))
         if node.op == "Gemm" and len(node.inputs) > 2 and node.inputs[2].name:
             c = self.shape(node.inputs[2])
             if c and c[-1] > 1:
-                self.split.constant_slices[(i, 2)] = Shard(len(c) - 1)
-        self._set(node, out, Shard(rank - 1))
+                self.split.constant_slices[(i, 2)] = Shard(len(c) - 1, blocks)
+        self._set(node, out, Shard(rank - 1, blocks))
 
     def _node(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
         op = node.op
@@ -185,7 +192,7 @@ class Pass:
         elif op == "Expand":
             self._expand(i, node, ins)
         elif op in ("Slice", "Split", "Gather"):
-            self._select(node, ins)
+            self._select(i, node, ins)
         elif op in ("MatMul", "Gemm"):
             self._product(i, node, ins)
         elif op in ("Attention", "RotaryEmbedding") and (node.domain or "") in ("", "ai.onnx"):
@@ -302,7 +309,20 @@ class Pass:
                 raise Unsplittable(node.name, f"Expand entry {entry} is {a} whole and {b} on a rank")
         self._set(node, node.outputs[0], target)
 
-    def _select(self, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
+    def _split_sizes(self, i: int, node: gs.Node) -> None:
+        """A Split's sizes along the sharded axis are the rank's: constants divided by the ranks."""
+        if "split" in node.attrs:
+            raise Unsplittable(node.name, "Split with sizes as an attribute (opset < 13) along the sharded axis")
+        if len(node.inputs) < 2 or not node.inputs[1].name:
+            return  # equal parts of whatever the rank holds
+        whole, here = np.ravel(self._whole_value(node.inputs[1])), np.ravel(self.values.value(node.inputs[1]))
+        if all(b == a // self.n and b != a for a, b in zip(whole, here)):
+            return
+        if any(a % self.n for a in whole) or not all(b == a for a, b in zip(whole, here)):
+            raise Unsplittable(node.name, f"Split sizes {whole.tolist()} do not split into {self.n} ranks")
+        self.split.shape_fixes[(i, 1)] = list(range(len(whole)))
+
+    def _select(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
         (k, shard), = ins
         if k != 0:
             raise Unsplittable(node.name, f"{node.op} with sharded indices")
@@ -316,17 +336,54 @@ class Pass:
             self._set(node, node.outputs[0], Shard(out, shard.outer))
             return
         if node.op == "Split":
-            if node.attrs.get("axis", 0) % rank == shard.axis:
-                raise Unsplittable(node.name, "Split along the sharded axis")
-            for o in node.outputs:
-                self._set(node, o, shard)
-            return
+            if node.attrs.get("axis", 0) % rank != shard.axis:
+                for o in node.outputs:
+                    self._set(node, o, shard)
+                return
+            parts = len(node.outputs)
+            if len({self.shape(o)[shard.axis] for o in node.outputs}) != 1:
+                raise Unsplittable(node.name, "Split into unequal parts along the sharded axis")
+            if shard.outer == parts:  # each part is one block: split on its own
+                self._split_sizes(i, node)
+                for o in node.outputs:
+                    self._set(node, o, Shard(shard.axis))
+                return
+            if shard.outer == 1:
+                raise NeedsGroups(node.name, parts)
+            raise Unsplittable(node.name, f"Split into {parts} parts of an axis split in {shard.outer} blocks")
+        self._slice(i, node, shard, data)
+
+    def _slice(self, i: int, node: gs.Node, shard: Shard, data: tuple[int, ...]) -> None:
+        """A Slice off the sharded axis passes it through; along it, one of `parts` equal blocks (a fused
+        projection sliced into Q, K and V) is the rank's block of that part: its bounds divided by the ranks."""
+        if len(node.inputs) < 3:
+            raise Unsplittable(node.name, "Slice with its bounds as attributes (opset < 10)")
+        rank = len(data)
         starts = np.ravel(self.values.value(node.inputs[1]))
         axes = (np.ravel(self.values.value(node.inputs[3])) if len(node.inputs) > 3 and node.inputs[3].name
                 else np.arange(len(starts)))
-        if shard.axis in [int(a) % rank for a in axes] and self.shape(node.outputs[0])[shard.axis] != data[shard.axis]:
+        size, length = data[shard.axis], self.shape(node.outputs[0])[shard.axis]
+        along = [j for j, a in enumerate(axes) if int(a) % rank == shard.axis]
+        if not along or length == size:
+            self._set(node, node.outputs[0], shard)
+            return
+        steps = np.ravel(self.values.value(node.inputs[4])) if len(node.inputs) > 4 and node.inputs[4].name else None
+        (j,) = along
+        first = int(np.clip(starts[j] if starts[j] >= 0 else starts[j] + size, 0, size))
+        if steps is not None and steps[j] != 1 or length == 0 or size % length or first % length:
             raise Unsplittable(node.name, "Slice along the sharded axis")
-        self._set(node, node.outputs[0], shard)
+        parts = size // length
+        if shard.outer == 1:
+            raise NeedsGroups(node.name, parts)
+        if shard.outer != parts:
+            raise Unsplittable(node.name, f"Slice of 1/{parts} of an axis split in {shard.outer} blocks")
+        for k in (1, 2):  # starts and ends: the rank's (computed from a sharded Shape already, or constants)
+            whole, here = int(np.ravel(self._whole_value(node.inputs[k]))[j]), int(np.ravel(self.values.value(node.inputs[k]))[j])
+            if here == whole and abs(whole) < size * 4:
+                self.split.shape_fixes.setdefault((i, k), []).append(j)
+            elif here != whole // self.n and abs(whole) < size * 4:
+                raise Unsplittable(node.name, f"Slice bound {whole} is {here} on a rank")
+        self._set(node, node.outputs[0], Shard(shard.axis))
 
     def _product(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
         a_shape, b_shape = self.shape(node.inputs[0]), self.shape(node.inputs[1])
@@ -367,7 +424,7 @@ class Pass:
         if k != 0 or shard.axis != (0 if trans_a else 1) or weight_operand(node) != 1:
             raise Unsplittable(node.name, "Gemm with a sharded operand it cannot split by rows")
         if len(node.inputs) > 2 and node.inputs[2].name:
-            raise Unsplittable(node.name, "Gemm split by rows with a bias (the bias would be added on every rank)")
+            self.split.bias_after.append(i)  # added once, after the partial sums meet
         self.split.constant_slices[(i, 1)] = Shard(1 if trans_b else 0)
         self.split.rows.append(i)
 
