@@ -67,7 +67,7 @@ def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray],
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     cache = _cache_outputs(graph, sites)
     finder = _Finder(Pass(graph, nodes, facts, ranks, opset, cache), nodes, gather_bytes)
-    split, replicated = finder.grow_all()
+    split, replicated = finder.grow_all(sites)
     for i, node in enumerate(nodes):  # embedding tables: split by vocabulary rows over the threshold
         table = constant_value(node.inputs[0]) if node.op == "Gather" and node.inputs else None
         if table is None or table.ndim != 2 or table.size < 1024 or node.inputs[1].name in split.sharded:
@@ -89,13 +89,18 @@ class _Finder:
         self.producer = {o.name: i for i, n in enumerate(nodes) for o in n.outputs}
         self.groups: dict[int, int] = {}  # seeds whose columns are blocks (a fused QKV projection)
 
-    def grow_all(self) -> tuple[Split, list[tuple[str, str]]]:
+    def grow_all(self, sites=()) -> tuple[Split, list[tuple[str, str]]]:
+        """Seeds in order: the products nearest above each site's query (its Q projection), then every
+        other product with a 2-D weight in graph order."""
         seeds: set[int] = set()
         inputs: dict[str, Shard] = {}
         split = self.one_pass.run(seeds, inputs, self.groups)
         covered: set[int] = set()
         replicated: list[tuple[str, str]] = []
-        for c in (i for i, n in enumerate(self.nodes) if weight_operand(n) is not None):
+        tensors = {t.name: t for n in self.nodes for t in n.outputs}
+        first = [i for s in sites if s.query in tensors for i in self._nearest(tensors[s.query])[0]]
+        rest = [i for i, n in enumerate(self.nodes) if weight_operand(n) is not None]
+        for c in dict.fromkeys(first + rest):
             if c in covered:
                 continue
             try:
@@ -220,6 +225,11 @@ def _site_split(site, split: Split, ranks: int) -> SiteSplit:
     if site.query not in split.sharded:
         return SiteSplit(site.name, q, kv, None, None, "whole on every rank (its query heads do not split)",
                          head, v_head)
+    heads_axis = {"BNSH": 1, "BSNH": 2, "BNHS": 1}.get(getattr(site.q_layout, "value", ""), None)
+    shard = split.sharded[site.query]
+    if heads_axis is not None and site.rank == 4 and shard.axis != heads_axis:
+        return SiteSplit(site.name, q, kv, None, None, f"its query is split along axis {shard.axis}, not its heads "
+                                                       f"(axis {heads_axis})", head, v_head)
     q_rank = q // ranks if q else None
     if any(n in split.sharded for n in (site.key, site.new_key) if n):
         return SiteSplit(site.name, q, kv, q_rank, kv // ranks if kv else None, "", head, v_head)
