@@ -119,3 +119,44 @@ def test_rank_engines_build_on_a_gpu(tmp_path):
     engines = build_ranks(forms.models, trt, tmp_path, "attn", max_positions=16)
     assert [e.name for e in engines] == ["attn.rank0of2.engine", "attn.rank1of2.engine"]
     assert all(e.stat().st_size > 0 for e in engines)
+
+
+@pytest.mark.parametrize("form", ["padded", "kv-cache"])
+def test_rank_networks_of_the_build_form_keep_iattention(checked_trt, zoo_export, form):
+    """The split of build's verified form (ONNX Attention, RotaryEmbedding, KV-cache update): each rank's
+    network has its IAttention over its heads (2 of 4 query heads, 1 of 2 KV heads), its RoPE and cache
+    layers, and its ALL_REDUCEs; the two recorded ranks run together equal the one-GPU network."""
+    from trtsim.dtypes import to_numpy
+    from trtsim.execute import run
+
+    from trtattn.graph import io
+    from trtattn.routes.parallel.engine import rank_plan_from_prepared
+    from trtattn.routes.prepare import forms as forms_mod
+    from trtattn.routes.prepare import prepare
+
+    trt = checked_trt
+    name = "llama-cache" if form == "kv-cache" else "llama"
+    original = io.load(zoo_export(name, "torchscript"))
+    prepared = prepare(original, name=name, form=form, precision="fp32")
+    forms = split_model(prepared.form_model, 2)
+    logger = trt.Logger(trt.Logger.WARNING)
+    single = build_network(trt, trt.Builder(logger), logger, prepared.cut, prepared.plan)
+    nets = []
+    for r in range(2):
+        plan, cut_model = rank_plan_from_prepared(prepared, forms, r)
+        assert [(a.q_heads, a.kv_heads) for a in plan.native] == [(2, 1)] * 2
+        assert len(plan.collectives) == 4
+        nets.append(build_network(trt, trt.Builder(logger), logger, cut_model, plan))
+    assert trt.sim.problems == []
+    kinds = [str(nets[0].get_layer(i).type) for i in range(nets[0].num_layers)]
+    assert sum(k.endswith("DIST_COLLECTIVE") for k in kinds) == 4
+    adapter = forms_mod.form_adapter(original, [i["name"] for i in prepared.plan.inputs],
+                                     [c.cache for c in prepared.plan.cache_updates], prepared.plan.limits.get("max_cache"))
+    types = {t._name: t._dtype for t in single._inputs}
+    feeds = {k: np.asarray(v).astype(to_numpy(types[k])) for k, v in adapter.feeds(adapter.original_feeds(None, 0)).items()}
+    expected = run(single, feeds)
+    outs = run_ranks(nets, rank_feeds(feeds, forms.plan.split.input_shards, 2))
+    for name_, value in expected.items():
+        shard = forms.plan.split.cached.get(name_)
+        got = np.concatenate([o[name_] for o in outs], axis=shard.axis) if shard else outs[0][name_]
+        np.testing.assert_allclose(got, value, rtol=1e-4, atol=1e-5, err_msg=name_)

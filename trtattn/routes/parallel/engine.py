@@ -72,3 +72,40 @@ def build_ranks(models: list[onnx.ModelProto], trt, out_dir: Path, name: str, *,
         info["tensor_parallel"] = {"rank": r, "ranks": len(models), "collectives": [c.__dict__ for c in plan.collectives]}
         written.append(engine_mod.write_engine(blob, info, out_dir, plan.name, force=force)[0])
     return written
+
+
+def rank_plan_from_prepared(prepared, forms, rank: int) -> tuple[BuildPlan, CutModel]:
+    """A rank's plan when the split is of build's verified form (ONNX Attention, RotaryEmbedding, KV-cache
+    updates): the form's plan with each split site's heads divided, its operands as the rank form names
+    them, and the rank's collectives; cut and profiled as build does. `forms` is split_model(form_model)."""
+    import copy
+
+    from ...trt.plan import io_contract
+
+    model, split, ranks = forms.models[rank], forms.plan.split, forms.plan.ranks
+    plan = copy.deepcopy(prepared.plan)
+    plan.name = f"{plan.name}.rank{rank}of{ranks}"
+    nodes = {n.name: n for n in model.graph.node}
+    whole = {n.name: n for n in forms.original.graph.node}
+    for a in plan.attentions:
+        node, before = nodes.get(a.node), whole.get(a.node)
+        if node is None or before is None:
+            continue
+        renamed = dict(zip(before.input, node.input))  # operands a rank reads through a Slice are renamed
+        a.query, a.key, a.value = (renamed.get(t, t) for t in (a.query, a.key, a.value))
+        a.mask = renamed.get(a.mask, a.mask) if a.mask else a.mask
+        if before.input[0] in split.sharded and a.q_heads:
+            a.q_heads //= ranks
+            if a.kv_heads and (before.input[1] in split.sharded or a.key != before.input[1]):
+                a.kv_heads //= ranks
+    plan.collectives = collective_plans(model)
+    lowered = set(plan.order) | {c.node for c in plan.collectives}
+    plan.order = [n.name for n in model.graph.node if n.name in lowered]
+    plan.notes.append(f"rank {rank} of {ranks}: NCCL collectives over ranks {list(range(ranks))}")
+    static = {c.cache: {2: plan.limits["max_cache"]} for c in plan.cache_updates} if plan.cache_updates else {}
+    cut_model = cut(model, plan.lowered(), static)
+    io_contract(model, cut_model.model, cut_model.inputs, plan)
+    defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": plan.limits["max_positions"],
+                                                           "max_batch": plan.limits["max_batch"]})
+    plan.profiles = defaults
+    return plan, cut_model

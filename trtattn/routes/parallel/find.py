@@ -79,7 +79,7 @@ def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray],
                    f"{table.nbytes} bytes, under the {gather_bytes}-byte threshold for a vocabulary split")
             replicated.append((node.name, f"embedding table {list(table.shape)}: kept whole on every rank ({why})"))
     plan = ParallelPlan(ranks, graph, nodes, facts, split, replicated=replicated, gather_bytes=gather_bytes)
-    plan.sites = [_site_split(s, split, ranks) for s in sites]
+    plan.sites = [_site_split(s, split, ranks, facts) for s in sites]
     return plan
 
 
@@ -219,13 +219,19 @@ def _cache_outputs(graph: gs.Graph, sites) -> set[str]:
     return seen & outputs
 
 
-def _site_split(site, split: Split, ranks: int) -> SiteSplit:
-    q, kv = site.q_heads, site.kv_heads or site.q_heads
+def _site_split(site, split: Split, ranks: int, facts: Facts) -> SiteSplit:
+    heads_axis = {"BNSH": 1, "BSNH": 2, "BNHS": 1}.get(getattr(site.q_layout, "value", ""), None)
+
+    def measured(name, fallback):  # a fused op's site may not record its heads: its operand's shape says them
+        shape = facts.shapes.get(name) if name else None
+        return fallback or (shape[heads_axis] if shape and heads_axis is not None and site.rank == 4 else None)
+
+    q = measured(site.query, site.q_heads)
+    kv = measured(site.key, site.kv_heads) or q
     head, v_head = site.head_size or 0, site.v_head_size or site.head_size or 0
     if site.query not in split.sharded:
         return SiteSplit(site.name, q, kv, None, None, "whole on every rank (its query heads do not split)",
                          head, v_head)
-    heads_axis = {"BNSH": 1, "BSNH": 2, "BNHS": 1}.get(getattr(site.q_layout, "value", ""), None)
     shard = split.sharded[site.query]
     if heads_axis is not None and site.rank == 4 and shard.axis != heads_axis:
         return SiteSplit(site.name, q, kv, None, None, f"its query is split along axis {shard.axis}, not its heads "
