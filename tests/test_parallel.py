@@ -154,8 +154,9 @@ def test_zoo_split(zoo_export, name, exporter, ranks):
 
 
 def test_build_tp_writes_rank_forms_and_plans_then_exits_4(tmp_path, capsys):
-    """Without TensorRT, `build --tp 2` verifies the ranks, writes one form per rank and the set's plan
-    (per rank weights, KV cache, collective bytes; the single-GPU figures beside), and exits 4."""
+    """Without TensorRT, `build --tp 2` splits build's verified form, verifies the ranks, writes one form and
+    one build plan per rank and the set's plan (per rank weights, KV cache, collective bytes; the single-GPU
+    figures beside), and exits 4."""
     import json
 
     from trtattn.cli import main
@@ -169,9 +170,14 @@ def test_build_tp_writes_rank_forms_and_plans_then_exits_4(tmp_path, capsys):
     src = tmp_path / "attn.onnx"
     io.save(attention_model(heads=4, kv_heads=2), src)
     out = tmp_path / "engines"
-    assert main(["-q", "build", str(src), "--tp", "2", "--out-dir", str(out), "--max-cache", "32"]) == 4
+    assert main(["-q", "build", str(src), "--tp", "2", "--out-dir", str(out), "--max-cache", "32",
+                 "--precision", "fp32"]) == 4
     plan = json.loads((out / "attn.tp.json").read_text())
     assert plan["tensor_parallel"] == 2 and plan["verification"]["passed"]
+    assert plan["verification"]["against"] == "the verified form" and plan["form"] == "padded"
+    rank_plan = json.loads((out / plan["ranks"][1]["plan"]).read_text())  # the rank's own build plan
+    assert [(a["q_heads"], a["kv_heads"]) for a in rank_plan["attentions"]] == [(2, 1)]
+    assert [c["kind"] for c in rank_plan["collectives"]] == ["ALL_REDUCE"]
     assert [c["kind"] for c in plan["collectives"]] == ["ALL_REDUCE"]
     assert plan["sites"][0]["q_heads_per_rank"] == 2 and plan["sites"][0]["kv_heads_per_rank"] == 1
     ranks = plan["ranks"]

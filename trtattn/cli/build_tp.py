@@ -22,9 +22,7 @@ def tp_plan(forms, max_cache: int, name: str) -> dict:
 
     plan, split = forms.plan, forms.plan.split
     costs = rank_costs(forms, max_cache)
-    whole_kv = sum((s.kv_heads or 0) * (s.head_size + s.v_head_size) for s in plan.sites) * max_cache
-    width = costs[0].kv_cache_bytes // max(1, sum(((s.kv_per_rank or s.kv_heads) or 0) * (s.head_size + s.v_head_size)
-                                                  for s in plan.sites) * max_cache)
+    whole_kv = sum((s.kv_heads or 0) * (s.head_size + s.v_head_size) * s.element_bytes for s in plan.sites) * max_cache
     return {
         "tensor_parallel": plan.ranks, "collective_domain": DOMAIN, "max_cache": max_cache,
         "gather_threshold_bytes": plan.gather_bytes,
@@ -36,7 +34,7 @@ def tp_plan(forms, max_cache: int, name: str) -> dict:
         "sharded_inputs": {k: v.axis for k, v in split.input_shards.items()},
         "rank_cache_outputs": {k: v.axis for k, v in split.cached.items()},
         "replicated": [{"node": n, "why": why} for n, why in plan.replicated],
-        "single_gpu": {"weight_bytes": initializer_bytes(forms.original), "kv_cache_bytes": whole_kv * width},
+        "single_gpu": {"weight_bytes": initializer_bytes(forms.original), "kv_cache_bytes": whole_kv},
         "ranks": [{**c.as_dict(), "form": f"{name}.rank{c.rank}of{plan.ranks}.onnx",
                    "engine": f"{name}.rank{c.rank}of{plan.ranks}.engine"} for c in costs],
     }
@@ -68,7 +66,8 @@ def describe(plan: dict) -> str:
 def run_tp(args, progress) -> int:
     if Path(args.model).is_dir():  # an export folder: one rank set per ONNX part, tp.json for the folder
         return _folder(args, progress)
-    code, _ = _one(args, progress, Path(args.model), args.name or Path(args.model).stem, Path(args.out_dir))
+    code, _ = _one(args, progress, Path(args.model), args.name or Path(args.model).stem, Path(args.out_dir),
+                   prepare_form=True)
     return code
 
 
@@ -92,16 +91,40 @@ def _folder(args, progress) -> int:
     return 1 if any(c == 1 for c in codes) else max(codes)
 
 
-def _one(args, progress, source: Path, name: str, out: Path) -> tuple[int, dict | None]:
+def _rank_plans(prepared, forms) -> list:
+    from ..routes.parallel.engine import rank_plan_from_prepared
+
+    return [rank_plan_from_prepared(prepared, forms, r) for r in range(forms.plan.ranks)]
+
+
+def _prepared(args, progress, model, name: str, source: Path):
+    """build's verified form of `model` (what a one-GPU build would hand TensorRT)."""
+    from ..routes.prepare import Limits, prepare
+    from ..trt.profiles import parse_shapes
+
+    shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
+    limits = Limits(max_batch=args.max_batch, max_positions=args.max_positions, max_cache=args.max_cache)
+    return prepare(model, name=name, form=args.form, precision=args.precision, io_dtype=args.io_dtype,
+                   calib=args.calib, dims=parse_dims(args.dims), decomposable=args.decomposable, shapes=shapes,
+                   limits=limits, progress=progress, source=str(source))
+
+
+def _one(args, progress, source: Path, name: str, out: Path, prepare_form: bool = False) -> tuple[int, dict | None]:
+    """One model's rank set. With `prepare_form` the split is of build's verified form (each rank's
+    attention an IAttention over its heads), else of the model as it is (an export folder's parts)."""
     from ..routes.parallel import split_model
     from ..trt import compat
     from ..trt.profiles import max_positions
+    from ..verify.compare import tolerance_for
 
     model = load_model(source, progress, with_weights=True)  # the ranks' weights are slices of these
+    prepared = _prepared(args, progress, model, name, source) if prepare_form else None
+    form = prepared.form_model if prepared is not None else model
     with progress.step(f"finding the split over {args.tp} ranks"):
-        forms = split_model(model, args.tp, dims=parse_dims(args.dims))
+        forms = split_model(form, args.tp, dims=parse_dims(args.dims))
+    atol, rtol = tolerance_for(form)
     with progress.step(f"verifying {args.tp} ranks on ONNX Runtime, collectives in numpy"):
-        check = forms.verify()
+        check = forms.verify(atol=atol, rtol=rtol)
     worst = max(check.errors.values(), default=0.0)
     print(f"{args.tp} ranks against the original: {'passed' if check.passed else 'FAILED'} "
           f"(max abs error {worst:.3g} over {len(forms.feeds)} inputs)")
@@ -111,10 +134,18 @@ def _one(args, progress, source: Path, name: str, out: Path) -> tuple[int, dict 
         return 1, None
     max_cache = args.max_cache or max_positions(model)[0] or 2048
     plan = tp_plan(forms, max_cache, name)
-    plan["verification"] = {"passed": check.passed, "max_abs_err": worst, "outputs": check.errors}
+    plan["verification"] = {"passed": check.passed, "max_abs_err": worst, "outputs": check.errors,
+                            "against": "the verified form" if prepared is not None else "the model"}
+    if prepared is not None:
+        plan["form"], plan["precision"] = args.form, args.precision
     print(describe(plan))
+    rank_plans = _rank_plans(prepared, forms) if prepared is not None else []
     for r, rank in enumerate(forms.models):
         onnxio.save(rank, out / plan["ranks"][r]["form"], protect=(str(source),))
+        if rank_plans:  # each rank's build plan (its sites' heads, its collectives, its I/O and profiles)
+            plan["ranks"][r]["plan"] = f"{name}.rank{r}of{args.tp}.plan.json"
+            onnxio.atomic_write(out / plan["ranks"][r]["plan"],
+                                (json.dumps(rank_plans[r][0].to_json(), indent=2, default=str) + "\n").encode())
     sidecar = out / f"{name}.tp.json"
     onnxio.atomic_write(sidecar, (json.dumps(plan, indent=2) + "\n").encode())
     if args.plan_json and not Path(args.model).is_dir():
@@ -128,6 +159,6 @@ def _one(args, progress, source: Path, name: str, out: Path) -> tuple[int, dict 
 
     with progress.step(f"building {args.tp} rank engines with TensorRT {trt.__version__}"):
         engines = build_ranks(forms.models, trt, out, name, max_positions=args.max_positions or max_cache,
-                              force=args.force, source=str(source))
+                              force=args.force, source=str(source), plans=rank_plans or None)
     print(f"wrote {', '.join(str(e) for e in engines)}")
     return 0, plan

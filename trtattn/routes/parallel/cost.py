@@ -45,16 +45,15 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
 
 
 def rank_costs(forms, max_cache: int, kv_bytes: int | None = None) -> list[RankCost]:
-    """Per rank of `forms` (routes.parallel.RankForms). `kv_bytes` per cache element (default: the
-    activations' float size as measured)."""
+    """Per rank of `forms` (routes.parallel.RankForms). `kv_bytes` per cache element (default: each site's
+    K/V element size as measured)."""
     plan = forms.plan
     n = plan.ranks
     facts = plan.facts
-    width = kv_bytes or next((np.dtype(d).itemsize for d in facts.dtypes.values() if np.dtype(d).kind == "f"), 4)
     kv = 0
     for s in plan.sites:
         heads = s.kv_per_rank if s.kv_per_rank is not None else (s.kv_heads or 0)
-        kv += heads * (s.head_size + s.v_head_size) * max_cache * width
+        kv += heads * (s.head_size + s.v_head_size) * max_cache * (kv_bytes or s.element_bytes)
     reduce_bytes = gather_bytes = 0
     reducing = plan.split.rows + plan.split.vocab
     for i in reducing:

@@ -53,15 +53,17 @@ def rank_network_plan(model: onnx.ModelProto, name: str, rank: int, ranks: int, 
 
 
 def build_ranks(models: list[onnx.ModelProto], trt, out_dir: Path, name: str, *, max_positions: int,
-                force: bool = False, source: str = "") -> list[Path]:
-    """One engine per rank form (GPU with TensorRT >= 11 only; not run on this project's CPU machines)."""
+                force: bool = False, source: str = "", plans: list | None = None) -> list[Path]:
+    """One engine per rank form (GPU with TensorRT >= 11 only; not run on this project's CPU machines).
+    `plans`: each rank's (BuildPlan, CutModel) when the forms are build's (rank_plan_from_prepared)."""
     from ...trt import engine as engine_mod
     from ...trt.config import create_config
     from ...trt.network import build_network
 
     written = []
     for r, model in enumerate(models):
-        plan, cut_model = rank_network_plan(model, name, r, len(models), max_positions=max_positions)
+        plan, cut_model = plans[r] if plans else rank_network_plan(model, name, r, len(models),
+                                                                    max_positions=max_positions)
         logger = trt.Logger(trt.Logger.WARNING)
         builder = trt.Builder(logger)
         network = build_network(trt, builder, logger, cut_model, plan)

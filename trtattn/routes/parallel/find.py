@@ -39,6 +39,7 @@ class SiteSplit:
     note: str = ""
     head_size: int = 0
     v_head_size: int = 0
+    element_bytes: int = 4  # of its K/V (what a cache of them holds per element)
 
 
 @dataclass
@@ -226,18 +227,19 @@ def _site_split(site, split: Split, ranks: int, facts: Facts) -> SiteSplit:
         shape = facts.shapes.get(name) if name else None
         return fallback or (shape[heads_axis] if shape and heads_axis is not None and site.rank == 4 else None)
 
+    width = np.dtype(facts.dtypes.get(site.key, np.float32)).itemsize
     q = measured(site.query, site.q_heads)
     kv = measured(site.key, site.kv_heads) or q
     head, v_head = site.head_size or 0, site.v_head_size or site.head_size or 0
     if site.query not in split.sharded:
         return SiteSplit(site.name, q, kv, None, None, "whole on every rank (its query heads do not split)",
-                         head, v_head)
+                         head, v_head, width)
     shard = split.sharded[site.query]
     if heads_axis is not None and site.rank == 4 and shard.axis != heads_axis:
         return SiteSplit(site.name, q, kv, None, None, f"its query is split along axis {shard.axis}, not its heads "
-                                                       f"(axis {heads_axis})", head, v_head)
+                                                       f"(axis {heads_axis})", head, v_head, width)
     q_rank = q // ranks if q else None
     if any(n in split.sharded for n in (site.key, site.new_key) if n):
-        return SiteSplit(site.name, q, kv, q_rank, kv // ranks if kv else None, "", head, v_head)
+        return SiteSplit(site.name, q, kv, q_rank, kv // ranks if kv else None, "", head, v_head, width)
     return SiteSplit(site.name, q, kv, q_rank, None, f"K/V whole on every rank: {kv} KV heads do not split "
-                                                     f"into {ranks}", head, v_head)
+                                                     f"into {ranks}", head, v_head, width)
