@@ -60,6 +60,8 @@ def add_parser(sub) -> None:
     b.add_argument("--mark-sites", action="store_true",
                    help="also output every attention's result, for per-site errors in trtattn verify")
     b.add_argument("--dims", type=dims_text, help="symbolic dim values for verification, e.g. batch=2,seq=16")
+    b.add_argument("--tp", type=positive, default=1,
+                   help="tensor parallel over N ranks (GPUs): one form and engine per rank, NAME.tp.json for the set")
     add_memory_opt(b)
     add_report_html(b)
     add_inputs_opt(b, folder=" With an export folder: a folder of one file per part, ROLE.npz or ROLE.json "
@@ -67,6 +69,10 @@ def add_parser(sub) -> None:
 
 
 def run(args, progress) -> int:
+    if args.tp > 1:
+        from .build_tp import run_tp
+
+        return run_tp(args, progress)
     if Path(args.model).is_dir():  # an export folder: one engine per part and pipeline.json
         return _run_folder(args, progress)
     from ..routes.builder import build

@@ -110,7 +110,27 @@ class CacheUpdatePlan:
         return [t for t in (self.cache, self.update, self.write_indices, self.update_lengths) if t]
 
 
-LoweredPlan = AttentionPlan | RopePlan | CacheUpdatePlan  # an op TensorRT gets as its own layer
+@dataclass
+class CollectivePlan:
+    """A tensor-parallel collective of a rank's form (a `trtattn.dist` node, routes/parallel): TensorRT's
+    IDistCollectiveLayer (NCCL) over `ranks` devices."""
+
+    node: str
+    input: str
+    output: str
+    kind: str  # "ALL_REDUCE" | "ALL_GATHER"
+    ranks: int
+    axis: int = 0  # ALL_GATHER: the axis the ranks' slices are concatenated along
+
+    @property
+    def region(self) -> tuple[str, ...]:
+        return (self.node,)
+
+    def reads(self) -> list[str]:
+        return [self.input]
+
+
+LoweredPlan = AttentionPlan | RopePlan | CacheUpdatePlan | CollectivePlan  # an op TensorRT gets as its own layer
 
 
 @dataclass
@@ -121,6 +141,7 @@ class BuildPlan:
     attentions: list[AttentionPlan] = field(default_factory=list)  # every site; lowered where reason is None
     ropes: list[RopePlan] = field(default_factory=list)
     cache_updates: list[CacheUpdatePlan] = field(default_factory=list)
+    collectives: list[CollectivePlan] = field(default_factory=list)  # tensor parallel: one rank's
     order: list[str] = field(default_factory=list)  # lowered ONNX nodes, in graph order
     inputs: list[dict] = field(default_factory=list)  # the engine's I/O contract
     outputs: list[dict] = field(default_factory=list)
@@ -138,7 +159,7 @@ class BuildPlan:
         return [a for a in self.attentions if a.reason is None]
 
     def lowered(self) -> dict[str, LoweredPlan]:
-        plans: list[LoweredPlan] = [*self.native, *self.ropes, *self.cache_updates]
+        plans: list[LoweredPlan] = [*self.native, *self.ropes, *self.cache_updates, *self.collectives]
         return {p.node: p for p in plans}
 
     def to_json(self) -> dict:
