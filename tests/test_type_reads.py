@@ -129,3 +129,29 @@ def test_equal_infinities_in_an_output_agree():
     feeds = [{"x": np.array([0.0, 1.0, 2.0, 0.0], np.float32)}]  # log 0 = -inf
     outcome = compare_models(model, model, feeds=feeds)
     assert outcome.passed and outcome.output_errors["y"] == 0.0 and not outcome.nan_mismatch
+
+
+def test_a_bias_of_shapes_alone_that_is_all_zero_is_no_mask():
+    """The body without attn_mask adds ConstantOfShape([Sq, Skv]) zeros: the probes see no mask, so the site has
+    none and the fused op takes Q, K, V only."""
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Shape", ["q"], ["sq"], start=-2, end=-1),
+        helper.make_node("Shape", ["k"], ["skv"], start=-2, end=-1),
+        helper.make_node("Concat", ["sq", "skv"], ["bias_shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["bias_shape"], ["bias"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+        helper.make_node("Add", ["qk", "bias"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    inputs = [helper.make_tensor_value_info(n, f, s) for n, s in
+              (("q", ["b", N, "s", D]), ("k", ["b", N, "t", D]), ("v", ["b", N, "t", D]))]
+    model = helper.make_model(helper.make_graph(nodes, "body", inputs, [helper.make_tensor_value_info("y", f, None)]),
+                              opset_imports=[helper.make_opsetid("", 23)])
+    result = fuse_model(model)
+    (r,) = result.reports
+    assert r.status == "fused" and r.site.mask.value == "none" and not _masks(r.site), r.reason
+    (node,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    assert len([i for i in node.input if i]) == 3

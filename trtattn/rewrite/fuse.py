@@ -132,10 +132,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
                    for x, t in zip("qkv", (q, k, v)))
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
                   and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps))
-    # a mask of shapes alone that the probes saw all zero (the ONNX Attention body's ConstantOfShape bias) masks nothing
-    no_mask = (meaning is not None and meaning.pattern == "none" and not meaning.padding and not meaning.bias
-               and not any(s.op == "sink" for s in site.mask_steps))
-    steps = [s for s in site.mask_steps if not ((use_causal or no_mask) and logit_ops.unit(s).masks)]
+    steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
     mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
     built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
