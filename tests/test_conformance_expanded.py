@@ -4,15 +4,20 @@ command runs it: exactly one Attention op replaces the body, with the op's scale
 reproduces onnx's reference outputs (the case's tolerance; FP16_ATOL for fp16). A case whose model returns its
 softmax probabilities (qk_matmul_output_mode=3) is listed with that reason: IAttention cannot return them.
 bf16 cases are skipped by name (ONNX Runtime's CPU provider cannot run them). The RotaryEmbedding cases have no
-attention around them: fuse leaves them as they are (exit 0, the output is the input) and they still run."""
+attention around them: fuse leaves them as they are (exit 0, the output is the input); put on Q and K of an
+attention, the attention fuses with the rotation before it as written (not yet read as a RotaryEmbedding)."""
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import onnx
 import pytest
 
-from trtattn.testing.conformance import conformance_cases, fuse_case, op_node
+from trtattn.graph.user_inputs import GivenInputs
+from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.conformance import conformance_cases, fuse_case, inside_attention, op_node
 
 ATTENTION = conformance_cases("Attention", expanded=True)
 ROPE = conformance_cases("RotaryEmbedding", expanded=True)
@@ -79,3 +84,15 @@ def test_lone_expanded_rotary_embedding_is_left_as_it_is(case):
     out = fuse_case(case)
     assert not out.fused and out.reason == "nothing fused" and "Softmax" not in out.ops
     assert sum(out.ops.values()) == len(case.model.graph.node)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in ROPE])
+def test_attention_around_expanded_rotary_embeddings_fuses(case):
+    """The RotaryEmbedding body on Q and K of an attention (interleaved, partial, 3-D, without position ids): the
+    attention fuses and verifies, the rotation computed before the op as written."""
+    model, feeds = inside_attention(case)
+    onnx.checker.check_model(model, full_check=True)
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1

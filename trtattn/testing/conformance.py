@@ -142,3 +142,33 @@ def fuse_case(case: ConformanceCase) -> FusedCase:
     node = next((n for n in result.model.graph.node if n.op_type == "Attention"), None)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} if node is not None else None
     return FusedCase(case.name, True, ops, err, within, "", attrs)
+
+
+def inside_attention(case: ConformanceCase) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A RotaryEmbedding case's model applied to Q and to K of an attention (Q.K^T * 0.3 -> Softmax -> . V over the
+    case's input shape, its other inputs shared), and inputs for it (the case's tables and positions)."""
+    import onnx.compose
+
+    f = onnx.TensorProto.FLOAT
+    x = case.inputs["input"]
+    graph = case.model.graph
+    shared = [i for i in graph.input if i.name != "input"]
+    nodes = []
+    for side in ("q", "k"):
+        nodes += [onnx.helper.make_node("Identity", [i.name], [f"{side}_{i.name}"]) for i in shared]
+        nodes.append(onnx.helper.make_node("Identity", [side], [f"{side}_input"]))
+        nodes += list(onnx.compose.add_prefix(case.model, f"{side}_").graph.node)
+    nodes += [onnx.helper.make_node("Transpose", ["k_output"], ["kt"], perm=[0, 1, 3, 2] if x.ndim == 4 else [0, 2, 1]),
+              onnx.helper.make_node("MatMul", ["q_output", "kt"], ["qk"]),
+              onnx.helper.make_node("Mul", ["qk", "scale"], ["logits"]),
+              onnx.helper.make_node("Softmax", ["logits"], ["p"], axis=-1),
+              onnx.helper.make_node("MatMul", ["p", "v"], ["y"])]
+    inputs = [onnx.helper.make_tensor_value_info(n, f, x.shape) for n in "qkv"] + shared
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(nodes, "rope_attention", inputs, [onnx.helper.make_tensor_value_info("y", f, x.shape)],
+                               [onnx.helper.make_tensor("scale", f, [], [0.3])]),
+        opset_imports=list(case.model.opset_import))
+    rng = np.random.default_rng(0)
+    feeds = {k: v for k, v in case.inputs.items() if k != "input"}
+    feeds.update({n: rng.standard_normal(x.shape).astype(np.float32) for n in "qkv"})
+    return model, feeds
