@@ -136,7 +136,7 @@ class CacheAdapter(Adapter):
     def feeds(self, feeds):
         out = {k: v for k, v in feeds.items() if k in self.inputs and k not in self.caches}
         past = feeds[self.caches[0]].shape[2]
-        new = next((v.shape[1] for k, v in feeds.items() if k == "input_ids"), 1)
+        new = next((v.shape[1] for k, v in feeds.items() if k == "input_ids"), None) or _longest_update(feeds, self.caches)
         capacity = past + new + self.slack
         for name in self.caches:
             v = feeds[name]
@@ -161,6 +161,14 @@ class CacheAdapter(Adapter):
             else:
                 ref2[name], out2[name] = v, got
         return ref2, out2
+
+
+def _longest_update(feeds: dict, caches: list[str]) -> int:
+    """Without token ids, the most new K/V tokens any float input can carry: its sequence axis (axis 2 of a
+    4-D [B, N, S, H], axis 1 of a 3-D [B, S, N*H]); at least 1."""
+    seqs = [v.shape[2] if v.ndim == 4 else v.shape[1] for k, v in feeds.items()
+            if k not in caches and np.issubdtype(v.dtype, np.floating) and v.ndim in (3, 4)]
+    return max(seqs, default=1)
 
 
 def adapter_for(original: onnx.ModelProto, candidate_inputs: list[str], cache_inputs: list[str] | None = None) -> Adapter:
