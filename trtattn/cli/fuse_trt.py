@@ -49,7 +49,8 @@ def sidecar_path(output) -> Path:
 def refused(e: SitesRefused, output) -> int:
     """Sites that cannot be what was asked, each with why (a limit of IAttention, not bad input): exit 1."""
     print(table([{"site": site, "why": why} for site, why in e.sites], [("site", "site"), ("why", "why not")]))
-    print(f"{len(e.sites)} attention site(s) cannot be TensorRT's attention ops: {e}")
+    print(f"{len(e.sites)} attention site(s) cannot be TensorRT's attention ops: "
+          + "; ".join(f"{site}: {why}" for site, why in e.sites))
     print(f"not written: {output}")
     return 1
 

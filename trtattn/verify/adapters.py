@@ -126,9 +126,10 @@ class CacheAdapter(Adapter):
     form = "kv-cache"
     slack = 3
 
-    def __init__(self, original, candidate_inputs, caches: list[str]):
+    def __init__(self, original, candidate_inputs, caches: list[str], capacity: int | None = None):
         super().__init__(original, candidate_inputs)
         self.caches = caches
+        self.capacity = capacity  # an engine's static capacity; None: past + new + slack
 
     def original_feeds(self, dims, seed):
         return make_feeds(self.original, dims=dims, seed=seed, padding=False)
@@ -137,7 +138,7 @@ class CacheAdapter(Adapter):
         out = {k: v for k, v in feeds.items() if k in self.inputs and k not in self.caches}
         past = feeds[self.caches[0]].shape[2]
         new = next((v.shape[1] for k, v in feeds.items() if k == "input_ids"), None) or _longest_update(feeds, self.caches)
-        capacity = past + new + self.slack
+        capacity = self.capacity or past + new + self.slack
         for name in self.caches:
             v = feeds[name]
             buf = np.zeros(v.shape[:2] + (capacity,) + v.shape[3:], v.dtype)
@@ -171,9 +172,10 @@ def _longest_update(feeds: dict, caches: list[str]) -> int:
     return max(seqs, default=1)
 
 
-def adapter_for(original: onnx.ModelProto, candidate_inputs: list[str], cache_inputs: list[str] | None = None) -> Adapter:
+def adapter_for(original: onnx.ModelProto, candidate_inputs: list[str], cache_inputs: list[str] | None = None,
+                capacity: int | None = None) -> Adapter:
     if CU_SEQLENS in candidate_inputs:
         return PackedAdapter(original, candidate_inputs)
     if WRITE_INDEX in candidate_inputs:
-        return CacheAdapter(original, candidate_inputs, cache_inputs or [])
+        return CacheAdapter(original, candidate_inputs, cache_inputs or [], capacity)
     return Adapter(original, candidate_inputs)

@@ -157,7 +157,7 @@ def form_adapter(original: onnx.ModelProto, inputs: list[str], caches: list[str]
     original's feeds (verify/adapters.py)."""
     if WRITE_INDEX in inputs and CU_SEQLENS in inputs:
         return PackedCacheAdapter(original, inputs, caches, capacity)
-    return adapter_for(original, inputs, caches)
+    return adapter_for(original, inputs, caches, capacity)
 
 
 def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, sites, *, dims=None,
