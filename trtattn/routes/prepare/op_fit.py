@@ -204,17 +204,18 @@ def guard_empty_rows(graph: gs.Graph, node: gs.Node, out_dtype, mask: gs.Tensor 
     return f"Attention {node.name}: query rows with no key to attend give zeros, as ONNX defines (TensorRT does not)"
 
 
-def mask_4d(graph: gs.Graph, node: gs.Node, rank: int | None) -> None:
+def mask_4d(graph: gs.Graph, node: gs.Node, rank: int | None) -> str | None:
     """The node's mask as [.., .., Sq, Skv] with ones in front (IAttention takes a 4-D mask; ONNX broadcasts
     one of rank 1..4 from the right, so ones in front keep its meaning); any rank <= 4 when `rank` is None."""
     mask = opt(node, MASK)
     if mask is None or rank == 4:
-        return
+        return None
     emit = Emitter(graph, f"trtattn/mask_4d/{node.name}")
     i64 = np.int64
     shape = emit("Concat", [emit.const([1, 1, 1, 1], i64), emit("Shape", [mask], dtype=i64)], {"axis": 0}, dtype=i64)
     last4 = emit("Slice", [shape, emit.const([-4], i64), emit.const([2 ** 62], i64)], dtype=i64)
     node.inputs[MASK] = emit("Reshape", [mask, last4], dtype=mask.dtype, name="mask_4d")
+    return f"Attention {node.name}: its mask as 4-D (IAttention takes [B|1, N|1, Sq, Skv])"
 
 
 def fit_ops(graph: gs.Graph, types: dict, nodes: list[str], offsets: dict[str, str] | None = None
@@ -256,7 +257,7 @@ def fit_ops(graph: gs.Graph, types: dict, nodes: list[str], offsets: dict[str, s
                                           mask, folded))
         unchanged = mask is not None and opt(node, MASK) is mask
         known = types.get(mask.name, (None, None))[1] if unchanged else None  # type: ignore[union-attr]
-        mask_4d(graph, node, len(known) if known is not None else None)
+        notes += [n for n in (mask_4d(graph, node, len(known) if known is not None else None),) if n]
         if nonpad is not None:
             causal = "lower_right" if node.attrs.get("is_causal", 0) else "none"
             read = opt(node, MASK)  # the mask IAttention reads with the lengths, if any
