@@ -6,7 +6,11 @@ padded    the fused model, with every rotate-half RoPE rewritten into the ONNX R
           (rope.py) and causal-plus-padding masks as a causal kind plus per-row lengths (padded.py).
 kv-cache  decoders: a packed query over a preallocated, padded cache (kv_cache.py): ScatterND writes
           the new K/V at each row's `cache_write_index`, attention reads each row's cache up to its
-          length, lower-right causal. The cache outputs alias the cache inputs.
+          length, lower-right causal. The cache outputs alias the cache inputs. Attention ops that take
+          their past as inputs get it without --form (op_cache.py: TensorScatter, nonpad_kv_seqlen).
+
+In the padded and kv-cache forms every Attention op is then fitted to what IAttention takes (op_fit.py:
+one head size, one mask, per-row lengths, rows without keys zeroed).
 packed    encoders and cacheless decoders run on packed tokens [1, T] with `cu_seqlens` [B+1]
           instead of a padding mask; positions restart per sequence (packed.py).
 """
