@@ -64,7 +64,7 @@ def ops_suite(work: Path) -> tuple[str, list[dict], str, list[str]]:
                    f"{r['reference_error'][worst]:.2g} / {r['reference_bound'][worst]:.2g}")
         else:
             ref = "-"
-        fuse = {0: "converted, verified", 1: "limit (exit 1)"}.get(r["fuse_exit"], _exit(r["fuse_exit"]))
+        fuse = {0: "converted, verified", 1: "limit (exit 1)"}.get(r["fuse_exit"], f"exit {_exit(r['fuse_exit'])}")
         why = r["skipped"] or (r["why"].split(": ", 1)[-1] if r["fuse_exit"] else "")
         lines.append(f"| {r['name']} | {r['features']} | {fuse} | {r['form']} | {ref} | {_exit(r['build_exit'])} | "
                      f"{_exit(r['normalize_exit'])} | {why.replace('|', '/')[:160]} |")
@@ -72,10 +72,12 @@ def ops_suite(work: Path) -> tuple[str, list[dict], str, list[str]]:
     converted = [r for r in run if r["fuse_exit"] == 0 and r["matches_reference"]]
     limits = [r for r in run if r["fuse_exit"] == 1]
     other = [r for r in run if r["fuse_exit"] not in (0, 1) or (r["fuse_exit"] == 0 and not r["matches_reference"])]
+    refusals = {_exit(r[k]) for r in rows if r["skipped"] for k in ("fuse_exit", "build_exit", "normalize_exit")}
     summary = (f"{len(rows)} op cases: {len(converted)} of {len(run)} runnable converted to IAttention and verified "
                f"(ONNX Runtime through trtattn_plugins, and onnx's reference outputs), {len(limits)} named limits "
                f"(exit 1), {len(other)} other outcomes; {len(rows) - len(run)} skipped "
-               f"({', '.join(sorted({r['skipped'].split(':')[0] for r in rows if r['skipped']}))}). "
+               f"({', '.join(sorted({r['skipped'].split(':')[0] for r in rows if r['skipped']}))}: fuse, build and "
+               f"normalize refuse them in one line with exit {'/'.join(sorted(refusals))}). "
                f"Build exits 4 (the plan made, no TensorRT here) for {sum(r['build_exit'] == 4 for r in run)}; "
                f"normalize exits 0 for {sum(r['normalize_exit'] == 0 for r in run)}.")
     return OPS_HEADING, rows, summary, lines

@@ -154,17 +154,22 @@ def run_case(case: ConformanceCase, work: Path, *, build: bool = True, normalize
     from ..graph.user_inputs import GivenInputs
 
     outcome = CaseOutcome(case.name, features(case))
-    if case.cpu_unrunnable:
-        outcome.skipped = f"{case.cpu_unrunnable}: ONNX Runtime's CPU provider cannot run it"
-        return outcome
-    refused = ort_refuses(case)
-    if refused:
-        outcome.skipped = f"ONNX Runtime refuses the model: {refused}"
-        return outcome
     work.mkdir(parents=True, exist_ok=True)
     model_path, inputs_path = work / f"{case.name}.onnx", work / f"{case.name}.inputs.npz"
     onnx.save(case.model, model_path)
     np.savez(inputs_path, **case.inputs)  # type: ignore[arg-type]
+    refused = f"{case.cpu_unrunnable}: ONNX Runtime's CPU provider cannot run it" if case.cpu_unrunnable else None
+    if refused is None and ort_refuses(case):
+        refused = f"ONNX Runtime refuses the model: {ort_refuses(case)}"
+    if refused:  # the reference cannot run it: each command must say so in one line (exit 2), never crash
+        outcome.skipped = refused
+        for attr, args in (("fuse_exit", ["fuse", str(model_path), "-o", str(work / "x.onnx"), "--ops", "trt"]),
+                           ("build_exit", ["build", str(model_path), "--out-dir", str(work / "engines")]),
+                           ("normalize_exit", ["normalize", str(model_path), "-o", str(work / "n.onnx")])):
+            code, _, err = _cli([*args, "--force"])
+            setattr(outcome, attr, code)
+            outcome.why = outcome.why or (err.strip().splitlines() or [""])[-1]
+        return outcome
     written = work / f"{case.name}.trt.onnx"
     report = work / f"{case.name}.trt.report.json"
     code, out, err = _cli(["fuse", str(model_path), "-o", str(written), "--ops", "trt", "--inputs", str(inputs_path),
