@@ -136,3 +136,15 @@ def test_limits_exit_1_with_the_site_named(tmp_path, capsys, limit, attrs, outpu
     out = capsys.readouterr().out
     assert why in out and "not written" in out
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_model_reading_its_past_length_is_refused_by_name():
+    """In the kv-cache form a cache's length is its capacity: a node reading the past's length is named."""
+    from trtattn.errors import TrtattnError
+
+    model = attention(past=3, outputs=("Y", "present_key", "present_value"), opset=23)
+    model.graph.node.extend([helper.make_node("Shape", ["past_key"], ["past_length"], name="past_length", start=2, end=3),
+                             helper.make_node("Cast", ["past_length"], ["positions"], to=F)])
+    model.graph.output.append(helper.make_tensor_value_info("positions", F, [1]))
+    with pytest.raises(TrtattnError, match="past_length reads the length of the past cache past_key"):
+        fuse_trt(model, name="t")

@@ -22,6 +22,7 @@ import onnx_graphsurgeon as gs
 from ...contract import MAX_CACHE, WRITE_INDEX
 from ...errors import TrtattnError
 from ...graph.emit import Emitter
+from .kv_cache import refuse_cache_length_reads
 from .lowering import CacheLowering
 from .op_fit import MASK, PAST_KEY, PAST_VALUE, op_shape, opt, to_bhnd
 
@@ -85,6 +86,7 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str]) -> tuple[list[Cac
                      f"({past_k.name}, {past_v.name} -> TRT_KVCacheUpdate), per-row lengths "
                      f"{WRITE_INDEX} + new tokens" + (", lower-right causal" if node.attrs.get("is_causal") else
                                                      ", not causal (the op has no is_causal)"))
+    refuse_cache_length_reads(graph, {c.cache for c in lowerings})
     return lowerings, notes, offsets
 
 
