@@ -54,15 +54,15 @@ def test_op_case_converts_or_names_its_limit(name, tmp_path):
         assert outcome.normalize_exit == (1 if limit == "qk_matmul_output" else 0)
 
 
-def _reference(trt, case, tmp_path):
-    """The case prepared in fp32, its network recorded against the real bindings and run on trtsim's executor,
-    against the original on ONNX Runtime."""
+def _reference(trt, case, tmp_path, precision="fp32"):
+    """The case prepared in `precision`, its network recorded against the real bindings and run on trtsim's
+    executor, against the original on ONNX Runtime."""
     from test_builder import reference_errors
 
     from trtattn.routes.builder import build
     from trtattn.routes.prepare import prepare
 
-    prepared = prepare(case.model, name="case", precision="fp32")
+    prepared = prepare(case.model, name="case", precision=precision)
     blob, _ = build(prepared, trt, tmp_path, write=False, timing_cache=None, progress=True)
     assert type(blob).__name__ == "NotAnEngine" and not trt.sim.problems, trt.sim.problems
     used = set(trt.sim.used())
@@ -98,3 +98,16 @@ def test_cases_cover_every_configuration():
         assert part in words, part
     assert sum(1 for c in CASES.values() if not c.cpu_unrunnable) >= 87
     assert any(np.asarray(v).dtype == np.bool_ for c in CASES.values() for v in c.inputs.values())
+
+
+@pytest.mark.conformance
+@pytest.mark.reference
+@pytest.mark.parametrize("precision", ["fp16"])  # bf16: trtsim runs the ONNX ops around the layers on ORT's CPU,
+@pytest.mark.parametrize("name", REPRESENTATIVE)  # which has no bf16 Where/Slice (the guards and head slices)
+def test_op_case_networks_in_fp16(checked_trt, name, precision, tmp_path):
+    """The fp32 cases as fp16 engines (IAttention and the cache updates in fp16) against the fp32 original,
+    within the precision's tolerance of each output's largest value."""
+    from trtattn.rewrite.precision import TOLERANCE
+
+    errors = _reference(checked_trt, CASES[name], tmp_path, precision)
+    assert errors and max(r for _, r in errors.values()) <= TOLERANCE[precision]["rel"], errors
