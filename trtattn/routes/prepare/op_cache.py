@@ -79,13 +79,12 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str]) -> tuple[list[Cac
             mask = _to_capacity(emit, mask, presents[0], types)
         node.inputs = [q, *presents, mask or gs.Variable.empty(), gs.Variable.empty(), gs.Variable.empty(),
                        kv_lengths]
-        node.outputs = [node.outputs[0]] + (node.outputs[3:4] if len(node.outputs) > 3 else [])
-        if len(node.outputs) == 2 and not node.outputs[1].name:
-            node.outputs.pop()
+        qk = node.outputs[3] if len(node.outputs) > 3 and node.outputs[3].name else None  # (fuse refuses it)
+        node.outputs = [node.outputs[0]] + ([gs.Variable.empty(), gs.Variable.empty(), qk] if qk is not None else [])
         notes.append(f"Attention {name}: its past cache as a preallocated cache updated in place "
                      f"({past_k.name}, {past_v.name} -> TRT_KVCacheUpdate), per-row lengths "
-                     f"{WRITE_INDEX} + new tokens" + (", lower-right causal" if node.attrs.get("is_causal") else
-                                                     ", not causal (the op has no is_causal)"))
+                     f"{WRITE_INDEX} + new tokens" + (", causal from each row's past length" if node.attrs.get("is_causal")
+                                                     else ", not causal (the op has no is_causal)"))
     refuse_cache_length_reads(graph, {c.cache for c in lowerings})
     return lowerings, notes, offsets
 
