@@ -73,8 +73,10 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         steps.append(MaskStep("where", operand=mask.name, value=float("-inf"), node=n.name) if is_bool
                      else MaskStep("add", operand=mask.name, node=n.name))
     softcap = float(n.attrs.get("softcap", 0.0) or 0.0)
-    if n.attrs.get("qk_matmul_output_mode", 0) and len(n.outputs) > 3 and n.outputs[3].name:
-        raise Unsupported(f"Attention {n.name} also outputs its QK matmul (qk_matmul_output_mode)")
+    if len(n.outputs) > 3 and n.outputs[3].name:  # whatever the mode (0: the scaled Q K^T)
+        raise Unsupported(f"Attention {n.name or n.outputs[0].name} also outputs its QK matmul "
+                          f"(qk_matmul_output, mode {n.attrs.get('qk_matmul_output_mode', 0)}): IAttention outputs "
+                          "only Y")
     if (past_k is None) != (past_v is None):  # the spec gives both or neither
         raise Unsupported(f"Attention {n.name} has only one of past_key and past_value")
     if past_k is not None and past_v is not None:

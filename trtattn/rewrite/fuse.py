@@ -209,6 +209,7 @@ def _shape_read(emit: Emitter, dims: Dims, out: gs.Tensor, frame) -> gs.Tensor |
 def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
     """An existing ONNX Attention: feed it K and V without the GQA head repeat."""
     node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
+    node.name = node.name or f"trtattn/Attention/{site.output}"  # the forms' records and plans go by node name
     node.inputs[1] = tensors[site.key]
     node.inputs[2] = tensors[site.value]
     return node

@@ -82,7 +82,7 @@ def lower_attention(trt, net, p: AttentionPlan, get):
     if p.rank == 3:  # [B, S, N*H] -> [B, N, S, H]
         q = _shuffle(net, q, f"{base}/q_heads", reshape=(0, 0, p.q_heads, p.head_size), second=(0, 2, 1, 3))
         k = _shuffle(net, k, f"{base}/k_heads", reshape=(0, 0, p.kv_heads, p.head_size), second=(0, 2, 1, 3))
-        v = _shuffle(net, v, f"{base}/v_heads", reshape=(0, 0, p.kv_heads, p.head_size), second=(0, 2, 1, 3))
+        v = _shuffle(net, v, f"{base}/v_heads", reshape=(0, 0, p.kv_heads, -1), second=(0, 2, 1, 3))  # V's own H
     if abs(p.q_scale - 1.0) > 1e-12:
         scale = scalar(trt, net, p.q_scale, compute, f"{base}/scale")
         q = _out(net.add_elementwise(q, scale, trt.ElementWiseOperation.PROD), f"{base}/q_scale")

@@ -289,18 +289,26 @@ def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
         plan.query, plan.output = lowering.query or q, lowering.output or node.output[0]
         plan.causal, plan.q_lengths, plan.kv_lengths = lowering.causal, lowering.q_lengths, lowering.kv_lengths
         plan.query_form, plan.kv_form, plan.region = lowering.query_form, lowering.kv_form, tuple(lowering.region)
+        if lowering.mask:
+            plan.mask, plan.mask_kind = lowering.mask, _mask_kind(types, lowering.mask)
         return plan
     if nonpad:
         raise TrtattnError(f"Attention {node.name} reads nonpad_kv_seqlen without a form record saying how its "
                            "causal mask aligns (ONNX's is_causal is bottom-right, TensorRT's parser reads upper-left)")
-    if a.get("is_causal", 0):  # Q and K have one length here (fuse writes is_causal only then): upper-left
+    if any(a.get(w, -1) >= 0 for w in ("left_window_size", "right_window_size")):
+        raise TrtattnError(f"Attention {node.name} has a sliding window, which IAttention has not; the padded form "
+                           "writes it as a mask")
+    if a.get("is_causal", 0):  # without a cache or lengths ONNX's causal offset is 0: upper-left
         if mask:
             raise TrtattnError(f"Attention {node.name} has a mask and is_causal: IAttention takes one or the other")
         plan.causal = "upper_left"
     if mask:
-        elem = types.get(mask, (None, None))[0]
-        plan.mask, plan.mask_kind = mask, "boolean" if elem == onnx.TensorProto.BOOL else "additive"
+        plan.mask, plan.mask_kind = mask, _mask_kind(types, mask)
     return plan
+
+
+def _mask_kind(types, mask: str) -> str:
+    return "boolean" if types.get(mask, (None, None))[0] == onnx.TensorProto.BOOL else "additive"
 
 
 def describe_io(types: dict, name: str) -> dict:
