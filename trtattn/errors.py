@@ -9,6 +9,15 @@ class ModelLoadError(TrtattnError):
     """The file is missing, empty, truncated, not ONNX, or its external data is missing."""
 
 
+class SitesRefused(TrtattnError):
+    """Attention sites that cannot become what was asked (an IAttention, a fused op), each with why: the
+    commands list them and exit 1, as `fuse` does for a site it cannot fuse."""
+
+    def __init__(self, message: str, sites: list[tuple[str, str]]):
+        super().__init__(message)
+        self.sites = sites  # (site, why)
+
+
 class VerificationError(TrtattnError):
     """The rewritten model does not match the original on ONNX Runtime."""
 

@@ -192,6 +192,7 @@ class AttentionSite:
     source: str = "pattern"  # "pattern" | "onnx:Attention" | "com.microsoft:MultiHeadAttention" ...
     softmax: str | None = None  # node name of the Softmax (pattern sites)
     dtype: str = "float32"
+    products_dtype: str | None = None  # fp16/bf16 when the original's products compute in it (Casts around them)
     notes: tuple[str, ...] = ()
     layout: SiteLayout | None = None  # pattern sites: the fused op's operands by axis meaning
     softcap: float | None = None  # logit soft-cap (Attention's softcap; IAttention has none)

@@ -39,7 +39,31 @@ class DroppedCacheWritesWarning(UserWarning):
 def run(network, feeds: dict, *, return_all: bool = False) -> dict[str, np.ndarray]:
     """Evaluate a recorded network. Returns the network outputs by name (every computed tensor when
     return_all). Feeds must match the network inputs' names, dtypes and static dimensions."""
-    real = network._sim.real
+    return run_ranks([network], [feeds], return_all=return_all)[0]
+
+
+def run_ranks(networks: list, feeds: list[dict], *, return_all: bool = False) -> list[dict[str, np.ndarray]]:
+    """Evaluate the networks of one rank set (rank r is networks[r]) in lockstep: every layer on every
+    rank, and each IDistCollectiveLayer over the ranks' inputs together (NCCL's semantics: ALL_REDUCE
+    the elementwise reduction, the same on every rank; ALL_GATHER the ranks' tensors stacked along the
+    first axis in rank order). One network is a set of one rank."""
+    values = [_fed(net, f) for net, f in zip(networks, feeds)]
+    plans = [plan(net) for net in networks]
+    if len({tuple((st.kind, tuple(outs)) for st, outs in p[0]) for p in plans}) > 1:
+        raise ExecutionError("the ranks' networks differ in their layers: not one rank set")
+    for k, (first, outputs) in enumerate(plans[0][0]):
+        if first.kind == "IDistCollectiveLayer":
+            states = [p[0][k][0] for p in plans]
+            result = _dist_collective(states, [v[id(st.inputs[0])] for st, v in zip(states, values)])
+            for st, v in zip(states, values):
+                v[id(st.outputs[0])] = _check_value(st.outputs[0], result, f"output of IDistCollectiveLayer '{st.name}'")
+            continue
+        for p, v in zip(plans, values):
+            _step(p[0][k][0], outputs, v, p[0][k][0].net._sim.real)
+    return [_outputs(net, v, p[1], return_all) for net, v, p in zip(networks, values, plans)]
+
+
+def _fed(network, feeds: dict) -> dict[int, np.ndarray]:
     values: dict[int, np.ndarray] = {}
     names = {t._name for t in network._inputs}
     unknown = sorted(set(feeds) - names)
@@ -49,20 +73,23 @@ def run(network, feeds: dict, *, return_all: bool = False) -> dict[str, np.ndarr
         if t._name not in feeds:
             raise ExecutionError(f"network input '{t._name}' is not fed")
         values[id(t)] = _check_value(t, np.asarray(feeds[t._name]), "input")
+    return values
 
-    steps, unresolved = plan(network)
-    for st, outputs in steps:
-        if st.kind == "ONNX":
-            results = _run_onnx(st, outputs, values)
-        else:
-            impl = LAYERS.get(st.kind)
-            if impl is None:
-                raise NotEmulatedError(f"execute: trtsim does not implement {st.kind} ('{st.name}')")
-            inputs = [values[id(t)] if t is not None else None for t in st.inputs]
-            results = dict(enumerate(impl(st, inputs, real)))
-        for j in outputs:
-            values[id(st.outputs[j])] = _check_value(st.outputs[j], results[j], f"output of {st.kind} '{st.name}'")
 
+def _step(st, outputs: list[int], values: dict, real) -> None:
+    if st.kind == "ONNX":
+        results = _run_onnx(st, outputs, values)
+    else:
+        impl = LAYERS.get(st.kind)
+        if impl is None:
+            raise NotEmulatedError(f"execute: trtsim does not implement {st.kind} ('{st.name}')")
+        inputs = [values[id(t)] if t is not None else None for t in st.inputs]
+        results = dict(enumerate(impl(st, inputs, real)))
+    for j in outputs:
+        values[id(st.outputs[j])] = _check_value(st.outputs[j], results[j], f"output of {st.kind} '{st.name}'")
+
+
+def _outputs(network, values: dict, unresolved, return_all: bool) -> dict[str, np.ndarray]:
     missing = [t._name for t in network._outputs if id(t) not in values]
     if missing:
         waiting = [f"{st.name} outputs {[st.outputs[j]._name for j in outs]}" for st, outs in unresolved]
@@ -71,6 +98,32 @@ def run(network, feeds: dict, *, return_all: bool = False) -> dict[str, np.ndarr
     if return_all:
         tensors = list(network._inputs) + [out for st in network._layers for out in st.outputs]
     return {t._name: values[id(t)] for t in tensors if id(t) in values}
+
+
+def _dist_collective(states: list, inputs: list[np.ndarray]) -> np.ndarray:
+    """IDistCollectiveLayer over the ranks (states[r] is rank r's layer): each layer's num_ranks must be
+    the ranks present."""
+    st = states[0]
+    op = st.props["dist_collective_op"].name
+    for s in states:  # ALL_GATHER's shape needs num_ranks; ALL_REDUCE may leave it at its default
+        ranks = int(s.props.get("num_ranks", 1))
+        if ranks != len(states) and not (op == "ALL_REDUCE" and ranks == 1):
+            raise ExecutionError(f"IDistCollectiveLayer '{s.name}': num_ranks {ranks} for {len(states)} ranks")
+    if op == "ALL_REDUCE":
+        reduce = st.props["reduce_op"].name
+        wide = [x.astype(np.float64) if x.dtype.kind == "f" else x for x in inputs]
+        combine = {"SUM": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum}.get(reduce)
+        if combine is None and reduce != "AVG":
+            raise NotEmulatedError(f"ALL_REDUCE with {reduce}")
+        total = wide[0]
+        for x in wide[1:]:
+            total = (combine or np.add)(total, x)
+        if reduce == "AVG":
+            total = total / len(inputs)
+        return np.asarray(total).astype(inputs[0].dtype)
+    if op == "ALL_GATHER":
+        return np.concatenate(inputs, axis=0)
+    raise NotEmulatedError(f"execute: the {op} collective")
 
 
 def _check_value(tensor, value: np.ndarray, what: str) -> np.ndarray:
@@ -459,4 +512,4 @@ LAYERS = {
     "IRotaryEmbeddingLayer": _rotary_embedding,
 }
 
-__all__ = ["run", "ExecutionError", "FullyMaskedRowsWarning", "DroppedCacheWritesWarning", "rotate"]
+__all__ = ["run", "run_ranks", "ExecutionError", "FullyMaskedRowsWarning", "DroppedCacheWritesWarning", "rotate"]

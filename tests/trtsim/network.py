@@ -254,6 +254,13 @@ class RecNetwork(Recorded):
         handle._st.outputs[0]._aliases = cache  # in place: the output shares the cache's memory
         return handle
 
+    def _m_add_dist_collective(self, input, dist_collective_op, reduce_op, root, groups):
+        """NvInfer.h addDistCollective: one input; `num_ranks` (an ILayer property, default 1) gives
+        ALL_GATHER / REDUCE_SCATTER their output shape."""
+        props = {"dist_collective_op": dist_collective_op, "reduce_op": reduce_op, "root": root,
+                 "groups": None if groups is None else [int(g) for g in groups], "num_ranks": 1}
+        return self._layer_handle("IDistCollectiveLayer", [input], props)
+
     def _m_add_rotary_embedding(self, input, cos_cache, sin_cache, interleaved, rotary_embedding_dim):
         if int(rotary_embedding_dim) < 0 or int(rotary_embedding_dim) % 2:
             raise NetworkError("add_rotary_embedding: rotary_embedding_dim must be non-negative and even, "

@@ -305,6 +305,21 @@ def _kv_cache_update(layer, inputs, trt, where):
     return [(cache._shape, cache._dtype)]
 
 
+def _dist_collective(layer, inputs, trt, where):
+    """ALL_REDUCE keeps the shape; ALL_GATHER stacks the ranks along the first axis (num_ranks times it)."""
+    x = inputs[0]
+    op = layer.props["dist_collective_op"].name
+    ranks = int(layer.props.get("num_ranks", 1))
+    if op == "ALL_REDUCE":
+        return [(x._shape, x._dtype)]
+    if op == "ALL_GATHER":
+        if x._shape is None or not len(x._shape):
+            raise ShapeError(f"{where}: ALL_GATHER needs a tensor of rank >= 1")
+        first = x._shape[0]
+        return [((first * ranks if isinstance(first, int) and first >= 0 else -1,) + tuple(x._shape[1:]), x._dtype)]
+    raise ShapeError(f"{where}: trtsim does not emulate the {op} collective")
+
+
 RULES = {
     "IConstantLayer": _constant,
     "IIdentityLayer": _same,
@@ -325,4 +340,5 @@ RULES = {
     "IAttentionOutputLayer": _same,
     "IRotaryEmbeddingLayer": _same,
     "IKVCacheUpdateLayer": _kv_cache_update,
+    "IDistCollectiveLayer": _dist_collective,
 }

@@ -220,7 +220,25 @@ def _check_unary(st) -> list[str]:
     return []
 
 
+def _check_dist_collective(st) -> list[str]:
+    """NvInfer.h, addDistCollective: reduce_op applies to ALL_REDUCE, REDUCE and REDUCE_SCATTER only."""
+    op, reduce_op = st.props["dist_collective_op"].name, st.props["reduce_op"]
+    reduce_name = getattr(reduce_op, "name", None)
+    problems = []
+    if op in ("ALL_REDUCE", "REDUCE", "REDUCE_SCATTER") and reduce_name in (None, "NONE"):
+        problems.append(f"{op} needs a reduce operation, got {reduce_op}")
+    if op not in ("ALL_REDUCE", "REDUCE", "REDUCE_SCATTER") and reduce_name not in (None, "NONE"):
+        problems.append(f"{op} takes no reduce operation, got {reduce_name}")
+    groups, ranks = st.props["groups"], int(st.props.get("num_ranks", 1))
+    if op in ("ALL_GATHER", "REDUCE_SCATTER") and ranks < 2:
+        problems.append(f"{op} with num_ranks {ranks}: its output shape needs the number of ranks")
+    if groups is not None and ranks > 1 and len(groups) != ranks:
+        problems.append(f"groups {groups} do not name num_ranks = {ranks} ranks")
+    return problems
+
+
 LAYER_CHECKS = {
+    "IDistCollectiveLayer": _check_dist_collective,
     "IKVCacheUpdateLayer": _check_kv_cache_update,
     "IRotaryEmbeddingLayer": _check_rotary,
     "IElementWiseLayer": _check_elementwise,

@@ -28,6 +28,11 @@ def add_parser(sub) -> None:
 
 
 def run(args, progress) -> int:
+    from .rank_set import refuse
+
+    refused = refuse(args.model)  # a rank set on too few GPUs: one line before any work
+    if refused is not None:
+        return refused
     from ..runtime import bench, bench_callable, markdown_table
 
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, SitesRefused
 from ..graph import io as onnxio
 from .common import (
     add_inputs_opt,
@@ -30,9 +30,9 @@ def add_parser(sub) -> None:
                                  "(never modified)")
     b.add_argument("--name", help="engine name (default: the model file's stem)")
     b.add_argument("--out-dir", default="engines", help="where NAME.engine and NAME.json go (default engines/)")
-    b.add_argument("--form", default="padded", choices=["padded", "packed", "kv-cache"],
-                   help="padded BHND (default); packed tokens with cumulative lengths; packed query over a "
-                        "preallocated KV cache")
+    b.add_argument("--form", choices=["padded", "packed", "kv-cache"],
+                   help="padded BHND; packed tokens with cumulative lengths; a preallocated KV cache (default: "
+                        "kv-cache when an Attention op takes past_key/past_value inputs, else padded)")
     b.add_argument("--precision", default="fp16", choices=list(PRECISIONS),
                    help="the whole model's precision (default fp16: ModelOpt AutoCast keeps what is numerically "
                         "sensitive in fp32); fp32 attention has no fused kernel")
@@ -60,6 +60,8 @@ def add_parser(sub) -> None:
     b.add_argument("--mark-sites", action="store_true",
                    help="also output every attention's result, for per-site errors in trtattn verify")
     b.add_argument("--dims", type=dims_text, help="symbolic dim values for verification, e.g. batch=2,seq=16")
+    b.add_argument("--tp", type=positive, default=1,
+                   help="tensor parallel over N ranks (GPUs): one form and engine per rank, NAME.tp.json for the set")
     add_memory_opt(b)
     add_report_html(b)
     add_inputs_opt(b, folder=" With an export folder: a folder of one file per part, ROLE.npz or ROLE.json "
@@ -67,6 +69,10 @@ def add_parser(sub) -> None:
 
 
 def run(args, progress) -> int:
+    if args.tp > 1:
+        from .build_tp import run_tp
+
+        return run_tp(args, progress)
     if Path(args.model).is_dir():  # an export folder: one engine per part and pipeline.json
         return _run_folder(args, progress)
     from ..routes.builder import build
@@ -79,16 +85,21 @@ def run(args, progress) -> int:
     name = args.name or Path(args.model).stem
     shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
     limits = Limits(max_batch=args.max_batch, max_positions=args.max_positions, max_cache=args.max_cache)
-    prepared = prepare(model, name=name, form=args.form, precision=args.precision, io_dtype=args.io_dtype, calib=args.calib,
-                       dims=parse_dims(args.dims),
-                       decomposable=args.decomposable, shapes=shapes, limits=limits, progress=progress,
-                       source=str(args.model), mark_sites=args.mark_sites, inputs=given_inputs(args, model))
+    try:
+        prepared = prepare(model, name=name, form=args.form, precision=args.precision, io_dtype=args.io_dtype,
+                           calib=args.calib, dims=parse_dims(args.dims), decomposable=args.decomposable, shapes=shapes,
+                           limits=limits, progress=progress, source=str(args.model), mark_sites=args.mark_sites,
+                           inputs=given_inputs(args, model))
+    except SitesRefused as e:
+        from .fuse_trt import refused
+
+        return refused(e, f"{args.out_dir}/{name}.engine")
     print(describe(prepared.plan))
     if args.report_html:
         from ..pictures import build_entry, write_html
 
         with progress.step(f"drawing {args.report_html}"):
-            write_html(args.report_html, [build_entry(f"{name} ({args.form}, {args.precision})", prepared)],
+            write_html(args.report_html, [build_entry(f"{name} ({prepared.plan.form}, {args.precision})", prepared)],
                        protect=(args.model,))
         print(f"wrote {args.report_html}")
     if args.plan_json:
@@ -96,9 +107,9 @@ def run(args, progress) -> int:
         print(f"wrote {args.plan_json}")
     if args.save_onnx:
         out = Path(args.save_onnx)
-        onnxio.save(prepared.form_model, out / f"{name}.{args.form}.onnx", protect=(args.model,))
-        onnxio.save(prepared.cut.model, out / f"{name}.{args.form}.cut.onnx", protect=(args.model,))
-        print(f"wrote {out / f'{name}.{args.form}.onnx'} (verified on ONNX Runtime) and the cut model")
+        onnxio.save(prepared.form_model, out / f"{name}.{prepared.plan.form}.onnx", protect=(args.model,))
+        onnxio.save(prepared.cut.model, out / f"{name}.{prepared.plan.form}.cut.onnx", protect=(args.model,))
+        print(f"wrote {out / f'{name}.{prepared.plan.form}.onnx'} (verified on ONNX Runtime) and the cut model")
     try:
         trt = compat.import_tensorrt()
     except MissingDependencyError as e:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import TrtattnError
+from ..errors import SitesRefused, TrtattnError
 from ..graph import io as onnxio
 from ..report import table, write_json
 from ..version import __version__
@@ -25,7 +25,8 @@ def add_options(p) -> None:
                    help="onnx (default): the standard ONNX Attention op; trt: TensorRT's own TRT_Attention / "
                         "TRT_KVCacheUpdate ops in the form `trtattn build` lowers, for trtexec --onnx (writes OUT.json)")
     p.add_argument("--form", choices=["padded", "packed", "kv-cache"],
-                   help="with --ops trt: padded BHND (default), packed tokens with cu_seqlens, or a preallocated KV cache")
+                   help="with --ops trt: padded BHND, packed tokens with cu_seqlens, or a preallocated KV cache (default: "
+                        "kv-cache when an Attention op takes past_key/past_value inputs, else padded)")
     p.add_argument("--precision", choices=["fp16", "bf16", "fp32", "fp8", "int8"],
                    help="with --ops trt: what the attention computes in, as `trtattn build` (default fp16)")
     p.add_argument("--calib", help="with --ops trt --precision fp8/int8: calibration data, an .npz of arrays keyed by "
@@ -45,15 +46,27 @@ def sidecar_path(output) -> Path:
     return Path(output).with_suffix(".json")
 
 
+def refused(e: SitesRefused, output) -> int:
+    """Sites that cannot be what was asked, each with why (a limit of IAttention, not bad input): exit 1."""
+    print(table([{"site": site, "why": why} for site, why in e.sites], [("site", "site"), ("why", "why not")]))
+    print(f"{len(e.sites)} attention site(s) cannot be TensorRT's attention ops: "
+          + "; ".join(f"{site}: {why}" for site, why in e.sites))
+    print(f"not written: {output}")
+    return 1
+
+
 def run(args, progress) -> int:
     from ..routes.trt_ops import fuse_trt
 
     check_output(args.model, args.output, args.force)
     check_output(args.model, sidecar_path(args.output), args.force)
     model = load_model(args.model, progress, with_weights=True)
-    result = fuse_trt(model, name=Path(args.output).stem, form=args.form or "padded", precision=args.precision or "fp16",
-                      calib=args.calib, dims=parse_dims(args.dims), progress=progress, source=str(args.model),
-                      inputs=given_inputs(args, model))
+    try:
+        result = fuse_trt(model, name=Path(args.output).stem, form=args.form, precision=args.precision or "fp16",
+                          calib=args.calib, dims=parse_dims(args.dims), progress=progress, source=str(args.model),
+                          inputs=given_inputs(args, model))
+    except SitesRefused as e:
+        return refused(e, args.output)
     rows = result.rows()
     print(table(rows, COLUMNS))
     plan = result.prepared.plan

@@ -34,6 +34,11 @@ def add_parser(sub) -> None:
 
 
 def run(args, progress) -> int:
+    from .rank_set import refuse
+
+    refused = refuse(args.model)  # a rank set on too few GPUs: one line before any work
+    if refused is not None:
+        return refused
     if Path(args.model).is_dir():  # an export folder (or a folder of engines): the whole pipeline
         from . import pipeline
 

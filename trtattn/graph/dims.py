@@ -52,26 +52,31 @@ class Fit(dict):
     """Dims (name -> value) the model runs on, with why they are what they are (`reasons`, one
     sentence each); passing a Fit back to fit_dims returns it as it is."""
 
-    def __init__(self, dims: dict, reasons: list[str] | None = None, skipped: list[str] | None = None,
+    def __init__(self, dims: dict, reasons: list[str] | None = None, skipped: list[str] | None = None, runs: int = 0,
                  one_key: dict[str, tuple] | None = None):
         super().__init__(dims)
         self.reasons = list(reasons or [])
         self.skipped = list(skipped or [])  # candidate dims not tried because their run would pass the memory budget
+        self.runs = runs  # runs of the model it took to find them
         # Softmax node -> its (query, key) lengths, for the attention softmaxes left at a length of 1 at these dims
         self.one_key = dict(one_key or {})
 
 
 def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = True,
-             failure: BaseException | None = None, progress=None) -> Fit:
+             failure: BaseException | None = None, progress=None, given=None) -> Fit:
     """Dims the original `model` runs on: `dims` (the user's) completed by the defaults when the
     model runs on them, else the first candidate that does. Raises DimsDoNotFit.
 
     `check=False` trusts the defaults without a run (a flow that runs the original anyway can then
-    call again with `failure=`, the error that run gave, to search from there)."""
+    call again with `failure=`, the error that run gave, to search from there). `given` (the user's
+    inputs, graph.user_inputs.GivenInputs) fixes every dim its arrays cover: nothing is searched, and
+    the model must run on them."""
     if isinstance(dims, Fit) and failure is None:
         return dims
     user = dict(dims or {})
     specs = input_specs(model)
+    if given is not None:
+        return _done(_given_fit(model, specs, user, given), progress)
     classes = dim_classes(specs)
     guess = resolve_dims(model, user, specs=specs)
     notes = _unified(classes, guess)
@@ -91,10 +96,11 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
     with _trial(model, specs) as run:
         first, short = (_problem(failure), {}) if failure is not None else run(guess)
         if first is None:
-            return _done(_attended(run, model, Fit(guess, notes), short, lambda: longer(user, guess), progress), progress)
+            fit = Fit(guess, notes, runs=1)
+            return _done(_attended(run, model, fit, short, lambda: longer(user, guess), progress), progress)
         hints = _hints(model)
         tried, skipped, limit = 1, [], memory.budget()
-        candidates = list(_candidates(variables, guess, classes, hints))
+        candidates = list(_candidates(variables, guess, classes, hints, _broadcast_batch(specs)))
         found = None
         with contextlib.closing(iter(progress.count(candidates, "searching dims the model runs on", unit="dims")
                                      if progress is not None else (c for c in candidates))) as counted:  # the bar ends here
@@ -118,7 +124,7 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
             shown = ", ".join(f"{k}={v}" for k, v in change.items())
             was = ", ".join(f"{k}={guess.get(k, DEFAULT_DIM)}" for k in change)
             fit = Fit(candidate, notes + [f"{shown} (the model does not run at {was}: {first})"]
-                      + _skipped_note(skipped, limit), skipped)
+                      + _skipped_note(skipped, limit), skipped, tried)
             return _done(_attended(run, model, fit, short, lambda: longer({**user, **change}, candidate), progress),
                          progress)
     names = list(dict.fromkeys([*user, *variables]))
@@ -129,6 +135,23 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
                        f"{first}; give sizes it runs on with --dims {','.join(f'{n}=N' for n in names)}")
 
 
+def _given_fit(model: onnx.ModelProto, specs, user: dict, given) -> Fit:
+    """The dims of the user's inputs (theirs over --dims where both name one), checked by one run of the
+    original on their first set."""
+    covered = given.dims(model)
+    fit = Fit(resolve_dims(model, {**user, **covered}, specs=specs),
+              [f"{_show(covered, covered)} from the inputs given (--inputs {given.path})"] if covered else [], runs=1)
+    differ = {k: v for k, v in user.items() if k in covered and covered[k] != v}
+    if differ:
+        fit.reasons.append(f"--dims {_show(differ, differ)} set aside: the inputs given have "
+                           f"{_show(covered, differ)}")
+    with _trial(model, specs) as run:
+        failed, fit.one_key = run(fit, feeds=given.sets[0])  # the user's lengths: said, not changed
+    if failed is not None:
+        raise DimsDoNotFit(f"the model does not run on the inputs given (--inputs {given.path}): {failed}")
+    return fit
+
+
 def _attended(run, model: onnx.ModelProto, fit: Fit, short: dict, longer, progress) -> Fit:
     """`fit` (dims the model runs on), or, where an attention's softmax has one key or one query there, the first
     of the longer lengths `longer()` gives ((change, dims) pairs) at which the model runs and none has: over one
@@ -136,7 +159,7 @@ def _attended(run, model: onnx.ModelProto, fit: Fit, short: dict, longer, progre
     there proves nothing of the attention. Where none fits, `fit` names the softmaxes left so (`one_key`)."""
     if not short:
         return fit
-    limit, changes = memory.budget(), longer()
+    limit, changes, tried = memory.budget(), longer(), 0
     counted = progress.count(changes, "searching lengths where every attention has more than one key", unit="dims") \
         if progress is not None and changes else (c for c in changes)
     with contextlib.closing(iter(counted)) as each:  # the bar ends here
@@ -144,11 +167,13 @@ def _attended(run, model: onnx.ModelProto, fit: Fit, short: dict, longer, progre
             if _empty_output(model, candidate) or memory.activation_bytes(model, candidate) > limit:
                 continue
             problem, left = run(candidate)
+            tried += 1
             if problem is None and not left:
                 was = ", ".join(f"{k}={fit[k]}" for k in change)
-                return Fit(candidate, fit.reasons + [f"{_show(change, change)} (at {was} {_one_key(short)})"], fit.skipped)
+                return Fit(candidate, fit.reasons + [f"{_show(change, change)} (at {was} {_one_key(short)})"], fit.skipped,
+                           fit.runs + tried)
     return Fit(fit, fit.reasons + [f"{_one_key(short)} at every length tried: verified at a length of 1 only"],
-               fit.skipped, short)
+               fit.skipped, fit.runs + tried, short)
 
 
 def _one_key(short: dict) -> str:
@@ -208,9 +233,20 @@ def _variables(specs, classes: dict[str, str], user: dict) -> dict[str, bool]:
     return dict(sorted(((n, b) for n, b in found.items() if n not in fixed), key=lambda item: item[1]))
 
 
-def _candidates(variables: dict[str, bool], guess: dict, classes: dict[str, str], hints: list[int]):
-    """Changes to try, cheapest first: one dim at a time, then every length together, then the
-    members of each unified dim apart."""
+def _broadcast_batch(specs) -> bool:
+    """Whether a per-token input (rank 2 or more) is fixed at 1 on the batch axis that another input leaves
+    free (position_ids [1, S] broadcast over the batch): ops that take it per row (RotaryEmbedding) then
+    run at batch 1 only. (A one-element flag [1] says nothing about the batch.)"""
+    return any(len(spec.shape) >= 2 and spec.shape[0] == 1 for spec in specs) and \
+        any(spec.shape and isinstance(spec.shape[0], str) for spec in specs)
+
+
+def _candidates(variables: dict[str, bool], guess: dict, classes: dict[str, str], hints: list[int],
+                broadcast: bool = False):
+    """Changes to try, cheapest first: the batch at 1 when an input broadcasts over it, then one dim at
+    a time, then every length together, then the members of each unified dim apart."""
+    if broadcast and any(variables.values()):
+        yield {name: 1 for name, batch in variables.items() if batch}
     for name, batch in variables.items():
         for value in _values(guess.get(name, DEFAULT_DIM), hints, batch):
             yield {name: value}
@@ -282,7 +318,7 @@ def _problem(error: BaseException) -> str:
 @contextlib.contextmanager
 def _trial(model: onnx.ModelProto, specs):
     """One ONNX Runtime session on the original, as `run(dims)`: it runs the model on the verification's first
-    feeds at those dims and returns what went wrong (None: it runs, and no output is empty) and the attention
+    feeds at those dims (or on `feeds`) and returns what went wrong (None: it runs, and no output is empty) and the attention
     softmaxes (_attention_softmaxes) whose query or key length is 1 there (name -> (query, key))."""
     import onnxruntime as ort
 
@@ -304,9 +340,9 @@ def _trial(model: onnx.ModelProto, specs):
     finally:
         del model.graph.node[nodes:], model.graph.output[added:]
 
-    def run(dims: dict) -> tuple[str | None, dict[str, tuple]]:
+    def run(dims: dict, feeds: dict | None = None) -> tuple[str | None, dict[str, tuple]]:
         try:
-            values = session.run(None, make_feeds(model, dims=dims, specs=specs))
+            values = session.run(None, feeds if feeds is not None else make_feeds(model, dims=dims, specs=specs))
         except Exception as e:
             return _problem(e), {}
         empty = [name for name, v in zip(outputs, values) if np.size(v) == 0]

@@ -44,6 +44,9 @@ def role_domain(spec: InputSpec) -> str:
         return "padding mask" + (f" (True at the {spec.role['true_at']})" if spec.role.get("true_at") else "")
     if kind == "float" and spec.dtype.kind in "iu":
         return "{0, 1}"
+    if kind == "length":  # linked to the dims (roles.LINKED_LENGTHS)
+        add = int(spec.role.get("add", 0))
+        return " + ".join(map(str, spec.role.get("of", ()))) + (f" {'+' if add > 0 else '-'} {abs(add)}" if add else "")
     return {"float": "normal", "cache": "normal", "position_ids": "positions after the cache"}.get(kind, kind)
 
 

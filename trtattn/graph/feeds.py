@@ -49,6 +49,9 @@ def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding:
         return np.full(shape, dim_value("past", dims), dtype=dt)
     if kind == "cu_seqlens":  # rows of the sequence length, end to end
         return (np.arange(shape[0]) * dim_value("seq", dims)).astype(dt)
+    if kind == "length":  # a length linked to the dims (roles.LINKED_LENGTHS): the sum of them, plus "add"
+        total = sum(d if isinstance(d, int) else dim_value(d, dims) for d in spec.role.get("of", ()))
+        return np.full(shape, total + int(spec.role.get("add", 0)), dtype=dt)
     if kind == "position_ids":  # positions continue after the cache ("offset": the past length dim)
         seq = shape[-1] if shape else 1
         offset = dim_value(spec.role["offset"], dims) if spec.role.get("offset") else 0

@@ -4,7 +4,9 @@ way they point, positions, caches, flags, plain floats.
 The roles come from the model's `trtattn.inputs` metadata (written by the zoo) or, for other models,
 from its name, dtype and how the graph uses it: an integer input that indexes an embedding table is
 token ids (the table's rows are the vocabulary); a mask is True at the padding when the graph fills
-the logits where it is True (masked_fill), at the tokens when it keeps them.
+the logits where it is True (masked_fill), at the tokens when it keeps them. Integer inputs that an
+op reads as lengths are linked to the dims of the others (LINKED_LENGTHS): GroupQueryAttention's
+total_sequence_length is the past plus the new tokens, its seqlens_k one less, whatever dims are run.
 Each input's shape is read as ints and dim names; dims written -1, '?' or '' are named after their
 place (`input_ids[1]`), for graph/dim_names.py to unify.
 """
@@ -168,8 +170,42 @@ class GraphUses:
         return any(n.op_type == "If" and i == 0 for n, i in self.consumers.get(name, ()))
 
 
-def _guess_role(uses: GraphUses, name: str, dtype: np.dtype, shape: list) -> dict:
+# Integer inputs an op reads as a length: (domain, op) -> {input index: what the length adds to past + new}.
+# ONNX Runtime's GroupQueryAttention: total_sequence_length = past + new; seqlens_k = total - 1 per row.
+LINKED_LENGTHS = {("com.microsoft", "GroupQueryAttention"): {5: -1, 6: 0}}
+_LENGTH_PASS = ("Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Expand")
+
+
+def _linked_length(uses: GraphUses, name: str, shapes: dict[str, list]) -> dict | None:
+    """The role of an integer input an op reads as a length (LINKED_LENGTHS), through casts and reshapes:
+    {"kind": "length", "of": [dims summed], "add": k}. The past is the op's past key (BNSH: axis 2) when
+    that is an input, else none; the new tokens its query's axis 1 when that is an input, else the
+    sequence of the token ids (a 2-D input that indexes an embedding table; "seq" when there is none)."""
+    frontier, seen = [name], set()
+    while frontier:
+        t = frontier.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for n, i in uses.consumers.get(t, ()):
+            linked = LINKED_LENGTHS.get((n.domain or "", n.op_type), {})
+            if i in linked:
+                query, past = n.input[0], (n.input[3] if len(n.input) > 3 else "")
+                new = shapes[query][1] if len(shapes.get(query, ())) > 1 else next(
+                    (shape[1] for other, shape in shapes.items() if len(shape) == 2 and uses.vocab(other)), "seq")
+                of = [new] + ([shapes[past][2]] if len(shapes.get(past, ())) > 2 else [])
+                return {"kind": "length", "of": of, "add": linked[i]}
+            if n.op_type in _LENGTH_PASS and i == 0:
+                frontier.extend(n.output)
+    return None
+
+
+def _guess_role(uses: GraphUses, name: str, dtype: np.dtype, shape: list, shapes: dict[str, list]) -> dict:
     low = name.lower()
+    if dtype.kind in "iu":
+        linked = _linked_length(uses, name, shapes)
+        if linked is not None:
+            return linked
     if name == "cache_write_index":  # trtattn's kv-cache form
         return {"kind": "write_index"}
     if name == "cu_seqlens":  # trtattn's packed form
@@ -207,18 +243,17 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     meta = _metadata(model).get("inputs", {})
     inits = {i.name for i in model.graph.initializer}
     uses = None
+    inputs = [vi for vi in model.graph.input if vi.name not in inits]
+    shapes = {vi.name: [dim_name(d, vi.name, axis) for axis, d in enumerate(vi.type.tensor_type.shape.dim)]
+              for vi in inputs}
     specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        shape = [dim_name(d, vi.name, axis) for axis, d in enumerate(tt.shape.dim)]
+    for vi in inputs:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
         role = meta.get(vi.name)
         if role is None:
             uses = uses or GraphUses(model.graph)
-            role = _guess_role(uses, vi.name, dtype, shape)
-        specs.append(InputSpec(vi.name, dtype, shape, role))
+            role = _guess_role(uses, vi.name, dtype, shapes[vi.name], shapes)
+        specs.append(InputSpec(vi.name, dtype, shapes[vi.name], role))
     return specs
 
 

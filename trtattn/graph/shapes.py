@@ -93,17 +93,25 @@ def _unnamed_dims(inferred: onnx.ModelProto) -> bool:
 
 def known_shapes(model: onnx.ModelProto) -> dict[str, list]:
     """name -> shape, keeping for each tensor the most static shape any inference found."""
+    return known_shapes_and_types(model)[0]
+
+
+def known_shapes_and_types(model: onnx.ModelProto) -> tuple[dict[str, list], dict[str, int]]:
+    """name -> shape as known_shapes, and name -> ONNX element type, from one run of the inferences."""
     shapes: dict[str, list] = {}
+    types: dict[str, int] = {}
     for inferred in infer(model):
         g = inferred.graph
         for vi in list(g.value_info) + list(g.input) + list(g.output):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                types.setdefault(vi.name, vi.type.tensor_type.elem_type)
             shape = dims_of(vi)
             if shape is None:
                 continue
             known = shapes.get(vi.name)
             if known is None or sum(isinstance(d, int) for d in shape) > sum(isinstance(d, int) for d in known):
                 shapes[vi.name] = shape
-    return shapes
+    return shapes, types
 
 
 def tensor_types(model: onnx.ModelProto) -> dict[str, tuple[int, list | None]]:

@@ -116,3 +116,14 @@ class GivenInputs:
 
     def used(self) -> InputsUsed:
         return InputsUsed("file", self.path, len(self.sets))
+
+    def dims(self, model: onnx.ModelProto) -> dict[str, int]:
+        """The model's dim names -> their sizes in the first input set: the dims these inputs fix (a name
+        written as an expression of others, "past+seq", fixes nothing of its own)."""
+        covered: dict[str, int] = {}
+        for spec in input_specs(model):
+            value = np.asarray(self.sets[0][spec.name])
+            for axis, d in enumerate(spec.shape):
+                if isinstance(d, str) and (d.isidentifier() or d.endswith("]")):
+                    covered.setdefault(d, int(value.shape[axis]))
+        return covered

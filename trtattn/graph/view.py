@@ -18,7 +18,8 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from . import external
-from .shapes import DEFAULT_OPSET, known_shapes
+from .dependence import value_operands
+from .shapes import DEFAULT_OPSET, known_shapes_and_types
 
 # Ops that never change values on the attention paths (dropout is inactive at inference).
 PASSTHROUGH = {"Identity", "Dropout"}
@@ -123,7 +124,7 @@ class GraphView:
         self.opset = int(graph.opset) if graph.opset else DEFAULT_OPSET
         self._folded: dict[str, gs.Tensor] = {}
         self.shape_only: set[str] = set()  # outputs of the graph's shape arithmetic (constants and shapes alone)
-        self._shapes: dict[str, list] = known_shapes(model) if model is not None else {}
+        self._shapes, self._types = known_shapes_and_types(model) if model is not None else ({}, {})
         if fold:
             self._fold()
         self.tensors = graph.tensors()
@@ -155,9 +156,11 @@ class GraphView:
             if t.name in values:
                 t.to_constant(np.asarray(values[t.name].values))
         folded.inputs = [t for t in folded.inputs if isinstance(t, gs.Variable)]
+        _casts_to_known_types(folded, self.dtype)
         for name, t in folded.tensors().items():
-            if isinstance(t, gs.Variable) and name in self._shapes:
-                t.shape = self.shape(t)
+            if isinstance(t, gs.Variable) and name in self._shapes:  # unk__N: named by one inference, not shared
+                t.shape = [None if isinstance(d, str) and d.startswith("unk__") else d for d in self.shape(t) or []]
+        _static_shapes_as_constants(folded)
         level = gs.logger.G_LOGGER.severity
         gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
         try:
@@ -253,7 +256,15 @@ class GraphView:
         return d if isinstance(d, int) and d > 0 else None
 
     def dtype(self, t: gs.Tensor):
-        return t.dtype  # a Constant's dtype comes from its proto: the values are not loaded
+        """The element type (numpy): the graph's own (a Constant's from its proto: the values are not loaded), the
+        inferred one, or what the Cast that makes it says; None when none is known."""
+        if t.dtype is not None:
+            return t.dtype
+        if t.name in self._types:
+            return onnx.helper.tensor_dtype_to_np_dtype(self._types[t.name])
+        if t.inputs and t.inputs[0].op == "Cast" and "to" in t.inputs[0].attrs:
+            return onnx.helper.tensor_dtype_to_np_dtype(int(t.inputs[0].attrs["to"]))
+        return None
 
 
 def _constant_node(node: gs.Node) -> bool:
@@ -261,19 +272,46 @@ def _constant_node(node: gs.Node) -> bool:
 
 
 def _constant_cone(graph: gs.Graph) -> list[gs.Node]:
-    """The nodes whose outputs follow from constants and tensor shapes alone, in graph order: Shape and Size
-    of anything, and nodes all of whose inputs are such outputs or constants (not weights left on disk)."""
+    """The nodes whose outputs follow from constants and tensor shapes and types alone, in graph order: nodes all
+    of whose inputs read for their values are such outputs or constants (not weights left on disk)."""
     known: set[int] = set()
     cone = []
     for node in graph.nodes:
         if any(isinstance(a, gs.Graph) for a in node.attrs.values()):
             continue
-        if node.op in ("Shape", "Size") or all(
-                not t.name or id(t) in known
-                or (isinstance(t, gs.Constant) and t.data_location != onnx.TensorProto.EXTERNAL) for t in node.inputs):
+        if all(not t.name or id(t) in known
+               or (isinstance(t, gs.Constant) and t.data_location != onnx.TensorProto.EXTERNAL)
+               for t in value_operands(node)):  # Shape of anything; CastLike of a constant to any tensor's type
             cone.append(node)
             known.update(id(t) for t in node.outputs)
     return cone
+
+
+def _static_shapes_as_constants(graph: gs.Graph) -> None:
+    """Shape of a tensor whose shape is static, as a constant (in the folded copy only): onnx-graphsurgeon's
+    shape folding ignores Shape's start and end (opset 15), which would give Shape(q, start=-2, end=-1) the
+    whole shape."""
+    for n in list(graph.nodes):
+        shape = n.inputs[0].shape if n.op == "Shape" and n.inputs else None
+        if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+            continue
+        start, end = n.attrs.get("start", 0), n.attrs.get("end")
+        values = np.array(list(shape)[start:end], dtype=np.int64)  # python's slice clamps as ONNX's Shape does
+        out = n.outputs[0]
+        n.outputs.clear()
+        out.to_constant(values)
+        graph.nodes.remove(n)
+
+
+def _casts_to_known_types(graph: gs.Graph, dtype_of) -> None:
+    """CastLike(x, t) as Cast(x, to=t's type) where t's type is known, so that it folds without t's values
+    (in the folded copy only)."""
+    for n in graph.nodes:
+        like = n.inputs[1] if n.op == "CastLike" and len(n.inputs) == 2 else None
+        dtype = dtype_of(like) if like is not None and not isinstance(like, gs.Constant) else None
+        if dtype is not None:
+            n.op, n.attrs = "Cast", {"to": onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))}
+            n.inputs = n.inputs[:1]
 
 
 def _static(shape: list) -> int:

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
+from ..graph.dependence import value_operands
 from .errors import Unsupported
 from .layout_ops import rank_of
 
 PRODUCTS = {"MatMul", "Einsum"}
 # other ops that contract an operand with weights (a linear layer): the nearest such op computes the logits
 LINEAR = {"Gemm", "MatMulInteger", "QLinearMatMul", "FusedMatMul", "Conv"}
-SHAPE_ONLY = {"Shape", "Size"}  # their outputs carry no values of their inputs
 
 
 @dataclass
@@ -118,8 +118,8 @@ class Activations:
                 continue
             stack.append((x, True))
             n = x.inputs[0] if isinstance(x, gs.Variable) and x.inputs else None
-            if n is not None and n.op not in SHAPE_ONLY:
-                stack.extend((i, False) for i in n.inputs if i.name and i.name not in memo)
+            if n is not None:
+                stack.extend((i, False) for i in value_operands(n) if i.name and i.name not in memo)
         return memo[t.name]
 
     def _value(self, x: gs.Tensor) -> bool:
@@ -130,11 +130,11 @@ class Activations:
         n = x.inputs[0] if x.inputs else None
         if n is None:
             return x.name not in self.constants  # from outside this graph: a value unless known weights
-        if n.op in SHAPE_ONLY or n.op == "Constant":
+        if n.op == "Constant":
             return False
         if n.op in ("Loop", "If", "Scan"):
             return True  # what a subgraph computes is not followed: assume it reads values
-        return any(self._memo.get(i.name, False) for i in n.inputs if i.name)
+        return any(self._memo.get(i.name, False) for i in value_operands(n) if i.name)
 
 
 _ACTIVATIONS: weakref.WeakKeyDictionary[object, Activations] | None = None  # view -> Activations, weakly keyed

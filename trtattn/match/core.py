@@ -6,8 +6,11 @@ Flatten -> Softmax -> Reshape of an opset-12 export, Swin's 5-D view), float Cas
 to a MatMul or Einsum of two activations, or of an activation and weights (a learned query) when the
 softmax normalises over the activation's positions (_over_input). Downstream, the probabilities may pass through
 layout ops, Cast, Identity, Dropout, Q/DQ, torch's NaN guard (Where(IsNaN(p), 0, p)) and a mask re-applied to them
-(P * mask, masked_fill by Where: logit_ops/probs_mask.py, one more mask step) to a product with V.
-Shape nodes may read any tensor on the way (the rewrite recomputes what they read).
+(P * mask, masked_fill by Where: logit_ops/probs_mask.py, one more mask step) to a product with V. The ONNX Attention
+op's own guard, the rows where the logits' bias is -inf everywhere set to 0, is what the fused op does with that
+bias as its mask: no step (logit_ops.masked_rows, _own_masked_rows).
+Shape nodes may read any tensor on the way (the rewrite recomputes what they read), and so may any read of only
+a tensor's shape or type (graph/dependence.py: CastLike's target type is no use of the values).
 
 The frames (axes.py) check that this is attention: the Softmax normalises over the key positions,
 the second product contracts exactly them and keeps the query positions, and both products share
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
+from ..graph.dependence import meta_readers, value_readers
 from ..graph.measure import shape_or_measured
 from ..graph.view import PASSTHROUGH, GraphView
 from ..site import MaskStep, QuantParams
@@ -47,7 +51,7 @@ class Core:
     v_frame: Frame  # of BMM2's V operand
     out_frame: Frame  # of BMM2's output
     scores_frame: Frame  # of the Softmax input
-    shape_reads: list[tuple[str, Frame]] = field(default_factory=list)  # Shape outputs of chain tensors
+    shape_reads: list[tuple[str, Frame]] = field(default_factory=list)  # shape or type reads of chain tensors
     logits_cast: int | None = None  # a float Cast on the logits (softmax computed in another precision)
     logits_quant: QuantParams | None = None  # a Q/DQ pair on the logits
     probs_quant: QuantParams | None = None  # a Q/DQ pair on the probabilities
@@ -68,7 +72,7 @@ class Core:
 
 def find_core(view: GraphView, sm: gs.Node) -> Core:
     try:
-        down, bmm2_node, probs_shapes, probs_masks = _follow_probabilities(view, sm)
+        down, bmm2_node, probs_shapes, probs_masks, masked_rows = _follow_probabilities(view, sm)
     except (NotAttention, Unsupported):
         _by_sizes(view, sm)  # a router's probabilities feed TopK: say why it is not attention at all
         raise
@@ -120,8 +124,9 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
         if node.op == "DequantizeLinear":
             probs_quant = probs_quant or quant_params(view, node)
         elif id(node) in probs_masks:  # a mask re-applied to the probabilities: one more mask step
-            if probs_masks[id(node)] is not None:  # None: the renormalisation after it (frame unchanged)
-                steps.append(_with_frame(view, probs_masks[id(node)], frame, atoms))
+            step = probs_masks[id(node)]  # None: the renormalisation after it (frame unchanged)
+            if step is not None and not _own_masked_rows(view, masked_rows.get(id(node)), steps, atoms, key):
+                steps.append(_with_frame(view, step, frame, atoms))
         elif node.op == "Slice" and not layout_ops.is_layout(view, node):
             _check_sink_slice(view, node, steps, len(frame))  # the sink's column dropped: the frame stays
         elif not _is_nan_guard_node(view, node):
@@ -296,14 +301,17 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
     passed: list[gs.Node] = []
     shapes: dict[str, list[gs.Node]] = {}
     masks: dict[int, MaskStep | None] = {}  # id(node) -> its step, for nodes re-applying a mask (logit_ops/probs_mask)
+    rows: dict[int, gs.Tensor] = {}  # id(node) -> the bias B, for those zeroing the rows where B is all -inf
     for _ in range(16):
-        if t.name in view.outputs:
-            raise Unsupported(f"the probabilities {t.name} are a graph output (the model returns its attention "
-                              "weights): a fused attention cannot return them")
-        consumers = view.consumers(t)
-        shapes[t.name] = [c for c in consumers if c.op == "Shape"]
+        returned = _returned(view, t)
+        if returned is not None:
+            raise Unsupported(f"the probabilities {t.name} are a graph output{returned} (the model returns its attention "
+                              "weights, as the ONNX Attention op's qk_matmul_output_mode=3 does): TensorRT's IAttention "
+                              "cannot return them, so the site stays as written")
+        consumers = value_readers(t)
+        shapes[t.name] = meta_readers(t)
         guards = [c for c in consumers if c.op == "IsNaN"]
-        main = [c for c in consumers if c.op not in ("IsNaN", "Shape")]
+        main = [c for c in consumers if c.op != "IsNaN"]
         if len(main) != 1:
             ops = ", ".join(sorted({c.op for c in main})) or "nothing"
             raise NotAttention(f"the probabilities feed {len(main)} nodes ({ops})")
@@ -318,6 +326,9 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
         again = None if _is_nan_guard(view, c, t) else logit_ops.read_probabilities(view, c, t)
         if again is not None:
             masks[id(c)] = again
+            found = logit_ops.masked_rows(view, c, t)
+            if found is not None:
+                rows[id(c)] = found[0]
             passed.append(c)
             renormalised = None
             if all(id(n) in masks for n in passed):  # no layout op passed: the softmax axis is where it was
@@ -336,9 +347,41 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
             t = c.outputs[0]
             continue
         if c.op in contraction.PRODUCTS and len(c.inputs) == 2:
-            return passed, c, shapes, masks
+            return passed, c, shapes, masks, rows
         raise NotAttention(f"the probabilities feed {c.op} {c.name}, not a product with V")
     raise NotAttention("the probabilities pass through too many nodes")
+
+
+def _returned(view: GraphView, t: gs.Tensor) -> str | None:
+    """'' when `t` is a graph output, " (as 'name')" when it reaches one through Identity / no-op Casts; else None."""
+    if t.name in view.outputs:
+        return ""
+    for c in value_readers(t):
+        x = c
+        while x.op in PASSTHROUGH or view.is_noop_cast(x):
+            out = x.outputs[0]
+            if out.name in view.outputs:
+                return f" (as '{out.name}')"
+            readers = value_readers(out)
+            if len(readers) != 1:
+                break
+            x = readers[0]
+    return None
+
+
+def _own_masked_rows(view: GraphView, bias: gs.Tensor | None, steps: list[MaskStep], atoms: Atoms, key: str) -> bool:
+    """Whether zeroing the rows where `bias` is -inf at every key (logit_ops.masked_rows) is what the fused op
+    does itself: `bias` is added to the logits (so it is part of the op's mask) with its last axis over the
+    keys, and an op's row masked everywhere gives 0. Otherwise the node stays one more mask step."""
+    if bias is None:
+        return False
+    own = view.skip_passthrough_up(bias)
+    for s in steps:
+        operand = view.tensors.get(s.operand) if s.operand is not None else None
+        if s.op == "add" and operand is not None and view.skip_passthrough_up(operand) is own and s.frame \
+                and key in atoms.resolve(s.frame[-1:])[0]:
+            return True
+    return False
 
 
 def _check_sink_slice(view: GraphView, node: gs.Node, steps: list[MaskStep], rank: int) -> None:
@@ -367,7 +410,7 @@ def _walk_logits(view: GraphView, sm: gs.Node):
     path: list[tuple[gs.Node, MaskStep | None]] = []
     shapes: dict[str, list[gs.Node]] = {}
     for _ in range(32):
-        shapes[t.name] = [c for c in view.consumers(t) if c.op == "Shape"]
+        shapes[t.name] = meta_readers(t)
         n = view.producer(t)
         if n is None:
             raise NotAttention(f"the Softmax input {t.name} does not come from a product")

@@ -246,6 +246,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         source="pattern",
         softmax=sm.name,
         dtype=str(view.dtype(q.tensor) or view.dtype(core.q_operand) or "float32"),
+        products_dtype=_products_dtype(view, core),
         key_perm=key_perm,
         key_transposed=key.adjacent.name if key is not None and key.adjacent is not None else None,
         key_transposed_scale=key.inner_scale if key is not None else 1.0,
@@ -327,3 +328,10 @@ def _dims(atoms: Atoms, rename: dict, tensors: list) -> tuple:
 
 
 __all__ = ["match", "atoms_of"]
+
+
+def _products_dtype(view: GraphView, core: Core) -> str | None:
+    """The narrow float type (fp16, bf16) the original's products read, Q.K^T or P.V: what its attention is
+    rounded to, whatever the tensors the fused op reads are in (Casts around the MatMuls)."""
+    types = {str(view.dtype(t)) for t in (*core.bmm1.operands, *core.bmm2.operands) if view.dtype(t) is not None}
+    return next((t for t in ("float16", "bfloat16") if t in types), None)

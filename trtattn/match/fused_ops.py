@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
-from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, ScalePlacement, SiteKind
+from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, Rope, RopeKind, ScalePlacement, SiteKind
 from .cache import CacheRole, find_cache, projection_source
 from .errors import Unsupported
 from .heads import heads_and_size, strip_repeat
@@ -73,8 +73,10 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         steps.append(MaskStep("where", operand=mask.name, value=float("-inf"), node=n.name) if is_bool
                      else MaskStep("add", operand=mask.name, node=n.name))
     softcap = float(n.attrs.get("softcap", 0.0) or 0.0)
-    if n.attrs.get("qk_matmul_output_mode", 0) and len(n.outputs) > 3 and n.outputs[3].name:
-        raise Unsupported(f"Attention {n.name} also outputs its QK matmul (qk_matmul_output_mode)")
+    if len(n.outputs) > 3 and n.outputs[3].name:  # whatever the mode (0: the scaled Q K^T)
+        raise Unsupported(f"Attention {n.name or n.outputs[0].name} also outputs its QK matmul "
+                          f"(qk_matmul_output, mode {n.attrs.get('qk_matmul_output_mode', 0)}): IAttention outputs "
+                          "only Y")
     if (past_k is None) != (past_v is None):  # the spec gives both or neither
         raise Unsupported(f"Attention {n.name} has only one of past_key and past_value")
     if past_k is not None and past_v is not None:
@@ -117,21 +119,45 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
     if n.op in ("Attention", "QAttention"):  # input is the hidden state; the op projects Q, K, V itself
         sizes = n.attrs.get("qkv_hidden_sizes")
         hidden = sizes[0] if sizes else (view.dim(n.inputs[1], 1) or 0) // 3 or None
+    if n.op == "GroupQueryAttention" and _opt(n, 1) is None and hidden and heads:  # Q, K, V packed in one input
+        hidden = hidden * heads // (heads + 2 * kv_heads)
     head = hidden // heads if hidden and heads else None
     scale = n.attrs.get("scale") or (1.0 / math.sqrt(head) if head else 1.0)
+    past = {"Attention": (4, 4), "MultiHeadAttention": (6, 7), "GroupQueryAttention": (3, 4)}.get(n.op)
+    past_k, past_v = (_opt(n, past[0]), _opt(n, past[1])) if past else (None, None)
     causal = CausalKind.NONE
-    if n.op == "GroupQueryAttention":
-        causal = CausalKind.LOWER_RIGHT
+    if n.op == "GroupQueryAttention" or (n.attrs.get("unidirectional", 0) and past_k is not None):
+        causal = CausalKind.LOWER_RIGHT  # the past keys, then the new ones up to the query's own
     elif n.attrs.get("unidirectional", 0):
         causal = CausalKind.UPPER_LEFT
     mask_at = {"Attention": (3, 5), "QAttention": (5,), "MultiHeadAttention": (4, 5)}.get(n.op, ())
     masked = any(_opt(n, i) is not None for i in mask_at)
     return AttentionSite(
-        name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "QAttention", "GroupQueryAttention") else SiteKind.CROSS,
+        name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "QAttention", "GroupQueryAttention") or past_k is not None
+        else SiteKind.CROSS,
         query=q.name, key=(_opt(n, 1) or q).name, value=(_opt(n, 2) or q).name, output=n.outputs[0].name,
         q_heads=heads, kv_heads=kv_heads, head_size=head, v_head_size=head, scale=float(scale),
         scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=masked,
         mask=MaskKind.ADDITIVE if masked else MaskKind.NONE,
-        cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" else CacheKind.NONE,
-        source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",),
+        softcap=float(n.attrs.get("softcap", 0.0)) or None,
+        window=int(n.attrs.get("local_window_size", -1)) if int(n.attrs.get("local_window_size", -1)) > 0 else None,
+        rope=_inner_rope(view, n, head),
+        cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else
+        CacheKind.CROSS_STATIC if n.op == "MultiHeadAttention" and view.rank(_opt(n, 1) or q) == 4 else CacheKind.NONE,
+        past_key=past_k.name if past_k is not None else None, past_value=past_v.name if past_v is not None else None,
+        source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",) + (
+            ("present = Concat(past, new): ONNX Runtime's when each row's past fills past_key",)
+            if n.op == "GroupQueryAttention" and past_k is not None else ()),
     )
+
+
+def _inner_rope(view: GraphView, n: gs.Node, head: int | None) -> Rope | None:
+    """GroupQueryAttention's rotary inside the op (do_rotary, its cos/sin tables at inputs 7 and 8)."""
+    cos, sin = _opt(n, 7), _opt(n, 8)
+    if n.op != "GroupQueryAttention" or not n.attrs.get("do_rotary", 0) or cos is None or sin is None:
+        return None
+    half = view.dim(cos, -1)
+    interleaved = bool(n.attrs.get("rotary_interleaved", 0))
+    return Rope(RopeKind.INTERLEAVED if interleaved else RopeKind.HALF_SPLIT, 2 * half if half else (head or 0),
+                cos.name, sin.name, n.inputs[0].name, (_opt(n, 1) or n.inputs[0]).name,
+                position_ids=getattr(_opt(n, 9), "name", None), interleaved=interleaved)

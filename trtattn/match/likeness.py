@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from ..graph.dependence import value_operands, value_readers
 from .contraction import LINEAR, PRODUCTS, activations, attention_product, input_product
 from .normalised import over_weights
 
@@ -43,9 +44,9 @@ def _from_product(view, logits: gs.Tensor, sm: gs.Node | None) -> bool:
             if input_product(view, n) and (sm is None or not over_weights(view, sm, n)):
                 return True  # a learned query: the softmax runs over the input's positions
             continue
-        if n.op in LINEAR or n.op in ("Softmax", "Shape", "Size"):
+        if n.op in LINEAR or n.op == "Softmax":
             continue  # a linear layer's outputs are the weights' axis: a classifier head, a router
-        frontier.extend((i, hops + 1) for i in n.inputs if isinstance(i, gs.Variable))
+        frontier.extend((i, hops + 1) for i in value_operands(n) if isinstance(i, gs.Variable))
     return False
 
 
@@ -56,8 +57,8 @@ def _to_product(view, t: gs.Tensor) -> bool:
         x, hops = frontier.pop()
         if hops > DOWN_HOPS:
             continue
-        for c in view.consumers(x):
-            if id(c) in seen or c.op in ("Shape", "Size"):
+        for c in value_readers(x):
+            if id(c) in seen:
                 continue
             seen.add(id(c))
             if c.op in PRODUCTS and len(c.inputs) == 2:

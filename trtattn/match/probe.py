@@ -209,4 +209,11 @@ def _apply_meaning(site: AttentionSite, meaning) -> AttentionSite:
     if meaning is None:
         return site
     causal = site.causal if site.causal != CausalKind.NONE else meaning.causal
-    return site.replace(causal=causal, window=meaning.window, padding=meaning.padding)
+    site = site.replace(causal=causal, window=meaning.window, padding=meaning.padding)
+    if meaning.pattern == "none" and not meaning.padding and not meaning.bias \
+            and not any(s.op == "sink" for s in site.mask_steps):
+        # a mask of shapes alone that every probe saw all zero masks nothing (the ONNX Attention body's
+        # ConstantOfShape bias when the op has no mask): the site has none
+        site = site.replace(mask=MaskKind.NONE,
+                            mask_steps=tuple(s for s in site.mask_steps if not logit_ops.unit(s).masks))
+    return site

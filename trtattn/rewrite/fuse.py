@@ -29,6 +29,7 @@ from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
 from ..verify import REWRITE_TOLERANCES, OutcomeSummary, compare_models, tolerance_for
 from ..version import __version__
+from .group_query import convert_group_query
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
 
@@ -113,7 +114,8 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     """Replace one site by an ONNX Attention node (returned). Raises on anything it cannot express."""
     if site.source.startswith("com.microsoft"):
         node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
-        return convert_microsoft(graph, node, f"trtattn/{site.name}")
+        convert_contrib = convert_group_query if node.op == "GroupQueryAttention" else convert_microsoft
+        return convert_contrib(graph, node, f"trtattn/{site.name}")
     if site.source == "onnx:Attention":
         return _retarget_attention(graph, tensors, site)
     lay = site.layout
@@ -209,6 +211,7 @@ def _shape_read(emit: Emitter, dims: Dims, out: gs.Tensor, frame) -> gs.Tensor |
 def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
     """An existing ONNX Attention: feed it K and V without the GQA head repeat."""
     node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
+    node.name = node.name or f"trtattn/Attention/{site.output}"  # the forms' records and plans go by node name
     node.inputs[1] = tensors[site.key]
     node.inputs[2] = tensors[site.value]
     return node
@@ -231,7 +234,7 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
 
         return fuse_branches(model, fuse_model, verify=verify, dims=dims, seed=seed, atol=atol, rtol=rtol,
                              progress=progress)
-    fit = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py)
+    fit = fit_dims(model, dims, progress=progress, given=inputs)  # dims the original runs on (graph/dims.py)
     result = _fuse_fitted(model, fit, verify=verify, seed=seed, atol=atol, rtol=rtol, given=given, progress=progress,
                           inputs=inputs)
     result.dims = fit_record(fit)
@@ -287,7 +290,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
             return FuseResult(fused, reports, result.ignored, {"passed": None}, bool(active))
         if not active:
             return FuseResult(model, reports, result.ignored, {"passed": True, "note": "no site fused"}, False)
-        site_atol, site_rtol = _precision_tolerance([r.site for r in active], atol, rtol, given)
+        site_atol, site_rtol, why = _precision_tolerance([r.site for r in active], atol, rtol, given)
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
             try:
                 outcome = compare_models(model, fused, [r.site for r in active if not r.site.graph], dims=dims,
@@ -314,23 +317,39 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
         if not bad and not outcome.passed:  # each site within its bound, an output not: keep the original
             for r in active:
                 r.status, r.reason = NOT_FUSED, _output_reason(outcome)
-            return FuseResult(model, reports, result.ignored, outcome.summary(), False)
+            return FuseResult(model, reports, result.ignored, _summary(outcome, why), False)
         if not bad:
-            return FuseResult(fused, reports, result.ignored, outcome.summary(), True)
+            return FuseResult(fused, reports, result.ignored, _summary(outcome, why), True)
         for r in bad:  # leave the failing sites as they were and verify the others again
             r.status, r.reason = NOT_FUSED, _verify_reason(r)
 
 
-def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, bool]) -> tuple[float, float]:
-    """The tolerance to verify at: the model's (or the user's), loosened to that of the lowest precision a
-    fused site computes in (an fp32 model whose products autocast or a converter put in fp16 computes its
-    attention in fp16, and so does the fused op, with the casts outside it)."""
+def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, bool]) -> tuple[float, float, str]:
+    """The tolerance to verify at, and why when it is not the model's: the model's (or the user's), loosened
+    to that of the lowest precision a fused site computes in. An fp32 model whose products autocast or a
+    converter put in fp16 computes its attention in fp16: the fused op too when it reads the fp16 tensors
+    (the casts outside it), and when it reads the fp32 ones the original's products still round to fp16."""
     names = {"float16": "fp16", "bfloat16": "bf16"}
-    loosest = [REWRITE_TOLERANCES[names[s.dtype]] for s in sites if s.dtype in names]
-    if not loosest:
-        return atol, rtol
-    return (atol if given[0] else max(atol, *(a for a, _ in loosest)),
-            rtol if given[1] else max(rtol, *(r for _, r in loosest)))
+    low = {names[t]: s for s in sites for t in (s.dtype, s.products_dtype) if t in names}
+    if not low:
+        return atol, rtol, ""
+    loosest = max(low, key=lambda p: REWRITE_TOLERANCES[p][0])
+    new_atol, new_rtol = REWRITE_TOLERANCES[loosest]
+    out_atol = atol if given[0] else max(atol, new_atol)
+    out_rtol = rtol if given[1] else max(rtol, new_rtol)
+    if (out_atol, out_rtol) == (atol, rtol):
+        return atol, rtol, ""
+    site = low[loosest]
+    return out_atol, out_rtol, (f"the {loosest} tolerance: site {site.name} computes its "
+                                f"{'products' if site.products_dtype and site.dtype not in names else 'attention'} "
+                                f"in {site.products_dtype or site.dtype}")
+
+
+def _summary(outcome, why: str) -> OutcomeSummary:
+    summary = outcome.summary()
+    if why:
+        summary["tolerance_why"] = why
+    return summary
 
 
 def _site_error(r: SiteReport, outcome) -> float | None:

@@ -28,6 +28,10 @@ class Dims:
         self.recipes = {tuple(g): r for g, r in recipes}
         self.built: dict[tuple, gs.Tensor] = {}
 
+    def unit(self, atom: str) -> bool:
+        """Whether the atom has size 1 in every run (a static 1): a tensor lacking it lacks nothing."""
+        return tuple(self.recipes.get((atom,), ())) == ("static", 1)
+
     def of(self, group) -> gs.Tensor:
         group = tuple(group)
         if group not in self.built:
@@ -118,7 +122,7 @@ def _convert(emit: Emitter, t: gs.Tensor, src, dst, dims: Dims, broadcast: bool)
         t = emit("Transpose", [t], {"perm": perm}, dtype=dtype, name="permute")
     cur = order
     missing = [a for a in want if a not in cur]
-    if missing and not broadcast:
+    if [a for a in missing if not dims.unit(a)] and not broadcast:  # of size 1 always: where its axis goes, 1
         raise ValueError(f"a tensor of axes {src} lacks {missing} to be laid out as {dst}")
     if cur == want and all(len(g) == 1 for g in dst):
         return t

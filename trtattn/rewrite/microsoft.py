@@ -5,14 +5,19 @@ com.microsoft Attention: one projection [D, Dq + Dk + Dv] (+ bias) of the hidden
     reshaped into heads; mask_index as per-row lengths [B] (right padding) or a raw [B, T] mask;
     an optional attention_bias; unidirectional = causal. Masked logits get mask_filter_value
     (default -10000) added, exactly as the contrib kernel does.
-com.microsoft MultiHeadAttention: Q/K/V [B, S, D] (+ a packed bias), key_padding_mask [B, T],
-    attention_bias, unidirectional.
+com.microsoft MultiHeadAttention: Q/K/V [B, S, D] (+ a packed bias), or K/V already in heads [B, N, T, H]
+    (a cross-attention's cache, computed once), key_padding_mask [B, T], attention_bias, unidirectional.
 com.microsoft QAttention (ONNX Runtime's quantize_dynamic over an optimized Attention): the same
     attention after an int8/uint8 projection, written as the integer product ONNX Runtime computes
     (MatMulInteger, int32 accumulation, times input_scale * weight_scale), so that the quantized layers
     after it see the same values.
-Past/present caches, packed QKV formats, rotary inside the op and GroupQueryAttention are not
-converted: the site is reported with the reason instead.
+With a cache (Attention's past [2, B, N, P, H] and present; MultiHeadAttention's past_key/past_value
+[B, N, P, H] and present_key/present_value) the standard op takes the past and returns the present
+(Concat(past, new) on the sequence axis, which is what both contrib kernels write), masks and
+lengths span past + new keys, and unidirectional is causal from the bottom right (query i sees the
+past and new keys up to i). GroupQueryAttention: rewrite/group_query.py. A cache in a shared buffer
+(past_present_share_buffer, past_sequence_length), packed QKV formats and rotary inside the op are
+not converted: the site is reported with the reason instead.
 """
 
 from __future__ import annotations
@@ -28,17 +33,17 @@ from ..graph.emit import Emitter
 DEFAULT_FILTER = -10000.0
 
 
-def _opt(n: gs.Node, i: int):
+def optional_input(n: gs.Node, i: int):
     return n.inputs[i] if len(n.inputs) > i and n.inputs[i].name else None
 
 
-def _heads(emit: Emitter, t, heads: int, head: int, dtype):
+def split_heads(emit: Emitter, t, heads: int, head: int, dtype):
     """[B, S, N*H] -> [B, N, S, H]"""
     r = emit("Reshape", [t, emit.const([0, 0, heads, head], np.int64)], dtype=dtype)
     return emit("Transpose", [r], {"perm": [0, 2, 1, 3]}, dtype=dtype)
 
 
-def _merge(emit: Emitter, y, dtype):
+def merge_heads(emit: Emitter, y, dtype):
     """[B, N, S, H] -> [B, S, N*H]"""
     t = emit("Transpose", [y], {"perm": [0, 2, 1, 3]}, dtype=dtype)
     return emit("Reshape", [t, emit.const([0, 0, -1], np.int64)], dtype=dtype)
@@ -57,11 +62,11 @@ def _mask_rank(mask) -> int | None:
     return len(mask.shape) if mask.shape is not None else None
 
 
-def _key_padding(emit: Emitter, mask, k4, filter_value: float, dtype):
-    """mask_index / key_padding_mask -> additive [B, 1, 1, T] (0 where attended, filter where not)."""
+def _key_padding(emit: Emitter, mask, total, filter_value: float, dtype):
+    """mask_index / key_padding_mask -> additive [B, 1, 1, T] (0 where attended, filter where not); `total`:
+    the number of keys T (past + new), a 0-D int64 tensor."""
     rank = _mask_rank(mask)
     if rank == 1:  # per-row lengths: key j attended iff j < length[b]
-        total = emit("Gather", [emit("Shape", [k4], dtype=np.int64), emit.const(2, np.int64)], {"axis": 0}, dtype=np.int64)
         j = emit("Range", [emit.const(0, np.int64), total, emit.const(1, np.int64)], dtype=np.int64)
         lengths = emit("Cast", [mask], {"to": 7}, dtype=np.int64)
         keep = emit("Less", [emit("Unsqueeze", [j, emit.const([0], np.int64)], dtype=np.int64),
@@ -76,17 +81,31 @@ def _key_padding(emit: Emitter, mask, k4, filter_value: float, dtype):
     return emit("Where", [keep, emit.const(0.0, dtype), emit.const(filter_value, dtype)], dtype=dtype, name="key_padding")
 
 
-def _causal(emit: Emitter, q4, k4, filter_value: float, dtype):
-    """unidirectional: key j attended iff j <= i (+ past length, none here)."""
-    def length(t):
-        return emit("Gather", [emit("Shape", [t], dtype=np.int64), emit.const(2, np.int64)], {"axis": 0}, dtype=np.int64)
-
+def causal_keep(emit: Emitter, queries, total, past):
+    """[Sq, T] booleans: key j attended by query i iff j <= past + i (bottom-right aligned: the past keys
+    and the new ones up to the query's own); 0-D int64 lengths."""
     zero, one = emit.const(0, np.int64), emit.const(1, np.int64)
-    i = emit("Range", [zero, length(q4), one], dtype=np.int64)
-    j = emit("Range", [zero, length(k4), one], dtype=np.int64)
-    keep = emit("LessOrEqual", [emit("Unsqueeze", [j, emit.const([0], np.int64)], dtype=np.int64),
+    i = emit("Add", [emit("Range", [zero, queries, one], dtype=np.int64), past], dtype=np.int64)
+    j = emit("Range", [zero, total, one], dtype=np.int64)
+    return emit("LessOrEqual", [emit("Unsqueeze", [j, emit.const([0], np.int64)], dtype=np.int64),
                                 emit("Unsqueeze", [i, emit.const([1], np.int64)], dtype=np.int64)], dtype=np.bool_)
+
+
+def _causal(emit: Emitter, queries, total, past, filter_value: float, dtype):
+    """unidirectional, as the contrib kernels apply it: key j attended iff j <= i + past length."""
+    keep = causal_keep(emit, queries, total, past)
     return emit("Where", [keep, emit.const(0.0, dtype), emit.const(filter_value, dtype)], dtype=dtype, name="causal")
+
+
+def _refuse_shared_buffer(node: gs.Node, past_length_input: int) -> None:
+    if node.attrs.get("past_present_share_buffer", 0) or optional_input(node, past_length_input) is not None:
+        raise TrtattnError(f"com.microsoft:{node.op} {node.name} keeps its cache in a shared buffer "
+                           "(past_present_share_buffer / past_sequence_length): not converted")
+
+
+def is_read(graph: gs.Graph, t) -> bool:
+    """Whether an output is read: by a node, or as a graph output."""
+    return t is not None and bool(t.name) and (bool(t.outputs) or any(o is t for o in graph.outputs))
 
 
 def _quantized_projection(emit: Emitter, node: gs.Node):
@@ -95,11 +114,11 @@ def _quantized_projection(emit: Emitter, node: gs.Node):
     input_scale * weight_scale (per tensor or per column), plus the bias. Returns (qkv, width, bias dtype,
     mask_index). QAttention's inputs: input, weight, bias, input_scale, weight_scale, mask_index,
     input_zero_point, weight_zero_point, past."""
-    if _opt(node, 8) is not None:
+    if optional_input(node, 8) is not None:
         raise TrtattnError(f"com.microsoft:QAttention {node.name} has a past input: not converted")
-    x, weight, bias = node.inputs[0], node.inputs[1], _opt(node, 2)
-    x_scale, w_scale, mask = node.inputs[3], node.inputs[4], _opt(node, 5)
-    x_zero, w_zero = _opt(node, 6), _opt(node, 7)
+    x, weight, bias = node.inputs[0], node.inputs[1], optional_input(node, 2)
+    x_scale, w_scale, mask = node.inputs[3], node.inputs[4], optional_input(node, 5)
+    x_zero, w_zero = optional_input(node, 6), optional_input(node, 7)
     dtype = np.dtype(np.float32) if bias is None or bias.dtype is None else np.dtype(bias.dtype)
     inputs = [x, weight, x_zero or gs.Variable.empty(), w_zero or gs.Variable.empty()]
     while not inputs[-1].name:  # trailing optional inputs left out
@@ -120,11 +139,10 @@ def _onnx_type(dtype) -> int:
 
 
 def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
-    """Replace a com.microsoft Attention / MultiHeadAttention node; returns the new Attention node."""
+    """Replace a com.microsoft Attention / MultiHeadAttention / QAttention node; returns the new Attention node.
+    (GroupQueryAttention: group_query.convert_group_query.)"""
     if node.op not in ("Attention", "MultiHeadAttention", "QAttention"):
         raise TrtattnError(f"converting com.microsoft:{node.op} to the standard Attention op is not supported")
-    if len(node.outputs) > 1 and any(o.name and o.outputs for o in node.outputs[1:]):
-        raise TrtattnError(f"com.microsoft:{node.op} {node.name} returns a present cache: not converted")
     if node.attrs.get("do_rotary", 0):
         raise TrtattnError(f"com.microsoft:{node.op} {node.name} applies rotary embedding inside: not converted")
     emit = Emitter(graph, prefix)
@@ -132,15 +150,22 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     filter_value = float(node.attrs.get("mask_filter_value", DEFAULT_FILTER))
     x = node.inputs[0]
     dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+    past_k = past_v = None
     if node.op in ("Attention", "QAttention"):
         if node.op == "QAttention":
             qkv, width, dtype, mask = _quantized_projection(emit, node)
             attention_bias = None
         else:
-            weight, bias, mask = node.inputs[1], _opt(node, 2), _opt(node, 3)
-            if _opt(node, 4) is not None:
-                raise TrtattnError(f"com.microsoft:Attention {node.name} has a past input: not converted")
-            attention_bias = _opt(node, 5)
+            weight, bias, mask = node.inputs[1], optional_input(node, 2), optional_input(node, 3)
+            past = optional_input(node, 4)
+            if past is not None:  # [2, B, N, P, H]: the past key and value stacked
+                _refuse_shared_buffer(node, 6)
+                past_k, past_v = (emit("Gather", [past, emit.const(i, np.int64)], {"axis": 0}, dtype=dtype)
+                                  for i in (0, 1))
+            elif is_read(graph, node.outputs[1] if len(node.outputs) > 1 else None):
+                raise TrtattnError(f"com.microsoft:Attention {node.name} returns a present cache without a past "
+                                   "input: not converted")
+            attention_bias = optional_input(node, 5)
             width = weight.shape[1] if weight.shape else None
             qkv = emit("MatMul", [x, weight], dtype=dtype)
             if bias is not None:
@@ -155,15 +180,26 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         head_q, head_v = sizes[0] // heads, sizes[2] // heads
     else:
         q, k, v = node.inputs[:3]
-        if len(k.shape or []) == 4:
-            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} takes K/V in BNSH (a cache): not converted")
-        bias, mask, attention_bias = _opt(node, 3), _opt(node, 4), _opt(node, 5)
-        if _opt(node, 6) is not None:
-            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} has a past input: not converted")
+        bias, mask, attention_bias = optional_input(node, 3), optional_input(node, 4), optional_input(node, 5)
+        bnsh = len(k.shape or []) == 4  # K/V already in heads: a cross-attention's cache, computed once
+        if bnsh and (bias is not None or optional_input(node, 6) is not None):
+            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} takes K/V in BNSH with a bias or a past: "
+                               "not converted")
+        past_k, past_v = optional_input(node, 6), optional_input(node, 7)
+        if (past_k is None) != (past_v is None):
+            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} has only one of past_key and past_value")
+        if past_k is not None:
+            _refuse_shared_buffer(node, 8)
+        elif any(is_read(graph, o) for o in node.outputs[1:3]):
+            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} returns a present cache without a "
+                               "past input: not converted")
         width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
         if width is None:
             raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name}: the hidden size is unknown")
-        if bias is not None:  # one [Dq + Dk + Dv] bias for the three projections
+        if bnsh:
+            v_width = v.shape[1] * v.shape[3] if v.shape and all(isinstance(d, int) for d in (v.shape[1], v.shape[3])) \
+                else width
+        elif bias is not None:  # one [Dq + Dk + Dv] bias for the three projections
             parts = [gs.Variable(f"{prefix}/bias_{p}", dtype=dtype) for p in "qkv"]
             v_width = (bias.shape[0] - 2 * width) if bias.shape else width
             graph.nodes.append(gs.Node("Split", f"{prefix}/split_bias", {"axis": 0},
@@ -172,27 +208,50 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         else:
             v_width = width
         head_q, head_v = width // heads, v_width // heads
-    q4, k4 = _heads(emit, q, heads, head_q, dtype), _heads(emit, k, heads, head_q, dtype)
-    v4 = _heads(emit, v, heads, head_v, dtype)
+    extra = node.outputs[3:] if node.op == "MultiHeadAttention" else node.outputs[2:]
+    if any(is_read(graph, o) for o in extra):
+        raise TrtattnError(f"com.microsoft:{node.op} {node.name} also outputs its QK product: not converted")
+    q4 = split_heads(emit, q, heads, head_q, dtype)
+    if node.op == "MultiHeadAttention" and len(k.shape or []) == 4:  # BNSH already
+        k4, v4 = k, v
+    else:
+        k4, v4 = split_heads(emit, k, heads, head_q, dtype), split_heads(emit, v, heads, head_v, dtype)
+    past_len = emit.dim(past_k, 2) if past_k is not None else emit.const(0, np.int64)
+    total = emit("Add", [past_len, emit.dim(k4, 2)], dtype=np.int64) if past_k is not None else emit.dim(k4, 2)
     additive = None
     if mask is not None:
-        additive = _key_padding(emit, mask, k4, filter_value, dtype)
-    if node.attrs.get("unidirectional", 0):
-        causal = _causal(emit, q4, k4, filter_value, dtype)
+        additive = _key_padding(emit, mask, total, filter_value, dtype)
+    # unidirectional alone is the standard op's is_causal (bottom-right with a past, as the kernel's); next to
+    # a mask the kernel's filter value is added instead, so that a row with no key left averages as it does
+    in_op = bool(node.attrs.get("unidirectional", 0)) and mask is None and attention_bias is None
+    if node.attrs.get("unidirectional", 0) and not in_op:
+        causal = _causal(emit, emit.dim(q4, 2), total, past_len, filter_value, dtype)
         additive = causal if additive is None else emit("Add", [additive, causal], dtype=dtype)
     if attention_bias is not None:
         additive = attention_bias if additive is None else emit("Add", [additive, attention_bias], dtype=dtype)
     scale = node.attrs.get("scale") or 1.0 / math.sqrt(head_q)
     inputs = [q4, k4, v4]
-    if additive is not None:
-        inputs.append(emit.full_query_rows(additive, q4))
-    y = emit("Attention", inputs, {"scale": float(scale)}, dtype=dtype, name="Attention")
-    attention = graph.nodes[-1]
+    if additive is not None or past_k is not None:
+        inputs.append(emit.full_query_rows(additive, q4) if additive is not None else gs.Variable.empty())
+    presents: list = []
+    if past_k is not None:
+        inputs += [past_k, past_v]
+        if node.op == "MultiHeadAttention":
+            presents = [o if is_read(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
+                        for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
+        else:
+            presents = [gs.Variable(f"{prefix}/present_{p}", dtype=dtype) for p in "kv"]
+    y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
+    attention = gs.Node("Attention", f"{prefix}/Attention", {"scale": float(scale), **({"is_causal": 1} if in_op else {})},
+                        inputs=inputs, outputs=[y, *presents])
+    graph.nodes.append(attention)
+    if node.op != "MultiHeadAttention" and past_k is not None and is_read(graph, node.outputs[1]):
+        stacked = [emit("Unsqueeze", [p, emit.const([0], np.int64)], dtype=dtype) for p in presents]
+        emit("Concat", stacked, {"axis": 0}, dtype=dtype, name="present")
+        graph.nodes[-1].outputs = [node.outputs[1]]
     out = node.outputs[0]
-    merged = _merge(emit, y, dtype)
     node.outputs.clear()
     node.inputs.clear()
-    last = graph.nodes[-1]
-    last.outputs = [out]
-    del merged
+    merge_heads(emit, y, dtype)
+    graph.nodes[-1].outputs = [out]
     return attention

@@ -6,6 +6,7 @@ model (or, `expanded`, the same model with the op replaced by its function body)
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -40,12 +41,19 @@ class ConformanceCase:
 
 
 @functools.cache
-def _collected(op_type: str) -> tuple:
+def _every_case() -> tuple:
     from onnx.backend.test.case.node import collect_testcases
 
     with warnings.catch_warnings():  # collecting runs every op's case generators, some of which overflow on purpose
         warnings.simplefilter("ignore")
-        return tuple(collect_testcases(op_type))
+        return tuple(collect_testcases(None))
+
+
+def _collected(op_type: str) -> tuple:
+    # every op's cases, once: onnx imports its case modules once per process, so collect_testcases(op) for a
+    # second op returns the first op's cases again (the filter acts only while the modules are first imported)
+    prefix = "test_" + re.sub(r"(?<!^)(?=[A-Z])", "_", op_type).lower()
+    return tuple(c for c in _every_case() if c.name == prefix or c.name.startswith(prefix + "_"))
 
 
 def conformance_cases(op_type: str, *, expanded: bool | None = None) -> list[ConformanceCase]:
@@ -64,3 +72,103 @@ def conformance_cases(op_type: str, *, expanded: bool | None = None) -> list[Con
                 {value.name: np.asarray(array) for value, array in zip(graph.output, outputs)},
                 float(case.rtol), float(case.atol)))
     return cases
+
+
+def op_node(case: ConformanceCase) -> onnx.NodeProto:
+    """The op node of the case an expanded case was made from (`attention_4d_expanded` -> `attention_4d`)."""
+    name = case.name.removesuffix("_expanded")
+    op_type = _op_type(case)
+    for other in _collected(op_type):
+        if other.name.removeprefix("test_") == name:
+            return next(n for n in other.model.graph.node if n.op_type == op_type)
+    raise KeyError(f"no op case {name} for {case.name}")
+
+
+def _op_type(case: ConformanceCase) -> str:
+    return "RotaryEmbedding" if case.name.startswith("rotary_embedding") else "Attention"
+
+
+# fp16 cases are compared at one half-precision step at magnitude 1 (2^-10): the fused op rounds once where the
+# body rounds after each op
+FP16_ATOL = 1e-3
+
+
+@dataclass(frozen=True)
+class FusedCase:
+    """A case's model through trtattn's fuse (as the command runs it), run on ONNX Runtime against the case's
+    reference outputs."""
+
+    name: str
+    fused: bool  # every site fused and verified
+    ops: dict[str, int]  # op types of the fused model (the original's when nothing fused)
+    max_abs_err: float | None  # of the fused model's outputs against the references (None: not fused)
+    within: bool  # max_abs_err within the case's tolerance (FP16_ATOL for fp16 outputs)
+    reason: str  # why a site did not fuse ('' when all did)
+    attention: dict | None = None  # the fused Attention node's attributes
+
+
+def fuse_case(case: ConformanceCase) -> FusedCase:
+    """Read the case's model as the commands read it, fuse it verified on the case's own inputs, check what would
+    be written, then run the fused model on ONNX Runtime and compare with onnx's reference outputs."""
+    import collections
+
+    import onnxruntime
+
+    from ..graph import validate
+    from ..graph.user_inputs import GivenInputs
+    from ..rewrite.fuse import fuse_model
+
+    validate.check_read(case.model, case.name)
+    result = fuse_model(case.model, inputs=GivenInputs(case.name, [case.inputs]))
+    ops = dict(collections.Counter(n.op_type for n in result.model.graph.node))
+    reason = "; ".join(r.reason for r in result.reports if r.status != "fused") or (
+        "" if result.ok else f"verification: {result.verification}")
+    if not (result.ok and result.changed):
+        return FusedCase(case.name, False, ops, None, False, reason or "nothing fused")
+    validate.check(result.model, "the fused model")
+    session = onnxruntime.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.inputs)))
+    err, within = 0.0, True
+    for name, want in case.outputs.items():
+        have = got[name]
+        fp16 = want.dtype == np.float16
+        atol = max(case.atol, FP16_ATOL) if fp16 else case.atol
+        a, b = have.astype(np.float64), want.astype(np.float64)
+        agree = (a == b) | (np.isnan(a) & np.isnan(b))  # equal infinities (a -inf masked logits output) agree
+        with np.errstate(invalid="ignore"):
+            diff = np.where(agree, 0.0, np.abs(a - b))
+        err = max(err, float(np.max(diff, initial=0.0)))
+        within = within and bool(np.all(diff <= atol + case.rtol * np.where(agree, 0.0, np.abs(b))))
+    node = next((n for n in result.model.graph.node if n.op_type == "Attention"), None)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} if node is not None else None
+    return FusedCase(case.name, True, ops, err, within, "", attrs)
+
+
+def inside_attention(case: ConformanceCase) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A RotaryEmbedding case's model applied to Q and to K of an attention (Q.K^T * 0.3 -> Softmax -> . V over the
+    case's input shape, its other inputs shared), and inputs for it (the case's tables and positions)."""
+    import onnx.compose
+
+    f = onnx.TensorProto.FLOAT
+    x = case.inputs["input"]
+    graph = case.model.graph
+    shared = [i for i in graph.input if i.name != "input"]
+    nodes = []
+    for side in ("q", "k"):
+        nodes += [onnx.helper.make_node("Identity", [i.name], [f"{side}_{i.name}"]) for i in shared]
+        nodes.append(onnx.helper.make_node("Identity", [side], [f"{side}_input"]))
+        nodes += list(onnx.compose.add_prefix(case.model, f"{side}_").graph.node)
+    nodes += [onnx.helper.make_node("Transpose", ["k_output"], ["kt"], perm=[0, 1, 3, 2] if x.ndim == 4 else [0, 2, 1]),
+              onnx.helper.make_node("MatMul", ["q_output", "kt"], ["qk"]),
+              onnx.helper.make_node("Mul", ["qk", "scale"], ["logits"]),
+              onnx.helper.make_node("Softmax", ["logits"], ["p"], axis=-1),
+              onnx.helper.make_node("MatMul", ["p", "v"], ["y"])]
+    inputs = [onnx.helper.make_tensor_value_info(n, f, x.shape) for n in "qkv"] + shared
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(nodes, "rope_attention", inputs, [onnx.helper.make_tensor_value_info("y", f, x.shape)],
+                               [onnx.helper.make_tensor("scale", f, [], [0.3])]),
+        opset_imports=list(case.model.opset_import))
+    rng = np.random.default_rng(0)
+    feeds = {k: v for k, v in case.inputs.items() if k != "input"}
+    feeds.update({n: rng.standard_normal(x.shape).astype(np.float32) for n in "qkv"})
+    return model, feeds

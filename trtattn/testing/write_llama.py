@@ -55,6 +55,9 @@ PRESETS = {
     # Meta-Llama-3-8B's shapes (default RoPE: the graph is the same with Llama 3's frequency scaling)
     "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, max_positions=8192,
                       rope_theta=500000.0, rms_eps=1e-5, dtype="float16"),
+    # Meta-Llama-3-70B's shapes: for the tensor-parallel cost table (routes/parallel/cost.py), too large to write here
+    "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, max_positions=8192,
+                       rope_theta=500000.0, rms_eps=1e-5, dtype="float16"),
     # benchmarks/fusion_coverage.py's > 2 GB model (LARGE_CONFIG): LlamaModel, 552 M parameters
     "llama-2gb": dict(layers=8, hidden=2048, heads=16, kv_heads=4, ffn=8192, vocab=32000, max_positions=512,
                       dtype="float32", lm_head=False),

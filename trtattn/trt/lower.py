@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import TrtattnError
 from . import compat
-from .plan import AttentionPlan, CacheUpdatePlan, RopePlan
+from .plan import AttentionPlan, CacheUpdatePlan, CollectivePlan, RopePlan
 
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -82,7 +82,7 @@ def lower_attention(trt, net, p: AttentionPlan, get):
     if p.rank == 3:  # [B, S, N*H] -> [B, N, S, H]
         q = _shuffle(net, q, f"{base}/q_heads", reshape=(0, 0, p.q_heads, p.head_size), second=(0, 2, 1, 3))
         k = _shuffle(net, k, f"{base}/k_heads", reshape=(0, 0, p.kv_heads, p.head_size), second=(0, 2, 1, 3))
-        v = _shuffle(net, v, f"{base}/v_heads", reshape=(0, 0, p.kv_heads, p.head_size), second=(0, 2, 1, 3))
+        v = _shuffle(net, v, f"{base}/v_heads", reshape=(0, 0, p.kv_heads, -1), second=(0, 2, 1, 3))  # V's own H
     if abs(p.q_scale - 1.0) > 1e-12:
         scale = scalar(trt, net, p.q_scale, compute, f"{base}/scale")
         q = _out(net.add_elementwise(q, scale, trt.ElementWiseOperation.PROD), f"{base}/q_scale")
@@ -145,4 +145,31 @@ def lower_cache_update(trt, net, p: CacheUpdatePlan, get):
     return _out(layer, f"trtattn/kv_cache/{p.node}")
 
 
-LOWER = {AttentionPlan: lower_attention, RopePlan: lower_rope, CacheUpdatePlan: lower_cache_update}
+def lower_collective(trt, net, p: CollectivePlan, get):
+    """IDistCollectiveLayer over all `p.ranks` ranks. ALL_REDUCE sums; ALL_GATHER stacks the ranks' tensors
+    along the first axis (NCCL's rank-major buffer; num_ranks gives TensorRT the output shape), so a
+    gather along another axis is moved there and back by shuffles."""
+    x = get(p.input)
+    base = f"trtattn/dist/{p.node}"
+    groups = list(range(p.ranks))
+    if p.kind == "ALL_REDUCE":
+        layer = net.add_dist_collective(x, trt.CollectiveOperation.ALL_REDUCE, trt.ReduceOperation.SUM, 0, groups)
+        layer.num_ranks = p.ranks
+        return _out(layer, base)
+    if p.kind != "ALL_GATHER":
+        raise TrtattnError(f"collective {p.node}: {p.kind} is not lowered (ALL_REDUCE, ALL_GATHER)")
+    rank = len(x.shape)
+    axis = p.axis % rank
+    perm = [axis] + [i for i in range(rank) if i != axis]
+    front = _shuffle(net, x, f"{base}/front", first=perm) if axis else x
+    layer = net.add_dist_collective(front, trt.CollectiveOperation.ALL_GATHER, trt.ReduceOperation.NONE, 0, groups)
+    layer.num_ranks = p.ranks
+    gathered = _out(layer, base)  # [ranks * d_axis, ...rest]: rank-major, so the slices are in order
+    if not axis:
+        return gathered
+    back = [perm.index(i) for i in range(rank)]
+    return _shuffle(net, gathered, f"{base}/back", first=back)
+
+
+LOWER = {AttentionPlan: lower_attention, RopePlan: lower_rope, CacheUpdatePlan: lower_cache_update,
+         CollectivePlan: lower_collective}

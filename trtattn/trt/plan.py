@@ -110,7 +110,27 @@ class CacheUpdatePlan:
         return [t for t in (self.cache, self.update, self.write_indices, self.update_lengths) if t]
 
 
-LoweredPlan = AttentionPlan | RopePlan | CacheUpdatePlan  # an op TensorRT gets as its own layer
+@dataclass
+class CollectivePlan:
+    """A tensor-parallel collective of a rank's form (a `trtattn.dist` node, routes/parallel): TensorRT's
+    IDistCollectiveLayer (NCCL) over `ranks` devices."""
+
+    node: str
+    input: str
+    output: str
+    kind: str  # "ALL_REDUCE" | "ALL_GATHER"
+    ranks: int
+    axis: int = 0  # ALL_GATHER: the axis the ranks' slices are concatenated along
+
+    @property
+    def region(self) -> tuple[str, ...]:
+        return (self.node,)
+
+    def reads(self) -> list[str]:
+        return [self.input]
+
+
+LoweredPlan = AttentionPlan | RopePlan | CacheUpdatePlan | CollectivePlan  # an op TensorRT gets as its own layer
 
 
 @dataclass
@@ -121,6 +141,7 @@ class BuildPlan:
     attentions: list[AttentionPlan] = field(default_factory=list)  # every site; lowered where reason is None
     ropes: list[RopePlan] = field(default_factory=list)
     cache_updates: list[CacheUpdatePlan] = field(default_factory=list)
+    collectives: list[CollectivePlan] = field(default_factory=list)  # tensor parallel: one rank's
     order: list[str] = field(default_factory=list)  # lowered ONNX nodes, in graph order
     inputs: list[dict] = field(default_factory=list)  # the engine's I/O contract
     outputs: list[dict] = field(default_factory=list)
@@ -138,7 +159,7 @@ class BuildPlan:
         return [a for a in self.attentions if a.reason is None]
 
     def lowered(self) -> dict[str, LoweredPlan]:
-        plans: list[LoweredPlan] = [*self.native, *self.ropes, *self.cache_updates]
+        plans: list[LoweredPlan] = [*self.native, *self.ropes, *self.cache_updates, *self.collectives]
         return {p.node: p for p in plans}
 
     def to_json(self) -> dict:
@@ -268,18 +289,26 @@ def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
         plan.query, plan.output = lowering.query or q, lowering.output or node.output[0]
         plan.causal, plan.q_lengths, plan.kv_lengths = lowering.causal, lowering.q_lengths, lowering.kv_lengths
         plan.query_form, plan.kv_form, plan.region = lowering.query_form, lowering.kv_form, tuple(lowering.region)
+        if lowering.mask:
+            plan.mask, plan.mask_kind = lowering.mask, _mask_kind(types, lowering.mask)
         return plan
     if nonpad:
         raise TrtattnError(f"Attention {node.name} reads nonpad_kv_seqlen without a form record saying how its "
                            "causal mask aligns (ONNX's is_causal is bottom-right, TensorRT's parser reads upper-left)")
-    if a.get("is_causal", 0):  # Q and K have one length here (fuse writes is_causal only then): upper-left
+    if any(a.get(w, -1) >= 0 for w in ("left_window_size", "right_window_size")):
+        raise TrtattnError(f"Attention {node.name} has a sliding window, which IAttention has not; the padded form "
+                           "writes it as a mask")
+    if a.get("is_causal", 0):  # without a cache or lengths ONNX's causal offset is 0: upper-left
         if mask:
             raise TrtattnError(f"Attention {node.name} has a mask and is_causal: IAttention takes one or the other")
         plan.causal = "upper_left"
     if mask:
-        elem = types.get(mask, (None, None))[0]
-        plan.mask, plan.mask_kind = mask, "boolean" if elem == onnx.TensorProto.BOOL else "additive"
+        plan.mask, plan.mask_kind = mask, _mask_kind(types, mask)
     return plan
+
+
+def _mask_kind(types, mask: str) -> str:
+    return "boolean" if types.get(mask, (None, None))[0] == onnx.TensorProto.BOOL else "additive"
 
 
 def describe_io(types: dict, name: str) -> dict:

@@ -126,9 +126,10 @@ class CacheAdapter(Adapter):
     form = "kv-cache"
     slack = 3
 
-    def __init__(self, original, candidate_inputs, caches: list[str]):
+    def __init__(self, original, candidate_inputs, caches: list[str], capacity: int | None = None):
         super().__init__(original, candidate_inputs)
         self.caches = caches
+        self.capacity = capacity  # an engine's static capacity; None: past + new + slack
 
     def original_feeds(self, dims, seed):
         return make_feeds(self.original, dims=dims, seed=seed, padding=False)
@@ -136,8 +137,8 @@ class CacheAdapter(Adapter):
     def feeds(self, feeds):
         out = {k: v for k, v in feeds.items() if k in self.inputs and k not in self.caches}
         past = feeds[self.caches[0]].shape[2]
-        new = next((v.shape[1] for k, v in feeds.items() if k == "input_ids"), 1)
-        capacity = past + new + self.slack
+        new = next((v.shape[1] for k, v in feeds.items() if k == "input_ids"), None) or _longest_update(feeds, self.caches)
+        capacity = self.capacity or past + new + self.slack
         for name in self.caches:
             v = feeds[name]
             buf = np.zeros(v.shape[:2] + (capacity,) + v.shape[3:], v.dtype)
@@ -163,9 +164,18 @@ class CacheAdapter(Adapter):
         return ref2, out2
 
 
-def adapter_for(original: onnx.ModelProto, candidate_inputs: list[str], cache_inputs: list[str] | None = None) -> Adapter:
+def _longest_update(feeds: dict, caches: list[str]) -> int:
+    """Without token ids, the most new K/V tokens any float input can carry: its sequence axis (axis 2 of a
+    4-D [B, N, S, H], axis 1 of a 3-D [B, S, N*H]); at least 1."""
+    seqs = [v.shape[2] if v.ndim == 4 else v.shape[1] for k, v in feeds.items()
+            if k not in caches and np.issubdtype(v.dtype, np.floating) and v.ndim in (3, 4)]
+    return max(seqs, default=1)
+
+
+def adapter_for(original: onnx.ModelProto, candidate_inputs: list[str], cache_inputs: list[str] | None = None,
+                capacity: int | None = None) -> Adapter:
     if CU_SEQLENS in candidate_inputs:
         return PackedAdapter(original, candidate_inputs)
     if WRITE_INDEX in candidate_inputs:
-        return CacheAdapter(original, candidate_inputs, cache_inputs or [])
+        return CacheAdapter(original, candidate_inputs, cache_inputs or [], capacity)
     return Adapter(original, candidate_inputs)

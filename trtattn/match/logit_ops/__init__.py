@@ -17,7 +17,7 @@ from .base import LogitOp, MaskBuilder
 from .bias import Add, Sub
 from .boolean import Where, WhereNot
 from .mul_mask import MulMask
-from .probs_mask import ProbsMul, ProbsWhere, ProbsWhereNot, read_probabilities, renormalisation
+from .probs_mask import ProbsMul, ProbsWhere, ProbsWhereNot, masked_rows, read_probabilities, renormalisation
 from .reshape import Reshape
 from .scale import HeadScale, Scale
 from .sink import Sink
@@ -135,4 +135,4 @@ def _finite_floor(b: MaskBuilder) -> gs.Tensor:
 
 __all__ = ["LogitOp", "MaskBuilder", "UNITS", "unit", "read", "check", "masking", "kind_of", "logit_scale",
            "has_layout_change", "fill_value", "softcap", "materialize", "build", "read_probabilities",
-           "renormalisation"]
+           "renormalisation", "masked_rows"]

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ...graph.dependence import value_readers
 from ...graph.measure import is_zero
 from ...site import MaskStep
 from ..errors import Unsupported
@@ -78,6 +79,37 @@ def read_probabilities(view, node, probs) -> MaskStep | None:
     return None
 
 
+def masked_rows(view, node: gs.Node, probs: gs.Tensor) -> tuple[gs.Tensor, gs.Tensor] | None:
+    """(the bias B, the condition) when `node` zeroes the rows of the probabilities `probs` where an additive
+    bias B of the logits is -inf at every key: Where(ReduceMax(B, last axis) == -inf, 0, P), what the ONNX
+    Attention op's function body writes after its softmax. That is the op's own fully-masked-row behaviour
+    (a row masked everywhere gives 0), so when B is the mask the fused op takes, the node adds nothing to it
+    (core.py checks that B is); None when `node` is not that."""
+    if node.op != "Where" or len(node.inputs) != 3 or node.inputs[2] is not probs or scalar(view, node.inputs[1]) != 0.0:
+        return None
+    cond = node.inputs[0]
+    test = view.producer(cond)
+    if test is None:
+        return None
+    if test.op == "Equal" and len(test.inputs) == 2:
+        fills = [scalar(view, x) for x in test.inputs]
+        if float("-inf") not in fills:
+            return None
+        row_max = test.inputs[1 - fills.index(float("-inf"))]
+    elif test.op == "IsInf" and int(test.attrs.get("detect_positive", 1)) == 0:
+        row_max = test.inputs[0]
+    else:
+        return None
+    reduce = view.producer(row_max)
+    if reduce is None or reduce.op != "ReduceMax" or not reduce.inputs:
+        return None
+    axes, keep = _reduced(view, reduce)
+    rank = view.rank(reduce.inputs[0])
+    if not keep or axes is None or len(axes) != 1 or not (axes[0] == -1 or (rank is not None and axes[0] == rank - 1)):
+        return None
+    return reduce.inputs[0], cond
+
+
 def renormalisation(view, step: gs.Node, probs: gs.Tensor, axis: int, rank: int | None
                     ) -> tuple[list[gs.Node], gs.Tensor] | None:
     """The nodes renormalising the probabilities `probs` masked by `step` (a node read_probabilities took)
@@ -86,7 +118,7 @@ def renormalisation(view, step: gs.Node, probs: gs.Tensor, axis: int, rank: int 
     that does not broadcast into the probabilities, is not a renormalisation: it raises why.
     Also the Add of a tensor that is 0 everywhere (`zero_added`): it leaves the masked probabilities as they are."""
     masked = step.outputs[0]
-    users = [c for c in view.consumers(masked) if c.op != "Shape"]
+    users = value_readers(masked)
     if len(users) == 1 and zero_added(view, users[0], masked):
         return [users[0]], users[0].outputs[0]
     sums = [c for c in users if c.op == "ReduceSum" and c.inputs[0] is masked]
@@ -120,7 +152,7 @@ def renormalisation(view, step: gs.Node, probs: gs.Tensor, axis: int, rank: int 
         return None
     nodes += ([guard, view.producer(div.inputs[1])] if guard is not None else []) + [div]
     out = div.outputs[0]
-    after = [c for c in view.consumers(out) if c.op != "Shape"]
+    after = value_readers(out)
     if guard is not None and len(after) == 1 and after[0].op == "Where" and after[0].inputs[0] is guard.outputs[0] \
             and after[0].inputs[1] is out and scalar(view, after[0].inputs[2]) == 0.0:
         nodes.append(after[0])  # the rows whose sum is 0 set to 0 again: what the fused op gives them

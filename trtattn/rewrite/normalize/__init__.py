@@ -108,7 +108,7 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         return _by_branch(model, fold_scale_into_weights=fold_scale_into_weights, precision=precision, verify=verify,
                           dims=dims, seed=seed, atol=atol, rtol=rtol, progress=progress)
     atol, rtol = tolerance_for(model, atol, rtol)
-    dims = fit_dims(model, dims, progress=progress)  # dims the original runs on (graph/dims.py), as fuse does
+    dims = fit_dims(model, dims, progress=progress, given=inputs)  # dims the original runs on (graph/dims.py), as fuse does
     with progress.step("cleanup: constant folding, no-op removal"):
         cleaned, stats = cleanup(model)
         external.set_data_dir(cleaned, external.data_dir(model))  # weights on disk: still where they were

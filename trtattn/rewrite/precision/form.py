@@ -81,12 +81,13 @@ def caches_in_low_precision(model: onnx.ModelProto, caches, precision: str) -> o
             write.outputs = [final]
             _redirect(written, final)
         final.dtype = dtype
-        update = write.inputs[2]
+        at = 1 if write.op == "TensorScatter" else 2  # the new tokens: TensorScatter(cache, update, indices)
+        update = write.inputs[at]
         if update.dtype is not None and _elem(update.dtype) != elem:
             cast = gs.Variable(f"{update.name}/{precision}", dtype=dtype)
             graph.nodes.append(gs.Node("Cast", f"{c.node}/update_{precision}", {"to": elem}, inputs=[update],
                                        outputs=[cast]))
-            write.inputs[2] = cast
+            write.inputs[at] = cast
     return export_like(graph, model)
 
 

@@ -6,7 +6,11 @@ padded    the fused model, with every rotate-half RoPE rewritten into the ONNX R
           (rope.py) and causal-plus-padding masks as a causal kind plus per-row lengths (padded.py).
 kv-cache  decoders: a packed query over a preallocated, padded cache (kv_cache.py): ScatterND writes
           the new K/V at each row's `cache_write_index`, attention reads each row's cache up to its
-          length, lower-right causal. The cache outputs alias the cache inputs.
+          length, lower-right causal. The cache outputs alias the cache inputs. Attention ops that take
+          their past as inputs get it without --form (op_cache.py: TensorScatter, nonpad_kv_seqlen).
+
+In the padded and kv-cache forms every Attention op is then fitted to what IAttention takes (op_fit.py:
+one head size, one mask, per-row lengths, rows without keys zeroed).
 packed    encoders and cacheless decoders run on packed tokens [1, T] with `cu_seqlens` [B+1]
           instead of a padding mask; positions restart per sequence (packed.py).
 """
@@ -14,14 +18,16 @@ packed    encoders and cacheless decoders run on packed tokens [1, T] with `cu_s
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import onnx
 import onnx_graphsurgeon as gs
 
 from ...contract import CU_SEQLENS, WRITE_INDEX, cache_inputs, record_form
-from ...errors import TrtattnError
+from ...errors import SitesRefused, TrtattnError
 from ...graph.emit import export_like
+from ...graph.shapes import tensor_types
 from ...report import Progress
 from ...site import SiteStatus
 from ...verify import OutcomeSummary, adapter_for, compare_models, compare_runners, onnx_runner
@@ -29,6 +35,9 @@ from .implicit import REASON as IMPLICIT_REASON
 from .implicit import expand_softcapped
 from .kv_cache import kv_cache_form
 from .lowering import AttentionLowering, CacheLowering
+from .op_cache import OPSET as OP_CACHE_OPSET
+from .op_cache import cache_form, in_op_caches
+from .op_fit import fit_ops
 from .packed import packed_form
 from .padded import padding_to_lengths
 from .rope import rope_to_ops
@@ -50,9 +59,25 @@ class Derived:
     notes: list[str] = field(default_factory=list)
 
 
-def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=None, inputs=None) -> Derived:
+def choose_form(form: str | None, model: onnx.ModelProto) -> tuple[str, str | None]:
+    """(the form, why it was chosen or None when asked for): without a request, kv-cache where an Attention
+    op takes its past cache as inputs (that is the only form for them), else padded."""
+    in_op = in_op_caches(model)
+    if form is None:
+        if in_op:
+            return "kv-cache", (f"form kv-cache (chosen): {len(in_op)} Attention op(s) take past_key/past_value "
+                                "inputs, which become preallocated caches updated in place")
+        return "padded", None
     if form not in FORMS:
         raise TrtattnError(f"unknown form '{form}'; choose one of {', '.join(FORMS)}")
+    if in_op and form != "kv-cache":
+        raise TrtattnError(f"Attention {in_op[0]} takes a past cache inside the op: only the kv-cache form takes it "
+                           f"(chosen without --form), not the {form} form")
+    return form, None
+
+
+def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, progress=None, inputs=None) -> Derived:
+    form, chosen = choose_form(form, fused.model)
     progress = progress or Progress(enabled=False)
     reports = [r for r in fused.reports if r.status == SiteStatus.FUSED]
     sites = {r.attention_node: r.site for r in reports}
@@ -63,13 +88,22 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
                            "the branch you deploy without the control flow, or use `trtattn fuse` (ONNX Attention)")
     with progress.step("rewriting RoPE into RotaryEmbedding ops"):
         model, ropes = rope_to_ops(fused.model, [r.site for r in reports])
-    derived = Derived(model, form, sites, notes=[f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else [])
+    derived = Derived(model, form, sites, notes=([chosen] if chosen else [])
+                      + ([f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else []))
     lowerings: list[AttentionLowering] = []
+    in_op, offsets = in_op_caches(derived.model), {}
     capped = [r.site.name for r in reports if r.site.softcap]
     if capped and form != "padded":
-        raise TrtattnError(f"sites {', '.join(capped)} are soft-capped: IAttention cannot take them, and only the padded "
-                           "form keeps them in TensorRT's implicit form")
-    if form == "kv-cache":
+        raise SitesRefused(f"sites {', '.join(capped)} are soft-capped: IAttention cannot take them, and only the "
+                           "padded form keeps them in TensorRT's implicit form",
+                           [(name, f"its logits are soft-capped (tanh), which IAttention cannot do; the {form} form "
+                                   "has no implicit fallback") for name in capped])
+    if in_op:
+        with progress.step("deriving the KV-cache form of the Attention ops' own caches"):
+            derived.model, (derived.cache_updates, notes, offsets) = _rewrite(derived.model, cache_form, in_op,
+                                                                              opset=OP_CACHE_OPSET)
+            derived.notes += notes
+    elif form == "kv-cache":
         with progress.step("deriving the KV-cache form (packed query over a preallocated cache)"):
             derived.model, lowerings, derived.cache_updates, derived.right_padded = kv_cache_form(derived.model, reports)
     elif form == "packed":
@@ -87,10 +121,19 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
                                  f"{', '.join(derived.right_padded)} must be right-padded (a prefix of ones per row)")
         if expanded:
             derived.notes.append(f"{len(expanded)} soft-capped sites in TensorRT's implicit form: {IMPLICIT_REASON}")
+    refitted = bool(in_op)
+    if form == "padded" or in_op:  # every Attention op fitted to what IAttention takes (op_fit.py)
+        lowered = {lw.node for lw in lowerings}
+        ops = [n.name for n in derived.model.graph.node if n.op_type == "Attention" and n.name not in lowered
+               and n.name in sites]
+        fitted_model, (fitted, notes) = _rewrite(derived.model, functools.partial(fit_ops, offsets=offsets), ops)
+        if notes or fitted:
+            derived.model, derived.notes, refitted = fitted_model, derived.notes + notes, True
+            lowerings += fitted
     derived.attentions = {lw.node: lw for lw in lowerings}
     if form != "padded" or derived.right_padded:  # (the fused model itself needs no record)
         record_form(derived.model, form, derived.right_padded)
-    if form == "padded" and not ropes and not lowerings and not derived.implicit:  # the fused model, verified already
+    if form == "padded" and not ropes and not lowerings and not derived.implicit and not refitted:
         derived.verification = fused.verification
         return derived
     with progress.step(f"verifying the {form} form against the original on ONNX Runtime"):
@@ -106,12 +149,19 @@ def derive(form: str, original: onnx.ModelProto, fused, *, dims=None, progress=N
     return derived
 
 
+def _rewrite(model: onnx.ModelProto, step, nodes: list[str], opset: int | None = None):
+    """(the model with `step(graph, types, nodes)` applied, what the step returned)."""
+    graph = gs.import_onnx(model)
+    result = step(graph, tensor_types(model), nodes)
+    return export_like(graph, model, opset=opset), result
+
+
 def form_adapter(original: onnx.ModelProto, inputs: list[str], caches: list[str], capacity: int | None = None):
     """How a form (or its engine, whose caches have a static `capacity`) with these inputs takes the
     original's feeds (verify/adapters.py)."""
     if WRITE_INDEX in inputs and CU_SEQLENS in inputs:
         return PackedCacheAdapter(original, inputs, caches, capacity)
-    return adapter_for(original, inputs, caches)
+    return adapter_for(original, inputs, caches, capacity)
 
 
 def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, sites, *, dims=None,

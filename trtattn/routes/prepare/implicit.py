@@ -17,6 +17,7 @@ import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
 from ...graph.emit import Emitter
+from .op_fit import OpShape, one_mask, to_bhnd
 
 REASON = ("its logits are soft-capped (tanh), which IAttention cannot do: kept in TensorRT's implicit form "
           "(MatMul, Tanh, Softmax, MatMul) for its own fusion")
@@ -40,12 +41,15 @@ def expand_softcapped(graph: gs.Graph, sites: dict) -> list[tuple[str, str]]:
 
 
 def _expand(graph: gs.Graph, node: gs.Node, site) -> None:
+    if len(node.inputs) > 4 and any(t.name for t in node.inputs[4:]) or len(node.outputs) > 1:
+        raise TrtattnError(f"Attention {node.name}: a soft-capped attention with a cache, lengths or extra outputs")
+    to_bhnd(graph, node, OpShape(site.rank, site.q_heads, site.kv_heads, site.head_size, None))
+    given = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3].name else None
+    one_mask(graph, node, np.dtype(given.dtype) if given is not None and given.dtype is not None else np.float32)
     emit = Emitter(graph, f"trtattn/implicit/{site.name}")
     i64 = np.int64
     q, k, v = node.inputs[:3]
     mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3].name else None
-    if len(node.inputs) > 4 and any(t.name for t in node.inputs[4:]) or len(node.outputs) > 1:
-        raise TrtattnError(f"Attention {node.name}: a soft-capped attention with a cache or extra outputs")
     dtype = node.outputs[0].dtype or np.float32
     scale = node.attrs.get("scale") or 1.0 / math.sqrt(site.head_size)
     cap = float(node.attrs["softcap"])

@@ -191,11 +191,7 @@ def kv_cache_form(model: onnx.ModelProto, reports) -> tuple[onnx.ModelProto, lis
                                             kv_lengths=kv_lengths.name if kv_lengths is not None else None,
                                             query_form="packed"))
     graph.cleanup(remove_unused_graph_inputs=True)
-    for n in graph.nodes:  # the cache's length is its capacity now, not the number of past tokens
-        if n.op == "Shape" and n.inputs[0].name in caches and _reads_sequence_axis(n):
-            raise TrtattnError(f"node {n.name} reads the length of the past cache {n.inputs[0].name} (positions or "
-                               "masks derived from it); in the kv-cache form that is the capacity: give the model "
-                               "position_ids (and cache positions) as inputs instead")
+    refuse_cache_length_reads(graph, caches)
     per_token_outputs(graph, skip={u.output for u in updates})
     return export_like(graph, model), attentions, updates, sorted(encoder_lengths)
 
@@ -219,6 +215,16 @@ def _scatter(graph: gs.Graph, rows: _Rows, cache: gs.Tensor, new: gs.Tensor, sit
         concat_out.shape = [concat_out.shape[0], concat_out.shape[1], MAX_CACHE, concat_out.shape[3]]
     return CacheLowering(name, (name,), cache.name, new.name, rows.write_index.name, concat_out.name,
                          update_form="packed", update_lengths=rows.tokens.cu.name)
+
+
+def refuse_cache_length_reads(graph: gs.Graph, caches) -> None:
+    """In the kv-cache form a cache's length is its capacity, not the number of past tokens: a node that reads
+    it (positions or masks derived from it) is refused, naming it."""
+    for n in graph.nodes:
+        if n.op == "Shape" and n.inputs[0].name in caches and _reads_sequence_axis(n):
+            raise TrtattnError(f"node {n.name} reads the length of the past cache {n.inputs[0].name} (positions or "
+                               "masks derived from it); in the kv-cache form that is the capacity: give the model "
+                               "position_ids (and cache positions) as inputs instead")
 
 
 def _reads_sequence_axis(shape: gs.Node, axis: int = 2, rank: int = 4) -> bool:

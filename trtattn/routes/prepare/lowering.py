@@ -28,6 +28,7 @@ class AttentionLowering:
     kv_lengths: str | None = None  # per row [B] (padded key/value) or cumulative [B+1] (packed)
     query_form: str = "padded"
     kv_form: str = "padded"
+    mask: str | None = None  # a mask IAttention reads with the lengths (else the form's mask only spells them out)
 
     def __post_init__(self):
         if self.causal not in CAUSAL_KINDS or self.query_form not in IO_FORMS or self.kv_form not in IO_FORMS:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from ...errors import TrtattnError
+from ...errors import SitesRefused, TrtattnError
 from ...graph.dims import fit_dims
 from ...report import Progress, table
 from ...rewrite.fuse import FuseResult, fuse_model
@@ -68,8 +68,9 @@ def all_fused(fused: FuseResult) -> FuseResult:
     """`fused` if every site fused and the model verified; else an error saying what failed."""
     failed = [r for r in fused.reports if r.status != SiteStatus.FUSED]
     if failed:
-        raise TrtattnError(f"{len(failed)} of {len(fused.reports)} attention sites cannot be fused, so the engine "
-                           f"would not be all-IAttention: " + "; ".join(f"{r.site.name}: {r.reason}" for r in failed[:3]))
+        raise SitesRefused(f"{len(failed)} of {len(fused.reports)} attention sites cannot be fused, so the engine "
+                           f"would not be all-IAttention: " + "; ".join(f"{r.site.name}: {r.reason}" for r in failed[:3]),
+                           [(r.site.name, r.reason) for r in failed])
     if not fused.reports:
         raise TrtattnError("the model has no attention; nothing for trtattn to build (use trtexec for it)")
     v = fused.verification
@@ -87,7 +88,7 @@ class Request:
     """What prepare was asked for; the first step checks it."""
 
     name: str
-    form: str = "padded"
+    form: str | None = None  # None: chosen from the model (forms.choose_form)
     precision: str = "fp16"
     io_dtype: str | None = None
     calib: object = None
@@ -135,7 +136,7 @@ class Step:
 
 def _check_request(work: Work) -> None:
     r = work.request
-    if r.form not in FORMS:
+    if r.form is not None and r.form not in FORMS:
         raise TrtattnError(f"unknown form '{r.form}'; choose one of {', '.join(FORMS)}")
     if r.precision not in PRECISIONS:
         raise TrtattnError(f"unknown precision '{r.precision}'; choose one of {', '.join(PRECISIONS)}")
@@ -145,7 +146,7 @@ def _check_request(work: Work) -> None:
 
 
 def _fit_dims(work: Work) -> None:
-    work.dims = fit_dims(work.model, work.request.dims, progress=work.progress)
+    work.dims = fit_dims(work.model, work.request.dims, progress=work.progress, given=work.request.inputs)
 
 
 def _quantize(work: Work) -> None:
@@ -206,7 +207,7 @@ def _limits(work: Work) -> None:
 
 def _plan(work: Work) -> None:
     r, derived = work.request, work.derived
-    plan = make_plan(work.form_model, name=r.name, form=r.form, precision=r.precision, sites=derived.sites,
+    plan = make_plan(work.form_model, name=r.name, form=derived.form, precision=r.precision, sites=derived.sites,
                      lowerings=derived.attentions, cache_lowerings=derived.cache_updates,
                      decomposable=r.decomposable, quantized=work.normalization_quantize, implicit=derived.implicit,
                      implicit_reason=forms.IMPLICIT_REASON)
@@ -249,7 +250,7 @@ def describe_steps(steps: tuple[Step, ...] = STEPS) -> str:
     return "\n".join(f"{i:2d}. {step}" for i, step in enumerate(steps, 1))
 
 
-def prepare(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16",
+def prepare(model: onnx.ModelProto, *, name: str, form: str | None = None, precision: str = "fp16",
             io_dtype: str | None = None, calib=None, dims: dict | None = None, decomposable: bool = False,
             shapes: tuple[dict, dict, dict] = ({}, {}, {}), limits: Limits | None = None, progress=None,
             source: str = "", mark_sites: bool = False, inputs=None, steps: tuple[Step, ...] = STEPS) -> Prepared:

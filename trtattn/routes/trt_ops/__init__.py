@@ -20,7 +20,7 @@ import onnx_graphsurgeon as gs
 
 from trtattn_plugins import TrtOpError, schema
 
-from ...errors import TrtattnError
+from ...errors import SitesRefused, TrtattnError
 from ...graph.emit import export_like
 from ...graph.feeds import make_feeds
 from ...graph.shapes import tensor_types
@@ -31,7 +31,7 @@ from ..prepare import QUANTIZED, VERIFY_SEEDS, Prepared, forms, prepare
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
 
-__all__ = ["TrtOpsResult", "fuse_trt", "shape_strings", "trtexec_command", "verify_trt_ops", "write_trt_ops"]
+__all__ = ["TrtOpsResult", "fuse_trt", "runnable", "shape_strings", "trtexec_command", "verify_trt_ops", "write_trt_ops"]
 
 
 @dataclass
@@ -71,8 +71,9 @@ def write_trt_ops(prepared: Prepared) -> onnx.ModelProto:
     plan, form_model = prepared.plan, prepared.form_model
     refused = [a for a in plan.attentions if a.reason is not None]
     if refused:
-        raise TrtattnError(f"{len(refused)} site(s) cannot be written as TensorRT's attention ops (they would need a "
-                           "TensorRT plugin): " + "; ".join(f"{a.site}: {a.reason}" for a in refused))
+        raise SitesRefused(f"{len(refused)} site(s) cannot be written as TensorRT's attention ops (they would need a "
+                           "TensorRT plugin): " + "; ".join(f"{a.site}: {a.reason}" for a in refused),
+                           [(a.site, a.reason or "") for a in refused])
     graph = gs.import_onnx(form_model)
     writer = OpWriter(graph, tensor_types(form_model))
     for a in plan.native:
@@ -110,6 +111,13 @@ def _symbolic_caches(written: onnx.ModelProto, form_model: onnx.ModelProto, cach
     return copy
 
 
+def runnable(result: TrtOpsResult) -> onnx.ModelProto:
+    """The written model as ONNX Runtime (with trtattn_plugins) runs it on any cache length: the caches'
+    declared capacity symbolic, as in the form (form_adapter(...) feeds it)."""
+    caches = {c.cache for c in result.prepared.plan.cache_updates} | {c.output for c in result.prepared.plan.cache_updates}
+    return _symbolic_caches(result.model, result.prepared.form_model, caches)
+
+
 def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -> OutcomeSummary:
     """The written model (its trt ops on trtattn_plugins' CPU kernels) against the model it came from on ONNX
     Runtime (the original; when quantized, the Q/DQ model the engine computes), as the form is verified (on the
@@ -132,7 +140,7 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
         return {"passed": False, "error": str(e)}
 
 
-def fuse_trt(model: onnx.ModelProto, *, name: str, form: str = "padded", precision: str = "fp16", calib=None,
+def fuse_trt(model: onnx.ModelProto, *, name: str, form: str | None = None, precision: str = "fp16", calib=None,
              dims=None, decomposable: bool = False, progress=None, source: str = "", inputs=None) -> TrtOpsResult:
     """prepare (routes/prepare: the verified form in `precision`, its plan), write its TensorRT ops, verify them."""
     progress = progress or Progress(enabled=False)

@@ -140,7 +140,7 @@ class OpWriter:
     def _heads(emit, t, heads, p, dtype):
         if not heads or not p.head_size:
             raise TrtattnError(f"site {p.site}: [B, S, N*H] attention with unknown head counts")
-        split = emit("Reshape", [t, emit.const([0, 0, heads, p.head_size], np.int64)], dtype=dtype)
+        split = emit("Reshape", [t, emit.const([0, 0, heads, -1], np.int64)], dtype=dtype)  # V's head size may differ
         return emit("Transpose", [split], {"perm": [0, 2, 1, 3]}, dtype=dtype, name="bhnd")
 
     def _mask(self, p, emit, dtype) -> gs.Tensor:

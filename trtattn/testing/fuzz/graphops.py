@@ -33,16 +33,17 @@ class Kind:
     fn: Callable
     whole_model: bool = False
     doc: str = ""
+    precision: str = "fp32"  # what the mutant computes its products in: the oracle's tolerance follows it
 
 
 KINDS: dict[str, Kind] = {}
 
 
-def kind(name: str, *, preserving: bool, variants, whole_model: bool = False):
+def kind(name: str, *, preserving: bool, variants, whole_model: bool = False, precision: str = "fp32"):
     def register(fn):
         if name in KINDS:
             raise ValueError(f"mutation kind '{name}' registered twice")
-        KINDS[name] = Kind(name, preserving, tuple(variants), fn, whole_model, (fn.__doc__ or "").strip())
+        KINDS[name] = Kind(name, preserving, tuple(variants), fn, whole_model, (fn.__doc__ or "").strip(), precision)
         return fn
     return register
 

@@ -27,6 +27,7 @@ import onnx_graphsurgeon as gs
 
 from trtattn import fuse as trtattn_fuse
 from trtattn.graph.emit import export_like
+from trtattn.verify import REWRITE_TOLERANCES
 
 from . import (
     changing,  # noqa: F401
@@ -38,6 +39,9 @@ from .sites import Facts, count_attention, facts, locate
 from .sources import difference, feed_sets, load_source, metadata, run, session
 
 ATOL, RTOL = 1e-4, 1e-3  # fused vs decomposed fp32 differ by ~1e-6; wrong answers by far more
+# A kind whose mutant computes its products in fp16 (graphops.Kind.precision) changes the outputs by fp16's
+# rounding, and so does its fused model: both held to the tolerance trtattn verifies fp16 attention at.
+PRECISION_TOLERANCES = {"fp32": (ATOL, RTOL), "fp16": REWRITE_TOLERANCES["fp16"]}
 QUANT_ATOL = 8 / 255  # at most 8 steps of uint8 probabilities, where the fused op drops their Q/DQ
 OUTCOMES = ("fused", "listed", "missed", "crashed", "wrong", "invalid", "no_effect", "n/a")
 
@@ -187,7 +191,8 @@ def _judge(res: CaseResult, a: Analysis, cli: bool, save: Path | None, fuse: boo
     except Exception as e:
         res.outcome, res.reason = "invalid", f"the mutant does not load or run: {_first_line(e)}"
         return
-    changed = [difference(o, ref, ATOL, RTOL) for o, ref in zip(outs, a.outputs)]
+    atol, rtol = PRECISION_TOLERANCES[KINDS[res.kind].precision]
+    changed = [difference(o, ref, atol, rtol) for o, ref in zip(outs, a.outputs)]
     if res.preserving and not all(c[0] for c in changed):
         worst = max(changed, key=lambda c: c[1])
         res.outcome, res.reason = "invalid", f"a preserving mutation changed the outputs ({worst[2]}: {worst[1]:.3g})"
@@ -226,14 +231,15 @@ def _site_row(rows: list[dict], site_name: str) -> dict | None:
     return None
 
 
-def _tolerance(mutant: onnx.ModelProto, rows: list[dict]) -> float:
-    """ATOL, or the tolerance a fused row states for a quantized site (the fused op drops the rounding
-    of Q/DQ on the probabilities), checked here: honoured only in a model that has Q/DQ, and never
-    above QUANT_ATOL."""
+def _tolerance(mutant: onnx.ModelProto, rows: list[dict], kind: str) -> tuple[float, float]:
+    """(atol, rtol): the kind's precision's (PRECISION_TOLERANCES), or the atol a fused row states for a
+    quantized site (the fused op drops the rounding of Q/DQ on the probabilities), checked here: honoured
+    only in a model that has Q/DQ, and never above QUANT_ATOL."""
+    atol, rtol = PRECISION_TOLERANCES[KINDS[kind].precision]
     stated = max([0.0] + [r.get("tolerance") or 0.0 for r in rows if r["status"] == "fused"])
     if stated and any(n.op_type == "QuantizeLinear" for n in mutant.graph.node):
-        return max(ATOL, min(stated, QUANT_ATOL))
-    return ATOL
+        return max(atol, min(stated, QUANT_ATOL)), rtol
+    return atol, rtol
 
 
 def _classify(res: CaseResult, a: Analysis, mutant, outs, result) -> None:
@@ -253,9 +259,9 @@ def _classify(res: CaseResult, a: Analysis, mutant, outs, result) -> None:
         except Exception as e:
             res.outcome, res.reason = "wrong", f"the written model does not run: {_first_line(e)}"
             return
-        atol = _tolerance(mutant, rows)
+        atol, rtol = _tolerance(mutant, rows, res.kind)
         res.atol = atol
-        diffs = [difference(f, o, atol, RTOL) for f, o in zip(fused_outs, outs)]
+        diffs = [difference(f, o, atol, rtol) for f, o in zip(fused_outs, outs)]
         res.max_err = max(d[1] for d in diffs)
         if not all(d[0] for d in diffs):
             worst = max(diffs, key=lambda d: d[1])

@@ -37,6 +37,24 @@ def cast_roundtrip(ctx: Ctx):
         ctx.insert(edge, lambda t: ctx.op("Cast", [t], to=TensorProto.FLOAT))
 
 
+@kind("fp16_products", preserving=True, variants=("both",), precision="fp16")
+def fp16_products(ctx: Ctx):
+    """Both products run in fp16 between Casts, as torch.autocast writes them on CUDA: their operands cast to
+    fp16, their results back to fp32, the softmax in fp32. The same attention at fp16's precision. (One
+    product alone in fp16 is listed: Q, K and V in two precisions, which one fused op cannot take.)"""
+    products = [ctx.site.bmm1, ctx.site.bmm2]
+    for node in products:
+        need(node.op == "MatMul" and all(ctx.dtype_is_f32(t) for t in (*node.inputs, node.outputs[0])),
+             f"{node.name} is not a float32 MatMul")
+    for node in products:
+        for i, t in enumerate(list(node.inputs)):
+            node.inputs[i] = ctx.op("Cast", [t], to=TensorProto.FLOAT16)
+        result = node.outputs[0]
+        half = gs.Variable(ctx.fresh("fp16_product"))
+        node.outputs[0] = half
+        ctx.graph.nodes.append(gs.Node("Cast", ctx.fresh("Cast"), {"to": TensorProto.FLOAT}, [half], [result]))
+
+
 def _letters(rank: int) -> str:
     return "bn"[: rank - 2] if rank <= 4 else "abcefg"[: rank - 2]
 

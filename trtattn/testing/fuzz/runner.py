@@ -172,6 +172,8 @@ def error_summary(results: list[CaseResult]) -> str:
     from .oracle import ATOL
 
     fused = [r for r in results if r.outcome == "fused" and r.max_err is not None]
+    half = [r.max_err or 0.0 for r in fused if KINDS[r.kind].precision == "fp16"]
+    fused = [r for r in fused if KINDS[r.kind].precision != "fp16"]
     plain = [r.max_err or 0.0 for r in fused if (r.atol or ATOL) <= ATOL]
     quant = [(r.atol or ATOL, r.max_err or 0.0) for r in fused if (r.atol or ATOL) > ATOL]
     text = (f"fused outputs vs their mutants on the fuzzer's inputs (atol {ATOL:g}): max abs error "
@@ -180,6 +182,8 @@ def error_summary(results: list[CaseResult]) -> str:
         text += (f"; {len(quant)} cases with quantized probabilities held to the tolerance their report row "
                  f"states ({min(a for a, _ in quant):.3g}-{max(a for a, _ in quant):.3g}): max abs error "
                  f"{max(e for _, e in quant):.2g}")
+    if half:
+        text += f"; {len(half)} cases with fp16 products (fp16's tolerance): max abs error {max(half):.2g}"
     return text
 
 

@@ -1,0 +1,191 @@
+"""onnx's backend conformance cases of the Attention op (opset 23/24) through trtattn, one row per case.
+
+    python benchmarks/conformance.py --ops                  # the op cases: fuse --ops trt, build, normalize
+    python benchmarks/conformance.py --ops --readme         # ... and replace that table in benchmarks/README.md
+    python benchmarks/conformance.py --ops --json rows.json
+    python benchmarks/conformance.py --expanded [--markdown] [--json FILE] [--only SUBSTRING]
+
+--ops: the standard Attention node itself (trtattn/testing/op_cases.py runs each case as the command line does).
+--expanded: each case as its `_expanded` form (the op replaced by its function body, as onnx.inliner and function
+expansion write it) through `fuse` as the command runs it (trtattn.testing.conformance.fuse_case: read check, fuse
+verified on the case's own inputs, check of what would be written), then the fused model on ONNX Runtime against
+onnx's reference outputs. Columns: case, fused (one Attention op replaced the body), max abs error against the
+reference and whether it is within the case's tolerance (FP16_ATOL for fp16), or why it did not fuse. bf16 cases
+are named, not counted (ONNX Runtime's CPU provider cannot run them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
+
+OPS_HEADING = "Attention op cases through the TensorRT route and normalize"
+
+
+def _exit(code) -> str:
+    return "-" if code is None else str(code)
+
+
+def ops_suite(work: Path) -> tuple[str, list[dict], str, list[str]]:
+    """(heading, rows, summary, table lines) of every op case (onnx's data sets of one case are one model:
+    the first is run)."""
+    from trtattn.testing.conformance import conformance_cases
+    from trtattn.testing.op_cases import run_case
+
+    cases, seen = [], set()
+    for case in conformance_cases("Attention", expanded=False):
+        if case.name not in seen:
+            seen.add(case.name)
+            cases.append(case)
+    rows = []
+    for case in cases:
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TrtOpWarning: rows with no key, which the form zeroes
+            outcome = run_case(case, work / case.name)
+        row = asdict(outcome)
+        row["seconds"] = round(time.perf_counter() - start, 2)
+        row["matches_reference"] = outcome.matches_reference
+        rows.append(row)
+        print(f"{_exit(outcome.fuse_exit)} {case.name} {outcome.form} {outcome.skipped or outcome.why[:100]}",
+              file=sys.stderr, flush=True)
+    lines = ["| case | configuration | fuse --ops trt | form | onnx reference (max err / bound) | build | normalize |"
+             " named limit / skipped because |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["skipped"]:
+            ref = "-"
+        elif r["reference_error"]:
+            worst = max(r["reference_error"], key=lambda k: r["reference_error"][k] / max(r["reference_bound"][k], 1e-30))
+            ref = (f"{'ok' if r['matches_reference'] else 'MISMATCH'} "
+                   f"{r['reference_error'][worst]:.2g} / {r['reference_bound'][worst]:.2g}")
+        else:
+            ref = "-"
+        fuse = {0: "converted, verified", 1: "limit (exit 1)"}.get(r["fuse_exit"], f"exit {_exit(r['fuse_exit'])}")
+        why = r["skipped"] or (r["why"].split(": ", 1)[-1] if r["fuse_exit"] else "")
+        lines.append(f"| {r['name']} | {r['features']} | {fuse} | {r['form']} | {ref} | {_exit(r['build_exit'])} | "
+                     f"{_exit(r['normalize_exit'])} | {why.replace('|', '/')[:160]} |")
+    run = [r for r in rows if not r["skipped"]]
+    converted = [r for r in run if r["fuse_exit"] == 0 and r["matches_reference"]]
+    limits = [r for r in run if r["fuse_exit"] == 1]
+    other = [r for r in run if r["fuse_exit"] not in (0, 1) or (r["fuse_exit"] == 0 and not r["matches_reference"])]
+    refusals = {_exit(r[k]) for r in rows if r["skipped"] for k in ("fuse_exit", "build_exit", "normalize_exit")}
+    summary = (f"{len(rows)} op cases: {len(converted)} of {len(run)} runnable converted to IAttention and verified "
+               f"(ONNX Runtime through trtattn_plugins, and onnx's reference outputs), {len(limits)} named limits "
+               f"(exit 1), {len(other)} other outcomes; {len(rows) - len(run)} skipped "
+               f"({', '.join(sorted({r['skipped'].split(':')[0] for r in rows if r['skipped']}))}: fuse, build and "
+               f"normalize refuse them in one line with exit {'/'.join(sorted(refusals))}). "
+               f"Build exits 4 (the plan made, no TensorRT here) for {sum(r['build_exit'] == 4 for r in run)}; "
+               f"normalize exits 0 for {sum(r['normalize_exit'] == 0 for r in run)}.")
+    return OPS_HEADING, rows, summary, lines
+
+
+def replace_section(readme: Path, heading: str, body: str) -> None:
+    """The section `## heading` of `readme` (up to the next `## `) replaced by `body`, or appended."""
+    text = readme.read_text()
+    marker = f"## {heading}\n"
+    section = f"{marker}\n{body.rstrip()}\n"
+    if marker in text:
+        start = text.index(marker)
+        end = text.find("\n## ", start + len(marker))
+        text = text[:start] + section + (text[end:] if end >= 0 else "")
+    else:
+        text = text.rstrip() + "\n\n" + section
+    readme.write_text(text)
+
+
+def expanded_rows(only: str | None = None) -> list[dict]:
+    from trtattn.testing.conformance import conformance_cases, fuse_case
+
+    rows = []
+    for case in conformance_cases("Attention", expanded=True):
+        if only and only not in case.name:
+            continue
+        if case.cpu_unrunnable:
+            rows.append({"case": case.name, "fused": None, "max_abs_err": None, "within": None,
+                         "reason": f"skipped: {case.cpu_unrunnable} (ONNX Runtime's CPU provider cannot run it)"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            out = fuse_case(case)
+        except Exception as e:  # a crash is a row too, never a silent miss
+            rows.append({"case": case.name, "fused": False, "max_abs_err": None, "within": False,
+                         "reason": f"crash: {type(e).__name__}: {e}", "seconds": time.perf_counter() - t0})
+            continue
+        rows.append({"case": case.name, "fused": out.fused and out.ops.get("Attention") == 1,
+                     "max_abs_err": out.max_abs_err, "within": out.within, "reason": out.reason,
+                     "seconds": round(time.perf_counter() - t0, 2)})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    runnable = [r for r in rows if r["fused"] is not None]
+    good = sum(bool(r["fused"] and r["within"]) for r in runnable)
+    lines = [f"{good} of {len(runnable)} runnable cases fused into one Attention op and matching onnx's reference "
+             f"({len(rows) - len(runnable)} bf16 cases named, not counted).", "",
+             "| case | fused | max abs err vs reference | reason |", "|---|---|---|---|"]
+    for r in rows:
+        fused = "skipped" if r["fused"] is None else ("yes" if r["fused"] else "no")
+        err = "" if r["max_abs_err"] is None else f"{r['max_abs_err']:.2g}" + ("" if r["within"] else " (over)")
+        # the body's tensors are named Attention_test_<case>_function_<name>: <name> says it
+        reason = r["reason"].replace(f"Attention_test_{r['case']}_function_", "").replace("|", "\\|")
+        if len(reason) > 240:
+            reason = reason[:237] + "..."
+        lines.append(f"| {r['case']} | {fused} | {err} | {reason} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    suite = ap.add_mutually_exclusive_group(required=True)
+    suite.add_argument("--ops", action="store_true", help="the Attention op cases (fuse --ops trt, build, normalize)")
+    suite.add_argument("--expanded", action="store_true", help="the function bodies (expanded cases) through fuse")
+    ap.add_argument("--readme", action="store_true", help="--ops: replace the suite's table in benchmarks/README.md")
+    ap.add_argument("--markdown", action="store_true", help="--expanded: print the table as markdown")
+    ap.add_argument("--only", help="--expanded: cases whose name contains this")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--work-dir", help="--ops: where the cases' models and outputs go (default: a temporary folder)")
+    args = ap.parse_args(argv)
+    if args.expanded:
+        return expanded_main(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        heading, rows, summary, lines = ops_suite(Path(args.work_dir or tmp))
+    how = ("Produced by `python benchmarks/conformance.py --ops --readme`: each case of onnx's backend suite for "
+           "the Attention op (the installed onnx's, nothing downloaded) through `trtattn fuse --ops trt` verified on "
+           "the case's own inputs, the written model (TensorRT's ops on trtattn_plugins' CPU kernels) against onnx's "
+           "reference outputs within the fp16 tolerance (the route's default precision), `trtattn build` and "
+           "`trtattn normalize`. Exit codes: 0 done, 1 a limit named with the site, 4 the plan made without "
+           "TensorRT.")
+    body = "\n".join([how, "", summary, "", *lines])
+    print(f"## {heading}\n\n{body}")
+    if args.readme:
+        replace_section(ROOT / "benchmarks" / "README.md", heading, body)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def expanded_main(args) -> int:
+    rows = expanded_rows(args.only)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.markdown:
+        print(markdown(rows))
+    else:
+        for r in rows:
+            print(f"{r['case']:<75} {'skip' if r['fused'] is None else 'yes' if r['fused'] else 'no':<4} "
+                  f"{'' if r['max_abs_err'] is None else format(r['max_abs_err'], '.2g'):<8} {r['reason']}")
+    runnable = [r for r in rows if r["fused"] is not None]
+    return 0 if all(r["fused"] and r["within"] or r["reason"] for r in runnable) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Issue 25: onnx's backend node cases of the Attention op (opset 23/24), each as its `_expanded` form (the op
+replaced by its function body, as onnx.inliner and function expansion write it), through trtattn's fuse as the
+command runs it: exactly one Attention op replaces the body, with the op's scale and softcap, and the fused model
+reproduces onnx's reference outputs (the case's tolerance; FP16_ATOL for fp16). A case whose model returns its
+softmax probabilities (qk_matmul_output_mode=3) is listed with that reason: IAttention cannot return them.
+bf16 cases are skipped by name (ONNX Runtime's CPU provider cannot run them). The RotaryEmbedding cases have no
+attention around them: fuse leaves them as they are (exit 0, the output is the input); put on Q and K of an
+attention, the attention fuses with the rotation before it as written (not yet read as a RotaryEmbedding)."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+
+from trtattn.graph.user_inputs import GivenInputs
+from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.conformance import conformance_cases, fuse_case, inside_attention, op_node
+
+ATTENTION = conformance_cases("Attention", expanded=True)
+ROPE = conformance_cases("RotaryEmbedding", expanded=True)
+# one of each kind stays in the fast run: 4-D, fp16, GQA + causal, 3-D, bool mask, softcap, past/present, fully
+# masked rows, a -inf logits output, a local window, batch and heads of 1, the probabilities returned
+FAST = {"attention_4d_expanded", "attention_4d_fp16_expanded", "attention_4d_gqa_causal_expanded",
+        "attention_3d_diff_heads_sizes_scaled_expanded", "attention_4d_attn_mask_bool_expanded",
+        "attention_4d_gqa_softcap_expanded", "attention_4d_gqa_with_past_and_present_expanded",
+        "attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
+        "attention_4d_with_past_and_present_qk_matmul_bias_3d_mask_causal_expanded",
+        "attention_local_window_with_past_expanded", "attention_4d_softcap_neginf_mask_poison_expanded",
+        "attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded"}
+
+
+def _param(case):
+    marks = [] if case.name in FAST else [pytest.mark.slow]
+    return pytest.param(case, id=case.name, marks=marks)
+
+
+def test_the_suite_is_the_installed_onnx_one():
+    names = {c.name for c in ATTENTION}
+    assert len(ATTENTION) >= 88 and FAST <= names
+    assert sum(c.cpu_unrunnable is not None for c in ATTENTION) >= 1
+
+
+def _returns_probabilities(op: onnx.NodeProto) -> bool:
+    mode = next((a.i for a in op.attribute if a.name == "qk_matmul_output_mode"), 0)
+    return mode == 3 and len(op.output) > 3 and bool(op.output[3])
+
+
+def _expected_scale(case, op: onnx.NodeProto) -> float:
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in op.attribute}
+    if "scale" in attrs:
+        return float(attrs["scale"])
+    q = case.inputs[op.input[0]]
+    head = q.shape[-1] if q.ndim == 4 else q.shape[-1] // attrs["q_num_heads"]
+    return 1.0 / np.sqrt(head)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in ATTENTION])
+def test_expanded_attention_fuses_into_one_op(case):
+    if case.cpu_unrunnable:
+        pytest.skip(f"{case.name}: {case.cpu_unrunnable}, which ONNX Runtime's CPU provider cannot run")
+    op = op_node(case)
+    out = fuse_case(case)
+    if _returns_probabilities(op):
+        assert not out.fused and "are a graph output (as 'qk_matmul_output')" in out.reason, out
+        assert "IAttention cannot return them" in out.reason
+        return
+    assert out.fused, out.reason
+    assert out.ops.get("Attention") == 1 and not out.ops.get("Softmax"), out.ops
+    assert out.within, f"{case.name}: max abs error {out.max_abs_err} against onnx's reference"
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in op.attribute}
+    assert out.attention is not None
+    assert np.isclose(out.attention.get("softcap", 0.0), attrs.get("softcap", 0.0))
+    # the body multiplies Q and K by sqrt(scale) in their own precision: in fp16 that factor is rounded
+    rtol = 2e-3 if case.inputs[op.input[0]].dtype == np.float16 else 1e-5
+    assert np.isclose(out.attention["scale"], _expected_scale(case, op), rtol=rtol), out.attention
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in ROPE])
+def test_lone_expanded_rotary_embedding_is_left_as_it_is(case):
+    """No attention reads it: nothing to fuse, so fuse writes the input unchanged (exit 0)."""
+    out = fuse_case(case)
+    assert not out.fused and out.reason == "nothing fused" and "Softmax" not in out.ops
+    assert sum(out.ops.values()) == len(case.model.graph.node)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in ROPE])
+def test_attention_around_expanded_rotary_embeddings_fuses(case):
+    """The RotaryEmbedding body on Q and K of an attention (interleaved, partial, 3-D, without position ids): the
+    attention fuses and verifies, the rotation computed before the op as written."""
+    model, feeds = inside_attention(case)
+    onnx.checker.check_model(model, full_check=True)
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1

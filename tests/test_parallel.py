@@ -1,0 +1,269 @@
+"""Tensor parallelism (routes/parallel): the split is found from the graph, each rank's form is a valid ONNX
+model with its collectives explicit, and N ranks run on ONNX Runtime with the collectives in numpy equal the
+original within verification's tolerance."""
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+from trtattn.graph import io, validate
+from trtattn.routes.parallel import DOMAIN, collective, split_model
+from trtattn.testing import write_llama
+from trtattn.testing.graphs import attention_model
+
+
+def _collectives(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node if n.domain == DOMAIN)
+
+
+def test_collectives_in_numpy():
+    parts = [np.full((2, 3), r + 1, np.float32) for r in range(4)]
+    assert np.array_equal(collective("AllReduce", parts), np.full((2, 3), 10, np.float32))
+    gathered = collective("AllGather", parts, axis=1)
+    assert gathered.shape == (2, 12) and gathered[0, 3] == 2
+    with pytest.raises(ValueError, match="AllReduce or AllGather"):
+        collective("Broadcast", parts)
+
+
+@pytest.mark.parametrize("ranks, q_rank, kv_rank", [(2, 2, 1), (4, 1, None)])
+def test_gqa_block_splits_by_whole_kv_groups(ranks, q_rank, kv_rank):
+    """4 query / 2 KV heads: over 2 ranks each takes one KV group with its two query heads; over 4 the KV
+    heads do not split, so K/V stay whole on every rank (named) while the query heads split."""
+    model = attention_model(heads=4, kv_heads=2)
+    forms = split_model(model, ranks)
+    (site,) = forms.plan.sites
+    assert (site.q_per_rank, site.kv_per_rank) == (q_rank, kv_rank)
+    replicated = dict(forms.plan.replicated)
+    assert (len(replicated) == 2) == (kv_rank is None)  # K and V projections, each with the node at fault
+    assert all("does not keep the split blocks" in r for r in replicated.values())
+    assert forms.plan.split.shape_fixes  # the heads constants of its Reshapes are the rank's
+    for r, rank in enumerate(forms.models):
+        validate.check(rank, f"rank {r}")
+        assert _collectives(rank) == {"AllReduce": 1}
+        q_weight = {i.name: i for i in rank.graph.initializer}
+        assert any(list(w.dims) == [32, 32 // ranks] for w in q_weight.values())  # Q's columns, sliced
+    check = forms.verify()
+    assert check.passed, check.errors
+    assert max(check.errors.values()) < 1e-5
+
+
+@pytest.mark.parametrize("style", ["split", "slice"])
+def test_fused_qkv_projection_splits_in_blocks(style):
+    """One [d, 3d] projection then Split (or three Slices) into Q, K, V: its columns split as 3 blocks, so each
+    rank holds its heads of Q, of K and of V; the Split sizes / Slice bounds are the rank's."""
+    forms = split_model(attention_model(heads=4, qkv_style=style), 2)
+    assert list(forms.plan.split.groups.values()) == [3]
+    (site,) = forms.plan.sites
+    assert (site.q_per_rank, site.kv_per_rank) == (2, 2)
+    check = forms.verify()
+    assert check.passed, check.errors
+
+
+def test_gemm_bias_is_added_once_after_the_reduce():
+    """Gemm(x, W1, b1) -> Relu -> Gemm(., W2, b2): W1/b1 by columns, W2 by rows; b2 is added after the
+    ALL_REDUCE, not on every rank."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w1", (16, 32)), ("b1", (32,)), ("w2", (32, 16)), ("b2", (16,)))]
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="up"), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="down")], "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    forms = split_model(model, 2)
+    assert len(forms.plan.split.bias_after) == 1
+    assert [n.op_type for n in forms.models[0].graph.node if n.op_type in ("AllReduce", "Add")] == ["AllReduce", "Add"]
+    check = forms.verify()
+    assert check.passed, check.errors
+
+
+def test_heads_that_do_not_split_stay_whole():
+    model = attention_model(heads=6)
+    forms = split_model(model, 4)
+    (site,) = forms.plan.sites
+    assert site.q_per_rank is None and "do not split" in site.note
+    reasons = " ".join(r for _, r in forms.plan.replicated)
+    assert "[2, 6, 48] -> [2, 6, 6, 8]" in reasons
+    assert all(_collectives(m) == {} for m in forms.models)
+    assert forms.verify().passed
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp")
+    path = write_llama.write_llama(out / "tiny-cache.onnx", **{**write_llama.PRESETS["tiny"], "form": "cache",
+                                                               "dtype": "float32"})
+    return io.load(path)
+
+
+def test_cache_holds_rank_heads_and_lm_head_gathers(tiny_llama):
+    """The writer's Llama with a cache: each rank's past/present K/V hold its KV heads; with the gather
+    threshold at 0 the LM head splits by vocabulary (its logits ALL_GATHERed) and so does the embedding
+    (each rank's lookups ALL_REDUCEd)."""
+    forms = split_model(tiny_llama, 2, gather_bytes=0)
+    split = forms.plan.split
+    assert set(split.input_shards) == {f"past_key_values.{i}.{p}" for i in range(2) for p in ("key", "value")}
+    assert set(split.cached) == {f"present.{i}.{p}" for i in range(2) for p in ("key", "value")}
+    assert set(split.gathered) == {"logits"}
+    (lookup,) = split.vocab  # the embedding too: each rank its vocabulary rows (plus one of zeros)
+    assert forms.plan.nodes[lookup].op == "Gather" and not forms.plan.replicated
+    rank = forms.models[1]
+    assert [list(t.dims) for t in rank.graph.initializer if t.name.endswith(".vocabulary")] == [[129, 64]]
+    past = next(i for i in rank.graph.input if i.name == "past_key_values.0.key")
+    assert past.type.tensor_type.shape.dim[1].dim_value == 1  # 2 KV heads over 2 ranks
+    assert _collectives(rank) == {"AllReduce": 5, "AllGather": 1}
+    check = forms.verify()
+    assert check.passed, check.errors
+    assert set(check.errors) == {"logits"} | set(split.cached)
+
+
+def test_small_lm_head_and_embedding_stay_whole(tiny_llama):
+    forms = split_model(tiny_llama, 2)
+    assert not forms.plan.split.gathered and not forms.plan.split.vocab
+    reasons = [r for _, r in forms.plan.replicated]
+    assert len(reasons) == 2 and all("threshold" in r for r in reasons)
+    assert any(r.startswith("embedding table [256, 64]") for r in reasons)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_zoo_llama(zoo_export, ranks):
+    model = io.load(zoo_export("llama", "torchscript"))
+    forms = split_model(model, ranks)
+    assert len(forms.plan.split.rows) == 4  # per layer: the out projection and the MLP's down projection
+    assert all(s.q_per_rank == 4 // ranks for s in forms.plan.sites)
+    check = forms.verify()
+    assert check.passed, check.errors
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, exporter", [("bart", "torchscript"), ("t5", "torchscript"),
+                                            ("llama-cache", "torchscript"), ("llama", "dynamo"),
+                                            ("gpt2", "torchscript")])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_zoo_split(zoo_export, name, exporter, ranks):
+    model = io.load(zoo_export(name, exporter))
+    forms = split_model(model, ranks)
+    assert forms.plan.split.rows and all(s.q_per_rank for s in forms.plan.sites)
+    check = forms.verify()
+    assert check.passed, check.errors
+
+
+def test_build_tp_writes_rank_forms_and_plans_then_exits_4(tmp_path, capsys):
+    """Without TensorRT, `build --tp 2` splits build's verified form, verifies the ranks, writes one form and
+    one build plan per rank and the set's plan (per rank weights, KV cache, collective bytes; the single-GPU
+    figures beside), and exits 4."""
+    import json
+
+    from trtattn.cli import main
+    from trtattn.trt import compat
+
+    try:
+        compat.import_tensorrt()
+        pytest.skip("TensorRT is installed: build would go on to the engines")
+    except Exception:
+        pass
+    src = tmp_path / "attn.onnx"
+    io.save(attention_model(heads=4, kv_heads=2), src)
+    out = tmp_path / "engines"
+    assert main(["-q", "build", str(src), "--tp", "2", "--out-dir", str(out), "--max-cache", "32",
+                 "--precision", "fp32"]) == 4
+    plan = json.loads((out / "attn.tp.json").read_text())
+    assert plan["tensor_parallel"] == 2 and plan["verification"]["passed"]
+    assert plan["verification"]["against"] == "the verified form" and plan["form"] == "padded"
+    rank_plan = json.loads((out / plan["ranks"][1]["plan"]).read_text())  # the rank's own build plan
+    assert [(a["q_heads"], a["kv_heads"]) for a in rank_plan["attentions"]] == [(2, 1)]
+    assert [c["kind"] for c in rank_plan["collectives"]] == ["ALL_REDUCE"]
+    assert [c["kind"] for c in plan["collectives"]] == ["ALL_REDUCE"]
+    assert plan["sites"][0]["q_heads_per_rank"] == 2 and plan["sites"][0]["kv_heads_per_rank"] == 1
+    ranks = plan["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["kv_cache_bytes"] * 2 == plan["single_gpu"]["kv_cache_bytes"] == 2 * 2 * 8 * 32 * 4
+    assert ranks[0]["weight_bytes"] < plan["single_gpu"]["weight_bytes"]
+    assert ranks[0]["all_reduce_bytes"] == 32 * 4  # the out-projection's 32 floats per token
+    for r in ranks:
+        validate.check(io.load(out / r["form"]), r["form"])
+    assert "KV cache at 32" in capsys.readouterr().out
+
+
+def test_rank_costs_match_the_llama_formula(tiny_llama):
+    """The README's 8B/70B figures come from llama_costs; on the tiny preset it must give what the split
+    of the written model holds (N=4: only the K/V slices' few index constants differ)."""
+    from trtattn.routes.parallel.cost import llama_costs, rank_costs
+
+    tiny = write_llama.PRESETS["tiny"]
+    for ranks in (2, 4):
+        forms = split_model(tiny_llama, ranks, gather_bytes=0)
+        measured = rank_costs(forms, 64)[0]
+        formula = llama_costs(tiny, ranks, 64, dtype_bytes=4, gather_bytes=0)
+        assert abs(measured.weight_bytes - formula.weight_bytes) <= 128
+        assert (measured.kv_cache_bytes, measured.all_reduces, measured.all_reduce_bytes, measured.all_gather_bytes) \
+            == (formula.kv_cache_bytes, formula.all_reduces, formula.all_reduce_bytes, formula.all_gather_bytes)
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_rank_set_on_too_few_gpus_says_so_in_one_line(tmp_path, capsys, monkeypatch, command):
+    import json
+
+    from trtattn.cli import main, rank_set
+    from trtattn.cli.rank_set import refuse
+
+    monkeypatch.setattr(rank_set, "visible_gpus", lambda: 1)
+    plan = tmp_path / "m.tp.json"
+    plan.write_text(json.dumps({"tensor_parallel": 4}))
+    engine = tmp_path / "m.rank0of4.engine"
+    engine.write_bytes(b"not an engine: never opened")
+    engine.with_suffix(".json").write_text(json.dumps({"tensor_parallel": {"rank": 0, "ranks": 4}}))
+    for target in (plan, engine):
+        assert main(["-q", command, str(target)]) == 4
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "needs 4 GPUs, this machine has 1" in err[0]
+    assert refuse(str(plan), gpus=lambda: 4) == 1  # enough GPUs: the launch itself is not implemented
+    assert refuse(str(tmp_path / "plain.onnx")) is None
+
+
+def test_build_folder_tp_writes_a_rank_set_per_part(tmp_path):
+    import json
+
+    from trtattn.cli import main
+    from trtattn.trt import compat
+
+    try:
+        compat.import_tensorrt()
+        pytest.skip("TensorRT is installed: build would go on to the engines")
+    except Exception:
+        pass
+    folder = tmp_path / "export"
+    folder.mkdir()
+    io.save(attention_model(heads=4, kv_heads=2), folder / "encoder_model.onnx")
+    io.save(attention_model(heads=4, seed=1), folder / "decoder_model.onnx")
+    assert main(["-q", "build", str(folder), "--tp", "2", "--out-dir", str(tmp_path / "engines")]) == 4
+    out = tmp_path / "engines" / "export"
+    index = json.loads((out / "tp.json").read_text())
+    assert index == {"tensor_parallel": 2, "parts": {"decoder_model.onnx": "decoder_model.tp.json",
+                                                     "encoder_model.onnx": "encoder_model.tp.json"}}
+    for part in ("decoder_model", "encoder_model"):
+        assert json.loads((out / f"{part}.tp.json").read_text())["verification"]["passed"]
+        assert (out / f"{part}.rank1of2.onnx").is_file()
+
+
+@pytest.mark.slow
+def test_bart_generation_parts_keep_their_caches_per_rank(zoo_dir):
+    """BART's encoder, first decoder step and decoder step with a cache (zoo/generation.py): the first step's
+    presents (self and cross K/V) are each rank's heads, the step reads its pasts in slices."""
+    from trtattn.zoo import generation
+
+    parts = generation.export_family("bart", zoo_dir / "family-bart")
+    layers = 2
+    expected_cached = {"bart-decoder-init": 4 * layers, "bart-decoder-step": 2 * layers}
+    for name, path in parts.items():
+        forms = split_model(io.load(path), 2)
+        split = forms.plan.split
+        assert len(split.cached) == expected_cached.get(name, 0), name
+        assert len(split.input_shards) == (4 * layers if name == "bart-decoder-step" else 0), name
+        check = forms.verify()
+        assert check.passed, (name, check.errors)

@@ -1,0 +1,164 @@
+"""trtattn build MODEL --tp N: one form, plan and (with TensorRT) engine per rank, and one sidecar for the
+set (NAME.tp.json). The split is found from the graph and the N rank forms are verified together on ONNX
+Runtime with the collectives in numpy before anything is written; without TensorRT it writes the rank
+forms, the per-rank plans and the sidecar, and exits 4, as build does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import MissingDependencyError
+from ..graph import io as onnxio
+from .common import exit_without_tensorrt, load_model
+from .dims import parse_dims
+
+
+def tp_plan(forms, max_cache: int, name: str) -> dict:
+    """The set's plan: per site its heads per rank, what stays whole and why, per rank its form, weights,
+    KV-cache bytes at max_cache and the bytes its collectives move per token."""
+    from ..routes.parallel import DOMAIN
+    from ..routes.parallel.cost import initializer_bytes, rank_costs
+
+    plan, split = forms.plan, forms.plan.split
+    costs = rank_costs(forms, max_cache)
+    whole_kv = sum((s.kv_heads or 0) * (s.head_size + s.v_head_size) * s.element_bytes for s in plan.sites) * max_cache
+    return {
+        "tensor_parallel": plan.ranks, "collective_domain": DOMAIN, "max_cache": max_cache,
+        "gather_threshold_bytes": plan.gather_bytes,
+        "sites": [{"name": s.name, "q_heads": s.q_heads, "kv_heads": s.kv_heads, "q_heads_per_rank": s.q_per_rank,
+                   "kv_heads_per_rank": s.kv_per_rank, "note": s.note} for s in plan.sites],
+        "collectives": [{"kind": "ALL_REDUCE", "tensor": plan.nodes[i].outputs[0].name, "after": plan.nodes[i].name}
+                        for i in split.rows + split.vocab] + [{"kind": "ALL_GATHER", "tensor": k, "axis": v.axis}
+                                                for k, v in split.gathered.items()],
+        "sharded_inputs": {k: v.axis for k, v in split.input_shards.items()},
+        "rank_cache_outputs": {k: v.axis for k, v in split.cached.items()},
+        "replicated": [{"node": n, "why": why} for n, why in plan.replicated],
+        "single_gpu": {"weight_bytes": initializer_bytes(forms.original), "kv_cache_bytes": whole_kv},
+        "ranks": [{**c.as_dict(), "form": f"{name}.rank{c.rank}of{plan.ranks}.onnx",
+                   "engine": f"{name}.rank{c.rank}of{plan.ranks}.engine"} for c in costs],
+    }
+
+
+def describe(plan: dict) -> str:
+    from ..report import table
+
+    n = plan["tensor_parallel"]
+    lines = [f"tensor parallel over {n} ranks: {len(plan['collectives'])} collectives per step, "
+             f"{sum(s['q_heads_per_rank'] is not None for s in plan['sites'])}/{len(plan['sites'])} sites split"]
+    lines.append(table(plan["sites"], [("name", "site"), ("q_heads", "heads"), ("kv_heads", "kv"),
+                                       ("q_heads_per_rank", "heads/rank"), ("kv_heads_per_rank", "kv/rank"),
+                                       ("note", "note")]))
+    rows = [{"rank": r["rank"], "weights": f"{r['weight_bytes'] / 2**20:.2f} MiB",
+             "kv": f"{r['kv_cache_bytes'] / 2**20:.2f} MiB", "reduces": r["all_reduces"],
+             "moved": f"{r['sent_bytes'] / 1024:.1f} KiB"} for r in plan["ranks"]]
+    single = plan["single_gpu"]
+    rows.append({"rank": "1 GPU", "weights": f"{single['weight_bytes'] / 2**20:.2f} MiB",
+                 "kv": f"{single['kv_cache_bytes'] / 2**20:.2f} MiB", "reduces": 0, "moved": "0"})
+    lines.append(table(rows, [("rank", "rank"), ("weights", "weights"),
+                              ("kv", f"KV cache at {plan['max_cache']} (one sequence)"),
+                              ("reduces", "ALL_REDUCEs/token"), ("moved", "sent/token (ring)")]))
+    for r in plan["replicated"]:
+        lines.append(f"  whole on every rank: {r['node']}: {r['why']}")
+    return "\n".join(lines)
+
+
+def run_tp(args, progress) -> int:
+    if Path(args.model).is_dir():  # an export folder: one rank set per ONNX part, tp.json for the folder
+        return _folder(args, progress)
+    code, _ = _one(args, progress, Path(args.model), args.name or Path(args.model).stem, Path(args.out_dir),
+                   prepare_form=True)
+    return code
+
+
+def _folder(args, progress) -> int:
+    folder = Path(args.model)
+    parts = sorted(folder.glob("*.onnx"))
+    if not parts:
+        print(f"trtattn: {folder} has no ONNX model to split")
+        return 2
+    out = Path(args.out_dir) / folder.resolve().name
+    codes, plans = [], {}
+    for part in parts:
+        print(f"--- {part.name}")
+        code, plan = _one(args, progress, part, part.stem, out)
+        codes.append(code)
+        if plan is not None:
+            plans[part.name] = f"{part.stem}.tp.json"
+    onnxio.atomic_write(out / "tp.json", (json.dumps({"tensor_parallel": args.tp, "parts": plans}, indent=2) + "\n")
+                        .encode())
+    print(f"wrote {out / 'tp.json'}")
+    return 1 if any(c == 1 for c in codes) else max(codes)
+
+
+def _rank_plans(prepared, forms) -> list:
+    from ..routes.parallel.engine import rank_plan_from_prepared
+
+    return [rank_plan_from_prepared(prepared, forms, r) for r in range(forms.plan.ranks)]
+
+
+def _prepared(args, progress, model, name: str, source: Path):
+    """build's verified form of `model` (what a one-GPU build would hand TensorRT)."""
+    from ..routes.prepare import Limits, prepare
+    from ..trt.profiles import parse_shapes
+
+    shapes = (parse_shapes(args.min_shapes), parse_shapes(args.opt_shapes), parse_shapes(args.max_shapes))
+    limits = Limits(max_batch=args.max_batch, max_positions=args.max_positions, max_cache=args.max_cache)
+    return prepare(model, name=name, form=args.form, precision=args.precision, io_dtype=args.io_dtype,
+                   calib=args.calib, dims=parse_dims(args.dims), decomposable=args.decomposable, shapes=shapes,
+                   limits=limits, progress=progress, source=str(source))
+
+
+def _one(args, progress, source: Path, name: str, out: Path, prepare_form: bool = False) -> tuple[int, dict | None]:
+    """One model's rank set. With `prepare_form` the split is of build's verified form (each rank's
+    attention an IAttention over its heads), else of the model as it is (an export folder's parts)."""
+    from ..routes.parallel import split_model
+    from ..trt import compat
+    from ..trt.profiles import max_positions
+    from ..verify.compare import tolerance_for
+
+    model = load_model(source, progress, with_weights=True)  # the ranks' weights are slices of these
+    prepared = _prepared(args, progress, model, name, source) if prepare_form else None
+    form = prepared.form_model if prepared is not None else model
+    with progress.step(f"finding the split over {args.tp} ranks"):
+        forms = split_model(form, args.tp, dims=parse_dims(args.dims))
+    atol, rtol = tolerance_for(form)
+    with progress.step(f"verifying {args.tp} ranks on ONNX Runtime, collectives in numpy"):
+        check = forms.verify(atol=atol, rtol=rtol)
+    worst = max(check.errors.values(), default=0.0)
+    print(f"{args.tp} ranks against the original: {'passed' if check.passed else 'FAILED'} "
+          f"(max abs error {worst:.3g} over {len(forms.feeds)} inputs)")
+    if not check.passed:
+        for k, e in check.errors.items():
+            print(f"  {k}: {e:.3g} (bound {check.bounds[k]:.3g})")
+        return 1, None
+    max_cache = args.max_cache or max_positions(model)[0] or 2048
+    plan = tp_plan(forms, max_cache, name)
+    plan["verification"] = {"passed": check.passed, "max_abs_err": worst, "outputs": check.errors,
+                            "against": "the verified form" if prepared is not None else "the model"}
+    if prepared is not None:
+        plan["form"], plan["precision"] = args.form, args.precision
+    print(describe(plan))
+    rank_plans = _rank_plans(prepared, forms) if prepared is not None else []
+    for r, rank in enumerate(forms.models):
+        onnxio.save(rank, out / plan["ranks"][r]["form"], protect=(str(source),))
+        if rank_plans:  # each rank's build plan (its sites' heads, its collectives, its I/O and profiles)
+            plan["ranks"][r]["plan"] = f"{name}.rank{r}of{args.tp}.plan.json"
+            onnxio.atomic_write(out / plan["ranks"][r]["plan"],
+                                (json.dumps(rank_plans[r][0].to_json(), indent=2, default=str) + "\n").encode())
+    sidecar = out / f"{name}.tp.json"
+    onnxio.atomic_write(sidecar, (json.dumps(plan, indent=2) + "\n").encode())
+    if args.plan_json and not Path(args.model).is_dir():
+        onnxio.atomic_write(Path(args.plan_json), (json.dumps(plan, indent=2) + "\n").encode())
+    print(f"wrote {args.tp} rank forms and {sidecar}")
+    try:
+        trt = compat.import_tensorrt()
+    except MissingDependencyError as e:
+        return exit_without_tensorrt(e), plan
+    from ..routes.parallel.engine import build_ranks
+
+    with progress.step(f"building {args.tp} rank engines with TensorRT {trt.__version__}"):
+        engines = build_ranks(forms.models, trt, out, name, max_positions=args.max_positions or max_cache,
+                              force=args.force, source=str(source), plans=rank_plans or None)
+    print(f"wrote {', '.join(str(e) for e in engines)}")
+    return 0, plan

@@ -1,0 +1,187 @@
+"""ONNX Runtime's com.microsoft GroupQueryAttention as the standard ONNX Attention op with past/present.
+
+GroupQueryAttention takes Q [B, S, N*H], K and V [B, S, Nkv*H], past_key/past_value [B, Nkv, P, H], and
+per row the total length (seqlens_k = total - 1) next to the batch's total_sequence_length. Its kernel
+writes the present as the past rows' first `past_b` keys followed by the new ones, where the first prompt
+(S == total_sequence_length) has no past and later steps have past_b = total_b - S; query i sees the past
+keys and the new keys up to its own (causal from the bottom right) within the row's total.
+
+The standard op's present is Concat(past, new) (its kv-cache update): the same cache when every row's
+past fills past_key (P == total_b - S, a concatenated cache, and always on a first prompt with no past),
+which is how a model built on concatenated caches calls it. The keys each query sees are read from
+seqlens_k as the kernel reads them, in a boolean mask: past keys below past_b, new keys up to the query
+and below the row's new length. Q, K and V packed in the query input are split; softcap is the standard
+op's (both cap the logits before the mask); a sliding window (local_window_size) is part of the mask;
+rotary inside the op (do_rotary) is the standard RotaryEmbedding on the new Q and K at the positions the
+kernel gives them; attention_bias is read at the kernel's columns. A smooth softmax and sinks are not
+converted: the site is reported with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..errors import TrtattnError
+from ..graph.emit import Emitter
+from .microsoft import causal_keep, is_read, merge_heads, optional_input, split_heads
+
+_NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax"}
+
+
+def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
+    """Replace a com.microsoft GroupQueryAttention node; returns the new Attention node."""
+    where = f"com.microsoft:GroupQueryAttention {node.name}"
+    for attr, why in _NOT_CONVERTED.items():
+        if node.attrs.get(attr, 0):
+            raise TrtattnError(f"{where} {why}: not converted")
+    q, k, v = node.inputs[0], optional_input(node, 1), optional_input(node, 2)
+    if (k is None) != (v is None):
+        raise TrtattnError(f"{where} has only one of key and value")
+    if optional_input(node, 11) is not None:
+        raise TrtattnError(f"{where} has attention sinks (head_sink): not converted")
+    if len(node.outputs) > 3 and is_read(graph, node.outputs[3]):
+        raise TrtattnError(f"{where} also outputs its QK product: not converted")
+    past_k, past_v, seqlens, total_length = optional_input(node, 3), optional_input(node, 4), node.inputs[5], node.inputs[6]
+    if (past_k is None) != (past_v is None):
+        raise TrtattnError(f"{where} has only one of past_key and past_value")
+    heads, kv_heads = int(node.attrs["num_heads"]), int(node.attrs["kv_num_heads"])
+    width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
+    if width is None:
+        raise TrtattnError(f"{where}: the query's hidden size is unknown")
+    head = width // heads if k is not None else width // (heads + 2 * kv_heads)  # packed: [B, S, (N + 2 Nkv) H]
+    dtype = np.dtype(q.dtype) if q.dtype is not None else np.dtype(np.float32)
+    emit = Emitter(graph, prefix)
+    if k is None:  # Q, K and V packed in one input
+        parts = [gs.Variable(f"{prefix}/{p}", dtype=dtype) for p in "qkv"]
+        graph.nodes.append(gs.Node("Split", f"{prefix}/split", {"axis": -1}, inputs=[
+            q, emit.const([heads * head, kv_heads * head, kv_heads * head], np.int64)], outputs=parts))
+        q, k, v = parts
+    q4, k4, v4 = split_heads(emit, q, heads, head, dtype), split_heads(emit, k, kv_heads, head, dtype), \
+        split_heads(emit, v, kv_heads, head, dtype)
+    row_past, row_new = _row_lengths(emit, q4, seqlens, total_length)
+    if node.attrs.get("do_rotary", 0):
+        q4, k4 = _rotary(emit, node, q4, k4, row_past, head, dtype)
+    size = int(node.attrs.get("local_window_size", -1))
+    window = size if size > 0 else None
+    # without a window the causal part is the standard op's is_causal (bottom-right with a past: j <= P + i),
+    # and the mask says only which keys each row has: causal + padding, as the kv-cache form reads it
+    keep = _keep(emit, q4, past_k, row_past, row_new, window)
+    bias = optional_input(node, 10)
+    mask = keep if bias is None else emit(
+        "Where", [keep, _bias_at_keys(emit, bias, q4, past_k, row_past), emit.const(np.finfo(dtype).min, dtype)],
+        dtype=dtype, name="attention_bias")
+    scale = node.attrs.get("scale") or 1.0 / math.sqrt(head)
+    inputs = [q4, k4, v4, emit.full_query_rows(mask, q4)]
+    presents = []
+    if past_k is not None:
+        inputs += [past_k, past_v]
+        presents = [o if is_read(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
+                    for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
+    y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
+    attrs = {"scale": float(scale), **({"is_causal": 1} if window is None else {})}
+    if node.attrs.get("softcap", 0.0):  # capped before the mask, as the kernel and the standard op both do
+        attrs["softcap"] = float(node.attrs["softcap"])
+    attention = gs.Node("Attention", f"{prefix}/Attention", attrs, inputs=inputs, outputs=[y, *presents])
+    graph.nodes.append(attention)
+    if past_k is None and any(is_read(graph, o) for o in node.outputs[1:3]):  # no past: the present is the new K/V
+        for o, t in zip(node.outputs[1:3], (k4, v4)):
+            if is_read(graph, o):
+                emit("Identity", [t], dtype=dtype, name="present")
+                graph.nodes[-1].outputs = [o]
+    out = node.outputs[0]
+    node.outputs.clear()
+    node.inputs.clear()
+    merge_heads(emit, y, dtype)
+    graph.nodes[-1].outputs = [out]
+    return attention
+
+
+def _row_lengths(emit: Emitter, q4, seqlens, total_length):
+    """Each row's past and new lengths [B] as the kernel reads seqlens_k: row b's total is seqlens_k[b] + 1;
+    on a first prompt (S == total_sequence_length) it has no past, else its past is total - S keys."""
+    i64 = np.int64
+    s = emit.dim(q4, 2)
+    row_total = emit("Add", [emit.cast(seqlens, i64), emit.const(1, i64)], dtype=i64)
+    first = emit("Equal", [emit.cast(total_length, i64), s], dtype=np.bool_)
+    row_past = emit("Where", [first, emit.const(0, i64), emit("Sub", [row_total, s], dtype=i64)], dtype=i64)
+    return row_past, emit("Sub", [row_total, row_past], dtype=i64)
+
+
+def _rotary(emit: Emitter, node: gs.Node, q4, k4, row_past, head: int, dtype):
+    """do_rotary: the standard RotaryEmbedding on the new Q and K ([B, N, S, H]) with the op's cos/sin
+    tables, at the positions the kernel gives the new tokens (position_ids when given, else each row's past
+    length + i); rotary_interleaved as the standard op's interleaved, a table narrower than the head as
+    its rotary_embedding_dim."""
+    cos, sin = optional_input(node, 7), optional_input(node, 8)
+    if cos is None or sin is None:
+        raise TrtattnError(f"com.microsoft:GroupQueryAttention {node.name} applies rotary embedding without "
+                           "cos_cache and sin_cache: not converted")
+    i64 = np.int64
+    positions = optional_input(node, 9)
+    if positions is None:
+        new = emit("Range", [emit.const(0, i64), emit.dim(q4, 2), emit.const(1, i64)], dtype=i64)
+        positions = emit("Add", [emit("Unsqueeze", [row_past, emit.const([1], i64)], dtype=i64),
+                                 emit("Unsqueeze", [new, emit.const([0], i64)], dtype=i64)], dtype=i64)
+    attrs = {"interleaved": int(node.attrs.get("rotary_interleaved", 0))}
+    half = cos.shape[-1] if cos.shape and isinstance(cos.shape[-1], int) else None
+    if half is not None and 2 * half < head:
+        attrs["rotary_embedding_dim"] = 2 * half
+    return tuple(emit("RotaryEmbedding", [t, cos, sin, emit.cast(positions, i64)], attrs, dtype=dtype, name=f"{x}_rotary")
+                 for x, t in (("q", q4), ("k", k4)))
+
+
+def _bias_at_keys(emit: Emitter, bias, q4, past_k, row_past):
+    """attention_bias [B or 1, N or 1, S, T] read at the keys' places: the kernel's column for a new key n is
+    the row's past length + n (its present is compacted), the standard op's key is at P + n."""
+    if past_k is None:
+        return bias  # no past: the same columns
+    i64 = np.int64
+    p, columns = emit.dim(past_k, 2), emit.dim(bias, 3)
+    j = emit("Range", [emit.const(0, i64), emit("Add", [p, emit.dim(q4, 2)], dtype=i64), emit.const(1, i64)],
+             dtype=i64)
+    rows = emit("Unsqueeze", [row_past, emit.const([1], i64)], dtype=i64)  # [B, 1]
+    at = emit("Where", [emit("Less", [j, p], dtype=np.bool_), j, emit("Add", [rows, emit("Sub", [j, p], dtype=i64)],
+                                                                      dtype=i64)], dtype=i64)  # [B, P + S]
+    at = emit("Min", [at, emit("Sub", [columns, emit.const(1, i64)], dtype=i64)], dtype=i64)  # masked keys: any column
+    at = emit("Unsqueeze", [at, emit.const([1, 2], i64)], dtype=i64)  # [B, 1, 1, P + S]
+    shape = emit("Concat", [emit.shape_slice(q4, 0, 1), emit.shape_slice(bias, 1, 3), emit.shape_slice(at, 3, 4)],
+                 {"axis": 0}, dtype=i64)
+    rows_bias = emit("Expand", [bias, emit("Concat", [emit.shape_slice(q4, 0, 1), emit.shape_slice(bias, 1, 4)],
+                                           {"axis": 0}, dtype=i64)], dtype=bias.dtype)
+    return emit("GatherElements", [rows_bias, emit("Expand", [at, shape], dtype=i64)], {"axis": 3}, dtype=bias.dtype,
+                name="bias_at_keys")
+
+
+def _keep(emit: Emitter, q4, past_k, row_past, row_new, window: int | None):
+    """Booleans, True where a query sees a key: the row's past keys (below row_past) and its new keys below
+    its new length, [B, 1, 1, P + S] (the op's is_causal adds n <= i); with a sliding window
+    (local_window_size w), [B, 1, S, P + S] with the causal part in it: query i sees new keys n <= i and
+    it sees the last w keys up to its own, as ONNX Runtime's kernel does (measured: w keys, not w + 1):
+    positions above past + i - w (a past key j is at j, a new key n at past + n)."""
+    i64 = np.int64
+    s = emit.dim(q4, 2)
+    p = emit.dim(past_k, 2) if past_k is not None else emit.const(0, i64)
+
+    def per_row(t):  # [B] -> [B, 1, 1, 1]
+        return emit("Unsqueeze", [t, emit.const([1, 2, 3], i64)], dtype=i64)
+
+    keys = emit("Add", [p, s], dtype=i64)
+    j = emit("Range", [emit.const(0, i64), keys, emit.const(1, i64)], dtype=i64)  # [P + S]
+    n = emit("Sub", [j, p], dtype=i64)  # a new key's index (negative for the past)
+    past_seen = emit("And", [emit("Less", [j, p], dtype=np.bool_),
+                             emit("Less", [j, per_row(row_past)], dtype=np.bool_)], dtype=np.bool_)
+    new_seen = emit("And", [emit("GreaterOrEqual", [n, emit.const(0, i64)], dtype=np.bool_),
+                            emit("Less", [n, per_row(row_new)], dtype=np.bool_)], dtype=np.bool_)
+    if window is None:
+        return emit("Or", [past_seen, new_seen], dtype=np.bool_, name="keys_seen")  # [B, 1, 1, P + S]; is_causal
+    new_seen = emit("And", [new_seen, causal_keep(emit, s, keys, p)], dtype=np.bool_)  # [S, P + S]: j <= P + i
+    i = emit("Unsqueeze", [emit("Range", [emit.const(0, i64), s, emit.const(1, i64)], dtype=i64),
+                           emit.const([1], i64)], dtype=i64)  # [S, 1]
+    reach = emit("Sub", [i, emit.const(window - 1, i64)], dtype=i64)  # the oldest key seen, as a new key's index
+    past_seen = emit("And", [past_seen, emit("GreaterOrEqual", [j, emit("Add", [reach, per_row(row_past)], dtype=i64)],
+                                             dtype=np.bool_)], dtype=np.bool_)
+    new_seen = emit("And", [new_seen, emit("GreaterOrEqual", [n, reach], dtype=np.bool_)], dtype=np.bool_)
+    return emit("Or", [past_seen, new_seen], dtype=np.bool_, name="keys_seen")

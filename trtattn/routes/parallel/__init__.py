@@ -1,0 +1,79 @@
+"""Tensor parallelism (Megatron's split, TensorRT-LLM's layout): one form per rank, collectives explicit.
+
+    forms = split_model(model, ranks=2)      # the split found from the graph, each rank's ONNX form
+    forms.plan.sites, forms.plan.replicated  # per site: heads per rank; what stays whole and why
+    check = forms.verify()                   # all ranks on ONNX Runtime, collectives in numpy, vs the original
+
+find.py finds the split (shard.py: one pass following a split axis through the graph), ranks.py writes
+each rank's form with `trtattn.dist` AllReduce/AllGather nodes, collectives.py runs a rank set, cost.py
+gives each rank's weights, KV-cache bytes and the bytes its collectives move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from .collectives import RankCheck, RankSet, check_ranks, collective, rank_feeds
+from .find import GATHER_BYTES, ParallelPlan, SiteSplit, find_split
+from .ranks import DOMAIN, rank_model
+from .shard import Shard, Unsplittable
+
+
+@dataclass
+class RankForms:
+    original: onnx.ModelProto
+    plan: ParallelPlan
+    models: list[onnx.ModelProto]
+    feeds: list[dict[str, np.ndarray]]
+
+    def verify(self, feeds: list[dict] | None = None, *, atol: float = 1e-4, rtol: float = 1e-4) -> RankCheck:
+        split = self.plan.split
+        return check_ranks(self.original, self.models, split.input_shards, split.cached, feeds or self.feeds,
+                           atol=atol, rtol=rtol)
+
+
+def split_model(model: onnx.ModelProto, ranks: int, *, feeds: list[dict] | None = None, sites=None,
+                gather_bytes: int = GATHER_BYTES, dims=None) -> RankForms:
+    """The rank forms of `model` over `ranks` devices. `feeds` (default: two sets in the model's domain at
+    dims it runs on, and one at other dims) are what the split is verified with, the first what it is
+    measured on; `sites` default to the matcher's."""
+    from ...match import match
+    from ...verify.compare import default_feeds
+
+    if feeds is None:
+        feeds = default_feeds(model, dims=dims) + _other_dims(model)
+    if sites is None:
+        sites = match(model).sites
+    plan = find_split(model, ranks, feeds[0], sites=sites, gather_bytes=gather_bytes)
+    return RankForms(model, plan, [rank_model(plan, model, r) for r in range(ranks)], feeds)
+
+
+def _other_dims(model: onnx.ModelProto) -> list[dict]:
+    """One more feed set at other dims (each input dim times its own prime, as graph/measure.py probes),
+    where the original runs on them: the split is measured at the first dims and must hold at these."""
+    from ...graph.evaluate import ort_session
+    from ...graph.feeds import make_feeds
+    from ...graph.measure import probe_dims
+
+    try:
+        _, choices = probe_dims(model)
+        session = ort_session(model)
+        wanted = {i.name for i in session.get_inputs()}
+    except Exception:
+        return []
+    for dims in choices:
+        feeds = make_feeds(model, dims=dims, seed=7)
+        try:
+            session.run(None, {k: v for k, v in feeds.items() if k in wanted})
+        except Exception:
+            continue
+        return [feeds]
+    return []
+
+
+__all__ = ["split_model", "RankForms", "find_split", "ParallelPlan", "SiteSplit", "rank_model", "RankSet",
+           "RankCheck", "check_ranks", "collective", "rank_feeds", "Shard", "Unsplittable", "DOMAIN",
+           "GATHER_BYTES"]

@@ -1,0 +1,174 @@
+"""Run a rank set on ONNX Runtime with its collectives carried out in numpy, and compare it with the
+original model.
+
+Each rank's form is cut at its `trtattn.dist` nodes: the collectives come out, their outputs become
+inputs, and the model runs in waves, each wave up to the collectives whose inputs are ready; between
+waves the collectives run across the ranks in numpy (ALL_REDUCE: the sum in rank order; ALL_GATHER:
+concatenation). One session per rank and wave, made once and reused for every feed dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from ...graph.evaluate import cut_out, ort_session
+from ...graph.view import import_graph
+from .ranks import DOMAIN
+from .shard import Shard
+
+
+def collective(op: str, parts: list[np.ndarray], axis: int = 0) -> np.ndarray:
+    """One collective over the ranks' tensors, in rank order: what each rank receives."""
+    if op == "AllReduce":
+        total = parts[0].astype(np.float64) if parts[0].dtype.kind == "f" else parts[0].copy()
+        for p in parts[1:]:
+            total = total + p
+        return np.asarray(total, dtype=parts[0].dtype)
+    if op == "AllGather":
+        return np.concatenate(parts, axis=axis)
+    raise ValueError(f"collective '{op}': AllReduce or AllGather")
+
+
+class _RankGraph:
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        graph = import_graph(model)
+        graph.toposort()
+        self.collectives = [n for n in graph.nodes if n.domain == DOMAIN]
+        for node in self.collectives:  # cut: each collective's output becomes an input of the rank's graph
+            out = node.outputs[0]
+            node.outputs.clear()
+            node.inputs.clear()
+            graph.inputs.append(out)
+        graph.nodes = [n for n in graph.nodes if n.domain != DOMAIN]
+        self.graph = graph
+        self.outputs = {t.name for t in graph.outputs}
+
+
+class RankSet:
+    """N rank forms run together; `run(feeds_per_rank)` gives each rank's outputs by name."""
+
+    def __init__(self, models: list[onnx.ModelProto]):
+        self.ranks = [_RankGraph(m) for m in models]
+        first = self.ranks[0]
+        self.ops = [(n.op, dict(n.attrs)) for n in first.collectives]
+        # the collectives' inputs/outputs by name, the same on every rank (the forms differ only in data)
+        protos = [n for n in models[0].graph.node if n.domain == DOMAIN]
+        self.inputs = [p.input[0] for p in protos]
+        self.outputs = [p.output[0] for p in protos]
+        self.waves = self._waves(models[0])
+        self.sessions = [[self._session(r, wave) for wave in self.waves] for r in self.ranks]
+        finals = [o.name for o in first.graph.outputs if o.name not in self.outputs]
+        self.final = [ort_session(cut_out(r.graph, [r.graph.tensors()[n] for n in finals], r.model)) if finals
+                      else None for r in self.ranks]
+        self.final_names = finals
+
+    def _waves(self, model: onnx.ModelProto) -> list[list[int]]:
+        """Collectives grouped so that each group's inputs need only earlier groups' outputs."""
+        producer = {o: n for n in model.graph.node for o in n.output}
+        index = {o: k for k, o in enumerate(self.outputs)}
+        depth: dict[str, int] = {}
+
+        def level(name: str) -> int:  # 1 + the deepest collective `name` depends on (0: none)
+            stack, order = [name], []
+            while stack:
+                x = stack.pop()
+                if x in depth or x not in producer:
+                    continue
+                order.append(x)
+                node = producer[x]
+                stack.extend(i for i in node.input if i and i not in depth)
+            for x in reversed(order):
+                node = producer[x]
+                if x in index:
+                    depth[x] = 1 + max((depth.get(i, 0) for i in node.input if i), default=0)
+                else:
+                    depth[x] = max((depth.get(i, 0) for i in node.input if i), default=0)
+            return depth.get(name, 0)
+
+        levels = [level(self.inputs[k]) for k in range(len(self.inputs))]
+        return [[k for k, v in enumerate(levels) if v == d] for d in sorted(set(levels))]
+
+    def _session(self, rank: _RankGraph, wave: list[int]):
+        tensors = rank.graph.tensors()
+        return ort_session(cut_out(rank.graph, [tensors[self.inputs[k]] for k in wave], rank.model))
+
+    def run(self, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        known = [dict(f) for f in feeds]
+        for w, wave in enumerate(self.waves):
+            parts = []
+            for r, session in enumerate(s[w] for s in self.sessions):
+                names = [i.name for i in session.get_inputs()]
+                parts.append(session.run([self.inputs[k] for k in wave], {n: known[r][n] for n in names}))
+            for j, k in enumerate(wave):
+                op, attrs = self.ops[k]
+                value = collective(op, [p[j] for p in parts], attrs.get("axis", 0))
+                for r in range(len(self.ranks)):
+                    known[r][self.outputs[k]] = value
+        results = []
+        for r, session in enumerate(self.final):
+            out = {n: known[r][n] for n in self.outputs}
+            if session is not None:
+                names = [i.name for i in session.get_inputs()]
+                out.update(zip(self.final_names, session.run(self.final_names, {n: known[r][n] for n in names})))
+            results.append({o.name: out[o.name] for o in self.ranks[r].graph.outputs})
+        return results
+
+
+@dataclass
+class RankCheck:
+    ranks: int
+    passed: bool
+    atol: float
+    rtol: float
+    errors: dict[str, float] = field(default_factory=dict)  # output -> max abs error over ranks and feeds
+    bounds: dict[str, float] = field(default_factory=dict)
+
+
+def rank_feeds(feeds: dict[str, np.ndarray], shards: dict[str, Shard], ranks: int) -> list[dict[str, np.ndarray]]:
+    from .ranks import slice_array
+
+    return [{k: (slice_array(v, shards[k], ranks, r) if k in shards else v) for k, v in feeds.items()}
+            for r in range(ranks)]
+
+
+def check_ranks(original: onnx.ModelProto, models: list[onnx.ModelProto], input_shards: dict[str, Shard],
+                cached: dict[str, Shard], feeds_list: list[dict], *, atol: float = 1e-4,
+                rtol: float = 1e-4) -> RankCheck:
+    """The rank set against the original on ONNX Runtime, output by output: a replicated or gathered
+    output on every rank, a cache output as the ranks' slices concatenated. An output's bound is
+    atol + rtol * its largest reference magnitude (as verify/compare.py bounds every verification)."""
+    n = len(models)
+    reference = ort_session(original)
+    names = [o.name for o in reference.get_outputs()]
+    ranks = RankSet(models)
+    check = RankCheck(n, True, atol, rtol)
+    for feeds in feeds_list:
+        wanted = {i.name for i in reference.get_inputs()}
+        expected = dict(zip(names, reference.run(names, {k: v for k, v in feeds.items() if k in wanted})))
+        got = ranks.run(rank_feeds({k: v for k, v in feeds.items() if k in wanted}, input_shards, n))
+        for name, ref in expected.items():
+            ref = np.asarray(ref)
+            if name in cached:
+                candidates = [np.concatenate([g[name] for g in got], axis=cached[name].axis)]
+            else:
+                candidates = [g[name] for g in got]
+            scale = float(np.max(np.abs(ref), initial=0.0)) if ref.size else 0.0
+            bound = atol + rtol * scale
+            check.bounds[name] = max(check.bounds.get(name, 0.0), bound)
+            for c in candidates:
+                if c.shape != ref.shape:
+                    err = float("inf")
+                else:
+                    err = float(np.max(np.abs(c.astype(np.float64) - ref), initial=0.0)) if ref.size else 0.0
+                    if np.isnan(err):
+                        err = float("inf")
+                check.errors[name] = max(check.errors.get(name, 0.0), err)
+    check.passed = all(e <= check.bounds[k] for k, e in check.errors.items())
+    return check
+
+
+__all__ = ["RankSet", "RankCheck", "check_ranks", "collective", "rank_feeds"]
