@@ -44,7 +44,7 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
     if precision not in TOLERANCES:
         raise TrtattnError(f"unknown precision '{precision}'; one of {', '.join(TOLERANCES)}")
     atol, rtol = TOLERANCES[precision]
-    dims = fit_dims(original, dims)  # the dims the original runs at: where the match measures, as fuse's does
+    dims = fit_dims(original, dims, given=inputs)  # the dims the original runs at: the match measures there, as fuse does
     graph = import_graph(original)  # weights left on disk stay there
     site_names = {s.output: s.name for s in match(graph, GraphView(graph, original, dims=dims)).sites if s.output}
     notes = []
