@@ -309,24 +309,26 @@ def test_dims_give_every_attention_more_than_one_key():
     assert "one_key" not in result.verification and not result.reports[0].row()["one_key"]
 
 
-def test_an_attention_with_one_key_at_every_length_is_said():
+@pytest.mark.parametrize("named", [True, False])
+def test_an_attention_with_one_key_at_every_length_is_said(named):
     """Keys pooled to one position: no length gives more. The dims stay, and the site's row and the summary say
-    that it was verified at one key only."""
+    that it was verified at one key only (by the site's output: also where the nodes have no names)."""
     from trtattn.cli.common import verdict
     from trtattn.report import site_table
     from trtattn.rewrite.fuse import fuse_model
+    from trtattn.rewrite.normalize import normalize_model
 
     model = _downsampled(pooled=True)
+    for node in model.graph.node if not named else ():
+        node.name = ""
     fit = fit_dims(model)
-    assert fit["seq"] == 8 and fit.one_key == {"attn": (1, 1)}
-    assert "at every length tried" in fit.reasons[-1], fit.reasons
+    assert fit["seq"] == 8 and fit.one_key == {"y": (1, 1)}
+    assert "has one key (query 1, key 1) at every length tried" in fit.reasons[-1], fit.reasons
     result = fuse_model(model)
     [report] = result.reports
     row = report.row()
     assert report.status.value == "fused" and row["one_key"] and "key length of 1" in row["notes"][-1]
-    assert result.verification["one_key"] == ["attn"]
-    assert "verified at one key only, which proves nothing: attn" in verdict(result.verification)
+    assert result.verification["one_key"] == [report.site.name]
+    assert f"verified at one key only, which proves nothing: {report.site.name}" in verdict(result.verification)
     assert "one key: unproven" in site_table([row])
-    from trtattn.rewrite.normalize import normalize_model
-
-    assert normalize_model(model).verification["one_key"] == ["attn"]
+    assert normalize_model(model).verification["one_key"] == [report.site.name]

@@ -58,7 +58,8 @@ class Fit(dict):
         self.reasons = list(reasons or [])
         self.skipped = list(skipped or [])  # candidate dims not tried because their run would pass the memory budget
         self.runs = runs  # runs of the model it took to find them
-        # Softmax node -> its (query, key) lengths, for the attention softmaxes left at a length of 1 at these dims
+        # the output of the product with V of each attention softmax left at a length of 1 at these dims (what a
+        # site calls its output) -> the softmax's (query, key) lengths
         self.one_key = dict(one_key or {})
 
 
@@ -146,7 +147,8 @@ def _given_fit(model: onnx.ModelProto, specs, user: dict, given) -> Fit:
         fit.reasons.append(f"--dims {_show(differ, differ)} set aside: the inputs given have "
                            f"{_show(covered, differ)}")
     with _trial(model, specs) as run:
-        failed, fit.one_key = run(fit, feeds=given.sets[0])  # the user's lengths: said, not changed
+        failed, short = run(fit, feeds=given.sets[0])
+    fit.one_key = _by_output(short)  # the user's lengths: said, not changed
     if failed is not None:
         raise DimsDoNotFit(f"the model does not run on the inputs given (--inputs {given.path}): {failed}")
     return fit
@@ -173,13 +175,19 @@ def _attended(run, model: onnx.ModelProto, fit: Fit, short: dict, longer, progre
                 return Fit(candidate, fit.reasons + [f"{_show(change, change)} (at {was} {_one_key(short)})"], fit.skipped,
                            fit.runs + tried)
     return Fit(fit, fit.reasons + [f"{_one_key(short)} at every length tried: verified at a length of 1 only"],
-               fit.skipped, fit.runs + tried, short)
+               fit.skipped, fit.runs + tried, _by_output(short))
 
 
 def _one_key(short: dict) -> str:
     """'Softmax 'a' has one key (query 4, key 1)' for each attention softmax left at a length of 1."""
     return "; ".join(f"Softmax '{name}' has {'one key' if k == 1 else 'one query'} (query {q or '?'}, key {k})"
-                     for name, (q, k) in short.items())
+                     for name, (q, k, _) in short.items())
+
+
+def _by_output(short: dict) -> dict[str, tuple]:
+    """Softmax -> (query, key, product output), as the product's output -> (query, key): a site's output names it
+    whether or not its nodes have names."""
+    return {product: (q, k) for q, k, product in short.values()}
 
 
 def _within_budget(model: onnx.ModelProto, dims: dict, user: dict) -> None:
@@ -319,7 +327,7 @@ def _problem(error: BaseException) -> str:
 def _trial(model: onnx.ModelProto, specs):
     """One ONNX Runtime session on the original, as `run(dims)`: it runs the model on the verification's first
     feeds at those dims (or on `feeds`) and returns what went wrong (None: it runs, and no output is empty) and the attention
-    softmaxes (_attention_softmaxes) whose query or key length is 1 there (name -> (query, key))."""
+    softmaxes (_attention_softmaxes) whose query or key length is 1 there (name -> (query, key, product output))."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -328,7 +336,7 @@ def _trial(model: onnx.ModelProto, specs):
     outputs = [o.name for o in model.graph.output]
     softmaxes = [s for s in _attention_softmaxes(model) if s[1] not in outputs]
     nodes, added = len(model.graph.node), len(model.graph.output)
-    for i, (_, logits, _) in enumerate(softmaxes):  # their shapes, for the session only
+    for i, (_, logits, _, _) in enumerate(softmaxes):  # their shapes, for the session only
         model.graph.node.append(onnx.helper.make_node("Shape", [logits], [f"trtattn_fit_shape/{i}"]))
         model.graph.output.append(onnx.helper.make_tensor_value_info(f"trtattn_fit_shape/{i}", onnx.TensorProto.INT64, None))
     try:
@@ -348,8 +356,9 @@ def _trial(model: onnx.ModelProto, specs):
         empty = [name for name, v in zip(outputs, values) if np.size(v) == 0]
         if empty:
             return f"output '{empty[0]}' is empty", {}
-        lengths = {name: length(tuple(int(d) for d in v)) for (name, _, length), v in zip(softmaxes, values[len(outputs):])}
-        return None, {name: qk for name, qk in lengths.items() if 1 in qk}
+        lengths = {name: (*length(tuple(int(d) for d in v)), product)
+                   for (name, _, length, product), v in zip(softmaxes, values[len(outputs):])}
+        return None, {name: qkp for name, qkp in lengths.items() if 1 in qkp[:2]}
 
     yield run
 
@@ -358,9 +367,10 @@ def _trial(model: onnx.ModelProto, specs):
 _TO_VALUES = 6
 
 
-def _attention_softmaxes(model: onnx.ModelProto) -> list[tuple[str, str, Callable[[tuple], tuple]]]:
+def _attention_softmaxes(model: onnx.ModelProto) -> list[tuple[str, str, Callable[[tuple], tuple], str]]:
     """The main graph's Softmax nodes whose output reaches a MatMul or Einsum within _TO_VALUES nodes (a softmax
-    that weighs values, as an attention's does), each as (node name, its input, shape -> (query, key) lengths)."""
+    that weighs values, as an attention's does), each as (node name, its input, shape -> (query, key) lengths,
+    that product's output)."""
     graph = model.graph
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -369,20 +379,23 @@ def _attention_softmaxes(model: onnx.ModelProto) -> list[tuple[str, str, Callabl
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     found = []
     for i, node in enumerate(graph.node):
-        if node.op_type != "Softmax" or not node.input or not _weighs(node, readers):
+        product = _weighs(node, readers) if node.op_type == "Softmax" and node.input else None
+        if product is None:
             continue
         axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
-        found.append((node.name or f"Softmax_{i}", node.input[0], _lengths(axis, flattened=opset < 13)))
+        found.append((node.name or f"Softmax_{i}", node.input[0], _lengths(axis, flattened=opset < 13), product))
     return found
 
 
-def _weighs(node: onnx.NodeProto, readers: dict) -> bool:
+def _weighs(node: onnx.NodeProto, readers: dict) -> str | None:
+    """The output of the first product (MatMul, Einsum) `node`'s output reaches within _TO_VALUES nodes."""
     frontier = [node]
     for _ in range(_TO_VALUES):
         frontier = [r for n in frontier for o in n.output for r in readers.get(o, [])]
-        if any(r.op_type in ("MatMul", "Einsum", "MatMulInteger", "QLinearMatMul") for r in frontier):
-            return True
-    return False
+        product = next((r for r in frontier if r.op_type in ("MatMul", "Einsum", "MatMulInteger", "QLinearMatMul")), None)
+        if product is not None:
+            return product.output[0]
+    return None
 
 
 def _lengths(axis: int, flattened: bool):

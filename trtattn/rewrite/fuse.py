@@ -255,7 +255,7 @@ def note_one_key(reports: list[SiteReport], verification: OutcomeSummary, fit) -
     (graph/dims.py). Over one key the verification cannot fail: the summary line names those sites."""
     left = getattr(fit, "one_key", {})
     for r in reports:
-        r.unit_lengths = left.get(r.site.softmax)
+        r.unit_lengths = left.get(r.site.output)
     one_key = [r.site.name for r in reports if r.status == SiteStatus.FUSED and r.unit_lengths and r.unit_lengths[1] == 1]
     if one_key and verification.get("passed") is not None:
         verification["one_key"] = one_key
