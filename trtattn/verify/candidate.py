@@ -12,6 +12,7 @@ import onnx
 from ..contract import cache_inputs
 from ..errors import TrtattnError
 from ..graph import io as onnxio
+from ..graph.dims import fit_dims
 from ..graph.view import GraphView, import_graph
 from ..match import match
 from .adapters import adapter_for
@@ -43,8 +44,9 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
     if precision not in TOLERANCES:
         raise TrtattnError(f"unknown precision '{precision}'; one of {', '.join(TOLERANCES)}")
     atol, rtol = TOLERANCES[precision]
+    dims = fit_dims(original, dims, given=inputs)  # the dims the original runs at: the match measures there, as fuse does
     graph = import_graph(original)  # weights left on disk stay there
-    site_names = {s.output: s.name for s in match(graph, GraphView(graph, original)).sites if s.output}
+    site_names = {s.output: s.name for s in match(graph, GraphView(graph, original, dims=dims)).sites if s.output}
     notes = []
     with contextlib.ExitStack() as stack:
         reference = onnx_runner(stack, original, list(site_names), "onnxruntime")

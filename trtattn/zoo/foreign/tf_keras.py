@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf2onnx
 
 WIDTH, HEADS, KEY_DIM = 32, 4, 8
+TOKENS = 17  # the ViT's: 16 patches and a class token
 OPSET = 17
 
 
@@ -86,7 +87,57 @@ def tf_plain(out: Path):
         ["multiplicative_mask", "tf2onnx"]
 
 
-RECIPES = [keras_mha, keras_block, tf_plain]
+def keras_vit(out: Path):
+    """A ViT-style Keras encoder on 16x16 images: 4x4 patches, a class token, 17 tokens (a static length) and a
+    symbolic batch (tf2onnx names it unk__N). Without attention dropout Keras calls ops.dot_product_attention,
+    whose einsums tf2onnx lowers with shape arithmetic that shape inference names unk__N along the length too."""
+    tf.keras.utils.set_random_seed(3)
+    layers, rng = tf.keras.layers, np.random.default_rng(3)
+    patch = layers.Conv2D(WIDTH, 4, strides=4)
+    cls = tf.Variable(rng.standard_normal((1, 1, WIDTH)).astype(np.float32) * 0.2)
+    pos = tf.Variable(rng.standard_normal((1, TOKENS, WIDTH)).astype(np.float32) * 0.2)
+    gelu = layers.Activation(lambda t: tf.keras.activations.gelu(t, approximate=True))  # tf2onnx has no Erfc
+    blocks = [(layers.LayerNormalization(), layers.MultiHeadAttention(HEADS, KEY_DIM),
+               layers.LayerNormalization(), tf.keras.Sequential([layers.Dense(64), gelu, layers.Dense(WIDTH)]))
+              for _ in range(2)]
+
+    def encoder(image):
+        x = patch(image)
+        b = tf.shape(x)[0]
+        x = tf.concat([tf.tile(cls, [b, 1, 1]), tf.reshape(x, [b, TOKENS - 1, WIDTH])], axis=1) + pos
+        for norm1, mha, norm2, mlp in blocks:
+            h = norm1(x)
+            x = x + mha(h, h)
+            x = x + mlp(norm2(x))
+        return x
+
+    encoder(tf.zeros([2, 16, 16, 3]))  # build the layers
+    path = _save(tf.function(encoder), [tf.TensorSpec([None, 16, 16, 3], tf.float32, name="image")], out,
+                 "keras-vit.tf2onnx.onnx")
+    return path, 2, "Keras ViT-style encoder (2 blocks): 17 tokens, a static length, with a symbolic batch (unk__N)", \
+        ["einsum_layout", "static_length_symbolic_batch", "tf2onnx"]
+
+
+def keras_mha_mask(out: Path):
+    """Keras MultiHeadAttention with a [B, T, S] boolean attention mask and attention dropout (with dropout Keras
+    computes the scores itself; at inference dropout is the identity): Keras' masked softmax,
+    where(mask, logits, -1e9) then where(mask, P, 0), which tf2onnx lowers as
+    Add(Mul(Cast(mask), P), Mul(0, Cast(Not(mask)))) on the probabilities."""
+    tf.keras.utils.set_random_seed(5)
+    mha = tf.keras.layers.MultiHeadAttention(num_heads=HEADS, key_dim=KEY_DIM, dropout=0.1)
+
+    def attend(x, mask):
+        keep = tf.cast(mask, tf.bool)
+        return mha(x, x, attention_mask=keep[:, None, :] & keep[:, :, None])
+
+    attend(tf.zeros([2, 5, WIDTH]), tf.ones([2, 5], tf.int32))  # build the layer
+    specs = [tf.TensorSpec([None, None, WIDTH], tf.float32, name="x"), tf.TensorSpec([None, None], tf.int32, name="mask")]
+    path = _save(tf.function(attend), specs, out, "keras-mha-mask.tf2onnx.onnx")
+    return path, 1, "keras.layers.MultiHeadAttention with a [B, T, S] padding mask: Keras' masked softmax, " \
+        "SelectV2(mask, P, 0) after the softmax", ["einsum_layout", "mask_after_softmax", "select_after_softmax", "tf2onnx"]
+
+
+RECIPES = [keras_mha, keras_block, tf_plain, keras_vit, keras_mha_mask]
 
 
 def main(out: Path) -> None:
