@@ -162,3 +162,17 @@ def test_oracle_calls_a_listed_site_listed():
 
 def test_oracle_calls_an_internal_error_a_crash():
     assert _judged(lambda m: m, [_Row("attn", "skipped", "internal error: KeyError")], ok=False).outcome == "crashed"
+
+
+def test_difference_takes_nan_as_equal_to_nan_only():
+    """sources.difference: NaN where both outputs have it is no error (the docstring's promise); NaN on one side
+    only is an infinite one; the worst error and its output are the finite ones otherwise."""
+    from trtattn.testing.fuzz.sources import difference
+
+    nan = np.nan
+    assert difference({"y": np.array([1.0, nan])}, {"y": np.array([1.0, nan])}, 0.0, 0.0) == (True, 0.0, "")
+    close, worst, name = difference({"y": np.array([1.0, nan, 2.0]), "z": np.array([0.0])},
+                                    {"y": np.array([1.5, nan, 2.0]), "z": np.array([0.0])}, 0.6, 0.0)
+    assert (close, worst, name) == (True, 0.5, "y")
+    assert difference({"y": np.array([1.0, nan])}, {"y": np.array([1.0, 0.0])}, 1.0, 0.0) == (False, float("inf"), "y")
+    assert not difference({"y": np.array([1.0])}, {"y": np.array([1.7])}, 0.6, 0.0)[0]

@@ -207,6 +207,27 @@ def test_flag_inputs():
     assert make_feeds(off)["use_cache_branch"].tolist() == [False]
 
 
+def test_token_ids_vocab_is_the_embedding_tables_rows():
+    """No metadata: an int input that indexes Gather(emb[V, H], ids) is token ids drawn below V (through a Cast);
+    an int input that is Gather's data, not its indices, indexes no table."""
+    vocab, hidden = 37, 4
+    emb = np.arange(vocab * hidden, dtype=np.float32).reshape(vocab, hidden)
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids32"], to=TensorProto.INT32),
+             helper.make_node("Gather", ["emb", "ids32"], ["h"]),
+             helper.make_node("Gather", ["table_ids", "idx"], ["picked"])]
+    model = _model(nodes, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+                           helper.make_tensor_value_info("table_ids", TensorProto.INT64, [vocab])],
+                   [helper.make_tensor_value_info("h", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("picked", TensorProto.INT64, None)],
+                   [("emb", emb), ("idx", np.array([0, 2], np.int64))])
+    roles = {s.name: s.role for s in input_specs(model)}
+    assert roles["input_ids"] == {"kind": "token_ids", "vocab": vocab}
+    assert roles["table_ids"] == {"kind": "token_ids", "vocab": 2}  # no table: the default, not Gather's data rows
+    feeds = make_feeds(model, dims={"seq": 64})
+    assert feeds["input_ids"].max() >= 2 and feeds["input_ids"].max() < vocab  # spread over the table, inside it
+    np.testing.assert_array_equal(_run(model, feeds)[0], emb[feeds["input_ids"]])
+
+
 # ---------------------------------------------------------------- the zoo
 DIMS_ENTRIES = [("wav2vec2", "torchscript"), ("wav2vec2", "dynamo"), ("wav2vec2-sdpa", "dynamo"),
                 ("led", "torchscript"), ("bert-foreign-dims", "torchscript"), ("bert-foreign-dims", "dynamo")]
