@@ -12,13 +12,16 @@ from trtsim.fixtures import checked_trt, real_trt  # noqa: E402,F401  (the real 
 
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory):
-    """Exports are shared by every test of a session; TRTATTN_ZOO_CACHE keeps them across sessions."""
+    """Exports are shared by every test of a session, and by its pytest-xdist workers (one folder beside theirs);
+    TRTATTN_ZOO_CACHE keeps them across sessions. Whoever asks first exports, the others wait (zoo.exported)."""
     cached = os.environ.get("TRTATTN_ZOO_CACHE")
     if cached:
         path = Path(cached)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    return tmp_path_factory.mktemp("zoo")
+    else:
+        base = tmp_path_factory.getbasetemp()
+        path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "zoo"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -26,10 +29,7 @@ def zoo_export(zoo_dir):
     from trtattn import zoo
 
     def get(name: str, exporter: str) -> Path:
-        path = zoo_dir / f"{name}.{exporter}.onnx"
-        if not path.exists():
-            zoo.export(name, exporter, path)
-        return path
+        return zoo.exported(zoo_dir / f"{name}.{exporter}.onnx", lambda path: zoo.export(name, exporter, path))
 
     return get
 
