@@ -47,3 +47,12 @@ def zoo_cases():
 
     return [(e.name, x) if (e.name, x) in FAST_ZOO else pytest.param(e.name, x, marks=pytest.mark.slow)
             for e in zoo.ZOO.values() for x in e.exporters]
+
+
+def exporter_cases(fast: str = "torchscript"):
+    """A family test's `exporter` values: `fast` in the fast lane, the other in the slow one. For tests whose
+    point is the family, not the exporter: each export of a model costs seconds (a dynamo one 10-20 s), and the
+    slow lane's zoo-wide sweep exports every model with both anyway."""
+    from trtattn.zoo import EXPORTERS
+
+    return [x if x == fast else pytest.param(x, marks=pytest.mark.slow) for x in EXPORTERS]
