@@ -56,3 +56,18 @@ def exporter_cases(fast: str = "torchscript"):
     from trtattn.zoo import EXPORTERS
 
     return [x if x == fast else pytest.param(x, marks=pytest.mark.slow) for x in EXPORTERS]
+
+
+def class_cases():
+    """(name, exporter) of every zoo entry that exercises a class of attention (zoo.CLASSES): each entry once in
+    the fast lane, with its first exporter (TorchScript where it has it), and with another exporter only where that
+    export shows a class the first does not; the other exports in the slow lane."""
+    from trtattn import zoo
+
+    cases = []
+    for e in zoo.ZOO.values():
+        for x in e.exporters if e.classes else ():
+            first = e.exporters[0]
+            fast = x == first or set(e.classes_for(x)) - set(e.classes_for(first))
+            cases.append((e.name, x) if fast else pytest.param(e.name, x, marks=pytest.mark.slow))
+    return cases
