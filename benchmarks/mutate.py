@@ -37,11 +37,13 @@ import json
 import os
 import random
 import re
+import resource
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,10 +106,15 @@ def coverage_run(work: Path, db: Path, zoo: Path, args) -> None:
             "--cov-context=test", f"--cov-config={rc}", "--cov-report="]
     print(f"mutate: which test executes which line: the fast lane under coverage ({db.name}) ...", flush=True)
     env = _env(work, zoo) | {"COVERAGE_FILE": str(db)}
+    start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
     if done.returncode:
         db.unlink(missing_ok=True)
         raise SystemExit(f"mutate: the fast lane fails unmutated:\n{done.stdout[-3000:]}")
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime
+    print(f"mutate: coverage run {time.monotonic() - start:.0f} s, {seconds:.0f} s CPU: "
+          f"{done.stdout.strip().splitlines()[-1]}", flush=True)
 
 
 class Coverage:
