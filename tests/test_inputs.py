@@ -228,6 +228,22 @@ def test_token_ids_vocab_is_the_embedding_tables_rows():
     np.testing.assert_array_equal(_run(model, feeds)[0], emb[feeds["input_ids"]])
 
 
+def test_token_ids_read_inside_a_branch_find_their_table():
+    """The embedding Gather inside an If branch (a merged decoder's): the branch's reads are indexed too."""
+    vocab = 23
+    branch = helper.make_graph([helper.make_node("Gather", ["emb", "input_ids"], ["h_then"])], "then", [],
+                               [helper.make_tensor_value_info("h_then", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Gather", ["emb", "input_ids"], ["h_else"])], "else", [],
+                              [helper.make_tensor_value_info("h_else", TensorProto.FLOAT, None)])
+    model = _model([helper.make_node("If", ["use_cache_branch"], ["h"], then_branch=branch, else_branch=other)],
+                   [helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+                    helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+                   [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+                   [("emb", np.ones((vocab, 4), np.float32))])
+    assert {s.name: s.role for s in input_specs(model)}["input_ids"] == {"kind": "token_ids", "vocab": vocab}
+    assert _run(model, make_feeds(model))[0].shape[-1] == 4
+
+
 # ---------------------------------------------------------------- the zoo
 # wav2vec2's dynamo exports (~20 s each) in the slow lane: its TorchScript export keeps the case fast
 DIMS_ENTRIES = [("wav2vec2", "torchscript"), pytest.param("wav2vec2", "dynamo", marks=pytest.mark.slow),

@@ -44,7 +44,7 @@ def test_a_bad_value_exits_2_with_one_line(capsys):
 
 
 @pytest.mark.conformance
-def test_build_folder_builds_every_prepared_part_after_one_that_cannot_be(checked_trt, tmp_path, monkeypatch):
+def test_build_folder_builds_every_prepared_part_after_one_that_cannot_be(checked_trt, tmp_path, monkeypatch, capsys):
     """An encoder with no attention cannot be prepared; the two decoders after it are still built (on trtsim's
     checked TensorRT, which records the builder's calls and builds nothing: the engine file is a stand-in)."""
     from trtattn.routes import builder
@@ -71,6 +71,10 @@ def test_build_folder_builds_every_prepared_part_after_one_that_cannot_be(checke
     monkeypatch.setattr(builder, "build", build)
     assert main(["build", str(folder), "--out-dir", str(tmp_path / "out"), "--precision", "fp32"]) == 1
     assert built == ["decoder", "decoder_with_past"] and not checked_trt.sim.problems
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] in (["encoder"], ["decoder"], ["decoder_with_past"])}
+    assert [rows[r][2] for r in ("encoder", "decoder", "decoder_with_past")] == ["-", "-", "-"]  # no branch: "-"
+    assert rows["encoder"][4:6] == ["not", "prepared"] and rows["decoder"][4] == "prepared"
     sidecar = json.loads((tmp_path / "out" / "export" / "pipeline.json").read_text())
     assert sidecar["built"] and "no attention" in sidecar["parts"]["encoder"]["error"]
     assert {role: part["file"] for role, part in sidecar["parts"].items() if "error" not in part} == {
