@@ -207,8 +207,47 @@ def test_flag_inputs():
     assert make_feeds(off)["use_cache_branch"].tolist() == [False]
 
 
+def test_token_ids_vocab_is_the_embedding_tables_rows():
+    """No metadata: an int input that indexes Gather(emb[V, H], ids) is token ids drawn below V (through a Cast);
+    an int input that is Gather's data, not its indices, indexes no table."""
+    vocab, hidden = 37, 4
+    emb = np.arange(vocab * hidden, dtype=np.float32).reshape(vocab, hidden)
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids32"], to=TensorProto.INT32),
+             helper.make_node("Gather", ["emb", "ids32"], ["h"]),
+             helper.make_node("Gather", ["table_ids", "idx"], ["picked"])]
+    model = _model(nodes, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+                           helper.make_tensor_value_info("table_ids", TensorProto.INT64, [vocab])],
+                   [helper.make_tensor_value_info("h", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("picked", TensorProto.INT64, None)],
+                   [("emb", emb), ("idx", np.array([0, 2], np.int64))])
+    roles = {s.name: s.role for s in input_specs(model)}
+    assert roles["input_ids"] == {"kind": "token_ids", "vocab": vocab}
+    assert roles["table_ids"] == {"kind": "token_ids", "vocab": 2}  # no table: the default, not Gather's data rows
+    feeds = make_feeds(model, dims={"seq": 64})
+    assert feeds["input_ids"].max() >= 2 and feeds["input_ids"].max() < vocab  # spread over the table, inside it
+    np.testing.assert_array_equal(_run(model, feeds)[0], emb[feeds["input_ids"]])
+
+
+def test_token_ids_read_inside_a_branch_find_their_table():
+    """The embedding Gather inside an If branch (a merged decoder's): the branch's reads are indexed too."""
+    vocab = 23
+    branch = helper.make_graph([helper.make_node("Gather", ["emb", "input_ids"], ["h_then"])], "then", [],
+                               [helper.make_tensor_value_info("h_then", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Gather", ["emb", "input_ids"], ["h_else"])], "else", [],
+                              [helper.make_tensor_value_info("h_else", TensorProto.FLOAT, None)])
+    model = _model([helper.make_node("If", ["use_cache_branch"], ["h"], then_branch=branch, else_branch=other)],
+                   [helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+                    helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+                   [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+                   [("emb", np.ones((vocab, 4), np.float32))])
+    assert {s.name: s.role for s in input_specs(model)}["input_ids"] == {"kind": "token_ids", "vocab": vocab}
+    assert _run(model, make_feeds(model))[0].shape[-1] == 4
+
+
 # ---------------------------------------------------------------- the zoo
-DIMS_ENTRIES = [("wav2vec2", "torchscript"), ("wav2vec2", "dynamo"), ("wav2vec2-sdpa", "dynamo"),
+# wav2vec2's dynamo exports (~20 s each) in the slow lane: its TorchScript export keeps the case fast
+DIMS_ENTRIES = [("wav2vec2", "torchscript"), pytest.param("wav2vec2", "dynamo", marks=pytest.mark.slow),
+                pytest.param("wav2vec2-sdpa", "dynamo", marks=pytest.mark.slow),
                 ("led", "torchscript"), ("bert-foreign-dims", "torchscript"), ("bert-foreign-dims", "dynamo")]
 
 
