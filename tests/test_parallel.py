@@ -190,6 +190,41 @@ def test_build_tp_writes_rank_forms_and_plans_then_exits_4(tmp_path, capsys):
     assert "KV cache at 32" in capsys.readouterr().out
 
 
+def test_build_tp_kv_cache_form_keeps_each_rank_its_own_cache(tiny_llama, tmp_path):
+    """build's kv-cache form updates the cache with a ScatterND addressing KV heads by index: the split takes
+    it (each rank's indices shifted into its own heads), so a rank's cache input, update and output hold its
+    KV head only; its plan's cache inputs and the set's KV bytes are the rank's share."""
+    import json
+
+    from trtattn.cli import main
+    from trtattn.trt import compat
+
+    try:
+        compat.import_tensorrt()
+        pytest.skip("TensorRT is installed: build would go on to the engines")
+    except Exception:
+        pass
+    src = tmp_path / "tiny.onnx"
+    io.save(tiny_llama, src)
+    out = tmp_path / "engines"
+    assert main(["-q", "build", str(src), "--tp", "2", "--form", "kv-cache", "--out-dir", str(out),
+                 "--max-cache", "32", "--precision", "fp32"]) == 4
+    plan = json.loads((out / "tiny.tp.json").read_text())
+    assert plan["verification"]["passed"] and plan["form"] == "kv-cache"
+    caches = {f"past_key_values.{i}.{p}" for i in range(2) for p in ("key", "value")}
+    assert plan["sharded_inputs"] == dict.fromkeys(caches, 1)
+    assert [s["kv_heads_per_rank"] for s in plan["sites"]] == [1, 1]
+    whole = plan["single_gpu"]["kv_cache_bytes"]
+    assert whole == 2 * 2 * 2 * 16 * 32 * 4 and all(r["kv_cache_bytes"] * 2 == whole for r in plan["ranks"])
+    for r in plan["ranks"]:
+        rank_plan = json.loads((out / r["plan"]).read_text())
+        shapes = {i["name"]: i["shape"] for i in rank_plan["inputs"]}
+        assert all(shapes[c][1:] == [1, 32, 16] for c in caches)  # one KV head at the cache capacity
+        form = io.load(out / r["form"])
+        validate.check(form, r["form"])
+        assert sum(n.op_type == "ScatterND" for n in form.graph.node) == 4
+
+
 def test_rank_costs_match_the_llama_formula(tiny_llama):
     """The README's 8B/70B figures come from llama_costs; on the tiny preset it must give what the split
     of the written model holds (N=4: only the K/V slices' few index constants differ)."""

@@ -125,9 +125,8 @@ def test_rank_engines_build_on_a_gpu(tmp_path):
 def test_rank_networks_of_the_build_form_keep_iattention(checked_trt, zoo_export, form):
     """The split of build's verified form (ONNX Attention, RotaryEmbedding, KV-cache update): each rank's
     network has its IAttention over its heads (2 of 4 query heads, 1 of 2 KV heads), its RoPE and cache
-    layers, and its ALL_REDUCEs; the two recorded ranks run together equal the one-GPU network. The
-    kv-cache form writes its cache update as a ScatterND addressing heads by index, which the split does
-    not take yet: there each rank keeps the whole cache (named) and slices its KV head from it."""
+    layers, and its ALL_REDUCEs; the two recorded ranks run together equal the one-GPU network. In the
+    kv-cache form each rank's cache (input, update, output) holds its own KV head."""
     from trtsim.dtypes import to_numpy
     from trtsim.execute import run
 
@@ -142,14 +141,18 @@ def test_rank_networks_of_the_build_form_keep_iattention(checked_trt, zoo_export
     prepared = prepare(original, name=name, form=form, precision="fp32")
     forms = split_model(prepared.form_model, 2)
     if form == "kv-cache":
-        assert not forms.plan.split.input_shards
-        assert any("ScatterND has no tensor-parallel rule" in why for _, why in forms.plan.replicated)
+        caches = {c.cache for c in prepared.plan.cache_updates}
+        assert set(forms.plan.split.input_shards) == caches and len(caches) == 4
+        assert {c.output for c in prepared.plan.cache_updates} == set(forms.plan.split.cached)
     logger = trt.Logger(trt.Logger.WARNING)
     single = build_network(trt, trt.Builder(logger), logger, prepared.cut, prepared.plan)
     nets = []
     for r in range(2):
         plan, cut_model = rank_plan_from_prepared(prepared, forms, r)
         assert [(a.q_heads, a.kv_heads) for a in plan.native] == [(2, 1)] * 2
+        if form == "kv-cache":  # the engine's cache inputs are the rank's heads at the cache capacity
+            shapes = {i["name"]: i["shape"] for i in plan.inputs}
+            assert {tuple(shapes[c.cache][1:]) for c in plan.cache_updates} == {(1, plan.limits["max_cache"], 16)}
         assert len(plan.collectives) == 4
         nets.append(build_network(trt, trt.Builder(logger), logger, cut_model, plan))
     assert trt.sim.problems == []

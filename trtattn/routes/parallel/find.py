@@ -132,7 +132,7 @@ class _Finder:
                 continue
             upgraded = False
             for key in split.activation_slices:
-                if key in tried:
+                if key in tried or key in split.index_shifts:  # indices: sliced and shifted by design
                     continue
                 tried.add(key)
                 for seed, shards in self._splits_above(self.nodes[key[0]].inputs[key[1]], seeds, inputs):

@@ -73,6 +73,17 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
             graph.nodes.append(gs.Node("Slice", f"{nodes[i].name}/rank_slice{k}", inputs=[t, *bounds],
                                        outputs=[made[key]]))
         nodes[i].inputs[k] = made[key]
+    for (i, k), (component, block) in split.index_shifts.items():  # the rank's indices into its own block
+        t = nodes[i].inputs[k]
+        shifted = (t.name, "shift", component)
+        if shifted not in made:
+            depth = plan.facts.shapes[plan.nodes[i].inputs[k].name][-1]
+            shift = np.zeros(depth, dtype=plan.facts.dtypes[plan.nodes[i].inputs[k].name])
+            shift[component] = rank * block
+            made[shifted] = gs.Variable(f"{t.name}.local", dtype=t.dtype)
+            graph.nodes.append(gs.Node("Sub", f"{nodes[i].name}/rank_indices", inputs=[t, gs.Constant(
+                f"{made[shifted].name}.shift", shift)], outputs=[made[shifted]]))
+        nodes[i].inputs[k] = made[shifted]
     for i, names in split.head_attrs.items():
         for a in names:
             nodes[i].attrs[a] = nodes[i].attrs[a] // n

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .facts import Facts, RankValues, constant_value
+from .facts import Facts, RankValues, addressed_block, constant_value
 
 UNARY = {"Cast", "Identity", "Sigmoid", "Tanh", "Relu", "Gelu", "Erf", "Neg", "Sqrt", "Exp", "Log", "Abs",
          "Reciprocal", "Softplus", "Softsign", "Sin", "Cos", "Not", "IsNaN", "IsInf", "HardSigmoid", "LeakyRelu",
@@ -73,6 +73,9 @@ class Split:
     vocab: list[int] = field(default_factory=list)  # embedding lookups split by vocabulary, ALL_REDUCE after
     bias_after: list[int] = field(default_factory=list)  # row-split Gemms whose bias is added after the ALL_REDUCE
     groups: dict[int, int] = field(default_factory=dict)  # column splits in blocks (fused QKV): seed -> blocks
+    index_shifts: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # ScatterND indices
+    # (node, input) -> (component, block): the rank's slice of the indices addresses its own block of the
+    # sharded axis; on rank r that component is shifted by -r * block (a cache update's head index)
 
 
 def weight_operand(node: gs.Node) -> int | None:
@@ -195,6 +198,8 @@ class Pass:
             self._select(i, node, ins)
         elif op in ("MatMul", "Gemm"):
             self._product(i, node, ins)
+        elif op == "ScatterND":
+            self._scatter(i, node, ins)
         elif op in ("Attention", "RotaryEmbedding") and (node.domain or "") in ("", "ai.onnx"):
             self._heads_op(i, node, ins)
         else:
@@ -427,6 +432,37 @@ class Pass:
             self.split.bias_after.append(i)  # added once, after the partial sums meet
         self.split.constant_slices[(i, 1)] = Shard(1 if trans_b else 0)
         self.split.rows.append(i)
+
+    def _scatter(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
+        """ScatterND(data, indices [..., k], updates): a data axis past k is the updates' axis at the same
+        place from the end. A data axis the indices address (a cache update's heads) splits when, as
+        measured, the ranks' slices of the indices along one of their axes address only the rank's block
+        of it: the updates split along that axis and each rank's indices are shifted into its block."""
+        where = dict(ins)
+        if 1 in where or any(s.outer != 1 for s in where.values()):
+            raise Unsplittable(node.name, "ScatterND with sharded indices or a merged axis")
+        index_shape = self.shape(node.inputs[1])
+        q, k = len(index_shape), index_shape[-1]
+        lead = q - 1 - k  # updates axis = data axis + lead, for data axes past k
+        if 0 in where and where[0].axis >= k or 2 in where and where[2].axis >= q - 1:
+            a = where[0].axis if 0 in where else where[2].axis - lead
+            j = a + lead
+        else:
+            indices = self.facts.values.get(node.inputs[1].name)
+            found = addressed_block(indices if indices is not None else constant_value(node.inputs[1]),
+                                    self.shape(node.inputs[0]), self.n, where.get(0), where.get(2))
+            if found is None:
+                raise Unsplittable(node.name, "ScatterND: no axis of its indices gives each rank only its block "
+                                              "of the sharded data axis (as measured)")
+            a, j = found
+            self._operand(i, node, 1, Shard(j))
+            self.split.index_shifts[(i, 1)] = (a, self.shape(node.inputs[0])[a] // self.n)
+        for k_, axis in ((0, a), (2, j)):
+            if k_ not in where:
+                self._operand(i, node, k_, Shard(axis))
+            elif where[k_].axis != axis:
+                raise Unsplittable(node.name, "ScatterND data and updates sharded along axes that do not match")
+        self._set(node, node.outputs[0], Shard(a))
 
     def _heads_op(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
         """ONNX's Attention and RotaryEmbedding split by heads: 4-D operands along axis 1 (their heads),
