@@ -27,18 +27,25 @@ def test_collectives_in_numpy():
         collective("Broadcast", parts)
 
 
-@pytest.mark.parametrize("ranks, q_rank, kv_rank", [(2, 2, 1), (4, 1, None)])
+@pytest.mark.parametrize("ranks, q_rank, kv_rank", [(2, 2, 1), (4, 1, 1)])
 def test_gqa_block_splits_by_whole_kv_groups(ranks, q_rank, kv_rank):
     """4 query / 2 KV heads: over 2 ranks each takes one KV group with its two query heads; over 4 the KV
-    heads do not split, so K/V stay whole on every rank (named) while the query heads split."""
+    heads are replicated as TensorRT-LLM lays them out: each rank holds the one KV head its query head
+    uses (KV head r * 2 // 4), its K/V projections that head's columns, and reads its query head's copy
+    after GQA's repeat."""
     model = attention_model(heads=4, kv_heads=2)
     forms = split_model(model, ranks)
     (site,) = forms.plan.sites
     assert (site.q_per_rank, site.kv_per_rank) == (q_rank, kv_rank)
-    replicated = dict(forms.plan.replicated)
-    assert (len(replicated) == 2) == (kv_rank is None)  # K and V projections, each with the node at fault
-    assert all("does not keep the split blocks" in r for r in replicated.values())
+    assert not forms.plan.replicated
+    assert ("replicated" in site.note) == (ranks == 4)
+    assert len(forms.plan.split.narrowed) == (2 if ranks == 4 else 0)  # K and V after the repeat
     assert forms.plan.split.shape_fixes  # the heads constants of its Reshapes are the rank's
+    columns = [[onnx.numpy_helper.to_array(t) for t in m.graph.initializer if list(t.dims) == [32, 8]]
+               for m in forms.models]
+    assert all(len(c) == (2 if ranks == 2 else 3) for c in columns)  # K, V (and Q at 4): one head's columns
+    if ranks == 4:  # ranks 0 and 1 hold KV head 0, ranks 2 and 3 KV head 1
+        assert np.array_equal(columns[0][1], columns[1][1]) and not np.array_equal(columns[1][1], columns[2][1])
     for r, rank in enumerate(forms.models):
         validate.check(rank, f"rank {r}")
         assert _collectives(rank) == {"AllReduce": 1}
@@ -190,10 +197,12 @@ def test_build_tp_writes_rank_forms_and_plans_then_exits_4(tmp_path, capsys):
     assert "KV cache at 32" in capsys.readouterr().out
 
 
-def test_build_tp_kv_cache_form_keeps_each_rank_its_own_cache(tiny_llama, tmp_path):
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_build_tp_kv_cache_form_keeps_each_rank_its_own_cache(tiny_llama, tmp_path, ranks):
     """build's kv-cache form updates the cache with a ScatterND addressing KV heads by index: the split takes
     it (each rank's indices shifted into its own heads), so a rank's cache input, update and output hold its
-    KV head only; its plan's cache inputs and the set's KV bytes are the rank's share."""
+    KV head only; its plan's cache inputs and the set's KV bytes are the rank's share. Over 4 ranks the 2 KV
+    heads are replicated (TensorRT-LLM's layout): each rank holds the one its query head uses."""
     import json
 
     from trtattn.cli import main
@@ -207,13 +216,14 @@ def test_build_tp_kv_cache_form_keeps_each_rank_its_own_cache(tiny_llama, tmp_pa
     src = tmp_path / "tiny.onnx"
     io.save(tiny_llama, src)
     out = tmp_path / "engines"
-    assert main(["-q", "build", str(src), "--tp", "2", "--form", "kv-cache", "--out-dir", str(out),
+    assert main(["-q", "build", str(src), "--tp", str(ranks), "--form", "kv-cache", "--out-dir", str(out),
                  "--max-cache", "32", "--precision", "fp32"]) == 4
     plan = json.loads((out / "tiny.tp.json").read_text())
     assert plan["verification"]["passed"] and plan["form"] == "kv-cache"
     caches = {f"past_key_values.{i}.{p}" for i in range(2) for p in ("key", "value")}
     assert plan["sharded_inputs"] == dict.fromkeys(caches, 1)
-    assert [s["kv_heads_per_rank"] for s in plan["sites"]] == [1, 1]
+    assert [(s["q_heads_per_rank"], s["kv_heads_per_rank"], s["ranks_per_kv_head"]) for s in plan["sites"]] \
+        == [(4 // ranks, 1, ranks // 2)] * 2
     whole = plan["single_gpu"]["kv_cache_bytes"]
     assert whole == 2 * 2 * 2 * 16 * 32 * 4 and all(r["kv_cache_bytes"] * 2 == whole for r in plan["ranks"])
     for r in plan["ranks"]:
@@ -223,6 +233,7 @@ def test_build_tp_kv_cache_form_keeps_each_rank_its_own_cache(tiny_llama, tmp_pa
         form = io.load(out / r["form"])
         validate.check(form, r["form"])
         assert sum(n.op_type == "ScatterND" for n in form.graph.node) == 4
+        assert [(a["q_heads"], a["kv_heads"]) for a in rank_plan["attentions"]] == [(4 // ranks, 1)] * 2
 
 
 def test_rank_costs_match_the_llama_formula(tiny_llama):

@@ -27,7 +27,8 @@ def tp_plan(forms, max_cache: int, name: str) -> dict:
         "tensor_parallel": plan.ranks, "collective_domain": DOMAIN, "max_cache": max_cache,
         "gather_threshold_bytes": plan.gather_bytes,
         "sites": [{"name": s.name, "q_heads": s.q_heads, "kv_heads": s.kv_heads, "q_heads_per_rank": s.q_per_rank,
-                   "kv_heads_per_rank": s.kv_per_rank, "note": s.note} for s in plan.sites],
+                   "kv_heads_per_rank": s.kv_per_rank, "ranks_per_kv_head": s.kv_replicas, "note": s.note}
+                  for s in plan.sites],
         "collectives": [{"kind": "ALL_REDUCE", "tensor": plan.nodes[i].outputs[0].name, "after": plan.nodes[i].name}
                         for i in split.rows + split.vocab] + [{"kind": "ALL_GATHER", "tensor": k, "axis": v.axis}
                                                 for k, v in split.gathered.items()],

@@ -16,7 +16,7 @@ import onnx
 
 from ...graph.evaluate import cut_out, ort_session
 from ...graph.view import import_graph
-from .ranks import DOMAIN
+from .ranks import DOMAIN, slice_array
 from .shard import Shard
 
 
@@ -129,8 +129,6 @@ class RankCheck:
 
 
 def rank_feeds(feeds: dict[str, np.ndarray], shards: dict[str, Shard], ranks: int) -> list[dict[str, np.ndarray]]:
-    from .ranks import slice_array
-
     return [{k: (slice_array(v, shards[k], ranks, r) if k in shards else v) for k, v in feeds.items()}
             for r in range(ranks)]
 
@@ -152,18 +150,18 @@ def check_ranks(original: onnx.ModelProto, models: list[onnx.ModelProto], input_
         got = ranks.run(rank_feeds({k: v for k, v in feeds.items() if k in wanted}, input_shards, n))
         for name, ref in expected.items():
             ref = np.asarray(ref)
-            if name in cached:
-                candidates = [np.concatenate([g[name] for g in got], axis=cached[name].axis)]
+            if name in cached:  # each rank's cache against its block (a replicated KV head: on each holder)
+                candidates = [(g[name], slice_array(ref, cached[name], n, r)) for r, g in enumerate(got)]
             else:
-                candidates = [g[name] for g in got]
+                candidates = [(g[name], ref) for g in got]
             scale = float(np.max(np.abs(ref), initial=0.0)) if ref.size else 0.0
             bound = atol + rtol * scale
             check.bounds[name] = max(check.bounds.get(name, 0.0), bound)
-            for c in candidates:
-                if c.shape != ref.shape:
+            for c, want in candidates:
+                if c.shape != want.shape:
                     err = float("inf")
                 else:
-                    err = float(np.max(np.abs(c.astype(np.float64) - ref), initial=0.0)) if ref.size else 0.0
+                    err = float(np.max(np.abs(c.astype(np.float64) - want), initial=0.0)) if want.size else 0.0
                     if np.isnan(err):
                         err = float("inf")
                 check.errors[name] = max(check.errors.get(name, 0.0), err)
