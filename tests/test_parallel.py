@@ -272,7 +272,10 @@ def test_rank_set_on_too_few_gpus_says_so_in_one_line(tmp_path, capsys, monkeypa
     assert refuse(str(tmp_path / "plain.onnx")) is None
 
 
-def test_build_folder_tp_writes_a_rank_set_per_part(tmp_path):
+def test_build_folder_tp_splits_the_verified_form_of_each_part(tmp_path, tiny_llama):
+    """`build DIR --tp 2` prepares the parts as `build DIR` does (a decoder-only export: the kv-cache form)
+    and splits each part's verified form, so every rank's plan has its IAttentions over its heads and its
+    cache its KV head (was: the parts split as exported, no IAttention)."""
     import json
 
     from trtattn.cli import main
@@ -285,16 +288,21 @@ def test_build_folder_tp_writes_a_rank_set_per_part(tmp_path):
         pass
     folder = tmp_path / "export"
     folder.mkdir()
-    io.save(attention_model(heads=4, kv_heads=2), folder / "encoder_model.onnx")
-    io.save(attention_model(heads=4, seed=1), folder / "decoder_model.onnx")
-    assert main(["-q", "build", str(folder), "--tp", "2", "--out-dir", str(tmp_path / "engines")]) == 4
+    io.save(tiny_llama, folder / "model.onnx")
+    assert main(["-q", "build", str(folder), "--tp", "2", "--precision", "fp32", "--max-cache", "32",
+                 "--out-dir", str(tmp_path / "engines")]) == 4
     out = tmp_path / "engines" / "export"
     index = json.loads((out / "tp.json").read_text())
-    assert index == {"tensor_parallel": 2, "parts": {"decoder_model.onnx": "decoder_model.tp.json",
-                                                     "encoder_model.onnx": "encoder_model.tp.json"}}
-    for part in ("decoder_model", "encoder_model"):
-        assert json.loads((out / f"{part}.tp.json").read_text())["verification"]["passed"]
-        assert (out / f"{part}.rank1of2.onnx").is_file()
+    assert index == {"tensor_parallel": 2, "parts": {"decoder": {"source": "model.onnx", "form": "kv-cache",
+                                                                 "plan": "decoder.tp.json"}}}
+    plan = json.loads((out / "decoder.tp.json").read_text())
+    assert plan["verification"]["passed"] and plan["form"] == "kv-cache"
+    assert set(plan["sharded_inputs"]) == {f"past_key_values.{i}.{p}" for i in range(2) for p in ("key", "value")}
+    for r in plan["ranks"]:
+        rank_plan = json.loads((out / r["plan"]).read_text())
+        assert [(a["q_heads"], a["kv_heads"]) for a in rank_plan["attentions"]] == [(2, 1)] * 2
+        assert len(rank_plan["cache_updates"]) == 4
+        validate.check(io.load(out / r["form"]), r["form"])
 
 
 @pytest.mark.slow
