@@ -137,6 +137,34 @@ def test_small_lm_head_and_embedding_stay_whole(tiny_llama):
     assert any(r.startswith("embedding table [256, 64]") for r in reasons)
 
 
+def test_split_in_slices_of_layers_keeps_each_session_under_the_model(tiny_llama, monkeypatch):
+    """A model over half the memory is measured and checked in slices of layers (verify/slices.py) and its
+    rank set one rank's wave (between collectives) at a time: forced here with a budget of a fraction of
+    the tiny Llama's weights, no ONNX Runtime session the split opens holds the whole model, and the split
+    and its errors are those of the unsliced run."""
+    from trtattn.routes.parallel import collectives, facts
+    from trtattn.verify import slices
+
+    whole = split_model(tiny_llama, 2)
+    held = []
+    for module in (slices, collectives, facts):
+        real = module.ort_session
+
+        def recording(model, *args, real=real, **kwargs):
+            held.append(slices.resident_size(model))
+            return real(model, *args, **kwargs)
+        monkeypatch.setattr(module, "ort_session", recording)
+    weights = slices.resident_size(tiny_llama)
+    forms = split_model(tiny_llama, 2, budget=weights // 6)
+    assert len(slices.plan(tiny_llama, [o.name for o in tiny_llama.graph.output], weights // 6)) > 2
+    check = forms.verify()
+    assert check.passed, check.errors
+    assert held and max(held) < weights * 2 // 3, (max(held), weights)
+    assert forms.plan.split.input_shards == whole.plan.split.input_shards
+    assert forms.plan.split.rows == whole.plan.split.rows
+    assert check.errors == whole.verify().errors
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_zoo_llama(zoo_export, ranks):
     model = io.load(zoo_export("llama", "torchscript"))

@@ -27,14 +27,23 @@ class Facts:
     dtypes: dict[str, np.dtype] = field(default_factory=dict)
 
 
-def measure_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Facts:
-    """Run `model` (main graph only) on ONNX Runtime with every node output fetched."""
+def measure_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray], budget: int | None = None) -> Facts:
+    """Run `model` (main graph only) on ONNX Runtime with every node output fetched; in slices of layers of
+    at most `budget` resident bytes of weights each (verify/slices.py) when given, one session at a time."""
     names = [o for n in model.graph.node for o in n.output if o]
     addresses = {n.input[1] for n in model.graph.node if n.op_type == "ScatterND"}  # read by value: any size
-    with extra_outputs(model, names) as wide:
-        session = ort_session(wide, level="disable")
-        fetched = [o.name for o in session.get_outputs()]
-        results = session.run(fetched, {i.name: feeds[i.name] for i in session.get_inputs()})
+    if budget:
+        from ...verify import slices
+
+        wanted = {i.name for i in model.graph.input}
+        (values,) = slices.run(model, slices.plan(model, names, budget), [{k: v for k, v in feeds.items() if k in
+                                                                           wanted}], names, level="disable")
+        fetched, results = names, [values[n] for n in names]
+    else:
+        with extra_outputs(model, names) as wide:
+            session = ort_session(wide, level="disable")
+            fetched = [o.name for o in session.get_outputs()]
+            results = session.run(fetched, {i.name: feeds[i.name] for i in session.get_inputs()})
     facts = Facts()
     for name, value in zip(fetched, results):
         value = np.asarray(value)

@@ -56,7 +56,7 @@ class ParallelPlan:
 
 
 def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray], *, sites=(),
-               gather_bytes: int = GATHER_BYTES) -> ParallelPlan:
+               gather_bytes: int = GATHER_BYTES, budget: int | None = None) -> ParallelPlan:
     if ranks < 2:
         raise ValueError(f"--tp {ranks}: tensor parallelism needs at least 2 ranks")
     graph = import_graph(model)
@@ -65,7 +65,7 @@ def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray],
         if not node.name:
             node.name = f"tp_node_{k}"
     nodes = list(graph.nodes)
-    facts = measure_all(model, feeds)
+    facts = measure_all(model, feeds, budget)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     cache = _cache_outputs(graph, sites)
     finder = _Finder(Pass(graph, nodes, facts, ranks, opset, cache), nodes, gather_bytes)
