@@ -4,7 +4,7 @@ the peak memory of each step.
 
     python benchmarks/tp_large.py MODEL.onnx [--ranks 2] [--slice-mb 256]
 
-Steps: load (weights in memory: the ranks' are slices of them), the split (measured in slices of layers,
+Steps: load (weights left on disk unless --in-memory; the ranks' are slices of them), the split (measured in slices of layers,
 each rank's form written in memory), the check (the original in slices, the rank set one rank's wave at a
 time). --slice-mb forces the slice budget (default: verify/slices.py's, slicing a model over half the memory).
 """
@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("model")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--slice-mb", type=int)
+    ap.add_argument("--in-memory", action="store_true", help="load the weights (default: left on disk, "
+                    "memory-mapped when read, as `trtattn fuse` loads a model)")
     args = ap.parse_args(argv)
 
     from trtattn.graph import io
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
         print(f"{name}: {now - t0:.1f} s, peak {peak_mb():.0f} MB", flush=True)
         return now
 
-    model = io.load(args.model)
+    model = io.load(args.model, load_external_data=args.in_memory)
     t = step("load", start)
     budget = (args.slice_mb << 20) if args.slice_mb else slice_budget(model)
     weights = resident_size(model)
