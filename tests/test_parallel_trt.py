@@ -121,18 +121,20 @@ def test_rank_engines_build_on_a_gpu(tmp_path):
     assert all(e.stat().st_size > 0 for e in engines)
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.parametrize("form", ["padded", "kv-cache"])
-def test_rank_networks_of_the_build_form_keep_iattention(checked_trt, zoo_export, form):
+def test_rank_networks_of_the_build_form_keep_iattention(checked_trt, zoo_export, form, ranks):
     """The split of build's verified form (ONNX Attention, RotaryEmbedding, KV-cache update): each rank's
     network has its IAttention over its heads (2 of 4 query heads, 1 of 2 KV heads), its RoPE and cache
-    layers, and its ALL_REDUCEs; the two recorded ranks run together equal the one-GPU network. The
-    kv-cache form writes its cache update as a ScatterND addressing heads by index, which the split does
-    not take yet: there each rank keeps the whole cache (named) and slices its KV head from it."""
+    layers, and its ALL_REDUCEs; the recorded ranks run together equal the one-GPU network. In the
+    kv-cache form each rank's cache (input, update, output) holds its own KV head; over 4 ranks the 2 KV
+    heads are replicated (each rank the one its query head uses)."""
     from trtsim.dtypes import to_numpy
     from trtsim.execute import run
 
     from trtattn.graph import io
     from trtattn.routes.parallel.engine import rank_plan_from_prepared
+    from trtattn.routes.parallel.ranks import slice_array
     from trtattn.routes.prepare import forms as forms_mod
     from trtattn.routes.prepare import prepare
 
@@ -140,16 +142,20 @@ def test_rank_networks_of_the_build_form_keep_iattention(checked_trt, zoo_export
     name = "llama-cache" if form == "kv-cache" else "llama"
     original = io.load(zoo_export(name, "torchscript"))
     prepared = prepare(original, name=name, form=form, precision="fp32")
-    forms = split_model(prepared.form_model, 2)
+    forms = split_model(prepared.form_model, ranks)
     if form == "kv-cache":
-        assert not forms.plan.split.input_shards
-        assert any("ScatterND has no tensor-parallel rule" in why for _, why in forms.plan.replicated)
+        caches = {c.cache for c in prepared.plan.cache_updates}
+        assert set(forms.plan.split.input_shards) == caches and len(caches) == 4
+        assert {c.output for c in prepared.plan.cache_updates} == set(forms.plan.split.cached)
     logger = trt.Logger(trt.Logger.WARNING)
     single = build_network(trt, trt.Builder(logger), logger, prepared.cut, prepared.plan)
     nets = []
-    for r in range(2):
+    for r in range(ranks):
         plan, cut_model = rank_plan_from_prepared(prepared, forms, r)
-        assert [(a.q_heads, a.kv_heads) for a in plan.native] == [(2, 1)] * 2
+        assert [(a.q_heads, a.kv_heads) for a in plan.native] == [(4 // ranks, 1)] * 2
+        if form == "kv-cache":  # the engine's cache inputs are the rank's heads at the cache capacity
+            shapes = {i["name"]: i["shape"] for i in plan.inputs}
+            assert {tuple(shapes[c.cache][1:]) for c in plan.cache_updates} == {(1, plan.limits["max_cache"], 16)}
         assert len(plan.collectives) == 4
         nets.append(build_network(trt, trt.Builder(logger), logger, cut_model, plan))
     assert trt.sim.problems == []
@@ -160,8 +166,9 @@ def test_rank_networks_of_the_build_form_keep_iattention(checked_trt, zoo_export
     types = {t._name: t._dtype for t in single._inputs}
     feeds = {k: np.asarray(v).astype(to_numpy(types[k])) for k, v in adapter.feeds(adapter.original_feeds(None, 0)).items()}
     expected = run(single, feeds)
-    outs = run_ranks(nets, rank_feeds(feeds, forms.plan.split.input_shards, 2))
+    outs = run_ranks(nets, rank_feeds(feeds, forms.plan.split.input_shards, ranks))
     for name_, value in expected.items():
         shard = forms.plan.split.cached.get(name_)
-        got = np.concatenate([o[name_] for o in outs], axis=shard.axis) if shard else outs[0][name_]
-        np.testing.assert_allclose(got, value, rtol=1e-4, atol=1e-5, err_msg=name_)
+        for r, out in enumerate(outs):  # each rank's cache: its KV heads (a replicated head on each holder)
+            want = slice_array(np.asarray(value), shard, ranks, r) if shard else value
+            np.testing.assert_allclose(out[name_], want, rtol=1e-4, atol=1e-5, err_msg=name_)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import MissingDependencyError
 from ..graph import io as onnxio
+from ..trt.profiles import max_positions
 from .common import exit_without_tensorrt, load_model
 from .dims import parse_dims
 
@@ -27,7 +28,8 @@ def tp_plan(forms, max_cache: int, name: str) -> dict:
         "tensor_parallel": plan.ranks, "collective_domain": DOMAIN, "max_cache": max_cache,
         "gather_threshold_bytes": plan.gather_bytes,
         "sites": [{"name": s.name, "q_heads": s.q_heads, "kv_heads": s.kv_heads, "q_heads_per_rank": s.q_per_rank,
-                   "kv_heads_per_rank": s.kv_per_rank, "note": s.note} for s in plan.sites],
+                   "kv_heads_per_rank": s.kv_per_rank, "ranks_per_kv_head": s.kv_replicas, "note": s.note}
+                  for s in plan.sites],
         "collectives": [{"kind": "ALL_REDUCE", "tensor": plan.nodes[i].outputs[0].name, "after": plan.nodes[i].name}
                         for i in split.rows + split.vocab] + [{"kind": "ALL_GATHER", "tensor": k, "axis": v.axis}
                                                 for k, v in split.gathered.items()],
@@ -64,28 +66,39 @@ def describe(plan: dict) -> str:
 
 
 def run_tp(args, progress) -> int:
-    if Path(args.model).is_dir():  # an export folder: one rank set per ONNX part, tp.json for the folder
+    if Path(args.model).is_dir():  # an export folder: each part's verified form split, tp.json for the folder
         return _folder(args, progress)
-    code, _ = _one(args, progress, Path(args.model), args.name or Path(args.model).stem, Path(args.out_dir),
-                   prepare_form=True)
+    source = Path(args.model)
+    name = args.name or source.stem
+    model = load_model(source, progress, with_weights=True)  # the ranks' weights are slices of these
+    prepared = _prepared(args, progress, model, name, source)
+    max_cache = args.max_cache or max_positions(model)[0] or 2048
+    code, _ = _split(args, progress, prepared, prepared.form_model, name, Path(args.out_dir), source, max_cache)
     return code
 
 
 def _folder(args, progress) -> int:
-    folder = Path(args.model)
-    parts = sorted(folder.glob("*.onnx"))
-    if not parts:
-        print(f"trtattn: {folder} has no ONNX model to split")
-        return 2
-    out = Path(args.out_dir) / folder.resolve().name
-    codes, plans = [], {}
-    for part in parts:
-        print(f"--- {part.name}")
-        code, plan = _one(args, progress, part, part.stem, out)
+    """`build DIR --tp N`: the parts prepared as `build DIR` prepares them (each in its form: the encoder and
+    first decoder step padded, the step with a cache kv-cache), then each part's verified form split."""
+    from ..folder_engines import prepare_folder
+
+    out = Path(args.out_dir) / Path(args.model).resolve().name
+    result = prepare_folder(args.model, out, precision=args.precision, dims=parse_dims(args.dims), force=args.force,
+                            progress=progress, inputs=args.inputs)
+    codes, parts = [], {}
+    for part in result.parts:
+        print(f"--- {part.role} ({part.source.name}{', ' + part.branch if part.branch else ''}, {part.form})")
+        if part.prepared is None:
+            print(f"trtattn: {part.role} not prepared: {part.error}")
+            codes.append(1)
+            continue
+        form = onnxio.load(out / f"{part.role}.{part.form}.onnx")  # as written, with its weights
+        max_cache = args.max_cache or part.prepared.plan.limits.get("max_cache") or max_positions(form)[0] or 2048
+        code, plan = _split(args, progress, part.prepared, form, part.role, out, part.source, max_cache)
         codes.append(code)
         if plan is not None:
-            plans[part.name] = f"{part.stem}.tp.json"
-    onnxio.atomic_write(out / "tp.json", (json.dumps({"tensor_parallel": args.tp, "parts": plans}, indent=2) + "\n")
+            parts[part.role] = {"source": part.source.name, "form": part.form, "plan": f"{part.role}.tp.json"}
+    onnxio.atomic_write(out / "tp.json", (json.dumps({"tensor_parallel": args.tp, "parts": parts}, indent=2) + "\n")
                         .encode())
     print(f"wrote {out / 'tp.json'}")
     return 1 if any(c == 1 for c in codes) else max(codes)
@@ -109,17 +122,14 @@ def _prepared(args, progress, model, name: str, source: Path):
                    limits=limits, progress=progress, source=str(source))
 
 
-def _one(args, progress, source: Path, name: str, out: Path, prepare_form: bool = False) -> tuple[int, dict | None]:
-    """One model's rank set. With `prepare_form` the split is of build's verified form (each rank's
-    attention an IAttention over its heads), else of the model as it is (an export folder's parts)."""
+def _split(args, progress, prepared, form, name: str, out: Path, source: Path,
+           max_cache: int) -> tuple[int, dict | None]:
+    """The rank set of build's verified form `form` (each rank's attention an IAttention over its heads):
+    found, verified against the form, written with each rank's build plan; engines with TensorRT."""
     from ..routes.parallel import split_model
     from ..trt import compat
-    from ..trt.profiles import max_positions
     from ..verify.compare import tolerance_for
 
-    model = load_model(source, progress, with_weights=True)  # the ranks' weights are slices of these
-    prepared = _prepared(args, progress, model, name, source) if prepare_form else None
-    form = prepared.form_model if prepared is not None else model
     with progress.step(f"finding the split over {args.tp} ranks"):
         forms = split_model(form, args.tp, dims=parse_dims(args.dims))
     atol, rtol = tolerance_for(form)
@@ -132,14 +142,12 @@ def _one(args, progress, source: Path, name: str, out: Path, prepare_form: bool 
         for k, e in check.errors.items():
             print(f"  {k}: {e:.3g} (bound {check.bounds[k]:.3g})")
         return 1, None
-    max_cache = args.max_cache or max_positions(model)[0] or 2048
     plan = tp_plan(forms, max_cache, name)
     plan["verification"] = {"passed": check.passed, "max_abs_err": worst, "outputs": check.errors,
-                            "against": "the verified form" if prepared is not None else "the model"}
-    if prepared is not None:
-        plan["form"], plan["precision"] = prepared.plan.form, args.precision
+                            "against": "the verified form"}
+    plan["form"], plan["precision"] = prepared.plan.form, args.precision
     print(describe(plan))
-    rank_plans = _rank_plans(prepared, forms) if prepared is not None else []
+    rank_plans = _rank_plans(prepared, forms)
     for r, rank in enumerate(forms.models):
         onnxio.save(rank, out / plan["ranks"][r]["form"], protect=(str(source),))
         if rank_plans:  # each rank's build plan (its sites' heads, its collectives, its I/O and profiles)

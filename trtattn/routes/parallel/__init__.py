@@ -11,6 +11,7 @@ gives each rank's weights, KV-cache bytes and the bytes its collectives move.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,46 +29,59 @@ class RankForms:
     plan: ParallelPlan
     models: list[onnx.ModelProto]
     feeds: list[dict[str, np.ndarray]]
+    budget: int | None = None  # the original is measured and checked in slices of layers of this many bytes
 
     def verify(self, feeds: list[dict] | None = None, *, atol: float = 1e-4, rtol: float = 1e-4) -> RankCheck:
         split = self.plan.split
         return check_ranks(self.original, self.models, split.input_shards, split.cached, feeds or self.feeds,
-                           atol=atol, rtol=rtol)
+                           atol=atol, rtol=rtol, budget=self.budget)
 
 
 def split_model(model: onnx.ModelProto, ranks: int, *, feeds: list[dict] | None = None, sites=None,
-                gather_bytes: int = GATHER_BYTES, dims=None) -> RankForms:
+                gather_bytes: int = GATHER_BYTES, dims=None, budget: int | None = None) -> RankForms:
     """The rank forms of `model` over `ranks` devices. `feeds` (default: two sets in the model's domain at
     dims it runs on, and one at other dims) are what the split is verified with, the first what it is
-    measured on; `sites` default to the matcher's."""
+    measured on; `sites` default to the matcher's. `budget`: resident bytes of weights per slice of layers
+    the original is run in (default: verify/slices.py's choice, whole unless its weights are over half
+    the memory); the rank set is always run one rank's wave (between collectives) at a time."""
     from ...match import match
     from ...verify.compare import default_feeds
+    from ...verify.slices import slice_budget
 
+    if budget is None:
+        budget = slice_budget(model)
     if feeds is None:
-        feeds = default_feeds(model, dims=dims) + _other_dims(model)
+        feeds = default_feeds(model, dims=dims) + _other_dims(model, budget)
     if sites is None:
         sites = match(model).sites
-    plan = find_split(model, ranks, feeds[0], sites=sites, gather_bytes=gather_bytes)
-    return RankForms(model, plan, [rank_model(plan, model, r) for r in range(ranks)], feeds)
+    plan = find_split(model, ranks, feeds[0], sites=sites, gather_bytes=gather_bytes, budget=budget)
+    return RankForms(model, plan, [rank_model(plan, model, r) for r in range(ranks)], feeds, budget)
 
 
-def _other_dims(model: onnx.ModelProto) -> list[dict]:
+def _other_dims(model: onnx.ModelProto, budget: int | None = None) -> list[dict]:
     """One more feed set at other dims (each input dim times its own prime, as graph/measure.py probes),
-    where the original runs on them: the split is measured at the first dims and must hold at these."""
+    where the original runs on them (in slices of layers with a `budget`): the split is measured at the
+    first dims and must hold at these."""
     from ...graph.evaluate import ort_session
     from ...graph.feeds import make_feeds
     from ...graph.measure import probe_dims
+    from ...verify import slices
 
+    names = [o.name for o in model.graph.output]
+    wanted = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
     try:
         _, choices = probe_dims(model)
-        session = ort_session(model)
-        wanted = {i.name for i in session.get_inputs()}
+        if budget:
+            pieces = slices.plan(model, names, budget)
+            runs = lambda given: slices.run(model, pieces, [given], names)  # noqa: E731
+        else:
+            runs = functools.partial(ort_session(model).run, None)
     except Exception:
         return []
     for dims in choices:
         feeds = make_feeds(model, dims=dims, seed=7)
         try:
-            session.run(None, {k: v for k, v in feeds.items() if k in wanted})
+            runs({k: v for k, v in feeds.items() if k in wanted})
         except Exception:
             continue
         return [feeds]

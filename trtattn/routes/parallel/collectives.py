@@ -16,7 +16,7 @@ import onnx
 
 from ...graph.evaluate import cut_out, ort_session
 from ...graph.view import import_graph
-from .ranks import DOMAIN
+from .ranks import DOMAIN, slice_array
 from .shard import Shard
 
 
@@ -49,7 +49,9 @@ class _RankGraph:
 
 
 class RankSet:
-    """N rank forms run together; `run(feeds_per_rank)` gives each rank's outputs by name."""
+    """N rank forms run together; `run(feeds_per_rank)` gives each rank's outputs by name, `run_all` that for
+    several feed sets. One session at a time (a rank's wave, made, run on every feed set and freed), so
+    memory follows the work: about one layer's weights of one rank."""
 
     def __init__(self, models: list[onnx.ModelProto]):
         self.ranks = [_RankGraph(m) for m in models]
@@ -60,11 +62,7 @@ class RankSet:
         self.inputs = [p.input[0] for p in protos]
         self.outputs = [p.output[0] for p in protos]
         self.waves = self._waves(models[0])
-        self.sessions = [[self._session(r, wave) for wave in self.waves] for r in self.ranks]
-        finals = [o.name for o in first.graph.outputs if o.name not in self.outputs]
-        self.final = [ort_session(cut_out(r.graph, [r.graph.tensors()[n] for n in finals], r.model)) if finals
-                      else None for r in self.ranks]
-        self.final_names = finals
+        self.final_names = [o.name for o in first.graph.outputs if o.name not in self.outputs]
 
     def _waves(self, model: onnx.ModelProto) -> list[list[int]]:
         """Collectives grouped so that each group's inputs need only earlier groups' outputs."""
@@ -92,29 +90,41 @@ class RankSet:
         levels = [level(self.inputs[k]) for k in range(len(self.inputs))]
         return [[k for k, v in enumerate(levels) if v == d] for d in sorted(set(levels))]
 
-    def _session(self, rank: _RankGraph, wave: list[int]):
+    @staticmethod
+    def _run(rank: _RankGraph, names: list[str], feeds: list[dict]) -> list[list[np.ndarray]]:
+        """`names` of the rank's graph for every feed set, from one session made here and freed after."""
         tensors = rank.graph.tensors()
-        return ort_session(cut_out(rank.graph, [tensors[self.inputs[k]] for k in wave], rank.model))
+        session = ort_session(cut_out(rank.graph, [tensors[n] for n in names], rank.model))
+        wanted = [i.name for i in session.get_inputs()]
+        return [session.run(names, {n: f[n] for n in wanted}) for f in feeds]
 
     def run(self, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        known = [dict(f) for f in feeds]
-        for w, wave in enumerate(self.waves):
-            parts = []
-            for r, session in enumerate(s[w] for s in self.sessions):
-                names = [i.name for i in session.get_inputs()]
-                parts.append(session.run([self.inputs[k] for k in wave], {n: known[r][n] for n in names}))
-            for j, k in enumerate(wave):
-                op, attrs = self.ops[k]
-                value = collective(op, [p[j] for p in parts], attrs.get("axis", 0))
-                for r in range(len(self.ranks)):
-                    known[r][self.outputs[k]] = value
+        return self.run_all([feeds])[0]
+
+    def run_all(self, feed_sets: list[list[dict[str, np.ndarray]]]) -> list[list[dict[str, np.ndarray]]]:
+        """For each feed set (one dict per rank), each rank's outputs by name."""
+        known = [[dict(f) for f in feeds] for feeds in feed_sets]  # [set][rank]
+        n = len(self.ranks)
+        for wave in self.waves:
+            names = [self.inputs[k] for k in wave]
+            parts = [self._run(rank, names, [k[r] for k in known]) for r, rank in enumerate(self.ranks)]  # [rank][set]
+            for s, values in enumerate(known):
+                for j, k in enumerate(wave):
+                    op, attrs = self.ops[k]
+                    value = collective(op, [parts[r][s][j] for r in range(n)], attrs.get("axis", 0))
+                    for r in range(n):
+                        values[r][self.outputs[k]] = value
+        finals = ([self._run(rank, self.final_names, [k[r] for k in known]) for r, rank in enumerate(self.ranks)]
+                  if self.final_names else None)
         results = []
-        for r, session in enumerate(self.final):
-            out = {n: known[r][n] for n in self.outputs}
-            if session is not None:
-                names = [i.name for i in session.get_inputs()]
-                out.update(zip(self.final_names, session.run(self.final_names, {n: known[r][n] for n in names})))
-            results.append({o.name: out[o.name] for o in self.ranks[r].graph.outputs})
+        for s, values in enumerate(known):
+            per_rank = []
+            for r, rank in enumerate(self.ranks):
+                out = {name: values[r][name] for name in self.outputs}
+                if finals is not None:
+                    out.update(zip(self.final_names, finals[r][s]))
+                per_rank.append({o.name: out[o.name] for o in rank.graph.outputs})
+            results.append(per_rank)
         return results
 
 
@@ -129,41 +139,46 @@ class RankCheck:
 
 
 def rank_feeds(feeds: dict[str, np.ndarray], shards: dict[str, Shard], ranks: int) -> list[dict[str, np.ndarray]]:
-    from .ranks import slice_array
-
     return [{k: (slice_array(v, shards[k], ranks, r) if k in shards else v) for k, v in feeds.items()}
             for r in range(ranks)]
 
 
 def check_ranks(original: onnx.ModelProto, models: list[onnx.ModelProto], input_shards: dict[str, Shard],
                 cached: dict[str, Shard], feeds_list: list[dict], *, atol: float = 1e-4,
-                rtol: float = 1e-4) -> RankCheck:
+                rtol: float = 1e-4, budget: int | None = None) -> RankCheck:
     """The rank set against the original on ONNX Runtime, output by output: a replicated or gathered
-    output on every rank, a cache output as the ranks' slices concatenated. An output's bound is
-    atol + rtol * its largest reference magnitude (as verify/compare.py bounds every verification)."""
+    output on every rank, a cache output on each rank against its block. An output's bound is
+    atol + rtol * its largest reference magnitude (as verify/compare.py bounds every verification).
+    `budget`: the original runs in slices of layers of that many resident bytes of weights."""
     n = len(models)
-    reference = ort_session(original)
-    names = [o.name for o in reference.get_outputs()]
-    ranks = RankSet(models)
+    names = [o.name for o in original.graph.output]
+    wanted = {i.name for i in original.graph.input} - {t.name for t in original.graph.initializer}
+    feeds_list = [{k: v for k, v in feeds.items() if k in wanted} for feeds in feeds_list]
+    if budget:
+        from ...verify import slices
+
+        references = [dict(r) for r in slices.run(original, slices.plan(original, names, budget), feeds_list, names)]
+    else:
+        session = ort_session(original)
+        references = [dict(zip(names, session.run(names, feeds))) for feeds in feeds_list]
+        del session
     check = RankCheck(n, True, atol, rtol)
-    for feeds in feeds_list:
-        wanted = {i.name for i in reference.get_inputs()}
-        expected = dict(zip(names, reference.run(names, {k: v for k, v in feeds.items() if k in wanted})))
-        got = ranks.run(rank_feeds({k: v for k, v in feeds.items() if k in wanted}, input_shards, n))
+    outs = RankSet(models).run_all([rank_feeds(feeds, input_shards, n) for feeds in feeds_list])
+    for expected, got in zip(references, outs):
         for name, ref in expected.items():
             ref = np.asarray(ref)
-            if name in cached:
-                candidates = [np.concatenate([g[name] for g in got], axis=cached[name].axis)]
+            if name in cached:  # each rank's cache against its block (a replicated KV head: on each holder)
+                candidates = [(g[name], slice_array(ref, cached[name], n, r)) for r, g in enumerate(got)]
             else:
-                candidates = [g[name] for g in got]
+                candidates = [(g[name], ref) for g in got]
             scale = float(np.max(np.abs(ref), initial=0.0)) if ref.size else 0.0
             bound = atol + rtol * scale
             check.bounds[name] = max(check.bounds.get(name, 0.0), bound)
-            for c in candidates:
-                if c.shape != ref.shape:
+            for c, want in candidates:
+                if c.shape != want.shape:
                     err = float("inf")
                 else:
-                    err = float(np.max(np.abs(c.astype(np.float64) - ref), initial=0.0)) if ref.size else 0.0
+                    err = float(np.max(np.abs(c.astype(np.float64) - want), initial=0.0)) if want.size else 0.0
                     if np.isnan(err):
                         err = float("inf")
                 check.errors[name] = max(check.errors.get(name, 0.0), err)

@@ -74,9 +74,9 @@ def _per_token(facts, name: str) -> int:
 def llama_costs(cfg: dict, ranks: int, max_cache: int, dtype_bytes: int = 2,
                 gather_bytes: int | None = None) -> RankCost:
     """One rank of a Llama configuration (write_llama's presets) split as routes/parallel splits the
-    written model: Q/K/V and gate/up by columns, o and down by rows, KV heads with their query heads (whole
-    on every rank when they do not split), the LM head and the embedding by vocabulary when over the
-    gather threshold, norms whole."""
+    written model: Q/K/V and gate/up by columns, o and down by rows, KV heads with their query heads (one
+    replicated KV head per rank when fewer than the ranks, whole when neither divides), the LM head and
+    the embedding by vocabulary when over the gather threshold, norms whole."""
     from .find import GATHER_BYTES
 
     threshold = GATHER_BYTES if gather_bytes is None else gather_bytes
@@ -84,16 +84,20 @@ def llama_costs(cfg: dict, ranks: int, max_cache: int, dtype_bytes: int = 2,
     head = h // heads
     split_heads = heads % ranks == 0
     q = ranks if split_heads else 1
-    kvr = ranks if split_heads and kv_heads % ranks == 0 else 1
+    kv_rank = kv_heads  # KV heads a rank holds
+    if split_heads and kv_heads % ranks == 0:
+        kv_rank = kv_heads // ranks
+    elif split_heads and ranks % kv_heads == 0:
+        kv_rank = 1
     mlp = ranks if ffn % ranks == 0 else 1
-    attention = h * heads * head // q + 2 * h * kv_heads * head // kvr + heads * head * h // q
+    attention = h * heads * head // q + 2 * h * kv_rank * head + heads * head * h // q
     per_layer = attention + 3 * h * ffn // mlp + 2 * h
     lm_head = h * vocab if cfg.get("lm_head", True) else 0
     lm_split = ranks if lm_head and lm_head * dtype_bytes >= threshold and vocab % ranks == 0 else 1
     embed_split = ranks if vocab * h * dtype_bytes >= threshold and vocab % ranks == 0 and ranks > 1 else 1
     embedding = vocab * h // embed_split + (h if embed_split > 1 else 0)  # a rank's rows and one row of zeros
     weights = (layers * per_layer + embedding + h + lm_head // lm_split) * dtype_bytes
-    kv = layers * 2 * (kv_heads // kvr) * head * max_cache * dtype_bytes
+    kv = layers * 2 * kv_rank * head * max_cache * dtype_bytes
     reduces = layers * ((q > 1) + (mlp > 1)) + (embed_split > 1)
     reduce_bytes = reduces * h * dtype_bytes
     gather = vocab * dtype_bytes if lm_split > 1 else 0

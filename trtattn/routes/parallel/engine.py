@@ -98,8 +98,10 @@ def rank_plan_from_prepared(prepared, forms, rank: int) -> tuple[BuildPlan, CutM
         a.mask = renamed.get(a.mask, a.mask) if a.mask else a.mask
         if before.input[0] in split.sharded and a.q_heads:
             a.q_heads //= ranks
-            if a.kv_heads and (before.input[1] in split.sharded or a.key != before.input[1]):
-                a.kv_heads //= ranks
+            kv = split.sharded.get(before.input[1]) or split.activation_slices.get(
+                next(((i, 1) for i, n in enumerate(forms.plan.nodes) if n.name == a.node), (-1, 1)))
+            if a.kv_heads and kv is not None:  # split by KV heads, or one replicated KV head per rank
+                a.kv_heads //= kv.blocks(ranks)
     plan.collectives = collective_plans(model)
     lowered = set(plan.order) | {c.node for c in plan.collectives}
     plan.order = [n.name for n in model.graph.node if n.name in lowered]

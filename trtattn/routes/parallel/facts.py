@@ -27,25 +27,54 @@ class Facts:
     dtypes: dict[str, np.dtype] = field(default_factory=dict)
 
 
-def measure_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Facts:
-    """Run `model` (main graph only) on ONNX Runtime with every node output fetched."""
+def measure_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray], budget: int | None = None) -> Facts:
+    """Run `model` (main graph only) on ONNX Runtime with every node output fetched; in slices of layers of
+    at most `budget` resident bytes of weights each (verify/slices.py) when given, one session at a time."""
     names = [o for n in model.graph.node for o in n.output if o]
-    with extra_outputs(model, names) as wide:
-        session = ort_session(wide, level="disable")
-        fetched = [o.name for o in session.get_outputs()]
-        results = session.run(fetched, {i.name: feeds[i.name] for i in session.get_inputs()})
+    addresses = {n.input[1] for n in model.graph.node if n.op_type == "ScatterND"}  # read by value: any size
+    if budget:
+        from ...verify import slices
+
+        wanted = {i.name for i in model.graph.input}
+        (values,) = slices.run(model, slices.plan(model, names, budget), [{k: v for k, v in feeds.items() if k in
+                                                                           wanted}], names, level="disable")
+        fetched, results = names, [values[n] for n in names]
+    else:
+        with extra_outputs(model, names) as wide:
+            session = ort_session(wide, level="disable")
+            fetched = [o.name for o in session.get_outputs()]
+            results = session.run(fetched, {i.name: feeds[i.name] for i in session.get_inputs()})
     facts = Facts()
     for name, value in zip(fetched, results):
         value = np.asarray(value)
         facts.shapes[name] = tuple(int(d) for d in value.shape)
         facts.dtypes[name] = value.dtype
-        if value.dtype.kind in "iub" and value.size <= SMALL:
+        if value.dtype.kind in "iub" and (value.size <= SMALL or name in addresses):
             facts.values[name] = value
     for name, value in feeds.items():
         facts.shapes[name] = tuple(int(d) for d in np.shape(value))
         facts.dtypes[name] = np.asarray(value).dtype
         facts.values[name] = np.asarray(value)
     return facts
+
+
+def addressed_block(indices: np.ndarray | None, data: tuple[int, ...], ranks: int, data_shard=None,
+                    updates_shard=None) -> tuple[int, int] | None:
+    """(data axis a, indices axis j) such that the ranks' blocks of ScatterND `indices` along j address only
+    the rank's block of data axis a, by their measured values (a cache update's head index: j its heads axis)."""
+    if indices is None:
+        return None
+    axes = [data_shard.axis] if data_shard is not None else range(indices.shape[-1])
+    js = [updates_shard.axis] if updates_shard is not None else range(indices.ndim - 1)
+    for a in axes:
+        for j in js:
+            if a >= indices.shape[-1] or j >= indices.ndim - 1 or data[a] % ranks or indices.shape[j] % ranks:
+                continue
+            block = data[a] // ranks
+            parts = np.split(np.asarray(indices)[..., a], ranks, axis=j)
+            if all(((p >= r * block) & (p < (r + 1) * block)).all() for r, p in enumerate(parts)):
+                return a, j
+    return None
 
 
 def constant_value(t: gs.Tensor) -> np.ndarray | None:

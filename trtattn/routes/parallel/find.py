@@ -40,6 +40,7 @@ class SiteSplit:
     head_size: int = 0
     v_head_size: int = 0
     element_bytes: int = 4  # of its K/V (what a cache of them holds per element)
+    kv_replicas: int = 1  # ranks holding each KV head (> 1: KV heads fewer than the ranks, replicated)
 
 
 @dataclass
@@ -55,7 +56,7 @@ class ParallelPlan:
 
 
 def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray], *, sites=(),
-               gather_bytes: int = GATHER_BYTES) -> ParallelPlan:
+               gather_bytes: int = GATHER_BYTES, budget: int | None = None) -> ParallelPlan:
     if ranks < 2:
         raise ValueError(f"--tp {ranks}: tensor parallelism needs at least 2 ranks")
     graph = import_graph(model)
@@ -64,7 +65,7 @@ def find_split(model: onnx.ModelProto, ranks: int, feeds: dict[str, np.ndarray],
         if not node.name:
             node.name = f"tp_node_{k}"
     nodes = list(graph.nodes)
-    facts = measure_all(model, feeds)
+    facts = measure_all(model, feeds, budget)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     cache = _cache_outputs(graph, sites)
     finder = _Finder(Pass(graph, nodes, facts, ranks, opset, cache), nodes, gather_bytes)
@@ -89,13 +90,14 @@ class _Finder:
         self.one_pass, self.nodes, self.gather_bytes = one_pass, nodes, gather_bytes
         self.producer = {o.name: i for i, n in enumerate(nodes) for o in n.outputs}
         self.groups: dict[int, int] = {}  # seeds whose columns are blocks (a fused QKV projection)
+        self.copies: dict[int, int] = {}  # seeds whose column blocks are replicated (KV heads fewer than ranks)
 
     def grow_all(self, sites=()) -> tuple[Split, list[tuple[str, str]]]:
         """Seeds in order: the products nearest above each site's query (its Q projection), then every
         other product with a 2-D weight in graph order."""
         seeds: set[int] = set()
         inputs: dict[str, Shard] = {}
-        split = self.one_pass.run(seeds, inputs, self.groups)
+        split = self.one_pass.run(seeds, inputs, self.groups, self.copies)
         covered: set[int] = set()
         replicated: list[tuple[str, str]] = []
         tensors = {t.name: t for n in self.nodes for t in n.outputs}
@@ -126,22 +128,22 @@ class _Finder:
         split at the product computing it where that keeps the pass valid."""
         tried: set[tuple[int, int]] = set()
         while True:
-            split = self.one_pass.run(seeds, inputs, self.groups)
+            split = self.one_pass.run(seeds, inputs, self.groups, self.copies)
             if split.input_shards.keys() - inputs.keys():
                 inputs = dict(split.input_shards)
                 continue
             upgraded = False
             for key in split.activation_slices:
-                if key in tried:
+                if key in tried or key in split.index_shifts:  # indices: sliced and shifted by design
                     continue
                 tried.add(key)
-                for seed, shards in self._splits_above(self.nodes[key[0]].inputs[key[1]], seeds, inputs):
+                for seed, shards, copies in self._splits_above(self.nodes[key[0]].inputs[key[1]], seeds, inputs):
                     try:
-                        trial = self.one_pass.run(seed, shards, self.groups)
+                        trial = self.one_pass.run(seed, shards, self.groups, copies)
                     except Unsplittable:
                         continue
                     if key not in trial.activation_slices:
-                        seeds, inputs = seed, dict(trial.input_shards)
+                        seeds, inputs, self.copies = seed, dict(trial.input_shards), copies
                         upgraded = True
                         break
                 if upgraded:
@@ -151,17 +153,22 @@ class _Finder:
 
     def _splits_above(self, t: gs.Tensor, seeds: set[int], inputs: dict[str, Shard]):
         """Ways to compute `t` already split, nearest first: a product with a 2-D weight above it split by
-        columns, or a graph input above it (a past K/V) fed in slices along one of its axes."""
+        columns (then with its column blocks replicated: KV heads fewer than the ranks), or a graph input
+        above it (a past K/V) fed in slices along one of its axes."""
         products, graph_inputs = self._nearest(t)
+        n = self.one_pass.n
         for i in products:
             if i not in seeds:
-                yield seeds | {i}, inputs
+                yield seeds | {i}, inputs, self.copies
+                for c in range(2, n):
+                    if n % c == 0 and i not in self.groups:
+                        yield seeds | {i}, inputs, {**self.copies, i: c}
         for name in graph_inputs:
             if name in inputs:
                 continue
             for axis, size in enumerate(self.one_pass.facts.shapes[name]):
-                if size > 1 and size % self.one_pass.n == 0:
-                    yield seeds, {**inputs, name: Shard(axis)}
+                if size > 1 and size % n == 0:
+                    yield seeds, {**inputs, name: Shard(axis)}, self.copies
 
     def _nearest(self, t: gs.Tensor) -> tuple[list[int], list[str]]:
         """The products with a 2-D weight nearest above `t` on each path, and the graph inputs reached
@@ -239,7 +246,12 @@ def _site_split(site, split: Split, ranks: int, facts: Facts) -> SiteSplit:
         return SiteSplit(site.name, q, kv, None, None, f"its query is split along axis {shard.axis}, not its heads "
                                                        f"(axis {heads_axis})", head, v_head, width)
     q_rank = q // ranks if q else None
-    if any(n in split.sharded for n in (site.key, site.new_key) if n):
-        return SiteSplit(site.name, q, kv, q_rank, kv // ranks if kv else None, "", head, v_head, width)
+    kv_shard = next((split.sharded[n] for n in (site.key, site.new_key) if n and n in split.sharded), None)
+    if kv_shard is not None:
+        blocks = kv_shard.blocks(ranks)
+        note = (f"KV heads replicated: rank r holds KV head r * {kv} // {ranks} ({kv_shard.copies} ranks "
+                "per KV head)") if kv_shard.copies > 1 else ""
+        return SiteSplit(site.name, q, kv, q_rank, kv // blocks if kv else None, note, head, v_head, width,
+                         kv_shard.copies)
     return SiteSplit(site.name, q, kv, q_rank, None, f"K/V whole on every rank: {kv} KV heads do not split "
                                                      f"into {ranks}", head, v_head, width)

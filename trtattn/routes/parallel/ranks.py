@@ -27,11 +27,10 @@ OPS = ("AllReduce", "AllGather")
 
 def slice_array(value: np.ndarray, shard: Shard, ranks: int, rank: int) -> np.ndarray:
     """Rank `rank`'s block of `value` along `shard`."""
-    shape = value.shape
-    a = shard.axis
-    view = value.reshape(shape[:a] + (shard.outer, ranks, shape[a] // (shard.outer * ranks)) + shape[a + 1:])
-    part = np.take(view, rank, axis=a + 1)
-    return np.ascontiguousarray(part.reshape(shape[:a] + (shape[a] // ranks,) + shape[a + 1:]))
+    shape, a, blocks = value.shape, shard.axis, shard.blocks(ranks)
+    view = value.reshape(shape[:a] + (shard.outer, blocks, shape[a] // (shard.outer * blocks)) + shape[a + 1:])
+    part = np.take(view, shard.block_of(rank), axis=a + 1)
+    return np.ascontiguousarray(part.reshape(shape[:a] + (shape[a] // blocks,) + shape[a + 1:]))
 
 
 def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.ModelProto:
@@ -53,32 +52,51 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
         value = constant_value(t)
         if value is not None:
             fixed = np.array(value, copy=True).reshape(-1)
-            fixed[entries] //= n
+            for entry, divisor in entries.items():
+                fixed[entry] //= divisor
             nodes[i].inputs[k] = gs.Constant(f"{t.name}.rank_shape{i}", fixed.astype(value.dtype))
         else:  # computed: divide the static entries on the rank
-            divisor = np.ones(len(plan.facts.values[t.name].reshape(-1)), dtype=np.int64)
-            divisor[entries] = n
+            divisors = np.ones(len(plan.facts.values[t.name].reshape(-1)), dtype=np.int64)
+            divisors[list(entries)] = list(entries.values())
             out = gs.Variable(f"{t.name}.rank_shape{i}", dtype=np.int64)
             graph.nodes.append(gs.Node("Div", f"{nodes[i].name}/rank_shape", inputs=[t, gs.Constant(
-                f"{out.name}.divisor", divisor)], outputs=[out]))
+                f"{out.name}.divisor", divisors)], outputs=[out]))
             nodes[i].inputs[k] = out
-    for (i, k), shard in split.activation_slices.items():  # one Slice per tensor and axis, shared
+    def sliced(i: int, k: int, axis: int, part: int, block: int, tag: str) -> None:
+        """Input k of node i read through a Slice of `part` along `axis` at block `block` (one per tensor)."""
         t = nodes[i].inputs[k]
-        key = (t.name, shard)
+        key = (t.name, axis, part, block)
         if key not in made:
-            part = plan.facts.shapes[t.name][shard.axis] // n
-            made[key] = gs.Variable(f"{t.name}.rank{rank}of{n}.axis{shard.axis}", dtype=t.dtype)
+            made[key] = gs.Variable(f"{t.name}.rank{rank}of{n}.{tag}{axis}", dtype=t.dtype)
             bounds = [gs.Constant(f"{made[key].name}.{what}", np.array([v], dtype=np.int64)) for what, v in
-                      (("starts", rank * part), ("ends", (rank + 1) * part), ("axes", shard.axis))]
-            graph.nodes.append(gs.Node("Slice", f"{nodes[i].name}/rank_slice{k}", inputs=[t, *bounds],
+                      (("starts", block * part), ("ends", (block + 1) * part), ("axes", axis))]
+            graph.nodes.append(gs.Node("Slice", f"{nodes[i].name}/rank_{tag}{k}", inputs=[t, *bounds],
                                        outputs=[made[key]]))
         nodes[i].inputs[k] = made[key]
-    for i, names in split.head_attrs.items():
-        for a in names:
-            nodes[i].attrs[a] = nodes[i].attrs[a] // n
+
+    for (i, k), shard in split.activation_slices.items():  # an operand computed whole: the rank's block
+        size = plan.facts.shapes[nodes[i].inputs[k].name][shard.axis]
+        sliced(i, k, shard.axis, size // shard.blocks(n), shard.block_of(rank), "axis")
+    for (i, k), (shard, copies) in split.narrowed.items():  # replicated heads: those of the rank's block
+        size = plan.facts.shapes[nodes[i].inputs[k].name][shard.axis]
+        sliced(i, k, shard.axis, size * copies // n, (rank % shard.copies) // copies, "narrow")
+    for (i, k), (component, block, copies) in split.index_shifts.items():  # the rank's indices into its own block
+        t = nodes[i].inputs[k]
+        shifted = (t.name, "shift", component)
+        if shifted not in made:
+            depth = plan.facts.shapes[plan.nodes[i].inputs[k].name][-1]
+            shift = np.zeros(depth, dtype=plan.facts.dtypes[plan.nodes[i].inputs[k].name])
+            shift[component] = rank // copies * block
+            made[shifted] = gs.Variable(f"{t.name}.local", dtype=t.dtype)
+            graph.nodes.append(gs.Node("Sub", f"{nodes[i].name}/rank_indices", inputs=[t, gs.Constant(
+                f"{made[shifted].name}.shift", shift)], outputs=[made[shifted]]))
+        nodes[i].inputs[k] = made[shifted]
+    for i, attrs in split.head_attrs.items():
+        for attr, by in attrs:
+            nodes[i].attrs[attr] = nodes[i].attrs[attr] // by
     for t in graph.inputs:
         if t.name in split.input_shards:
-            t.shape = _divided(t.shape, split.input_shards[t.name].axis, n)
+            t.shape = _divided(t.shape, split.input_shards[t.name], n)
     whole = tensor_types(like)  # an ALL_REDUCE's output has the whole model's shape: TensorRT needs its rank
     for i in split.vocab:
         _vocabulary_lookup(graph, nodes[i], rank, n, plan.facts.dtypes, made)
@@ -102,7 +120,7 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
         _collective(graph, outputs[name].inputs[0], "AllGather", n, plan.facts.dtypes, output=outputs[name],
                     axis=shard.axis)
     for name, shard in split.cached.items():
-        outputs[name].shape = _divided(outputs[name].shape, shard.axis, n)
+        outputs[name].shape = _divided(outputs[name].shape, shard, n)
     keep = {t.name for t in list(graph.inputs) + list(graph.outputs)}
     keep |= {t.name for node in graph.nodes if node.domain == DOMAIN for t in node.outputs}  # shaped above
     for t in graph.tensors().values():  # intermediate shapes: the rank's differ, ONNX Runtime infers them
@@ -159,10 +177,10 @@ def _collective(graph: gs.Graph, node: gs.Node, kind: str, ranks: int, dtypes: d
                                outputs=[out], domain=DOMAIN))
 
 
-def _divided(shape, axis: int, ranks: int):
+def _divided(shape, shard: Shard, ranks: int):
     if shape is None:
         return None
-    shape = list(shape)
+    shape, axis = list(shape), shard.axis
     if isinstance(shape[axis], (int, np.integer)) and shape[axis] > 0:
-        shape[axis] //= ranks
+        shape[axis] //= shard.blocks(ranks)
     return shape

@@ -14,12 +14,12 @@ its slice (past K/V: the rank's cache), an activation computed whole by a Slice 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from .facts import Facts, RankValues, constant_value
+from .heads import HeadRules
+from .shards import NeedsGroups, Shard, Split, Unsplittable, weight_operand
 
 UNARY = {"Cast", "Identity", "Sigmoid", "Tanh", "Relu", "Gelu", "Erf", "Neg", "Sqrt", "Exp", "Log", "Abs",
          "Reciprocal", "Softplus", "Softsign", "Sin", "Cos", "Not", "IsNaN", "IsInf", "HardSigmoid", "LeakyRelu",
@@ -33,57 +33,7 @@ REGROUP = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
 NO_DATA = {"Shape", "Size"}  # read only the shape: its value on a rank is evaluated where it is used
 
 
-@dataclass(frozen=True)
-class Shard:
-    axis: int
-    outer: int = 1  # the axis is [outer, ranks, rest]: each rank holds one of the `ranks` blocks
-
-
-class Unsplittable(Exception):
-    def __init__(self, node: str, reason: str):
-        super().__init__(f"node '{node}': {reason}")
-        self.node = node
-        self.reason = reason
-
-
-class NeedsGroups(Unsplittable):
-    """A Split into `groups` equal parts along the axis a product's columns shard: the product's columns are
-    `groups` blocks (a fused QKV projection), each to be split on its own."""
-
-    def __init__(self, node: str, groups: int):
-        super().__init__(node, f"Split into {groups} parts along the sharded axis")
-        self.groups = groups
-
-
-@dataclass
-class Split:
-    """What one pass decided; node positions index the graph's toposorted node list."""
-
-    ranks: int
-    sharded: dict[str, Shard] = field(default_factory=dict)  # activations held in slices
-    columns: set[int] = field(default_factory=set)  # products split by output columns (the seeds)
-    rows: list[int] = field(default_factory=list)  # products split by input rows, ALL_REDUCE after
-    constant_slices: dict[tuple[int, int], Shard] = field(default_factory=dict)  # (node, input) -> slice
-    activation_slices: dict[tuple[int, int], Shard] = field(default_factory=dict)  # a Slice in the rank
-    input_shards: dict[str, Shard] = field(default_factory=dict)  # graph inputs fed in slices
-    shape_fixes: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # shape entries / ranks
-    gathered: dict[str, Shard] = field(default_factory=dict)  # outputs ALL_GATHERed
-    cached: dict[str, Shard] = field(default_factory=dict)  # outputs each rank keeps its slice of
-    head_attrs: dict[int, tuple[str, ...]] = field(default_factory=dict)  # head-count attributes / ranks
-    vocab: list[int] = field(default_factory=list)  # embedding lookups split by vocabulary, ALL_REDUCE after
-    bias_after: list[int] = field(default_factory=list)  # row-split Gemms whose bias is added after the ALL_REDUCE
-    groups: dict[int, int] = field(default_factory=dict)  # column splits in blocks (fused QKV): seed -> blocks
-
-
-def weight_operand(node: gs.Node) -> int | None:
-    """The input index of a 2-D constant weight of a MatMul or Gemm (None: a product of activations)."""
-    if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2:
-        return None
-    value = constant_value(node.inputs[1])
-    return 1 if value is not None and value.ndim == 2 else None
-
-
-class Pass:
+class Pass(HeadRules):
     def __init__(self, graph: gs.Graph, nodes: list[gs.Node], facts: Facts, ranks: int, opset: int,
                  cache_names: set[str]):
         self.graph, self.nodes, self.facts, self.n, self.opset = graph, nodes, facts, ranks, opset
@@ -102,12 +52,16 @@ class Pass:
         shape = list(self.facts.shapes[name])
         shard = self.split.sharded.get(name)
         if shard is not None:
-            shape[shard.axis] //= self.n
+            shape[shard.axis] //= shard.blocks(self.n)
         return tuple(shape)
 
-    def run(self, columns: set[int], input_shards: dict[str, Shard], groups: dict[int, int] | None = None) -> Split:
+    def run(self, columns: set[int], input_shards: dict[str, Shard], groups: dict[int, int] | None = None,
+            copies: dict[int, int] | None = None) -> Split:
+        """`groups`: seeds whose columns are blocks (fused QKV); `copies`: seeds whose column blocks are
+        replicated (K/V projections with fewer KV heads than ranks)."""
         self.split = Split(self.n, columns=set(columns), input_shards=dict(input_shards),
                            groups={i: g for i, g in (groups or {}).items() if i in columns})
+        self.copies = {i: c for i, c in (copies or {}).items() if i in columns}
         self.split.sharded.update(input_shards)
         self.values = RankValues(self.facts, self.rank_shape, self.opset)
         for i, node in enumerate(self.nodes):
@@ -132,9 +86,10 @@ class Pass:
     # -- helpers
     def _set(self, node: gs.Node, t: gs.Tensor, shard: Shard) -> None:
         size = self.shape(t)[shard.axis]
-        if size % (shard.outer * self.n):
+        if size % (shard.outer * shard.blocks(self.n)):
             raise Unsplittable(node.name, f"'{t.name}' axis {shard.axis} of {size} does not split into "
-                                          f"{self.n} ranks" + (f" inside {shard.outer} groups" if shard.outer > 1 else ""))
+                                          f"{shard.blocks(self.n)} blocks"
+                                          + (f" inside {shard.outer} groups" if shard.outer > 1 else ""))
         self.split.sharded[t.name] = shard
 
     def _operand(self, i: int, node: gs.Node, k: int, shard: Shard) -> None:
@@ -149,22 +104,41 @@ class Pass:
             self.split.activation_slices[(i, k)] = shard
         else:
             raise Unsplittable(node.name, f"'{t.name}' would be sliced inside a merged axis")
-        if self.shape(t)[shard.axis] % (shard.outer * self.n):
-            raise Unsplittable(node.name, f"'{t.name}' axis {shard.axis} does not split into {self.n} ranks")
+        if self.shape(t)[shard.axis] % (shard.outer * shard.blocks(self.n)):
+            raise Unsplittable(node.name, f"'{t.name}' axis {shard.axis} does not split into "
+                                          f"{shard.blocks(self.n)} blocks")
+
+    def _narrow(self, i: int, node: gs.Node, k: int, shard: Shard, copies: int) -> None:
+        """A replicated operand (KV heads after GQA's repeat) meets one split finer: the rank reads the heads
+        it needs of those it holds."""
+        if shard.outer != 1 or shard.copies % copies:
+            raise Unsplittable(node.name, f"'{node.inputs[k].name}' replicated in blocks that do not narrow")
+        self.split.narrowed[(i, k)] = (shard, copies)
+
+    def _meet(self, i: int, node: gs.Node, shards: dict[int, Shard], own: dict[int, Shard]) -> Shard:
+        """The output's shard where operands `shards` (placed on the output's axes) meet: all along one
+        axis; a replicated one is narrowed to the finest (`own`: each operand's shard on its own axes)."""
+        if len({(s.axis, s.outer) for s in shards.values()}) > 1:
+            raise Unsplittable(node.name, f"{node.op} operands sharded along different axes")
+        target = min(shards.values(), key=lambda s: s.copies)
+        for k, s in shards.items():
+            if s.copies != target.copies:
+                self._narrow(i, node, k, own[k], target.copies)
+        return target
 
     def _columns(self, i: int, node: gs.Node) -> None:
         if any(t.name in self.split.sharded for t in node.inputs):
             raise Unsplittable(node.name, "a column split of a sharded input")
         trans_b = node.op == "Gemm" and node.attrs.get("transB", 0)
-        blocks = self.split.groups.get(i, 1)
-        self.split.constant_slices[(i, 1)] = Shard(0 if trans_b else 1, blocks)
+        blocks, copies = self.split.groups.get(i, 1), self.copies.get(i, 1)
+        self.split.constant_slices[(i, 1)] = Shard(0 if trans_b else 1, blocks, copies)
         out = node.outputs[0]
         rank = len(self.shape(out))
         if node.op == "Gemm" and len(node.inputs) > 2 and node.inputs[2].name:
             c = self.shape(node.inputs[2])
             if c and c[-1] > 1:
-                self.split.constant_slices[(i, 2)] = Shard(len(c) - 1, blocks)
-        self._set(node, out, Shard(rank - 1, blocks))
+                self.split.constant_slices[(i, 2)] = Shard(len(c) - 1, blocks, copies)
+        self._set(node, out, Shard(rank - 1, blocks, copies))
 
     def _node(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
         op = node.op
@@ -186,7 +160,7 @@ class Pass:
             rank = len(self.shape(node.inputs[0]))
             perm = list(node.attrs.get("perm", list(range(rank))[::-1]))
             shard = ins[0][1]
-            self._set(node, node.outputs[0], Shard(perm.index(shard.axis), shard.outer))
+            self._set(node, node.outputs[0], shard.at(perm.index(shard.axis)))
         elif op in REGROUP:
             self._regroup(i, node, ins)
         elif op == "Expand":
@@ -195,6 +169,8 @@ class Pass:
             self._select(i, node, ins)
         elif op in ("MatMul", "Gemm"):
             self._product(i, node, ins)
+        elif op == "ScatterND":
+            self._scatter(i, node, ins)
         elif op in ("Attention", "RotaryEmbedding") and (node.domain or "") in ("", "ai.onnx"):
             self._heads_op(i, node, ins)
         else:
@@ -203,10 +179,8 @@ class Pass:
     def _broadcast(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
         out = node.outputs[0]
         rank = len(self.shape(out))
-        targets = {Shard(s.axis + rank - len(self.shape(node.inputs[k])), s.outer) for k, s in ins}
-        if len(targets) > 1:
-            raise Unsplittable(node.name, "operands sharded along different axes")
-        target = targets.pop()
+        target = self._meet(i, node, {k: s.at(s.axis + rank - len(self.shape(node.inputs[k]))) for k, s in ins},
+                            dict(ins))
         if node.op == "Concat" and node.attrs["axis"] % rank == target.axis:
             raise Unsplittable(node.name, "Concat along the sharded axis")
         size = self.shape(out)[target.axis]
@@ -220,7 +194,7 @@ class Pass:
                 continue
             if shape[pos] != size:
                 raise Unsplittable(node.name, f"'{t.name}' has {shape[pos]} along the sharded axis, not {size}")
-            self._operand(i, node, k, Shard(pos, target.outer))
+            self._operand(i, node, k, target.at(pos))
         self._set(node, out, target)
 
     def _reduce(self, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
@@ -246,7 +220,7 @@ class Pass:
             raise Unsplittable(node.name, f"{node.op} over the sharded axis")
         keep = node.attrs.get("keepdims", 1)
         axis = shard.axis if keep else shard.axis - sum(a < shard.axis for a in axes)
-        self._set(node, node.outputs[0], Shard(axis, shard.outer))
+        self._set(node, node.outputs[0], shard.at(axis))
 
     def _regroup(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
         """Follow the split blocks through a change of grouping by the measured shapes, row-major."""
@@ -254,15 +228,16 @@ class Pass:
         if k != 0:
             raise Unsplittable(node.name, f"{node.op} reads a sharded shape")
         before, after = self.shape(node.inputs[0]), self.shape(node.outputs[0])
+        n = shard.blocks(self.n)
         lead = int(np.prod(before[:shard.axis], dtype=np.int64)) * shard.outer
-        block = int(np.prod(before[shard.axis:], dtype=np.int64)) // (shard.outer * self.n)
+        block = int(np.prod(before[shard.axis:], dtype=np.int64)) // (shard.outer * n)
         found = None
         for j, d in enumerate(after):
             ahead = int(np.prod(after[:j], dtype=np.int64))
-            if d > 1 and lead % ahead == 0 and d % ((lead // ahead) * self.n) == 0:
+            if d > 1 and lead % ahead == 0 and d % ((lead // ahead) * n) == 0:
                 outer = lead // ahead
-                if int(np.prod(after[j:], dtype=np.int64)) // (outer * self.n) == block:
-                    found = Shard(j, outer)
+                if int(np.prod(after[j:], dtype=np.int64)) // (outer * n) == block:
+                    found = Shard(j, outer, shard.copies)
                     break
         if found is None:
             raise Unsplittable(node.name, f"{node.op} {list(before)} -> {list(after)} does not keep the split "
@@ -283,10 +258,11 @@ class Pass:
         a, b = int(whole[entry]), int(here[entry])
         if a == -1 or (a == 0 and not node.attrs.get("allowzero", 0) and j == shard.axis):
             return
-        if b == a // self.n and b != a:
+        n = shard.blocks(self.n)
+        if b == a // n and b != a:
             return
-        if b == a and a % self.n == 0:
-            self.split.shape_fixes.setdefault((i, 1), []).append(entry)
+        if b == a and a % n == 0:
+            self.split.shape_fixes.setdefault((i, 1), {})[entry] = n
             return
         raise Unsplittable(node.name, f"shape entry {entry} is {a} on the whole model and {b} on a rank")
 
@@ -296,16 +272,16 @@ class Pass:
             raise Unsplittable(node.name, "Expand to a sharded shape")
         out = self.shape(node.outputs[0])
         axis = shard.axis + len(out) - len(self.shape(node.inputs[0]))
-        target = Shard(axis, shard.outer)
+        target, n = shard.at(axis), shard.blocks(self.n)
         t = node.inputs[1]
         whole = np.ravel(self._whole_value(t))
         here = np.ravel(self.values.value(t))
         entry = axis - (len(out) - len(whole))
         if entry >= 0:
             a, b = int(whole[entry]), int(here[entry])
-            if a != 1 and b == a and a % self.n == 0:
-                self.split.shape_fixes.setdefault((i, 1), []).append(entry)
-            elif a != 1 and b != a // self.n:
+            if a != 1 and b == a and a % n == 0:
+                self.split.shape_fixes.setdefault((i, 1), {})[entry] = n
+            elif a != 1 and b != a // n:
                 raise Unsplittable(node.name, f"Expand entry {entry} is {a} whole and {b} on a rank")
         self._set(node, node.outputs[0], target)
 
@@ -320,7 +296,7 @@ class Pass:
             return
         if any(a % self.n for a in whole) or not all(b == a for a, b in zip(whole, here)):
             raise Unsplittable(node.name, f"Split sizes {whole.tolist()} do not split into {self.n} ranks")
-        self.split.shape_fixes[(i, 1)] = list(range(len(whole)))
+        self.split.shape_fixes[(i, 1)] = dict.fromkeys(range(len(whole)), self.n)
 
     def _select(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
         (k, shard), = ins
@@ -333,7 +309,7 @@ class Pass:
             if axis == shard.axis:
                 raise Unsplittable(node.name, "Gather along the sharded axis")
             out = shard.axis if shard.axis < axis else shard.axis + len(self.shape(node.inputs[1])) - 1
-            self._set(node, node.outputs[0], Shard(out, shard.outer))
+            self._set(node, node.outputs[0], shard.at(out))
             return
         if node.op == "Split":
             if node.attrs.get("axis", 0) % rank != shard.axis:
@@ -341,6 +317,8 @@ class Pass:
                     self._set(node, o, shard)
                 return
             parts = len(node.outputs)
+            if shard.copies != 1:
+                raise Unsplittable(node.name, "Split along a replicated axis")
             if len({self.shape(o)[shard.axis] for o in node.outputs}) != 1:
                 raise Unsplittable(node.name, "Split into unequal parts along the sharded axis")
             if shard.outer == parts:  # each part is one block: split on its own
@@ -369,6 +347,8 @@ class Pass:
             return
         steps = np.ravel(self.values.value(node.inputs[4])) if len(node.inputs) > 4 and node.inputs[4].name else None
         (j,) = along
+        if shard.copies != 1:
+            raise Unsplittable(node.name, "Slice along a replicated axis")
         first = int(np.clip(starts[j] if starts[j] >= 0 else starts[j] + size, 0, size))
         if steps is not None and steps[j] != 1 or length == 0 or size % length or first % length:
             raise Unsplittable(node.name, "Slice along the sharded axis")
@@ -380,7 +360,7 @@ class Pass:
         for k in (1, 2):  # starts and ends: the rank's (computed from a sharded Shape already, or constants)
             whole, here = int(np.ravel(self._whole_value(node.inputs[k]))[j]), int(np.ravel(self.values.value(node.inputs[k]))[j])
             if here == whole and abs(whole) < size * 4:
-                self.split.shape_fixes.setdefault((i, k), []).append(j)
+                self.split.shape_fixes.setdefault((i, k), {})[j] = self.n
             elif here != whole // self.n and abs(whole) < size * 4:
                 raise Unsplittable(node.name, f"Slice bound {whole} is {here} on a rank")
         self._set(node, node.outputs[0], Shard(shard.axis))
@@ -394,7 +374,7 @@ class Pass:
         where = dict(ins)
         a, b = where.get(0), where.get(1)
         if a is not None and a.axis == ra - 1 or b is not None and b.axis == rb - 2:
-            if a is None or a.axis != ra - 1 or a.outer != 1 or b is not None:
+            if a is None or a.axis != ra - 1 or a.outer != 1 or a.copies != 1 or b is not None:
                 raise Unsplittable(node.name, "MatMul contracts a sharded axis against an activation")
             if weight_operand(node) != 1:
                 raise Unsplittable(node.name, "MatMul contracts a sharded axis against an activation")
@@ -402,57 +382,29 @@ class Pass:
             self.split.rows.append(i)
             return None
         # the sharded axis is a batch axis, A's rows or B's columns: it goes to the output
-        targets = set()
+        targets = {}
         if a is not None:
-            targets.add(Shard(r - 2 if a.axis == ra - 2 else a.axis + r - ra, a.outer))
+            targets[0] = a.at(r - 2 if a.axis == ra - 2 else a.axis + r - ra)
         if b is not None:
-            targets.add(Shard(r - 1 if b.axis == rb - 1 else b.axis + r - rb, b.outer))
-        if len(targets) > 1:
-            raise Unsplittable(node.name, "MatMul operands sharded along different axes")
-        target = targets.pop()
+            targets[1] = b.at(r - 1 if b.axis == rb - 1 else b.axis + r - rb)
+        target = self._meet(i, node, targets, where)
         if target.axis < r - 2:  # a batch axis: the other operand must match it
             for k, shape in ((0, a_shape), (1, b_shape)):
                 pos = target.axis - (r - len(shape))
                 if k not in where and pos >= 0 and shape[pos] != 1:
-                    self._operand(i, node, k, Shard(pos, target.outer))
+                    self._operand(i, node, k, target.at(pos))
         self._set(node, node.outputs[0], target)
         return None
 
     def _gemm(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
         (k, shard), = ins
         trans_a, trans_b = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
-        if k != 0 or shard.axis != (0 if trans_a else 1) or weight_operand(node) != 1:
+        if k != 0 or shard.axis != (0 if trans_a else 1) or shard.copies != 1 or weight_operand(node) != 1:
             raise Unsplittable(node.name, "Gemm with a sharded operand it cannot split by rows")
         if len(node.inputs) > 2 and node.inputs[2].name:
             self.split.bias_after.append(i)  # added once, after the partial sums meet
         self.split.constant_slices[(i, 1)] = Shard(1 if trans_b else 0)
         self.split.rows.append(i)
-
-    def _heads_op(self, i: int, node: gs.Node, ins: list[tuple[int, Shard]]) -> None:
-        """ONNX's Attention and RotaryEmbedding split by heads: 4-D operands along axis 1 (their heads),
-        3-D ones along their hidden axis with the op's head-count attributes divided."""
-        three_d = len(self.shape(node.inputs[0])) == 3
-        operands = (0, 1, 2, 4, 5) if node.op == "Attention" else (0,)
-        for k, shard in ins:
-            rank = len(self.shape(node.inputs[k]))
-            if k not in operands and not (node.op == "Attention" and k == 3) or shard.outer != 1 or \
-                    shard.axis != (2 if rank == 3 else 1):
-                raise Unsplittable(node.name, f"{node.op} input {k} sharded off its heads")
-        sharded = {k for k, _ in ins}
-        for k in operands:
-            if k < len(node.inputs) and node.inputs[k].name and k not in sharded:
-                rank = len(self.shape(node.inputs[k]))
-                self._operand(i, node, k, Shard(2 if rank == 3 else 1))
-        if node.op == "Attention" and len(node.inputs) > 3 and node.inputs[3].name and 3 not in sharded:
-            mask = self.shape(node.inputs[3])
-            if len(mask) == 4 and mask[1] > 1:
-                self._operand(i, node, 3, Shard(1))
-        if three_d:
-            self.split.head_attrs[i] = tuple(a for a in ("num_heads", "q_num_heads", "kv_num_heads") if a in node.attrs)
-        for out in node.outputs:
-            if out.name:
-                rank = len(self.shape(out))
-                self._set(node, out, Shard(2 if rank == 3 else 1))
 
     def _whole_value(self, t: gs.Tensor) -> np.ndarray:
         """A shape operand's value on the whole model (a constant, or as measured)."""

@@ -1,0 +1,61 @@
+#!/usr/bin/env python
+"""The tensor-parallel split of a large model, found and checked in slices of layers, with the seconds and
+the peak memory of each step.
+
+    python benchmarks/tp_large.py MODEL.onnx [--ranks 2] [--slice-mb 256]
+
+Steps: load (weights left on disk unless --in-memory; the ranks' are slices of them), the split (measured in slices of layers,
+each rank's form written in memory), the check (the original in slices, the rank set one rank's wave at a
+time). --slice-mb forces the slice budget (default: verify/slices.py's, slicing a model over half the memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def peak_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--slice-mb", type=int)
+    ap.add_argument("--in-memory", action="store_true", help="load the weights (default: left on disk, "
+                    "memory-mapped when read, as `trtattn fuse` loads a model)")
+    args = ap.parse_args(argv)
+
+    from trtattn.graph import io
+    from trtattn.routes.parallel import split_model
+    from trtattn.verify.slices import resident_size, slice_budget
+
+    start = time.perf_counter()
+
+    def step(name: str, t0: float) -> float:
+        now = time.perf_counter()
+        print(f"{name}: {now - t0:.1f} s, peak {peak_mb():.0f} MB", flush=True)
+        return now
+
+    model = io.load(args.model, load_external_data=args.in_memory)
+    t = step("load", start)
+    budget = (args.slice_mb << 20) if args.slice_mb else slice_budget(model)
+    weights = resident_size(model)
+    print(f"weights {weights / 2**30:.2f} GiB resident, slice budget {budget and budget >> 20} MB")
+    forms = split_model(model, args.ranks, budget=budget)
+    t = step(f"split over {args.ranks} (measured in slices)", t)
+    print(f"sites split {sum(s.q_per_rank is not None for s in forms.plan.sites)}/{len(forms.plan.sites)}, "
+          f"replicated {len(forms.plan.replicated)}")
+    check = forms.verify()
+    t = step("check (original in slices, ranks wave by wave)", t)
+    print(f"passed {check.passed}, max abs error {max(check.errors.values()):.3g}, "
+          f"peak / weights {peak_mb() * 2**20 / weights:.2f}x, total {time.perf_counter() - start:.0f} s")
+    return 0 if check.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
