@@ -5,7 +5,7 @@ reproduces onnx's reference outputs (the case's tolerance; FP16_ATOL for fp16). 
 softmax probabilities (qk_matmul_output_mode=3) is listed with that reason: IAttention cannot return them.
 bf16 cases are skipped by name (ONNX Runtime's CPU provider cannot run them). The RotaryEmbedding cases have no
 attention around them: fuse leaves them as they are (exit 0, the output is the input); put on Q and K of an
-attention, the attention fuses with the rotation before it as written (not yet read as a RotaryEmbedding)."""
+attention, the rotation is read as the site's rope (match/rotation.py) and written back as RotaryEmbedding ops."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import collections
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 
 from trtattn.graph.user_inputs import GivenInputs
@@ -87,12 +88,30 @@ def test_lone_expanded_rotary_embedding_is_left_as_it_is(case):
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in ROPE])
-def test_attention_around_expanded_rotary_embeddings_fuses(case):
-    """The RotaryEmbedding body on Q and K of an attention (interleaved, partial, 3-D, without position ids): the
-    attention fuses and verifies, the rotation computed before the op as written."""
+def test_expanded_rotary_embeddings_inside_an_attention_read_back_as_ops(case):
+    """The RotaryEmbedding body on Q and K of an attention (interleaved, partial, 3-D, without position ids): read
+    as the site's rope by what it computes, written back as one RotaryEmbedding op per rotated input with the op's
+    attributes and caches, the attention fused; the written op reproduces onnx's reference output."""
     model, feeds = inside_attention(case)
     onnx.checker.check_model(model, full_check=True)
     result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
     (r,) = result.reports
     assert r.status == "fused" and result.verification["passed"], r.reason
-    assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1
+    rope = r.site.rope
+    assert rope is not None and rope.op_caches, rope
+    ops = collections.Counter(n.op_type for n in result.model.graph.node)
+    assert ops["Attention"] == 1 and ops["RotaryEmbedding"] == 2 and not ops["Split"] and not ops["Gather"], ops
+    want = {a.name: onnx.helper.get_attribute_value(a) for a in op_node(case).attribute}
+    rotations = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    for n in rotations:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        assert {k: v for k, v in attrs.items() if v} == {k: v for k, v in want.items() if v}, (attrs, want)
+        assert list(n.input[1:]) == [i for i in ("cos_cache", "sin_cache", "position_ids") if i in case.inputs]
+    # the case's own input as Q: the op written on Q gives onnx's reference output
+    fused = onnx.ModelProto()
+    fused.CopyFrom(result.model)
+    q_rotation = next(n for n in rotations if n.input[0] == rope.q_input)
+    fused.graph.output.append(onnx.helper.make_tensor_value_info(q_rotation.output[0], onnx.TensorProto.FLOAT, None))
+    session = onnxruntime.InferenceSession(fused.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run([q_rotation.output[0]], {**feeds, "q": case.inputs["input"]})[0]
+    np.testing.assert_allclose(got, case.outputs["output"], rtol=case.rtol, atol=case.atol)

@@ -32,6 +32,7 @@ from ..version import __version__
 from .group_query import convert_group_query
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
+from .rope import write_rotations
 
 ATTENTION_OPSET = 23
 NOT_FUSED = SiteStatus.NOT_FUSED  # the status of an attention the output keeps as it was (the reason says why)
@@ -389,6 +390,7 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
         mark = len(scope.nodes)
         try:
             r.attention_node = rewrite_site(scope, tensors, r.site, meanings.get(r.site.name)).name
+            write_rotations(scope, tensors, r.site)  # a rotation read by value: as the RotaryEmbedding op
         except Exception as e:  # the site stays as it was, with why
             del scope.nodes[mark:]
             expected = isinstance(e, (TrtattnError, KeyError, ValueError, StopIteration))
