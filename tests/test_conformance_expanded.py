@@ -13,12 +13,11 @@ import collections
 
 import numpy as np
 import onnx
-import onnxruntime
 import pytest
 
 from trtattn.graph.user_inputs import GivenInputs
 from trtattn.rewrite.fuse import fuse_model
-from trtattn.testing.conformance import conformance_cases, fuse_case, inside_attention, op_node
+from trtattn.testing.conformance import conformance_cases, fuse_case, fuse_rotation_case, inside_attention, op_node
 
 ATTENTION = conformance_cases("Attention", expanded=True)
 ROPE = conformance_cases("RotaryEmbedding", expanded=True)
@@ -107,11 +106,5 @@ def test_expanded_rotary_embeddings_inside_an_attention_read_back_as_ops(case):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         assert {k: v for k, v in attrs.items() if v} == {k: v for k, v in want.items() if v}, (attrs, want)
         assert list(n.input[1:]) == [i for i in ("cos_cache", "sin_cache", "position_ids") if i in case.inputs]
-    # the case's own input as Q: the op written on Q gives onnx's reference output
-    fused = onnx.ModelProto()
-    fused.CopyFrom(result.model)
-    q_rotation = next(n for n in rotations if n.input[0] == rope.q_input)
-    fused.graph.output.append(onnx.helper.make_tensor_value_info(q_rotation.output[0], onnx.TensorProto.FLOAT, None))
-    session = onnxruntime.InferenceSession(fused.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = session.run([q_rotation.output[0]], {**feeds, "q": case.inputs["input"]})[0]
-    np.testing.assert_allclose(got, case.outputs["output"], rtol=case.rtol, atol=case.atol)
+    out = fuse_rotation_case(case)  # the case's own input as Q: the op written on Q gives onnx's reference output
+    assert out.fused and out.within, f"{case.name}: max abs error {out.max_abs_err} against onnx's reference"
