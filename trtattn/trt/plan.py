@@ -207,7 +207,9 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
             plan.attentions.append(a)
             if a.reason is not None:
                 continue
-        elif node.op_type == "RotaryEmbedding":
+        elif node.op_type == "RotaryEmbedding" and not _attrs(node).get("num_heads", 0):
+            # a 3-D op ([B, S, N*H], num_heads) is left to the ONNX parser: IRotaryEmbeddingLayer would read a
+            # 3-D input as packed [T, N, H]
             attrs = _attrs(node)
             plan.ropes.append(RopePlan(node.name, node.input[0], node.input[1], node.input[2], node.output[0],
                                        _opt(node, 3), bool(attrs.get("interleaved", 0)),
