@@ -108,3 +108,43 @@ def test_expanded_rotary_embeddings_inside_an_attention_read_back_as_ops(case):
         assert list(n.input[1:]) == [i for i in ("cos_cache", "sin_cache", "position_ids") if i in case.inputs]
     out = fuse_rotation_case(case)  # the case's own input as Q: the op written on Q gives onnx's reference output
     assert out.fused and out.within, f"{case.name}: max abs error {out.max_abs_err} against onnx's reference"
+
+
+def test_expanded_rotary_embedding_on_projections_with_stored_caches_and_dynamic_dims():
+    """As an exporter writes it: Q and K projected from hidden states ([batch, seq] symbolic), the caches stored
+    as initializers, only the positions an input. The rotation is still read by value and written as the op."""
+    (case,) = [c for c in ROPE if c.name == "rotary_embedding_with_interleaved_rotary_dim_expanded"]
+    model, feeds = inside_attention(case)
+    b, n, s, h = case.inputs["input"].shape
+    rng = np.random.default_rng(1)
+    graph = model.graph
+    for name in ("cos_cache", "sin_cache"):
+        graph.initializer.append(onnx.numpy_helper.from_array(feeds.pop(name), name))
+    projections = []
+    for side in "qkv":
+        graph.initializer.append(onnx.numpy_helper.from_array(rng.standard_normal((n * h, n * h)).astype(np.float32),
+                                                              f"w_{side}"))
+        projections += [onnx.helper.make_node("MatMul", ["hidden", f"w_{side}"], [f"{side}_flat"]),
+                        onnx.helper.make_node("Reshape", [f"{side}_flat", "heads_shape"], [f"{side}_bsnh"]),
+                        onnx.helper.make_node("Transpose", [f"{side}_bsnh"], [side], perm=[0, 2, 1, 3])]
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([0, 0, n, h], np.int64), "heads_shape"))
+    nodes = projections + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [i for i in graph.input if i.name == "position_ids"]
+    del graph.input[:]
+    graph.input.extend([onnx.helper.make_tensor_value_info("hidden", onnx.TensorProto.FLOAT, ["batch", "seq", n * h]),
+                        *kept])
+    graph.input[1].type.tensor_type.shape.dim[0].dim_param = "batch"
+    graph.input[1].type.tensor_type.shape.dim[1].dim_param = "seq"
+    del graph.output[:]
+    graph.output.append(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", n, "seq", h]))
+    onnx.checker.check_model(model, full_check=True)
+    feeds = {"hidden": rng.standard_normal((b, s, n * h)).astype(np.float32), "position_ids": feeds["position_ids"]}
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.site.rope is not None and r.site.rope.op_caches and r.site.rope.interleaved
+    rotations = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    assert len(rotations) == 2 and all(list(n.input[1:]) == ["cos_cache", "sin_cache", "position_ids"]
+                                       for n in rotations)

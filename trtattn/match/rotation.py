@@ -179,11 +179,20 @@ def _agreeing(view: GraphView, nodes, x, y, tables, positions, hypotheses) -> Ro
 
 
 def _cone_model(nodes, inputs, y, feeds, view: GraphView) -> onnx.ModelProto:
-    graph = gs.Graph(nodes=nodes, inputs=list(inputs), outputs=[y], opset=view.opset).copy()
+    graph = gs.Graph(nodes=nodes, outputs=[y], opset=view.opset).copy()
     by_name = graph.tensors()
-    for t in graph.inputs:
-        t.dtype, t.shape = feeds[t.name].dtype, list(feeds[t.name].shape)
-    for name, t in by_name.items():  # Constant nodes the walk stopped at: their values
+    graph.inputs = []
+    for t in inputs:  # the probed tensors as inputs, a stored table too
+        made = by_name[t.name]
+        if isinstance(made, gs.Constant):
+            made = gs.Variable(t.name)
+            for node in list(by_name[t.name].outputs):
+                for k, i in enumerate(node.inputs):
+                    if i.name == t.name:
+                        node.inputs[k] = made
+        made.dtype, made.shape = feeds[t.name].dtype, list(feeds[t.name].shape)
+        graph.inputs.append(made)
+    for name, t in graph.tensors().items():  # Constant nodes the walk stopped at: their values
         if isinstance(t, gs.Variable) and not t.inputs and name not in feeds:
             t.to_constant(view.const(view.tensors[name]))
     graph.outputs[0].dtype = feeds[inputs[0].name].dtype
