@@ -148,3 +148,19 @@ def test_expanded_rotary_embedding_on_projections_with_stored_caches_and_dynamic
     rotations = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
     assert len(rotations) == 2 and all(list(n.input[1:]) == ["cos_cache", "sin_cache", "position_ids"]
                                        for n in rotations)
+
+
+def test_positions_shared_over_the_batch_are_not_read_as_the_op():
+    """position_ids [1, S] the body broadcasts over a batch of 2: the op takes [B, S], so the rotation is not
+    read as it (the probes, at the graph's own shapes, disagree) and stays as written; the attention fuses."""
+    (case,) = [c for c in ROPE if c.name == "rotary_embedding_expanded"]
+    model, feeds = inside_attention(case)
+    pos = next(i for i in model.graph.input if i.name == "position_ids")
+    pos.type.tensor_type.shape.dim[0].dim_value = 1
+    feeds["position_ids"] = feeds["position_ids"][:1]
+    onnx.checker.check_model(model, full_check=True)
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.site.rope is None
+    assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)

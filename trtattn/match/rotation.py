@@ -154,13 +154,15 @@ def _agreeing(view: GraphView, nodes, x, y, tables, positions, hypotheses) -> Ro
     rows = view.shape(tables[0]) or []
     rng = np.random.default_rng(0)
     feeds = {x.name: rng.standard_normal(x_shape).astype(dtype)}
+    # positions and tables at the graph's own shapes: one the op would not take as they are (positions
+    # [1, S] for a batch of 3) makes the op refuse or disagree, and the rotation is not read
     if positions:
         table_shape = _concrete(view, rows, PROBE_POSITIONS)
-        pos_shape = [x_shape[0], x_shape[-2] if len(x_shape) == 4 else x_shape[1]]
+        pos_shape = _concrete(view, view.shape(positions[0]) or [], PROBE_DIM)
         pos_dtype = np.dtype(view.dtype(positions[0]) or np.int64)
         feeds[positions[0].name] = rng.integers(0, table_shape[0], pos_shape).astype(pos_dtype)
     else:
-        table_shape = [x_shape[0], x_shape[-2] if len(x_shape) == 4 else x_shape[1], rows[-1]]
+        table_shape = _concrete(view, rows, PROBE_DIM)
     for t in tables:
         feeds[t.name] = rng.uniform(-1, 1, table_shape).astype(dtype)
     inputs = [x, *tables, *positions]
