@@ -164,3 +164,25 @@ def test_positions_shared_over_the_batch_are_not_read_as_the_op():
     assert r.status == "fused" and result.verification["passed"], r.reason
     assert r.site.rope is None
     assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
+
+
+def test_a_rotation_that_does_not_verify_is_left_as_written(monkeypatch):
+    """Should the written RotaryEmbedding ops not verify (here: written with the wrong pairing on purpose), the
+    site is fused again with the rotation left as the graph computes it, and says so."""
+    import dataclasses
+
+    import trtattn.rewrite.fuse as fuse
+    from trtattn.rewrite.rope import write_rotations
+
+    def wrong_pairing(graph, tensors, site):
+        rope = dataclasses.replace(site.rope, interleaved=not site.rope.interleaved) if site.rope else None
+        return write_rotations(graph, tensors, site.replace(rope=rope))
+
+    monkeypatch.setattr(fuse, "write_rotations", wrong_pairing)
+    (case,) = [c for c in ROPE if c.name == "rotary_embedding_expanded"]
+    model, feeds = inside_attention(case)
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.site.rope is None and any("did not verify" in n for n in r.site.notes)
+    assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)

@@ -24,7 +24,7 @@ def write_rotations(graph: gs.Graph, tensors: dict, site: AttentionSite) -> int:
         if out.inputs and out.inputs[0].op == "RotaryEmbedding":  # already written (a rotation two sites share)
             continue
         out.inputs.clear()
-        graph.nodes.append(gs.Node("RotaryEmbedding", f"trtattn/rope/{site.name}/{side}", dict(attrs),
+        graph.nodes.append(gs.Node("RotaryEmbedding", f"trtattn/{site.name}/rope/{side}", dict(attrs),
                                    inputs=[x, *tables], outputs=[out]))
         count += 1
     return count
