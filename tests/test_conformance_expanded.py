@@ -186,3 +186,19 @@ def test_a_rotation_that_does_not_verify_is_left_as_written(monkeypatch):
     assert r.status == "fused" and result.verification["passed"], r.reason
     assert r.site.rope is None and any("did not verify" in n for n in r.site.notes)
     assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
+
+
+def test_a_look_alike_that_does_not_rotate_is_not_read_as_the_op():
+    """The body with its Sub turned into an Add (cos.x1 + sin.x2: the same ops and tables, not a rotation) is
+    decided by value: not read as a RotaryEmbedding, left as written, and the attention still fuses."""
+    (case,) = [c for c in ROPE if c.name == "rotary_embedding_expanded"]
+    model, feeds = inside_attention(case)
+    subs = [n for n in model.graph.node if n.op_type == "Sub" and n.output[0].endswith("_Real")]
+    assert len(subs) == 2
+    for n in subs:
+        n.op_type = "Add"
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.site.rope is None and not any("did not verify" in n for n in r.site.notes)  # never read, not dropped
+    assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
