@@ -11,7 +11,9 @@ expansion write it) through `fuse` as the command runs it (trtattn.testing.confo
 verified on the case's own inputs, check of what would be written), then the fused model on ONNX Runtime against
 onnx's reference outputs. Columns: case, fused (one Attention op replaced the body), max abs error against the
 reference and whether it is within the case's tolerance (FP16_ATOL for fp16), or why it did not fuse. bf16 cases
-are named, not counted (ONNX Runtime's CPU provider cannot run them).
+are named, not counted (ONNX Runtime's CPU provider cannot run them). Then each RotaryEmbedding case's body on Q
+and K of an attention (fuse_rotation_case): fused with one RotaryEmbedding op per rotated input, the op on Q
+against onnx's reference output.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
+
+from trtattn.testing.conformance import conformance_cases, fuse_case, fuse_rotation_case  # noqa: E402
 
 OPS_HEADING = "Attention op cases through the TensorRT route and normalize"
 
@@ -103,8 +107,6 @@ def replace_section(readme: Path, heading: str, body: str) -> None:
 
 
 def expanded_rows(only: str | None = None) -> list[dict]:
-    from trtattn.testing.conformance import conformance_cases, fuse_case
-
     rows = []
     for case in conformance_cases("Attention", expanded=True):
         if only and only not in case.name:
@@ -126,12 +128,47 @@ def expanded_rows(only: str | None = None) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
+def rotation_rows(only: str | None = None) -> list[dict]:
+    """Each RotaryEmbedding body on Q and K of an attention (fuse_rotation_case): fused with one RotaryEmbedding op
+    per rotated input, the op on Q against onnx's reference output."""
+    rows = []
+    for case in conformance_cases("RotaryEmbedding", expanded=True):
+        if only and only not in case.name:
+            continue
+        t0 = time.perf_counter()
+        try:
+            out = fuse_rotation_case(case)
+        except Exception as e:  # a crash is a row too, never a silent miss
+            rows.append({"case": case.name, "fused": False, "max_abs_err": None, "within": False,
+                         "reason": f"crash: {type(e).__name__}: {e}", "seconds": time.perf_counter() - t0})
+            continue
+        ok = out.fused and out.ops.get("Attention") == 1 and out.ops.get("RotaryEmbedding") == 2
+        attrs = ", ".join(f"{k}={v}" for k, v in sorted((out.attention or {}).items()) if v)
+        rows.append({"case": case.name, "fused": ok, "max_abs_err": out.max_abs_err, "within": out.within,
+                     "reason": out.reason or attrs, "seconds": round(time.perf_counter() - t0, 2)})
+    return rows
+
+
+def markdown(rows: list[dict], rotations: list[dict]) -> str:
     runnable = [r for r in rows if r["fused"] is not None]
     good = sum(bool(r["fused"] and r["within"]) for r in runnable)
     lines = [f"{good} of {len(runnable)} runnable cases fused into one Attention op and matching onnx's reference "
              f"({len(rows) - len(runnable)} bf16 cases named, not counted).", "",
              "| case | fused | max abs err vs reference | reason |", "|---|---|---|---|"]
+    lines += _table_rows(rows)
+    if rotations:
+        good = sum(bool(r["fused"] and r["within"]) for r in rotations)
+        lines += ["", f"{good} of {len(rotations)} RotaryEmbedding bodies on Q and K of an attention read and written "
+                  "back as one RotaryEmbedding op per rotated input (the attention fused), the op on Q matching "
+                  "onnx's reference.", "",
+                  "| case | fused, 2 RotaryEmbedding | max abs err vs reference | attributes written / reason |",
+                  "|---|---|---|---|"]
+        lines += _table_rows(rotations)
+    return "\n".join(lines)
+
+
+def _table_rows(rows: list[dict]) -> list[str]:
+    lines = []
     for r in rows:
         fused = "skipped" if r["fused"] is None else ("yes" if r["fused"] else "no")
         err = "" if r["max_abs_err"] is None else f"{r['max_abs_err']:.2g}" + ("" if r["within"] else " (over)")
@@ -140,7 +177,7 @@ def markdown(rows: list[dict]) -> str:
         if len(reason) > 240:
             reason = reason[:237] + "..."
         lines.append(f"| {r['case']} | {fused} | {err} | {reason} |")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv=None) -> int:
@@ -175,15 +212,16 @@ def main(argv=None) -> int:
 
 def expanded_main(args) -> int:
     rows = expanded_rows(args.only)
+    rotations = rotation_rows(args.only)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps(rows + rotations, indent=1))
     if args.markdown:
-        print(markdown(rows))
+        print(markdown(rows, rotations))
     else:
-        for r in rows:
+        for r in rows + rotations:
             print(f"{r['case']:<75} {'skip' if r['fused'] is None else 'yes' if r['fused'] else 'no':<4} "
                   f"{'' if r['max_abs_err'] is None else format(r['max_abs_err'], '.2g'):<8} {r['reason']}")
-    runnable = [r for r in rows if r["fused"] is not None]
+    runnable = [r for r in rows + rotations if r["fused"] is not None]
     return 0 if all(r["fused"] and r["within"] or r["reason"] for r in runnable) else 1
 
 

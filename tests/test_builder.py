@@ -19,6 +19,7 @@ from trtattn import zoo
 from trtattn.rewrite.precision import TOLERANCE, cpu_runner
 from trtattn.routes.builder import build
 from trtattn.routes.prepare import Limits, form_adapter, prepare
+from trtattn.testing.conformance import conformance_cases, inside_attention
 from trtattn.testing.graphs import attention_model
 from trtattn.trt.network import build_network
 
@@ -234,3 +235,19 @@ def test_kv_cache_cross_attention_reads_the_encoder_padding_mask_as_lengths(chec
     assert len(cross) == 2 and all(s["kv_lengths"] == "encoder_attention_mask/lengths" for s in cross), cross
     errors = reference_errors(checked_trt, prepared, original, dims={"seq": 3})  # the padded row keeps 2 tokens
     assert errors and max(e for e, _ in errors.values()) <= 1e-4, errors
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in conformance_cases("RotaryEmbedding", expanded=True)
+                                  if c.inputs["input"].ndim == 4])
+def test_rotary_embedding_bodies_lower_to_rope_layers(checked_trt, case):
+    """Issue 25: ONNX's RotaryEmbedding function body on Q and K, read and written back as RotaryEmbedding ops by
+    fuse, becomes two IRotaryEmbeddingLayers (interleaved, partial, with or without position ids), and the
+    network computes what the original computes on ONNX Runtime."""
+    original, _ = inside_attention(case)
+    prepared = prepare(original, name="rope", precision="fp32")
+    assert len(prepared.plan.ropes) == 2 and len(prepared.plan.native) == 1
+    errors = reference_errors(checked_trt, prepared, original)
+    assert errors and max(e for e, _ in errors.values()) <= 1e-4, errors
+    calls = [c for c in checked_trt.sim.log if c.member == "add_rotary_embedding" and c.kind == "call"]
+    assert len(calls) == 2

@@ -5,7 +5,7 @@ reproduces onnx's reference outputs (the case's tolerance; FP16_ATOL for fp16). 
 softmax probabilities (qk_matmul_output_mode=3) is listed with that reason: IAttention cannot return them.
 bf16 cases are skipped by name (ONNX Runtime's CPU provider cannot run them). The RotaryEmbedding cases have no
 attention around them: fuse leaves them as they are (exit 0, the output is the input); put on Q and K of an
-attention, the attention fuses with the rotation before it as written (not yet read as a RotaryEmbedding)."""
+attention, the rotation is read as the site's rope (match/rotation.py) and written back as RotaryEmbedding ops."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from trtattn.graph.user_inputs import GivenInputs
 from trtattn.rewrite.fuse import fuse_model
-from trtattn.testing.conformance import conformance_cases, fuse_case, inside_attention, op_node
+from trtattn.testing.conformance import conformance_cases, fuse_case, fuse_rotation_case, inside_attention, op_node
 
 ATTENTION = conformance_cases("Attention", expanded=True)
 ROPE = conformance_cases("RotaryEmbedding", expanded=True)
@@ -87,12 +87,118 @@ def test_lone_expanded_rotary_embedding_is_left_as_it_is(case):
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in ROPE])
-def test_attention_around_expanded_rotary_embeddings_fuses(case):
-    """The RotaryEmbedding body on Q and K of an attention (interleaved, partial, 3-D, without position ids): the
-    attention fuses and verifies, the rotation computed before the op as written."""
+def test_expanded_rotary_embeddings_inside_an_attention_read_back_as_ops(case):
+    """The RotaryEmbedding body on Q and K of an attention (interleaved, partial, 3-D, without position ids): read
+    as the site's rope by what it computes, written back as one RotaryEmbedding op per rotated input with the op's
+    attributes and caches, the attention fused; the written op reproduces onnx's reference output."""
     model, feeds = inside_attention(case)
     onnx.checker.check_model(model, full_check=True)
     result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
     (r,) = result.reports
     assert r.status == "fused" and result.verification["passed"], r.reason
-    assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1
+    rope = r.site.rope
+    assert rope is not None and rope.op_caches, rope
+    ops = collections.Counter(n.op_type for n in result.model.graph.node)
+    assert ops["Attention"] == 1 and ops["RotaryEmbedding"] == 2 and not ops["Split"] and not ops["Gather"], ops
+    want = {a.name: onnx.helper.get_attribute_value(a) for a in op_node(case).attribute}
+    rotations = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    for n in rotations:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        assert {k: v for k, v in attrs.items() if v} == {k: v for k, v in want.items() if v}, (attrs, want)
+        assert list(n.input[1:]) == [i for i in ("cos_cache", "sin_cache", "position_ids") if i in case.inputs]
+    out = fuse_rotation_case(case)  # the case's own input as Q: the op written on Q gives onnx's reference output
+    assert out.fused and out.within, f"{case.name}: max abs error {out.max_abs_err} against onnx's reference"
+
+
+def test_expanded_rotary_embedding_on_projections_with_stored_caches_and_dynamic_dims():
+    """As an exporter writes it: Q and K projected from hidden states ([batch, seq] symbolic), the caches stored
+    as initializers, only the positions an input. The rotation is still read by value and written as the op."""
+    (case,) = [c for c in ROPE if c.name == "rotary_embedding_with_interleaved_rotary_dim_expanded"]
+    model, feeds = inside_attention(case)
+    b, n, s, h = case.inputs["input"].shape
+    rng = np.random.default_rng(1)
+    graph = model.graph
+    for name in ("cos_cache", "sin_cache"):
+        graph.initializer.append(onnx.numpy_helper.from_array(feeds.pop(name), name))
+    projections = []
+    for side in "qkv":
+        graph.initializer.append(onnx.numpy_helper.from_array(rng.standard_normal((n * h, n * h)).astype(np.float32),
+                                                              f"w_{side}"))
+        projections += [onnx.helper.make_node("MatMul", ["hidden", f"w_{side}"], [f"{side}_flat"]),
+                        onnx.helper.make_node("Reshape", [f"{side}_flat", "heads_shape"], [f"{side}_bsnh"]),
+                        onnx.helper.make_node("Transpose", [f"{side}_bsnh"], [side], perm=[0, 2, 1, 3])]
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([0, 0, n, h], np.int64), "heads_shape"))
+    nodes = projections + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [i for i in graph.input if i.name == "position_ids"]
+    del graph.input[:]
+    graph.input.extend([onnx.helper.make_tensor_value_info("hidden", onnx.TensorProto.FLOAT, ["batch", "seq", n * h]),
+                        *kept])
+    graph.input[1].type.tensor_type.shape.dim[0].dim_param = "batch"
+    graph.input[1].type.tensor_type.shape.dim[1].dim_param = "seq"
+    del graph.output[:]
+    graph.output.append(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", n, "seq", h]))
+    onnx.checker.check_model(model, full_check=True)
+    feeds = {"hidden": rng.standard_normal((b, s, n * h)).astype(np.float32), "position_ids": feeds["position_ids"]}
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.site.rope is not None and r.site.rope.op_caches and r.site.rope.interleaved
+    rotations = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    assert len(rotations) == 2 and all(list(n.input[1:]) == ["cos_cache", "sin_cache", "position_ids"]
+                                       for n in rotations)
+
+
+def test_positions_shared_over_the_batch_are_not_read_as_the_op():
+    """position_ids [1, S] the body broadcasts over a batch of 2: the op takes [B, S], so the rotation is not
+    read as it (the probes, at the graph's own shapes, disagree) and stays as written; the attention fuses."""
+    (case,) = [c for c in ROPE if c.name == "rotary_embedding_expanded"]
+    model, feeds = inside_attention(case)
+    pos = next(i for i in model.graph.input if i.name == "position_ids")
+    pos.type.tensor_type.shape.dim[0].dim_value = 1
+    feeds["position_ids"] = feeds["position_ids"][:1]
+    onnx.checker.check_model(model, full_check=True)
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.site.rope is None
+    assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
+
+
+def test_a_rotation_that_does_not_verify_is_left_as_written(monkeypatch):
+    """Should the written RotaryEmbedding ops not verify (here: written with the wrong pairing on purpose), the
+    site is fused again with the rotation left as the graph computes it, and says so."""
+    import dataclasses
+
+    import trtattn.rewrite.fuse as fuse
+    from trtattn.rewrite.rope import write_rotations
+
+    def wrong_pairing(graph, tensors, site):
+        rope = dataclasses.replace(site.rope, interleaved=not site.rope.interleaved) if site.rope else None
+        return write_rotations(graph, tensors, site.replace(rope=rope))
+
+    monkeypatch.setattr(fuse, "write_rotations", wrong_pairing)
+    (case,) = [c for c in ROPE if c.name == "rotary_embedding_expanded"]
+    model, feeds = inside_attention(case)
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.site.rope is None and any("did not verify" in n for n in r.site.notes)
+    assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
+
+
+def test_a_look_alike_that_does_not_rotate_is_not_read_as_the_op():
+    """The body with its Sub turned into an Add (cos.x1 + sin.x2: the same ops and tables, not a rotation) is
+    decided by value: not read as a RotaryEmbedding, left as written, and the attention still fuses."""
+    (case,) = [c for c in ROPE if c.name == "rotary_embedding_expanded"]
+    model, feeds = inside_attention(case)
+    subs = [n for n in model.graph.node if n.op_type == "Sub" and n.output[0].endswith("_Real")]
+    assert len(subs) == 2
+    for n in subs:
+        n.op_type = "Add"
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.site.rope is None and not any("did not verify" in n for n in r.site.notes)  # never read, not dropped
+    assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)

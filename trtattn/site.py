@@ -151,6 +151,13 @@ class Rope:
     k_input: str
     position_ids: str | None = None
     interleaved: bool = False
+    # read by what it computes (match/rotation.py): cos/sin are RotaryEmbedding's own caches ([max_pos, R/2]
+    # indexed by position_ids, or [B, S, R/2]), and fuse writes the op in place of q_output and k_output
+    op_caches: bool = False
+    q_output: str | None = None
+    k_output: str | None = None
+    num_heads: int = 0  # a 3-D input's heads (the op's num_heads); 0 for 4-D
+    rotary_embedding_dim: int = 0  # the op's attribute: 0 when the whole head rotates
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from .heads import (
     upstream_scale,
 )
 from .logit_ops import kind_of, logit_scale, softcap
-from .rope import find_rope
+from .rope import find_rope, read_rope
 
 
 def match(model: onnx.ModelProto | gs.Graph, view: GraphView | None = None) -> MatchResult:
@@ -206,7 +206,9 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     k_src = projection_source(view, cache.new_key if cache.new_key is not None else k.tensor)
     cross = cache.kind == CacheKind.CROSS_STATIC or (q_src is not None and k_src is not None and q_src != k_src)
     bnsh = frames["q"] == target(batch, heads, "q", "d") and len(frames["q"]) == 4
-    rope = find_rope(view, q.tensor, k.tensor, head) if bnsh else None
+    # a 3-D attention ([B, S, hidden], one head) may rotate heads folded in its last axis: read by value only
+    rope = find_rope(view, q.tensor, k.tensor, head) if bnsh else \
+        read_rope(view, q.tensor, k.tensor) if len(frames["q"]) == 3 else None
 
     notes = list(core.notes) + _defaults_taken(view, core.steps)
     if upstream != 1.0:

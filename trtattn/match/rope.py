@@ -3,7 +3,9 @@
 Recognised forms:
 - the standard ONNX RotaryEmbedding op (opset 23) and com.microsoft RotaryEmbedding;
 - HF rotate_half: x*cos + Concat(-x[..., h/2:], x[..., :h/2])*sin;
-- partial rotary: Concat(rope(x[..., :r]), x[..., r:]).
+- partial rotary: Concat(rope(x[..., :r]), x[..., r:]);
+- any other cone that computes what a RotaryEmbedding op computes from two cos/sin caches (rotation.py: ONNX's
+  own RotaryEmbedding function body, half-split or interleaved, partial, 3-D, with or without position ids).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
 from ..site import Rope, RopeKind
+from .rotation import read_rotation
 
 
 def _slice_range(view: GraphView, n: gs.Node):
@@ -118,7 +121,7 @@ def find_rope(view: GraphView, q: gs.Tensor, k: gs.Tensor, head: int | None) -> 
     rq = _rope_of(view, q, head)
     rk = _rope_of(view, _unrepeated(view, k), head)
     if rq is None or rk is None or rq[0] != rk[0] or rq[5] != rk[5]:
-        return None
+        return read_rope(view, q, k)
     return Rope(kind=rq[0], rotary_dim=int(rq[5] or 0), cos=rq[2].name, sin=rq[3].name, q_input=rq[1].name,
                 k_input=rk[1].name, position_ids=rq[4].name if rq[4] is not None else None,
                 interleaved=rq[0] == RopeKind.INTERLEAVED)
@@ -130,3 +133,24 @@ def _unrepeated(view: GraphView, k: gs.Tensor) -> gs.Tensor:
     if n is not None and n.op == "Concat" and len(n.inputs) == 2:
         return n.inputs[1]
     return k
+
+
+def read_rope(view: GraphView, q: gs.Tensor, k: gs.Tensor) -> Rope | None:
+    """The same rotation on Q and on K (before a cache concat), read by what it computes (rotation.py)."""
+    rq = read_rotation(view, q)
+    if rq is None:
+        return None
+    rk = read_rotation(view, k)
+    if rk is None and _unrepeated(view, k) is not k:
+        rk = read_rotation(view, _unrepeated(view, k))
+    if rk is None or rk.attrs != rq.attrs or _tables(rk) != _tables(rq):
+        return None  # one Rope record names one pair of tables for both
+    return Rope(kind=RopeKind.INTERLEAVED if rq.interleaved else RopeKind.HALF_SPLIT, rotary_dim=rq.rotary_dim,
+                cos=rq.cos.name, sin=rq.sin.name, q_input=rq.x.name, k_input=rk.x.name,
+                position_ids=rq.position_ids.name if rq.position_ids is not None else None,
+                interleaved=rq.interleaved, op_caches=True, q_output=rq.y.name, k_output=rk.y.name,
+                num_heads=rq.num_heads, rotary_embedding_dim=rq.attrs["rotary_embedding_dim"])
+
+
+def _tables(r) -> tuple:
+    return r.cos.name, r.sin.name, r.position_ids.name if r.position_ids is not None else None

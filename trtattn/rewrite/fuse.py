@@ -32,6 +32,7 @@ from ..version import __version__
 from .group_query import convert_group_query
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
+from .rope import write_rotations
 
 ATTENTION_OPSET = 23
 NOT_FUSED = SiteStatus.NOT_FUSED  # the status of an attention the output keeps as it was (the reason says why)
@@ -300,15 +301,17 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                 raise
             except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
                 for r in _blame(e, active):
-                    r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"
+                    if not _rotation_dropped(r):
+                        r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"
                 continue
         if outcome.passed:  # compared with ONNX Runtime's basic optimizations; loaded as the user will load it
             with progress.step("loading the rewritten model in ONNX Runtime with default session options"):
                 refusal = default_session_refusal(fused)
             if refusal is not None:
                 for r in _blame(Exception(refusal), active):
-                    r.status, r.reason = NOT_FUSED, ("ONNX Runtime with default session options refuses the "
-                                                     f"rewritten model: {refusal}")
+                    if not _rotation_dropped(r):
+                        r.status, r.reason = NOT_FUSED, ("ONNX Runtime with default session options refuses the "
+                                                         f"rewritten model: {refusal}")
                 continue
         for r in active:
             r.max_abs_err = _site_error(r, outcome)
@@ -321,7 +324,19 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
         if not bad:
             return FuseResult(fused, reports, result.ignored, _summary(outcome, why), True)
         for r in bad:  # leave the failing sites as they were and verify the others again
-            r.status, r.reason = NOT_FUSED, _verify_reason(r)
+            if not _rotation_dropped(r):
+                r.status, r.reason = NOT_FUSED, _verify_reason(r)
+
+
+def _rotation_dropped(r: SiteReport) -> bool:
+    """A failing site whose rotation fuse would write as RotaryEmbedding ops tries again with the rotation left
+    as the graph computes it (the attention alone may still fuse); False when there is none to drop."""
+    rope = r.site.rope
+    if rope is None or not rope.op_caches:
+        return False
+    r.site = r.site.replace(rope=None, notes=(*r.site.notes, "its rotation, read as RotaryEmbedding, did not verify: "
+                                                              "left as the graph computes it"))
+    return True
 
 
 def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, bool]) -> tuple[float, float, str]:
@@ -412,6 +427,7 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
         mark = len(scope.nodes)
         try:
             r.attention_node = rewrite_site(scope, tensors, r.site, meanings.get(r.site.name)).name
+            write_rotations(scope, tensors, r.site)  # a rotation read by value: as the RotaryEmbedding op
         except Exception as e:  # the site stays as it was, with why
             del scope.nodes[mark:]
             expected = isinstance(e, (TrtattnError, KeyError, ValueError, StopIteration))

@@ -104,7 +104,7 @@ class FusedCase:
     max_abs_err: float | None  # of the fused model's outputs against the references (None: not fused)
     within: bool  # max_abs_err within the case's tolerance (FP16_ATOL for fp16 outputs)
     reason: str  # why a site did not fuse ('' when all did)
-    attention: dict | None = None  # the fused Attention node's attributes
+    attention: dict | None = None  # the fused Attention node's attributes (fuse_rotation_case: the RotaryEmbedding's)
 
 
 def fuse_case(case: ConformanceCase) -> FusedCase:
@@ -172,3 +172,36 @@ def inside_attention(case: ConformanceCase) -> tuple[onnx.ModelProto, dict[str, 
     feeds = {k: v for k, v in case.inputs.items() if k != "input"}
     feeds.update({n: rng.standard_normal(x.shape).astype(np.float32) for n in "qkv"})
     return model, feeds
+
+
+def fuse_rotation_case(case: ConformanceCase) -> FusedCase:
+    """A RotaryEmbedding case's body on Q and K of an attention (inside_attention) through fuse, verified on its
+    inputs; then the fused model with the case's own input as Q, the RotaryEmbedding op written on Q compared with
+    onnx's reference output. `fused`: every site fused and verified and a RotaryEmbedding op written on Q."""
+    import collections
+
+    import onnxruntime
+
+    from ..graph.user_inputs import GivenInputs
+    from ..rewrite.fuse import fuse_model
+
+    model, feeds = inside_attention(case)
+    result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
+    ops = dict(collections.Counter(n.op_type for n in result.model.graph.node))
+    reason = "; ".join(r.reason for r in result.reports if r.status != "fused") or (
+        "" if result.ok else f"verification: {result.verification}")
+    rope = result.reports[0].site.rope if result.reports else None
+    on_q = next((n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"
+                 and rope is not None and n.input[0] == rope.q_input), None)
+    if not (result.ok and result.changed) or on_q is None:
+        return FusedCase(case.name, False, ops, None, False, reason or "the rotation was not read as a RotaryEmbedding")
+    fused = onnx.ModelProto()
+    fused.CopyFrom(result.model)
+    fused.graph.output.append(onnx.helper.make_tensor_value_info(on_q.output[0], onnx.TensorProto.FLOAT, None))
+    session = onnxruntime.InferenceSession(fused.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run([on_q.output[0]], {**feeds, "q": case.inputs["input"]})[0]
+    want = case.outputs["output"]
+    err = float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0))
+    within = bool(np.allclose(got, want, rtol=case.rtol, atol=case.atol))
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in on_q.attribute}
+    return FusedCase(case.name, True, ops, err, within, "", attrs)

@@ -177,6 +177,14 @@ def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _heads_folded(node: onnx.NodeProto, types) -> bool:
+    """A RotaryEmbedding over a 3-D input ([B, S, N*H], num_heads): left to the ONNX parser, since
+    IRotaryEmbeddingLayer reads a 3-D input as packed [T, N, H]. An input of unknown rank: as num_heads says
+    (a 4-D input may carry num_heads too: torch's exporter writes it)."""
+    shape = types.get(node.input[0], (None, None))[1]
+    return len(shape) == 3 if shape is not None else bool(_attrs(node).get("num_heads", 0))
+
+
 def _opt(node: onnx.NodeProto, i: int) -> str | None:
     return node.input[i] if len(node.input) > i and node.input[i] else None
 
@@ -207,7 +215,7 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
             plan.attentions.append(a)
             if a.reason is not None:
                 continue
-        elif node.op_type == "RotaryEmbedding":
+        elif node.op_type == "RotaryEmbedding" and not _heads_folded(node, types):
             attrs = _attrs(node)
             plan.ropes.append(RopePlan(node.name, node.input[0], node.input[1], node.input[2], node.output[0],
                                        _opt(node, 3), bool(attrs.get("interleaved", 0)),

@@ -13,7 +13,8 @@ from ...site import AttentionSite, CacheKind, RopeKind
 
 def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onnx.ModelProto, int]:
     """Rewrite rotate-half RoPE (Mul/Neg/Slice/Concat/Add) into ONNX RotaryEmbedding ops."""
-    todo = [s for s in sites if s.rope is not None and s.rope.kind == RopeKind.HALF_SPLIT and s.source == "pattern"]
+    todo = [s for s in sites if s.rope is not None and s.rope.kind == RopeKind.HALF_SPLIT and s.source == "pattern"
+            and not s.rope.op_caches]  # those fuse wrote as RotaryEmbedding ops already
     if not todo:
         return model, 0
     graph = gs.import_onnx(model)
