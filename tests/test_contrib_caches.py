@@ -274,3 +274,46 @@ def test_multi_head_attention_with_keys_and_values_in_heads_is_a_static_cross_at
     model.graph.initializer.append(helper.make_tensor("bias", TensorProto.FLOAT, [48], np.zeros(48, np.float32)))
     listed = fuse_model(model)
     assert not listed.ok and "BNSH with a bias" in listed.reports[0].reason
+
+
+# ---------------------------------------------------------------- the TensorRT route (issues 25 and 26 meet)
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_multi_head_attention_with_a_cache_becomes_iattention_with_the_kv_cache_update(unidirectional):
+    """No --form: the converted op's past takes the kv-cache form (TRT_KVCacheUpdate in place, per-row lengths),
+    verified through trtattn_plugins on ONNX Runtime against the contrib model itself, present included."""
+    from trtattn.routes.trt_ops import fuse_trt
+
+    result = fuse_trt(cache_model("MultiHeadAttention", unidirectional=unidirectional), name="mha")
+    assert result.ok, result.verification
+    plan = result.prepared.plan
+    assert plan.form == "kv-cache" and plan.aliases == {"present_key": "past_key", "present_value": "past_value"}
+    assert sorted(n.op_type for n in result.model.graph.node if n.domain == "trt") == [
+        "TRT_Attention", "TRT_KVCacheUpdate", "TRT_KVCacheUpdate"]
+    (site,) = plan.attentions
+    assert site.causal == ("lower_right" if unidirectional else "none") and site.kv_lengths
+    assert {"y", "present_key", "present_value"} <= set(result.verification["outputs"])  # (+ the caches' free slots)
+    assert result.verification["passed"] and result.verification["max_abs_err"] < 1e-2  # fp16 attention
+
+
+@pytest.mark.parametrize("command", ["fuse", "build"])
+@pytest.mark.parametrize("op,kwargs,why", [
+    ("Attention", {}, "stacks key and value in one past"),
+    ("MultiHeadAttention", {"mask": True}, "the causal part is a mask placed by the past's length"),
+    ("GroupQueryAttention", {}, "writes a row's new keys after its own past"),
+    ("GroupQueryAttention", {"packed": True}, "writes a row's new keys after its own past"),
+])
+def test_contrib_caches_the_kv_cache_form_cannot_take_are_listed_with_why(tmp_path, capsys, command, op, kwargs, why):
+    """Exit 1 with the site named and the reason (was: exit 2, an error naming a Shape node)."""
+    import onnx
+
+    from trtattn.cli import main
+
+    model = group_query_model(**kwargs) if op == "GroupQueryAttention" else cache_model(op, unidirectional=1, **kwargs)
+    path = tmp_path / "contrib.onnx"
+    onnx.save(model, path)
+    args = ["fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--ops", "trt"] if command == "fuse" else \
+        ["build", str(path), "--out-dir", str(tmp_path / "engines")]
+    assert main(["-q", *args]) == 1
+    out = capsys.readouterr().out
+    assert "cannot be TensorRT's attention ops" in out and why in out and "not written" in out
+    assert not (tmp_path / "out.onnx").exists()

@@ -35,8 +35,8 @@ from .implicit import REASON as IMPLICIT_REASON
 from .implicit import expand_softcapped
 from .kv_cache import kv_cache_form
 from .lowering import AttentionLowering, CacheLowering
+from .op_cache import CONTRIB_WHY, cache_form, in_op_caches
 from .op_cache import OPSET as OP_CACHE_OPSET
-from .op_cache import cache_form, in_op_caches
 from .op_fit import fit_ops
 from .packed import packed_form
 from .padded import padding_to_lengths
@@ -100,8 +100,14 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
                                    "has no implicit fallback") for name in capped])
     if in_op:
         with progress.step("deriving the KV-cache form of the Attention ops' own caches"):
-            derived.model, (derived.cache_updates, notes, offsets) = _rewrite(derived.model, cache_form, in_op,
-                                                                              opset=OP_CACHE_OPSET)
+            try:
+                derived.model, (derived.cache_updates, notes, offsets) = _rewrite(derived.model, cache_form, in_op,
+                                                                                  opset=OP_CACHE_OPSET)
+            except SitesRefused as e:  # named as sites, with why a contrib op's conversion meets the refusal
+                refused = [(sites[node].name if node in sites else node,
+                            why + CONTRIB_WHY.get(sites[node].source if node in sites else "", ""))
+                           for node, why in e.sites]
+                raise SitesRefused("; ".join(f"{site}: {why}" for site, why in refused), refused) from None
             derived.notes += notes
     elif form == "kv-cache":
         with progress.step("deriving the KV-cache form (packed query over a preallocated cache)"):

@@ -20,13 +20,27 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ...contract import MAX_CACHE, WRITE_INDEX
-from ...errors import TrtattnError
+from ...errors import SitesRefused, TrtattnError
 from ...graph.emit import Emitter
-from .kv_cache import refuse_cache_length_reads
+from .kv_cache import cache_length_read, cache_length_reads
 from .lowering import CacheLowering
 from .op_fit import MASK, PAST_KEY, PAST_VALUE, op_shape, opt, to_bhnd
 
 OPSET = 24  # TensorScatter and nonpad_kv_seqlen
+
+
+# why ONNX Runtime's contrib ops with a cache (rewrite/microsoft.py, group_query.py) meet those refusals
+CONTRIB_WHY = {
+    "com.microsoft:Attention": " (com.microsoft:Attention stacks key and value in one past [2, B, N, P, H]: the "
+                               "kv-cache form needs them as two cache inputs, which changes the engine's inputs)",
+    "com.microsoft:MultiHeadAttention": " (unidirectional next to a key padding mask: the causal part is a mask "
+                                        "placed by the past's length, to keep ONNX Runtime's filter value)",
+    "com.microsoft:GroupQueryAttention": " (the keys each row has, from seqlens_k, are a mask placed by past_key's "
+                                         "length. ONNX Runtime writes a row's new keys after its own past "
+                                         "(seqlens_k + 1 - S), the standard op after all of past_key; the kv-cache "
+                                         "form would be TRT_KVCacheUpdate at that per-row write index with lengths "
+                                         "seqlens_k + 1, ONNX Runtime's present exactly: not derived yet)",
+}
 
 
 def in_op_caches(model: onnx.ModelProto) -> list[str]:
@@ -41,6 +55,10 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str]) -> tuple[list[Cac
     is the past length, not what nonpad_kv_seqlen - Sq would say) -> that input."""
     by_name = {n.name: n for n in graph.nodes}
     inputs = {t.name: t for t in graph.inputs}
+    refused = refusals(graph, [by_name[name] for name in nodes])
+    if refused:
+        raise SitesRefused("Attention op(s) that cannot take the kv-cache form of their own caches: "
+                           + "; ".join(f"{name}: {why}" for name, why in refused.items()), list(refused.items()))
     write_index = inputs.get(WRITE_INDEX)
     if write_index is None:
         write_index = gs.Variable(WRITE_INDEX, dtype=np.int64, shape=["batch"])
@@ -50,13 +68,7 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str]) -> tuple[list[Cac
         node = by_name[name]
         if not _same_length(node, types):
             offsets[name] = WRITE_INDEX
-        past_k, past_v = opt(node, PAST_KEY), opt(node, PAST_VALUE)
-        if past_k is None or past_v is None:
-            raise TrtattnError(f"Attention {name} has only one of past_key and past_value")
-        for past in (past_k, past_v):
-            if past.name not in inputs:
-                raise TrtattnError(f"Attention {name}: its past cache {past.name} is computed in the graph, not an "
-                                   "input; the kv-cache form preallocates caches the engine takes as inputs")
+        past_k, past_v = node.inputs[PAST_KEY], node.inputs[PAST_VALUE]  # both there (refusals)
         to_bhnd(graph, node, op_shape(node, types))
         emit = Emitter(graph, f"trtattn/cache/{name}")
         q, k, v = node.inputs[:3]
@@ -85,8 +97,26 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str]) -> tuple[list[Cac
                      f"({past_k.name}, {past_v.name} -> TRT_KVCacheUpdate), per-row lengths "
                      f"{WRITE_INDEX} + new tokens" + (", causal from each row's past length" if node.attrs.get("is_causal")
                                                      else ", not causal (the op has no is_causal)"))
-    refuse_cache_length_reads(graph, {c.cache for c in lowerings})
     return lowerings, notes, offsets
+
+
+def refusals(graph: gs.Graph, nodes: list[gs.Node]) -> dict[str, str]:
+    """Attention node -> why its caches cannot be preallocated caches updated in place: a past computed in the
+    graph (the engine takes its caches as inputs), or a node reading a past's length (the capacity in the form)."""
+    inputs = {t.name for t in graph.inputs}
+    why: dict[str, str] = {}
+    for node in nodes:
+        past_k, past_v = opt(node, PAST_KEY), opt(node, PAST_VALUE)
+        if past_k is None or past_v is None:
+            raise TrtattnError(f"Attention {node.name} has only one of past_key and past_value")
+        computed = [p.name for p in (past_k, past_v) if p.name not in inputs]
+        reads = cache_length_reads(graph, {past_k.name, past_v.name})
+        if computed:
+            why[node.name] = (f"its past cache {computed[0]} is computed in the graph, not an input; the kv-cache "
+                              "form preallocates caches the engine takes as inputs")
+        elif reads:
+            why[node.name] = cache_length_read(*reads[0])
+    return why
 
 
 def _same_length(node: gs.Node, types: dict) -> bool:
