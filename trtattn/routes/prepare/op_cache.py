@@ -35,11 +35,8 @@ CONTRIB_WHY = {
                                "kv-cache form needs them as two cache inputs, which changes the engine's inputs)",
     "com.microsoft:MultiHeadAttention": " (unidirectional next to a key padding mask: the causal part is a mask "
                                         "placed by the past's length, to keep ONNX Runtime's filter value)",
-    "com.microsoft:GroupQueryAttention": " (the keys each row has, from seqlens_k, are a mask placed by past_key's "
-                                         "length. ONNX Runtime writes a row's new keys after its own past "
-                                         "(seqlens_k + 1 - S), the standard op after all of past_key; the kv-cache "
-                                         "form would be TRT_KVCacheUpdate at that per-row write index with lengths "
-                                         "seqlens_k + 1, ONNX Runtime's present exactly: not derived yet)",
+    "com.microsoft:GroupQueryAttention": " (its sliding window or attention_bias is a mask placed by past_key's "
+                                         "length; without them each row's new keys are written at its own past)",
 }
 
 
@@ -49,11 +46,24 @@ def in_op_caches(model: onnx.ModelProto) -> list[str]:
             and len(n.input) > PAST_KEY and n.input[PAST_KEY]]
 
 
-def cache_form(graph: gs.Graph, types: dict, nodes: list[str]) -> tuple[list[CacheLowering], list[str], dict[str, str]]:
+def cache_form(graph: gs.Graph, types: dict, nodes: list[str], row_keys: frozenset[str] = frozenset()
+               ) -> tuple[list[CacheLowering], list[str], dict[str, str]]:
     """Rewrite the named Attention nodes of `graph` in place (module doc): their cache lowerings, notes, and the
     nodes whose causal offset is the write index itself (Q and the new K/V may differ in length: ONNX's offset
-    is the past length, not what nonpad_kv_seqlen - Sq would say) -> that input."""
+    is the past length, not what nonpad_kv_seqlen - Sq would say) -> that input. `row_keys`: nodes whose mask
+    only says which keys each row has, with is_causal (a converted GroupQueryAttention: its seqlens_k over a
+    concatenated cache). In the form a row has exactly its write index + new keys, so that mask is dropped: each
+    row's new keys are written at its own past length, as ONNX Runtime's kernel writes them, ragged pasts too."""
     by_name = {n.name: n for n in graph.nodes}
+    notes = []
+    for name in sorted(row_keys & set(nodes)):
+        node = by_name[name]
+        if opt(node, MASK) is not None and node.attrs.get("is_causal", 0):
+            node.inputs[MASK] = gs.Variable.empty()
+            notes.append(f"Attention {name}: its mask of each row's keys (seqlens_k) is the form's row lengths: "
+                         f"{WRITE_INDEX} (each row's past length) + new tokens (seqlens_k, where still read, must agree)")
+    if notes:
+        graph.cleanup(remove_unused_graph_inputs=False)
     inputs = {t.name: t for t in graph.inputs}
     refused = refusals(graph, [by_name[name] for name in nodes])
     if refused:
@@ -63,7 +73,7 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str]) -> tuple[list[Cac
     if write_index is None:
         write_index = gs.Variable(WRITE_INDEX, dtype=np.int64, shape=["batch"])
         graph.inputs.append(write_index)
-    lowerings, notes, offsets = [], [], {}
+    lowerings, offsets = [], {}
     for name in nodes:
         node = by_name[name]
         if not _same_length(node, types):
