@@ -12,13 +12,16 @@ from trtsim.fixtures import checked_trt, real_trt  # noqa: E402,F401  (the real 
 
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory):
-    """Exports are shared by every test of a session; TRTATTN_ZOO_CACHE keeps them across sessions."""
+    """Exports are shared by every test of a session, and by its pytest-xdist workers (one folder beside theirs);
+    TRTATTN_ZOO_CACHE keeps them across sessions. Whoever asks first exports, the others wait (zoo.exported)."""
     cached = os.environ.get("TRTATTN_ZOO_CACHE")
     if cached:
         path = Path(cached)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    return tmp_path_factory.mktemp("zoo")
+    else:
+        base = tmp_path_factory.getbasetemp()
+        path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "zoo"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -26,10 +29,7 @@ def zoo_export(zoo_dir):
     from trtattn import zoo
 
     def get(name: str, exporter: str) -> Path:
-        path = zoo_dir / f"{name}.{exporter}.onnx"
-        if not path.exists():
-            zoo.export(name, exporter, path)
-        return path
+        return zoo.exported(zoo_dir / f"{name}.{exporter}.onnx", lambda path: zoo.export(name, exporter, path))
 
     return get
 
@@ -47,3 +47,27 @@ def zoo_cases():
 
     return [(e.name, x) if (e.name, x) in FAST_ZOO else pytest.param(e.name, x, marks=pytest.mark.slow)
             for e in zoo.ZOO.values() for x in e.exporters]
+
+
+def exporter_cases(fast: str = "torchscript"):
+    """A family test's `exporter` values: `fast` in the fast lane, the other in the slow one. For tests whose
+    point is the family, not the exporter: each export of a model costs seconds (a dynamo one 10-20 s), and the
+    slow lane's zoo-wide sweep exports every model with both anyway."""
+    from trtattn.zoo import EXPORTERS
+
+    return [x if x == fast else pytest.param(x, marks=pytest.mark.slow) for x in EXPORTERS]
+
+
+def class_cases():
+    """(name, exporter) of every zoo entry that exercises a class of attention (zoo.CLASSES): each entry once in
+    the fast lane, with its first exporter (TorchScript where it has it), and with another exporter only where that
+    export shows a class the first does not; the other exports in the slow lane."""
+    from trtattn import zoo
+
+    cases = []
+    for e in zoo.ZOO.values():
+        for x in e.exporters if e.classes else ():
+            first = e.exporters[0]
+            fast = x == first or set(e.classes_for(x)) - set(e.classes_for(first))
+            cases.append((e.name, x) if fast else pytest.param(e.name, x, marks=pytest.mark.slow))
+    return cases

@@ -223,11 +223,11 @@ def test_kv_cache_cross_attention_reads_the_encoder_padding_mask_as_lengths(chec
     """BART's decoder step as the kv-cache form: its cross-attention's only mask is the encoder's padding
     mask (an input over the encoder's axis, not the tokens'), lowered as IAttention key/value lengths; the
     recorded network equals ONNX Runtime on the original, a padded encoder row included."""
+    from trtattn import zoo
     from trtattn.zoo import generation
 
-    path = zoo_dir / "bart-decoder-step.torchscript.onnx"
-    if not path.exists():
-        generation.export("bart-decoder-step", "torchscript", path)
+    path = zoo.exported(zoo_dir / "bart-decoder-step.torchscript.onnx",
+                        lambda p: generation.export("bart-decoder-step", "torchscript", p))
     original = onnx.load(str(path))
     prepared = prepare(original, name="bart_step", form="kv-cache", precision="fp32", limits=LIMITS)
     cross = [s for s in prepared.plan.plan_json()["sites"] if "encoder_attn" in s["name"]]

@@ -26,28 +26,14 @@ def _fused(result, sites=1):
 def in_projection_export() -> onnx.ModelProto:
     """nn.MultiheadAttention-style code: one in-projection sliced into Q, K, V at an end computed from its shape,
     the head size read off the Q slice and the logits divided by its square root, as TorchScript writes it:
-    Div(logits, Pow(Cast(Div(Gather(Shape(Slice(proj, 0, end)), 2), heads)), 0.5))."""
-    torch = pytest.importorskip("torch", reason="the export needs torch")
-    from trtattn.testing.exports import export_module
+    Div(logits, Pow(Cast(Div(Gather(Shape(Slice(proj, 0, end)), 2), heads)), 0.5)) (the corpus's recipe)."""
+    pytest.importorskip("torch", reason="the export needs torch")
+    import tempfile
 
-    class InProjection(torch.nn.Module):
-        def __init__(self, embed=32, heads=4):
-            super().__init__()
-            self.in_proj, self.out_proj, self.heads = torch.nn.Linear(embed, 3 * embed), torch.nn.Linear(embed, embed), heads
+    from trtattn.zoo.foreign.tools import in_projection
 
-        def forward(self, x):  # [L, B, E]
-            length, batch = x.shape[0], x.shape[1]
-            proj = self.in_proj(x)
-            embed = proj.size(-1) // 3
-            q, k, v = proj[:, :, :embed], proj[:, :, embed:2 * embed], proj[:, :, 2 * embed:]
-            head = q.size(2) // self.heads
-            q, k, v = (t.contiguous().view(length, batch * self.heads, head).transpose(0, 1) for t in (q, k, v))
-            scores = torch.bmm(q, k.transpose(1, 2)) / (head ** 0.5)
-            o = torch.bmm(torch.softmax(scores, dim=-1), v).transpose(0, 1).contiguous().view(length, batch, -1)
-            return self.out_proj(o)
-
-    torch.manual_seed(0)
-    return export_module(InProjection(), (torch.randn(5, 2, 32),), ["x"], {"x": {0: "L", 1: "B"}})
+    with tempfile.TemporaryDirectory() as tmp:
+        return in_projection(Path(tmp))[0]
 
 
 def test_scale_from_the_shape_of_a_computed_slice_is_evaluated(monkeypatch):
@@ -60,6 +46,16 @@ def test_scale_from_the_shape_of_a_computed_slice_is_evaluated(monkeypatch):
     model = in_projection_export()
     monkeypatch.setattr(shapes, "symbolic_shapes", lambda model: None)
     [report] = _fused(fuse_model(model))
+    assert report.site.scale == pytest.approx(1 / np.sqrt(8), rel=1e-6)
+
+
+def test_the_committed_in_projection_export_is_evaluated_without_symbolic_shapes(monkeypatch):
+    """The corpus's TorchScript export of the same code (tests/data/foreign): with ONNX Runtime's symbolic shape
+    inference giving up, as it did on the real models, its scale is still evaluated."""
+    from trtattn.graph import shapes
+
+    monkeypatch.setattr(shapes, "symbolic_shapes", lambda model: None)
+    [report] = _fused(fuse_model(onnx.load(FOREIGN / "in-projection.torchscript.onnx")))
     assert report.site.scale == pytest.approx(1 / np.sqrt(8), rel=1e-6)
 
 
@@ -119,6 +115,39 @@ def test_values_are_evaluated_at_the_dims_the_model_runs_at(monkeypatch):
     assert result.dims["values"]["H"] == 32  # not the default: the model does not run there
     [report] = _fused(result)
     assert report.site.scale == pytest.approx(1 / np.sqrt(8), rel=1e-6)
+
+
+def test_verify_matches_the_original_at_the_dims_it_runs_at(monkeypatch, tmp_path):
+    """`trtattn verify` matches the original's sites to compare their outputs: at the dims the search found (the
+    recogniser runs only at a height of 32), where fuse matched them, not at the defaults, where nothing runs and
+    nothing a pattern cannot prove is measured."""
+    from trtattn.graph.view import GraphView
+    from trtattn.verify import candidate
+
+    original = onnx.load(FOREIGN / "paddle-recognizer.paddle2onnx.onnx")
+    fused = fuse_model(original)
+    _fused(fused)
+    path = tmp_path / "fused.onnx"
+    onnx.save(fused.model, path)
+    seen = []
+
+    def view(graph, model=None, fold=True, dims=None):
+        seen.append(dims)
+        return GraphView(graph, model, fold, dims)
+
+    monkeypatch.setattr(candidate, "GraphView", view)
+    verification = candidate.verify_candidate(str(path), original)
+    assert [d and d["DynamicDimension.1"] for d in seen] == [32]
+    assert verification.outcome.passed and list(verification.site_errors) == ["Softmax.0"]
+
+
+@pytest.mark.parametrize("name", ["paddle-recognizer", "paddle-recognizer-opset7"])
+def test_heads_are_measured_where_the_graph_computes_the_shape(name):
+    """paddle2onnx's recogniser: Q, K, V from one projection reshaped by a Concat-computed shape, so inference
+    leaves every dim of the products unknown, and the model runs at one image height only. The second probe keeps
+    that height and moves the other dims; the products' operands are measured: 4 heads of 8, not 1 of unknown."""
+    [report] = _fused(fuse_model(onnx.load(FOREIGN / f"{name}.paddle2onnx.onnx")))
+    assert (report.site.q_heads, report.site.kv_heads, report.site.head_size) == (4, 4, 8)
 
 
 # ------------------------------------------------------------------ class 2: a static length, a symbolic batch

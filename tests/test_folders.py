@@ -5,6 +5,7 @@ layout Optimum uses (model.onnx; encoder_model.onnx + decoder_model.onnx + decod
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -290,7 +291,10 @@ def test_build_merged_decoder_folder_generates_the_export_folders_tokens(whisper
     prepares both branches as their own parts, with only the inputs each branch reads, and `run OUT`
     gives the tokens `run DIR` gives, request by request."""
     folder = _merged_folder(whisper_folder, tmp_path)
+    capsys.readouterr()
     assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp32"]) in (0, 4)
+    listed = capsys.readouterr().out  # the parts table names the branch each part is
+    assert re.search(r"^decoder_with_past +decoder_model_merged\.onnx +use_cache_branch=True +kv-cache", listed, re.M)
     out = tmp_path / "built" / folder.name
     parts = json.loads((out / "pipeline.json").read_text())["parts"]
     assert {role: (p["form"], p["branch"], p["sites"]) for role, p in parts.items()} == {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
 
 import onnx
 import pytest
@@ -152,6 +153,48 @@ def test_make_regenerates_a_corpus_file(tmp_path):
     (tmp_path / name).write_bytes(b"x" * (make.MAX_FILE + 1))
     with pytest.raises(SystemExit, match="corpus files stay under"):  # make.py refuses a file over 2 MB
         make.main(["--out", str(tmp_path), "--skip-tools"])
+
+
+@pytest.mark.parametrize("name,tool", [("bert-fp16-keepio.converter.onnx", "onnxconverter_common"),
+                                       ("bert-fp16.converter.onnx", "onnxconverter_common"),
+                                       ("llama.onnxslim.onnx", "onnxslim")])
+def test_make_regenerates_a_tool_derived_file(name, tool, zoo_export, tmp_path, monkeypatch):
+    """The fp16-converter and onnxslim recipes run on the session's zoo exports (make.py exports afresh) and
+    give the committed file's manifest row, its I/O types and its sites."""
+    pytest.importorskip(tool)
+    from trtattn.zoo.foreign import tools
+
+    monkeypatch.setattr(tools, "_zoo", lambda zoo_name, tmp, opset=None: onnx.load(zoo_export(zoo_name, "torchscript")))
+    (row,) = tools.make(tmp_path, [name])
+    committed = next(r for r in ROWS if r["file"] == name)
+    keys = ("file", "exporter", "source", "expected_sites", "exercises")
+    assert {k: row[k] for k in keys} == {k: committed[k] for k in keys}
+    model, was = onnx.load(tmp_path / name), onnx.load(ROOT / name)
+    io_types = lambda m: [(v.name, v.type.tensor_type.elem_type) for v in [*m.graph.input, *m.graph.output]]  # noqa: E731
+    assert io_types(model) == io_types(was)
+    assert not any(p.key.startswith("trtattn.") for p in model.metadata_props)  # a user's file carries no roles
+    assert len(match(model).sites) == row["expected_sites"]
+
+
+def test_the_tf2onnx_script_imports_without_tensorflow_and_names_the_corpus_files():
+    """tf_keras.py imports tensorflow when a recipe runs: here (no TensorFlow) its file names can be read, and
+    they are the corpus's tf2onnx files."""
+    from trtattn.zoo.foreign import tf_keras
+
+    assert set(tf_keras.RECIPES) == {r["file"] for r in ROWS if r["exporter"] == "tf2onnx"}
+
+
+def test_the_tf2onnx_script_without_tensorflow_says_where_it_runs(tmp_path):
+    from trtattn.zoo.foreign import make
+
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("tensorflow is importable here: the script would run")
+    with pytest.raises(SystemExit, match="tf_keras.py failed(.|\\n)*tf_keras.py: No module named .*foreign-tf extra"):
+        make.run_script("tf", sys.executable, tmp_path)
 
 
 def test_make_only_parses_file_names_and_refuses_what_it_cannot_make(capsys, monkeypatch):

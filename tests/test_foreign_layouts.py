@@ -15,15 +15,24 @@ from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing.graphs import unit_axis_model
 
 
-@pytest.mark.parametrize("unit,seq", [("trailing", 5), ("middle", 5), ("leading", 5), ("trailing", 8)])
-def test_heads_split_with_a_unit_axis_and_fresh_dims_fuse(unit, seq):
-    """[B,S,N,H,1], [B,S,1,N,H], [1,B,S,N,H]; at seq 8 the positions are as long as the head dim."""
-    result = fuse_model(unit_axis_model(unit=unit, seq=seq))
+@pytest.mark.parametrize("unit,seq,opset", [("trailing", 5, 17), ("middle", 5, 17), ("leading", 5, 17), ("trailing", 8, 17),
+                                            ("trailing", 5, 12), ("middle", 5, 12), ("leading", 5, 12)])
+def test_heads_split_with_a_unit_axis_and_fresh_dims_fuse(unit, seq, opset):
+    """[B,S,N,H,1], [B,S,1,N,H], [1,B,S,N,H]; at seq 8 the positions are as long as the head dim. At opset 12
+    the 5-D Softmax normalises everything from its axis on (Softmax-1's 2-D coercion), read so."""
+    model = unit_axis_model(unit=unit, seq=seq, opset=opset)
+    assert [o.version for o in model.opset_import if o.domain == ""] == [opset]
+    result = fuse_model(model)
     [report] = result.reports
     assert report.status == "fused", report.reason
     assert (report.site.q_heads, report.site.kv_heads, report.site.head_size) == (4, 4, 8)
     assert result.verification.get("passed") is True
     assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1
+
+
+def test_unit_axis_model_refuses_an_opset_its_graph_cannot_be_written_in():
+    with pytest.raises(ValueError, match="opset 11.*Max"):
+        unit_axis_model(opset=11)
 
 
 def _frame(atoms, *names):

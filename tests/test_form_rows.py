@@ -14,11 +14,11 @@ from trtattn.routes.prepare.forms import verify_form
 
 @pytest.fixture(scope="module")
 def bart_step(zoo_dir):
+    from trtattn import zoo
     from trtattn.zoo import generation
 
-    path = zoo_dir / "bart-decoder-step.torchscript.onnx"
-    if not path.exists():
-        generation.export("bart-decoder-step", "torchscript", path)
+    path = zoo.exported(zoo_dir / "bart-decoder-step.torchscript.onnx",
+                        lambda p: generation.export("bart-decoder-step", "torchscript", p))
     original = onnx.load(str(path))
     return original, prepare(original, name="bart_step", form="kv-cache", precision="fp32")
 

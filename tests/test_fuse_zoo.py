@@ -7,7 +7,7 @@ import collections
 
 import onnx
 import pytest
-from conftest import zoo_cases
+from conftest import exporter_cases, zoo_cases
 
 from trtattn import zoo
 from trtattn.rewrite.fuse import fuse_model
@@ -65,7 +65,7 @@ def _sites(zoo_export, name, exporter):
 EXPORTERS = ["torchscript", "dynamo"]
 
 
-@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("exporter", exporter_cases())
 def test_bart_roles(zoo_export, exporter):
     sites = _sites(zoo_export, "bart", exporter)
     kinds = collections.Counter((s.kind.value, s.causal.value) for s in sites)
@@ -82,13 +82,14 @@ def test_torchscript_sdpa_puts_sqrt_scale_on_q_and_k(zoo_export, name):
     assert all(abs(s.softmax_scale - 0.25) < 1e-6 for s in sites)
 
 
-@pytest.mark.parametrize("name", ["bart-sdpa", "llama-sdpa", "gemma3-sdpa", "vit-sdpa", "whisper-sdpa"])
+@pytest.mark.parametrize("name", ["bart-sdpa", "llama-sdpa", *(pytest.param(n, marks=pytest.mark.slow)
+                                                            for n in ("gemma3-sdpa", "vit-sdpa", "whisper-sdpa"))])
 def test_dynamo_sdpa_exports_are_read_from_onnx_attention(zoo_export, name):
     sites = _sites(zoo_export, name, "dynamo")
     assert sites and all(s.source == "onnx:Attention" for s in sites)
 
 
-@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("exporter", exporter_cases())
 def test_whisper_prescales_q_before_the_head_split(zoo_export, exporter):
     sites = _sites(zoo_export, "whisper", exporter)
     assert all(s.scale_placement.value == "on_q" and abs(s.prescale - 0.25) < 1e-7 for s in sites)
@@ -106,7 +107,7 @@ def test_whisper_decoder_cache(zoo_export, exporter):
     assert len(by_kind["self"]) == len(by_kind["cross"]) == 2
 
 
-@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("exporter", exporter_cases())
 def test_t5_unscaled_with_relative_bias(zoo_export, exporter):
     sites = _sites(zoo_export, "t5", exporter)
     assert all(s.softmax_scale == 1.0 and s.scale_placement.value == "none" for s in sites)
@@ -115,7 +116,7 @@ def test_t5_unscaled_with_relative_bias(zoo_export, exporter):
     assert all(r.bias for r in self_sites)  # relative position bias on every self-attention
 
 
-@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("exporter", exporter_cases())
 def test_swin_window_attention_bias_and_shift_mask(zoo_export, exporter):
     reports = fused(zoo_export, "swin", exporter)[1].reports
     assert all(r.bias for r in reports)  # relative position bias (plus the shift mask on odd blocks)
@@ -134,7 +135,7 @@ def test_vit_has_no_mask(zoo_export, exporter):
     assert all(not r.padding and r.site.causal.value == "none" and not r.bias for r in reports)
 
 
-@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("exporter", exporter_cases())
 def test_gpt2_fused_qkv_causal(zoo_export, exporter):
     sites = _sites(zoo_export, "gpt2", exporter)
     assert all(s.kind.value == "self" and s.causal.value == "upper_left" and s.padding for s in sites)
@@ -155,7 +156,7 @@ def test_llama_cache_concat_lower_right(zoo_export, exporter):
     assert all(s.past_key.startswith("past_key_values") and s.past_value.startswith("past_key_values") for s in sites)
 
 
-@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("exporter", exporter_cases())
 def test_gemma3_sliding_window_and_global(zoo_export, exporter):
     sites = _sites(zoo_export, "gemma3", exporter)
     assert [s.window for s in sites] == [4, None]
@@ -164,7 +165,7 @@ def test_gemma3_sliding_window_and_global(zoo_export, exporter):
 
 
 # ------------------------------------------------------------------ issue 10's classes in real exports
-@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("exporter", exporter_cases())
 def test_gemma2_softcap_becomes_the_attribute(zoo_export, exporter):
     model, result = fused(zoo_export, "gemma2", exporter)
     assert all(r.site.softcap == 5.0 for r in result.reports)
@@ -173,8 +174,9 @@ def test_gemma2_softcap_becomes_the_attribute(zoo_export, exporter):
     assert caps == [5.0, 5.0]
 
 
-@pytest.mark.parametrize("name,exporter", [("bloom", "torchscript"), ("bloom", "dynamo"), ("deberta-v2", "torchscript"),
-                                           ("deberta-v2", "dynamo")])
+@pytest.mark.parametrize("name,exporter", [("bloom", "torchscript"), pytest.param("bloom", "dynamo", marks=pytest.mark.slow),
+                                           ("deberta-v2", "torchscript"),
+                                           pytest.param("deberta-v2", "dynamo", marks=pytest.mark.slow)])
 def test_biases_computed_in_the_graph_on_heads_merged_products(zoo_export, name, exporter):
     """BLOOM's ALiBi (baddbmm on [B*N, S, S]) and DeBERTa's c2p/p2c terms: additive biases, 4 heads read
     where the exports keep them apart."""
@@ -190,7 +192,7 @@ def test_xlnet_and_unet_einsum(zoo_export):
     assert kinds == {"self": 2, "cross": 2}
 
 
-@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("exporter", exporter_cases())
 def test_luong_single_query(zoo_export, exporter):
     site = _sites(zoo_export, "luong-gru", exporter)[0]
     assert site.scale == 1.0 and site.mask.value == "boolean" and site.q_heads == 1

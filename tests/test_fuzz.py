@@ -162,3 +162,39 @@ def test_oracle_calls_a_listed_site_listed():
 
 def test_oracle_calls_an_internal_error_a_crash():
     assert _judged(lambda m: m, [_Row("attn", "skipped", "internal error: KeyError")], ok=False).outcome == "crashed"
+
+
+def test_difference_takes_nan_as_equal_to_nan_only():
+    """sources.difference: NaN where both outputs have it is no error (the docstring's promise); NaN on one side
+    only is an infinite one; the worst error and its output are the finite ones otherwise."""
+    from trtattn.testing.fuzz.sources import difference
+
+    nan = np.nan
+    assert difference({"y": np.array([1.0, nan])}, {"y": np.array([1.0, nan])}, 0.0, 0.0) == (True, 0.0, "")
+    close, worst, name = difference({"y": np.array([1.0, nan, 2.0]), "z": np.array([0.0])},
+                                    {"y": np.array([1.5, nan, 2.0]), "z": np.array([0.0])}, 0.6, 0.0)
+    assert (close, worst, name) == (True, 0.5, "y")
+    assert difference({"y": np.array([1.0, nan])}, {"y": np.array([1.0, 0.0])}, 1.0, 0.0) == (False, float("inf"), "y")
+    assert not difference({"y": np.array([1.0])}, {"y": np.array([1.7])}, 0.6, 0.0)[0]
+
+
+def test_hand_built_sources_are_what_their_names_say():
+    """hand.opset11 is an opset-11 graph (the fuzzer's one below Softmax-13); a right-padded mask's feeds are 1 at
+    the tokens kept and 0 after them, row 0 unpadded."""
+    import json
+
+    from onnx import TensorProto, helper
+
+    from trtattn.testing.fuzz.sources import load_source, make_feeds
+
+    model = load_source("hand.opset11")
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [11]
+    mask = helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "seq"])
+    graph = helper.make_graph([helper.make_node("Identity", ["mask"], ["y"])], "g", [mask],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    padded = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    padded.metadata_props.add(key="trtattn.inputs", value=json.dumps({"inputs": {"mask": {"kind": "padding_mask"}}}))
+    for seed in range(4):
+        m = make_feeds(padded, {"batch": 3, "seq": 8}, seed)["mask"]
+        assert m[0].all() and set(np.unique(m)) <= {0, 1}
+        assert all((row == (np.arange(8) < row.sum())).all() for row in m)  # ones, then zeros

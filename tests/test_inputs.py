@@ -207,8 +207,47 @@ def test_flag_inputs():
     assert make_feeds(off)["use_cache_branch"].tolist() == [False]
 
 
+def test_token_ids_vocab_is_the_embedding_tables_rows():
+    """No metadata: an int input that indexes Gather(emb[V, H], ids) is token ids drawn below V (through a Cast);
+    an int input that is Gather's data, not its indices, indexes no table."""
+    vocab, hidden = 37, 4
+    emb = np.arange(vocab * hidden, dtype=np.float32).reshape(vocab, hidden)
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids32"], to=TensorProto.INT32),
+             helper.make_node("Gather", ["emb", "ids32"], ["h"]),
+             helper.make_node("Gather", ["table_ids", "idx"], ["picked"])]
+    model = _model(nodes, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+                           helper.make_tensor_value_info("table_ids", TensorProto.INT64, [vocab])],
+                   [helper.make_tensor_value_info("h", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("picked", TensorProto.INT64, None)],
+                   [("emb", emb), ("idx", np.array([0, 2], np.int64))])
+    roles = {s.name: s.role for s in input_specs(model)}
+    assert roles["input_ids"] == {"kind": "token_ids", "vocab": vocab}
+    assert roles["table_ids"] == {"kind": "token_ids", "vocab": 2}  # no table: the default, not Gather's data rows
+    feeds = make_feeds(model, dims={"seq": 64})
+    assert feeds["input_ids"].max() >= 2 and feeds["input_ids"].max() < vocab  # spread over the table, inside it
+    np.testing.assert_array_equal(_run(model, feeds)[0], emb[feeds["input_ids"]])
+
+
+def test_token_ids_read_inside_a_branch_find_their_table():
+    """The embedding Gather inside an If branch (a merged decoder's): the branch's reads are indexed too."""
+    vocab = 23
+    branch = helper.make_graph([helper.make_node("Gather", ["emb", "input_ids"], ["h_then"])], "then", [],
+                               [helper.make_tensor_value_info("h_then", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Gather", ["emb", "input_ids"], ["h_else"])], "else", [],
+                              [helper.make_tensor_value_info("h_else", TensorProto.FLOAT, None)])
+    model = _model([helper.make_node("If", ["use_cache_branch"], ["h"], then_branch=branch, else_branch=other)],
+                   [helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+                    helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+                   [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+                   [("emb", np.ones((vocab, 4), np.float32))])
+    assert {s.name: s.role for s in input_specs(model)}["input_ids"] == {"kind": "token_ids", "vocab": vocab}
+    assert _run(model, make_feeds(model))[0].shape[-1] == 4
+
+
 # ---------------------------------------------------------------- the zoo
-DIMS_ENTRIES = [("wav2vec2", "torchscript"), ("wav2vec2", "dynamo"), ("wav2vec2-sdpa", "dynamo"),
+# wav2vec2's dynamo exports (~20 s each) in the slow lane: its TorchScript export keeps the case fast
+DIMS_ENTRIES = [("wav2vec2", "torchscript"), pytest.param("wav2vec2", "dynamo", marks=pytest.mark.slow),
+                pytest.param("wav2vec2-sdpa", "dynamo", marks=pytest.mark.slow),
                 ("led", "torchscript"), ("bert-foreign-dims", "torchscript"), ("bert-foreign-dims", "dynamo")]
 
 
@@ -251,3 +290,84 @@ def test_wav2vec2_fuses_and_verifies_on_the_dims_that_fit(zoo_export, tmp_path):
     fused = tmp_path / "fused.onnx"
     onnx.save(result.model, fused)
     assert main(["-q", "verify", str(fused), "--onnx", str(original)]) == 0
+
+
+# ---------------------------------------------------------------- dim names and lengths of one (issue 26)
+def test_dims_spelled_with_a_dot_are_names_not_expressions():
+    """paddle2onnx writes its dynamic dims 'DynamicDimension.0', '.1', ...: each is a dim of its own (its
+    recogniser runs only at a height of 32, its width free), not one name 'DynamicDimension' read off an
+    expression (which tried every dim at once and found none)."""
+    from trtattn.graph.dim_names import names_in
+    from trtattn.zoo.foreign import ROOT
+
+    assert names_in("DynamicDimension.1") == ["DynamicDimension.1"]
+    assert names_in("past + seq") == ["past", "seq"] and names_in("((s50//80)-3)//2") == ["s50"]
+    assert names_in("batch") == ["batch"] and names_in("a.b") == ["a.b"]
+    model = onnx.load(ROOT / "paddle-recognizer.paddle2onnx.onnx")
+    fit = fit_dims(model)
+    assert fit["DynamicDimension.1"] == 32 and fit["DynamicDimension.2"] == 8, dict(fit)
+    assert "DynamicDimension.1=32" in fit.reasons[-1], fit.reasons
+
+
+def _downsampled(pooled: bool = False):
+    """x [batch, seq, 8] -> a Conv of stride 8 over the sequence -> one-head attention over seq/8 positions, so
+    that at the default seq=8 it has one query and one key. `pooled`: its keys and values are the mean over those
+    positions, one key at every length."""
+    rng = np.random.default_rng(0)
+    inits = [(n, (rng.standard_normal(s) * 0.3).astype(np.float32))
+             for n, s in (("conv_w", (8, 8, 8)), ("wq", (8, 8)), ("wk", (8, 8)), ("wv", (8, 8)))]
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("Conv", ["xt", "conv_w"], ["c"], strides=[8], name="down"),
+             helper.make_node("Transpose", ["c"], ["h"], perm=[0, 2, 1])]
+    if pooled:
+        nodes.append(helper.make_node("ReduceMean", ["h"], ["pooled"], axes=[1], keepdims=1))
+    kv = "pooled" if pooled else "h"
+    nodes += [helper.make_node("MatMul", ["h", "wq"], ["q"]), helper.make_node("MatMul", [kv, "wk"], ["k"]),
+              helper.make_node("MatMul", [kv, "wv"], ["v"]), helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+              helper.make_node("MatMul", ["q", "kt"], ["qk"]), helper.make_node("Mul", ["qk", "scale"], ["logits"]),
+              helper.make_node("Softmax", ["logits"], ["p"], axis=-1, name="attn"),
+              helper.make_node("MatMul", ["p", "v"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                  inits + [("scale", np.array(8 ** -0.5, np.float32))])
+
+
+def test_dims_give_every_attention_more_than_one_key():
+    """At seq=8 the model runs but its attention has one key, where any softmax gives 1 and verification proves
+    nothing: the search takes the next length where it has more (seq=16: two keys), and fuse verifies there."""
+    from trtattn.rewrite.fuse import fuse_model
+
+    model = _downsampled()
+    assert _run(model, make_feeds(model))[0].shape == (2, 1, 8)  # it runs at the defaults
+    fit = fit_dims(model)
+    assert fit["seq"] == 16 and not fit.one_key
+    assert "seq=16 (at seq=8 Softmax 'attn' has one key (query 1, key 1))" in fit.reasons, fit.reasons
+    assert fit_dims(model, {"seq": 8})["seq"] == 8  # the user's dims are the user's
+    result = fuse_model(model)
+    assert result.dims["values"]["seq"] == 16 and result.ok
+    assert "one_key" not in result.verification and not result.reports[0].row()["one_key"]
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_an_attention_with_one_key_at_every_length_is_said(named):
+    """Keys pooled to one position: no length gives more. The dims stay, and the site's row and the summary say
+    that it was verified at one key only (by the site's output: also where the nodes have no names)."""
+    from trtattn.cli.common import verdict
+    from trtattn.report import site_table
+    from trtattn.rewrite.fuse import fuse_model
+    from trtattn.rewrite.normalize import normalize_model
+
+    model = _downsampled(pooled=True)
+    for node in model.graph.node if not named else ():
+        node.name = ""
+    fit = fit_dims(model)
+    assert fit["seq"] == 8 and fit.one_key == {"y": (1, 1)}
+    assert "has one key (query 1, key 1) at every length tried" in fit.reasons[-1], fit.reasons
+    result = fuse_model(model)
+    [report] = result.reports
+    row = report.row()
+    assert report.status.value == "fused" and row["one_key"] and "key length of 1" in row["notes"][-1]
+    assert result.verification["one_key"] == [report.site.name]
+    assert f"verified at one key only, which proves nothing: {report.site.name}" in verdict(result.verification)
+    assert "one key: unproven" in site_table([row])
+    assert normalize_model(model).verification["one_key"] == [report.site.name]

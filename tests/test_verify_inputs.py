@@ -105,19 +105,16 @@ def test_random_op_seeded_alike_on_both_models():
         compare_models(model, renamed)
 
 
-def test_random_op_fused_model_verifies_on_the_originals_draws():
-    """fuse writes opset 23, where ONNX Runtime has no RandomNormalLike kernel: the values the original draws
-    (seeded) are fed to both models in place of the node, so the attention is verified and the written model
-    keeps the op, unseeded."""
+def test_random_op_fused_model_is_listed_where_onnx_runtime_cannot_load_opset_23():
+    """fuse writes opset 23, where ONNX Runtime has no RandomNormalLike kernel (RandomNormalLike-22): the attention
+    verifies on the original's draws, but the written model would not load with ONNX Runtime's default options, so
+    the site is listed with ONNX Runtime's reason and nothing less loadable than the input is written (issue 26)."""
     model = _tail(attention_model(), "random")
     result = fuse_model(model)
-    assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4
-    assert any("the original's draws fed to both): draw_noise (RandomNormalLike)" in n
-               for n in result.verification["inputs"]["notes"])
-    drawn = [n for n in result.model.graph.node if n.op_type == "RandomNormalLike"]
-    assert len(drawn) == 1 and not any(a.name == "seed" for a in drawn[0].attribute)
-    assert "eps" not in {i.name for i in result.model.graph.input}  # the cut is for the comparison only
+    assert [r.status for r in result.reports] == ["not fused"] and not result.ok
+    assert "refuses the rewritten model" in result.reports[0].reason
+    assert "RandomNormalLike(22)" in result.reports[0].reason and "draw_noise" in result.reports[0].reason
+    assert [n.op_type for n in result.model.graph.node] == [n.op_type for n in model.graph.node]  # left as it was
 
 
 def test_fed_draws_are_what_the_original_draws():

@@ -46,7 +46,8 @@ def site_rows(rows: list[dict]) -> list[dict]:
                 mask += "+bias"
         elif r.get("padding") and mask != "none":
             mask = f"{mask}(padding" + ("+bias)" if r.get("bias") else ")")
-        detail = r["reason"] if r["status"] != "fused" else _fmt(r.get("max_abs_err"))
+        detail = r["reason"] if r["status"] != "fused" else \
+            _fmt(r.get("max_abs_err")) + (" (one key: unproven)" if r.get("one_key") else "")
         out.append({**r, "heads": f"{_fmt(r.get('q_heads'))}/{_fmt(r.get('kv_heads'))}", "mask_desc": mask,
                     "detail": detail})
     return out

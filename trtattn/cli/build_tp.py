@@ -137,7 +137,7 @@ def _one(args, progress, source: Path, name: str, out: Path, prepare_form: bool 
     plan["verification"] = {"passed": check.passed, "max_abs_err": worst, "outputs": check.errors,
                             "against": "the verified form" if prepared is not None else "the model"}
     if prepared is not None:
-        plan["form"], plan["precision"] = args.form, args.precision
+        plan["form"], plan["precision"] = prepared.plan.form, args.precision
     print(describe(plan))
     rank_plans = _rank_plans(prepared, forms) if prepared is not None else []
     for r, rank in enumerate(forms.models):

@@ -22,7 +22,8 @@ DEFAULT_DIMS = {"batch": 2, "batch_size": 2, "seq": 8, "sequence": 8, "sequence_
 DEFAULT_DIM = 8
 BATCH, SEQ = "batch", "seq"  # the names of the unified batch and sequence dims
 SEQUENCE_KINDS = ("token_ids", "padding_mask", "position_ids")  # 2-D inputs whose axis 1 is the sequence
-_EXPORTER_SYMBOL = re.compile(r"^(s\d+|unk__\d+)$")  # torch.export, ONNX Runtime's symbolic shape inference
+# torch.export, ONNX Runtime's symbolic shape inference and tf2onnx, paddle2onnx
+_EXPORTER_SYMBOL = re.compile(r"^(s\d+|unk__\d+|DynamicDimension\.\d+)$")
 
 
 def is_free(name: str) -> bool:
@@ -122,6 +123,19 @@ def evaluate(name: str, dims: dict[str, int], unknown: int | None = None) -> int
         return None
 
 
+def names_in(dim: str) -> list[str]:
+    """The dim names a symbolic dim stands on: the names in an arithmetic expression ("past+seq",
+    "((s50//80)-3)//2"), else the dim itself, however it is spelled (paddle2onnx's "DynamicDimension.0")."""
+    try:
+        tree = ast.parse(dim.replace(" ", ""), mode="eval").body
+    except SyntaxError:
+        return [dim]
+    nodes = list(ast.walk(tree))
+    arithmetic = all(isinstance(n, (ast.Name, ast.BinOp, ast.Load, *_OPS)) or
+                     (isinstance(n, ast.Constant) and isinstance(n.value, int)) for n in nodes)
+    return list(dict.fromkeys(n.id for n in nodes if isinstance(n, ast.Name))) if arithmetic else [dim]
+
+
 def dim_value(name: str | None, dims: dict[str, int]) -> int:
     """Value of a symbolic dim: a known name, or an expression of known names ("past+seq")."""
     if name is None:
@@ -147,7 +161,7 @@ def resolve_dims(model: onnx.ModelProto, overrides: dict[str, int] | None = None
                      DEFAULT_DIMS.get(label, DEFAULT_DIM))
         dims.update({k: value for k in [label, *names]})
     for d in (d for spec in specs for d in spec.shape if isinstance(d, str)):  # names in expressions too
-        for name in ([d] if d in members or d in dims else re.findall(r"[A-Za-z_]\w*", d)):
+        for name in ([d] if d in members or d in dims else names_in(d)):
             dims.setdefault(name, DEFAULT_DIM)
     dims.update(overrides)
     return dims

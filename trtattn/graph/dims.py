@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -32,7 +33,7 @@ from onnx import numpy_helper
 
 from ..errors import TrtattnError
 from . import memory
-from .dim_names import BATCH, DEFAULT_DIM, SEQ, dim_classes, evaluate, resolve_dims
+from .dim_names import BATCH, DEFAULT_DIM, SEQ, dim_classes, evaluate, names_in, resolve_dims
 from .feeds import make_feeds
 from .io import session_source
 from .roles import declared_dims, input_specs
@@ -40,7 +41,6 @@ from .roles import declared_dims, input_specs
 BOUND = 1 << 16  # the longest sequence tried
 MAX_TRIALS = 64  # runs of the model, at most, before giving up
 _NEAR = 8  # lengths next to the default tried on either side
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ORT_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", re.DOTALL)
 
 
@@ -52,11 +52,15 @@ class Fit(dict):
     """Dims (name -> value) the model runs on, with why they are what they are (`reasons`, one
     sentence each); passing a Fit back to fit_dims returns it as it is."""
 
-    def __init__(self, dims: dict, reasons: list[str] | None = None, skipped: list[str] | None = None, runs: int = 0):
+    def __init__(self, dims: dict, reasons: list[str] | None = None, skipped: list[str] | None = None, runs: int = 0,
+                 one_key: dict[str, tuple] | None = None):
         super().__init__(dims)
         self.reasons = list(reasons or [])
         self.skipped = list(skipped or [])  # candidate dims not tried because their run would pass the memory budget
         self.runs = runs  # runs of the model it took to find them
+        # the output of the product with V of each attention softmax left at a length of 1 at these dims (what a
+        # site calls its output) -> the softmax's (query, key) lengths
+        self.one_key = dict(one_key or {})
 
 
 def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = True,
@@ -81,10 +85,20 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
     if failure is None and (not check or declared_dims(model)):
         return _done(Fit(guess, notes), progress)  # trusted, or the model says it is dynamic in its dims
     variables = _variables(specs, classes, user)
-    with _trial(model, specs) as problem:
-        first = _problem(failure) if failure is not None else problem(guess)
+    lengths = [n for n, batch in variables.items() if not batch]
+
+    def longer(base: dict, at: dict) -> list[tuple[dict, dict]]:
+        """(change, dims) for each length doubled, up to 4 times, alone then all together, from `at` (which the
+        user's and search's dims `base` give)."""
+        groups = [[n] for n in lengths] + ([lengths] if len(lengths) > 1 else [])
+        changes = [{n: at.get(n, DEFAULT_DIM) << k for n in names} for k in range(1, 5) for names in groups]
+        return [(c, resolve_dims(model, {**base, **c}, specs=specs)) for c in changes]
+
+    with _trial(model, specs) as run:
+        first, short = (_problem(failure), {}) if failure is not None else run(guess)
         if first is None:
-            return _done(Fit(guess, notes, runs=1), progress)
+            fit = Fit(guess, notes, runs=1)
+            return _done(_attended(run, model, fit, short, lambda: longer(user, guess), progress), progress)
         hints = _hints(model)
         tried, skipped, limit = 1, [], memory.budget()
         candidates = list(_candidates(variables, guess, classes, hints, _broadcast_batch(specs)))
@@ -100,7 +114,8 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
                     skipped.append(f"{_show(change, change)} (~{memory.show(need)})")
                     continue
                 tried += 1
-                if problem(candidate) is None:
+                problem, short = run(candidate)
+                if problem is None:
                     found = change, candidate
                     break
                 if tried >= MAX_TRIALS:
@@ -109,8 +124,10 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
             change, candidate = found
             shown = ", ".join(f"{k}={v}" for k, v in change.items())
             was = ", ".join(f"{k}={guess.get(k, DEFAULT_DIM)}" for k in change)
-            return _done(Fit(candidate, notes + [f"{shown} (the model does not run at {was}: {first})"]
-                             + _skipped_note(skipped, limit), skipped, tried), progress)
+            fit = Fit(candidate, notes + [f"{shown} (the model does not run at {was}: {first})"]
+                      + _skipped_note(skipped, limit), skipped, tried)
+            return _done(_attended(run, model, fit, short, lambda: longer({**user, **change}, candidate), progress),
+                         progress)
     names = list(dict.fromkeys([*user, *variables]))
     if not names:
         raise DimsDoNotFit(f"the model does not run on ONNX Runtime at its static shapes: {first}")
@@ -129,11 +146,48 @@ def _given_fit(model: onnx.ModelProto, specs, user: dict, given) -> Fit:
     if differ:
         fit.reasons.append(f"--dims {_show(differ, differ)} set aside: the inputs given have "
                            f"{_show(covered, differ)}")
-    with _trial(model, specs) as problem:
-        failed = problem(fit, feeds=given.sets[0])
+    with _trial(model, specs) as run:
+        failed, short = run(fit, feeds=given.sets[0])
+    fit.one_key = _by_output(short)  # the user's lengths: said, not changed
     if failed is not None:
         raise DimsDoNotFit(f"the model does not run on the inputs given (--inputs {given.path}): {failed}")
     return fit
+
+
+def _attended(run, model: onnx.ModelProto, fit: Fit, short: dict, longer, progress) -> Fit:
+    """`fit` (dims the model runs on), or, where an attention's softmax has one key or one query there, the first
+    of the longer lengths `longer()` gives ((change, dims) pairs) at which the model runs and none has: over one
+    key any softmax is 1, whatever its logits, and one query hides what a mask does across queries, so verification
+    there proves nothing of the attention. Where none fits, `fit` names the softmaxes left so (`one_key`)."""
+    if not short:
+        return fit
+    limit, changes, tried = memory.budget(), longer(), 0
+    counted = progress.count(changes, "searching lengths where every attention has more than one key", unit="dims") \
+        if progress is not None and changes else (c for c in changes)
+    with contextlib.closing(iter(counted)) as each:  # the bar ends here
+        for change, candidate in each:
+            if _empty_output(model, candidate) or memory.activation_bytes(model, candidate) > limit:
+                continue
+            problem, left = run(candidate)
+            tried += 1
+            if problem is None and not left:
+                was = ", ".join(f"{k}={fit[k]}" for k in change)
+                return Fit(candidate, fit.reasons + [f"{_show(change, change)} (at {was} {_one_key(short)})"], fit.skipped,
+                           fit.runs + tried)
+    return Fit(fit, fit.reasons + [f"{_one_key(short)} at every length tried: verified at a length of 1 only"],
+               fit.skipped, fit.runs + tried, _by_output(short))
+
+
+def _one_key(short: dict) -> str:
+    """'Softmax 'a' has one key (query 4, key 1)' for each attention softmax left at a length of 1."""
+    return "; ".join(f"Softmax '{name}' has {'one key' if k == 1 else 'one query'} (query {q or '?'}, key {k})"
+                     for name, (q, k, _) in short.items())
+
+
+def _by_output(short: dict) -> dict[str, tuple]:
+    """Softmax -> (query, key, product output), as the product's output -> (query, key): a site's output names it
+    whether or not its nodes have names."""
+    return {product: (q, k) for q, k, product in short.values()}
 
 
 def _within_budget(model: onnx.ModelProto, dims: dict, user: dict) -> None:
@@ -181,7 +235,7 @@ def _variables(specs, classes: dict[str, str], user: dict) -> dict[str, bool]:
     for spec in specs:
         for axis, d in enumerate(spec.shape):
             if isinstance(d, str):
-                names = [classes.get(d, d)] if d in classes or _IDENTIFIER.match(d) else re.findall(r"[A-Za-z_]\w*", d)
+                names = [classes[d]] if d in classes else names_in(d)
                 for name in names:
                     found[name] = found.get(name, False) or (axis == 0 and len(names) == 1)
     return dict(sorted(((n, b) for n, b in found.items() if n not in fixed), key=lambda item: item[1]))
@@ -250,7 +304,7 @@ def _empty_output(model: onnx.ModelProto, dims: dict) -> bool:
     be below 1 at these dims: the run would fail or give an empty output."""
     for vi in list(model.graph.output) + list(model.graph.value_info):
         for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_param") and not _IDENTIFIER.match(d.dim_param):
+            if d.HasField("dim_param") and names_in(d.dim_param) != [d.dim_param]:
                 value = evaluate(d.dim_param, dims)
                 if value is not None and value < 1:
                     return True
@@ -271,27 +325,84 @@ def _problem(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def _trial(model: onnx.ModelProto, specs):
-    """One ONNX Runtime session on the original, as `problem(dims)`: it runs the model on the
-    verification's first feeds at those dims (or on `feeds`) and says what went wrong (None: it runs, and no output
-    is empty)."""
+    """One ONNX Runtime session on the original, as `run(dims)`: it runs the model on the verification's first
+    feeds at those dims (or on `feeds`) and returns what went wrong (None: it runs, and no output is empty) and the attention
+    softmaxes (_attention_softmaxes) whose query or key length is 1 there (name -> (query, key, product output))."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 4  # failing runs are expected here: no error logs
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # opens faster
-    with session_source(model) as source:
-        try:
-            session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-        except Exception as e:  # ONNX Runtime's errors have no common public base class
-            raise TrtattnError(f"ONNX Runtime cannot open the model: {_problem(e)}") from None
-        outputs = [o.name for o in session.get_outputs()]
-
-        def problem(dims: dict, feeds: dict | None = None) -> str | None:
+    outputs = [o.name for o in model.graph.output]
+    softmaxes = [s for s in _attention_softmaxes(model) if s[1] not in outputs]
+    nodes, added = len(model.graph.node), len(model.graph.output)
+    for i, (_, logits, _, _) in enumerate(softmaxes):  # their shapes, for the session only
+        model.graph.node.append(onnx.helper.make_node("Shape", [logits], [f"trtattn_fit_shape/{i}"]))
+        model.graph.output.append(onnx.helper.make_tensor_value_info(f"trtattn_fit_shape/{i}", onnx.TensorProto.INT64, None))
+    try:
+        with session_source(model) as source:
             try:
-                values = session.run(None, feeds if feeds is not None else make_feeds(model, dims=dims, specs=specs))
-            except Exception as e:
-                return _problem(e)
-            empty = [name for name, v in zip(outputs, values) if np.size(v) == 0]
-            return f"output '{empty[0]}' is empty" if empty else None
+                session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+            except Exception as e:  # ONNX Runtime's errors have no common public base class
+                raise TrtattnError(f"ONNX Runtime cannot open the model: {_problem(e)}") from None
+    finally:
+        del model.graph.node[nodes:], model.graph.output[added:]
 
-        yield problem
+    def run(dims: dict, feeds: dict | None = None) -> tuple[str | None, dict[str, tuple]]:
+        try:
+            values = session.run(None, feeds if feeds is not None else make_feeds(model, dims=dims, specs=specs))
+        except Exception as e:
+            return _problem(e), {}
+        empty = [name for name, v in zip(outputs, values) if np.size(v) == 0]
+        if empty:
+            return f"output '{empty[0]}' is empty", {}
+        lengths = {name: (*length(tuple(int(d) for d in v)), product)
+                   for (name, _, length, product), v in zip(softmaxes, values[len(outputs):])}
+        return None, {name: qkp for name, qkp in lengths.items() if 1 in qkp[:2]}
+
+    yield run
+
+
+# what may stand between an attention's Softmax and its product with V (casts, dropout, masks, layout, Q/DQ)
+_TO_VALUES = 6
+
+
+def _attention_softmaxes(model: onnx.ModelProto) -> list[tuple[str, str, Callable[[tuple], tuple], str]]:
+    """The main graph's Softmax nodes whose output reaches a MatMul or Einsum within _TO_VALUES nodes (a softmax
+    that weighs values, as an attention's does), each as (node name, its input, shape -> (query, key) lengths,
+    that product's output)."""
+    graph = model.graph
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    found = []
+    for i, node in enumerate(graph.node):
+        product = _weighs(node, readers) if node.op_type == "Softmax" and node.input else None
+        if product is None:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+        found.append((node.name or f"Softmax_{i}", node.input[0], _lengths(axis, flattened=opset < 13), product))
+    return found
+
+
+def _weighs(node: onnx.NodeProto, readers: dict) -> str | None:
+    """The output of the first product (MatMul, Einsum) `node`'s output reaches within _TO_VALUES nodes."""
+    frontier = [node]
+    for _ in range(_TO_VALUES):
+        frontier = [r for n in frontier for o in n.output for r in readers.get(o, [])]
+        product = next((r for r in frontier if r.op_type in ("MatMul", "Einsum", "MatMulInteger", "QLinearMatMul")), None)
+        if product is not None:
+            return product.output[0]
+    return None
+
+
+def _lengths(axis: int, flattened: bool):
+    """shape -> (query, key) lengths of a softmax over `axis` (before opset 13 over every axis from it on): the
+    key length, and the query length from the axis before it when that is not the first (else None: not known)."""
+    def lengths(shape: tuple) -> tuple[int | None, int]:
+        at = axis % len(shape) if shape else 0
+        key = int(np.prod(shape[at:])) if flattened else int(shape[at]) if shape else 1
+        return (int(shape[at - 1]) if at >= 2 else None), key
+    return lengths

@@ -47,7 +47,9 @@ class Sizes(tuple):
 
 def probe_dims(model: onnx.ModelProto, dims: dict | None = None) -> tuple[dict[str, int], list[dict[str, int]]]:
     """The dims of the first run (`dims`, the dims the model runs at, over the defaults) and the choices for the
-    second, in order: each input dim (unified dims together) times its own prime, then every input dim times 3."""
+    second, in order: each input dim (unified dims together) times its own prime, then every input dim times 3,
+    then each of the first with one dim kept (a dim the model runs at one value of only, as a recogniser's image
+    height, would stop every other from being measured)."""
     specs = input_specs(model)
     base = resolve_dims(model, dims, specs=specs)
     classes = dim_classes(specs)
@@ -56,7 +58,9 @@ def probe_dims(model: onnx.ModelProto, dims: dict | None = None) -> tuple[dict[s
     if len(labels) > len(PRIMES):
         raise ValueError("too many independent input dims to measure")
     choices = []
-    for prime in (dict(zip(labels, PRIMES)), dict.fromkeys(labels, 3)):
+    primes = dict(zip(labels, PRIMES))
+    kept = [{**primes, label: 1} for label in labels] if len(labels) > 1 else []
+    for prime in (primes, dict.fromkeys(labels, 3), *kept):
         scaled = dict(base)
         for n in names:
             scaled[n] = base[n] * prime[classes.get(n, n)]
@@ -129,13 +133,15 @@ _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> {n
 
 def measured(view, t: gs.Tensor) -> list[Sizes] | None:
     """The measured shape of `t`, a tensor of `view`'s graph (None: the view has no model, or the model did not
-    run). The first call measures what every Reshape and Flatten of the graph reads and writes where the
-    inferred shape is not static, in one run per probe; later calls read the result."""
+    run). The first call measures what every Reshape and Flatten of the graph reads and writes, and what every
+    product (MatMul, Einsum) reads and writes, where the inferred shape is not static, in one run per probe;
+    later calls read the result."""
     model = getattr(view, "model", None)
     if model is None:
         return None
     if view not in _MEASURED:
         regrouped = {id(x): x for n in view.graph.nodes if n.op in ("Reshape", "Flatten") for x in (n.inputs[0], n.outputs[0])}
+        regrouped.update({id(x): x for n in view.graph.nodes if n.op in ("MatMul", "Einsum") for x in [*n.inputs, *n.outputs]})
         unknown = [x for x in regrouped.values() if isinstance(x, gs.Variable) and not _static(view.shape(x))]
         _MEASURED[view] = measure(view.graph, model, unknown, getattr(view, "dims", None))
     shapes = _MEASURED[view]
@@ -143,6 +149,16 @@ def measured(view, t: gs.Tensor) -> list[Sizes] | None:
         return shapes[t.name]
     own = view.shape(t)
     return [Sizes((d, d)) for d in own] if own is not None and _static(own) else None
+
+
+def shape_or_measured(view, t: gs.Tensor) -> list | None:
+    """`t`'s inferred shape where it is static, else its measured one where `measured` has it (a product's
+    operands after a Reshape whose target the graph computes), else the inferred one."""
+    own = view.shape(t)
+    if _static(own):
+        return own
+    got = measured(view, t)
+    return got if got is not None else own
 
 
 def _static(shape) -> bool:

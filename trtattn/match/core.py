@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import onnx_graphsurgeon as gs
 
 from ..graph.dependence import meta_readers, value_readers
+from ..graph.measure import shape_or_measured
 from ..graph.view import PASSTHROUGH, GraphView
 from ..site import MaskStep, QuantParams
 from . import contraction, layout_ops, logit_ops
@@ -195,9 +196,9 @@ def _product_frame(view: GraphView, c: contraction.Contraction, atoms: Atoms, wh
         atoms.new(a)
     frame = tuple((_atom(c, x),) for x in c.out)
     atoms.broadcast |= _broadcast_batch(view, c)
-    for i in (0, 1):
-        atoms.learn(_operand_frame(c, i), view.shape(c.operands[i]))
-    atoms.learn(frame, view.shape(node.outputs[0]))
+    for i in (0, 1):  # measured where inference left a dim unknown: the heads' count, for one
+        atoms.learn(_operand_frame(c, i), shape_or_measured(view, c.operands[i]))
+    atoms.learn(frame, shape_or_measured(view, node.outputs[0]))
     return frame
 
 

@@ -51,6 +51,7 @@ class SiteReport:
     padding: bool = False
     bias: bool = False
     attention_node: str | None = None  # the ONNX Attention node the site became in the fused model
+    unit_lengths: tuple | None = None  # (query, key) lengths, where the site could be verified only with one of them 1
 
     def row(self) -> dict:
         s = self.site
@@ -61,7 +62,8 @@ class SiteReport:
             "mask": s.mask.value, "causal": s.causal.value, "window": s.window, "padding": self.padding,
             "bias": self.bias, "cache": s.cache.value, "rope": s.rope.kind.value if s.rope else "none",
             "status": self.status.value, "reason": self.reason, "max_abs_err": self.max_abs_err,
-            "tolerance": quant_tolerance(s) or None, "notes": list(s.notes),
+            "tolerance": quant_tolerance(s) or None, "notes": list(s.notes) + unit_length_notes(self.unit_lengths),
+            "one_key": bool(self.unit_lengths and self.unit_lengths[1] == 1),
         }
 
 
@@ -236,7 +238,27 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     result = _fuse_fitted(model, fit, verify=verify, seed=seed, atol=atol, rtol=rtol, given=given, progress=progress,
                           inputs=inputs)
     result.dims = fit_record(fit)
+    note_one_key(result.reports, result.verification, fit)
     return result
+
+
+def unit_length_notes(lengths: tuple | None) -> list[str]:
+    if not lengths:
+        return []
+    if lengths[1] == 1:
+        return ["verified only at a key length of 1, where any softmax gives 1: the check proves nothing of it"]
+    return ["verified only at a query length of 1: the check proves nothing of how its mask varies across queries"]
+
+
+def note_one_key(reports: list[SiteReport], verification: OutcomeSummary, fit) -> None:
+    """Mark the sites whose softmax the dims search left at one key or one query at every length the model runs at
+    (graph/dims.py). Over one key the verification cannot fail: the summary line names those sites."""
+    left = getattr(fit, "one_key", {})
+    for r in reports:
+        r.unit_lengths = left.get(r.site.output)
+    one_key = [r.site.name for r in reports if r.status == SiteStatus.FUSED and r.unit_lengths and r.unit_lengths[1] == 1]
+    if one_key and verification.get("passed") is not None:
+        verification["one_key"] = one_key
 
 
 def fit_record(fit) -> dict:

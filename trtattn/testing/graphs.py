@@ -411,7 +411,10 @@ def unit_axis_model(*, unit="trailing", batch=2, seq=5, heads=4, head=8, opset=1
     [B,S,1,N,H] ("middle") or [1,B,S,N,H] ("leading"), N and H read from the shape of the [D, N, H] kernel;
     batched [B*N, S, H] products whose Reshape targets come from ReduceProd and Max over Shape slices;
     logits reshaped back to 5-D with the unit axis and normalised there. Shape inference names none of
-    these dims (fresh unk__N), nor the input's."""
+    these dims (fresh unk__N), nor the input's. opset >= 12 (Max of int64 dims); at 12 the Softmax normalises
+    from its axis on (Softmax-1's 2-D coercion), which is that axis alone since the axes after it are units."""
+    if opset < 12:
+        raise ValueError(f"unit_axis_model: opset {opset} has no Max of int64 (the broadcast of the batch dims); use 12+")
     rng = np.random.default_rng(seed)
     g = _G(opset)
     d = heads * head

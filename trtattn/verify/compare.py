@@ -80,6 +80,7 @@ class OutcomeSummary(TypedDict, total=False):
     branches: dict[str, OutcomeSummary]  # a merged decoder: each If branch's own (rewrite/branches.py)
     note_branches: str
     tolerance_why: str  # why atol/rtol are not the model's own ("the fp16 tolerance: site attn computes its products in float16")
+    one_key: list[str]  # fused sites verified only where their softmax has one key (graph/dims.py): unproven
 
 
 @dataclass

@@ -19,6 +19,7 @@ import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 EXPORTERS = ("torchscript", "dynamo")
 DEFAULT_MODEL = "bart"
@@ -235,6 +236,21 @@ def listing() -> list[dict]:
 
 def listing_json() -> str:
     return json.dumps(listing(), indent=2)
+
+
+def exported(path, make: Callable[[Path], object]) -> Path:
+    """`path` once it exists, made by make(path) if it does not: in one process while any other asking for it
+    waits on a lock file beside it, so parallel test workers sharing a folder of exports make each once
+    (the exports write atomically: a path that exists is complete)."""
+    path = Path(path)
+    if not path.exists():
+        from filelock import FileLock
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{path}.lock"):
+            if not path.exists():
+                make(path)
+    return path
 
 
 def export(name: str, exporter: str, path, *, opset: int | None = None, force: bool = False):

@@ -24,6 +24,7 @@ zoo/seq2seq.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,12 +103,17 @@ def export_family(family: str, out_dir, *, exporter: str = "torchscript", force:
     """Every part of a family into out_dir/NAME.EXPORTER.onnx (existing files are kept unless force)."""
     if family not in FAMILIES:
         raise TrtattnError(f"unknown generation family '{family}'; known: {', '.join(FAMILIES)}")
+    from . import exported
+
+    def make(name: str) -> Callable[[Path], Path]:
+        return lambda path: export(name, exporter, path, force=True)
+
     out = {}
     for name in FAMILIES[family]:
         path = Path(out_dir) / f"{name}.{exporter}.onnx"
-        if force or not path.exists():
+        if force:
             export(name, exporter, path, force=True)
-        out[name] = path
+        out[name] = exported(path, make(name))
     return out
 
 

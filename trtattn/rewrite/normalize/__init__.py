@@ -184,6 +184,9 @@ def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = F
         for r in rows:
             r.max_abs_err = outcome.site_errors.get(r.site.output)
         verification = outcome.summary()
+        one_key = [r.site.name for r in rows if dims.one_key.get(r.site.output, (0, 0))[1] == 1]
+        if one_key:  # verified only over one key, where any softmax gives 1 (graph/dims.py)
+            verification["one_key"] = one_key
     # what the normalised graph offers TensorRT, site by site
     _, after, after_meanings = analyse(out, probe_feeds(out, dims), dims=dims)
     by_softmax = {s.softmax or s.output: s for s in after.sites}

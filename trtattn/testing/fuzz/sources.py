@@ -64,9 +64,7 @@ def load_source(name: str) -> onnx.ModelProto:
     name, _, opset = name.partition("@")
     model, exporter = name.rsplit(".", 1)
     path = zoo_dir() / (f"{model}.{exporter}.opset{opset}.onnx" if opset else f"{model}.{exporter}.onnx")
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        zoo.export(model, exporter, path, opset=int(opset) if opset else None)
+    zoo.exported(path, lambda p: zoo.export(model, exporter, p, opset=int(opset) if opset else None))
     return onnx.load(str(path))
 
 

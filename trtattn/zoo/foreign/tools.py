@@ -249,6 +249,37 @@ def sew_d(tmp: Path):
         ["xsoftmax", "probs_mask", "bias_in_graph"]
 
 
+def in_projection(tmp: Path):
+    """nn.MultiheadAttention-style code (as text recognisers write it): one in-projection sliced into Q, K, V at an
+    end computed from its shape, the head size read off the Q slice and the logits divided by its square root;
+    [L, B, E] with both dims free. TorchScript writes the scale as Pow(Cast(Div(Gather(Shape(Slice(proj, 0, end)),
+    2), heads)), 0.5), which shape inference does not follow (the Slice's end is computed)."""
+    import torch
+
+    class InProjection(torch.nn.Module):
+        def __init__(self, embed=32, heads=4):
+            super().__init__()
+            self.in_proj, self.out_proj, self.heads = torch.nn.Linear(embed, 3 * embed), torch.nn.Linear(embed, embed), heads
+
+        def forward(self, x):  # [L, B, E]
+            length, batch = x.shape[0], x.shape[1]
+            proj = self.in_proj(x)
+            embed = proj.size(-1) // 3
+            q, k, v = proj[:, :, :embed], proj[:, :, embed:2 * embed], proj[:, :, 2 * embed:]
+            head = q.size(2) // self.heads
+            q, k, v = (t.contiguous().view(length, batch * self.heads, head).transpose(0, 1) for t in (q, k, v))
+            scores = torch.bmm(q, k.transpose(1, 2)) / (head ** 0.5)
+            o = torch.bmm(torch.softmax(scores, dim=-1), v).transpose(0, 1).contiguous().view(length, batch, -1)
+            return self.out_proj(o)
+
+    torch.manual_seed(0)
+    path = tmp / "in_projection.onnx"
+    torch.onnx.export(InProjection().eval(), (torch.randn(5, 2, 32),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "L", 1: "B"}}, opset_version=17, dynamo=False)
+    return onnx.load(path), 1, "nn.MultiheadAttention-style packed in-projection, [L, B, E], TorchScript (opset 17): " \
+        "the scale computed from the shape of a Slice whose end is computed", ["scale_from_shape", "length_first"]
+
+
 RECIPES = {
     "bert-fp16-keepio.converter.onnx": fp16_keep_io,
     "bert-fp16.converter.onnx": fp16,
@@ -265,6 +296,7 @@ RECIPES = {
     "plain-opset7.torchscript.onnx": _plain_low_opset(7),
     "wavlm.torchscript.onnx": wavlm,
     "sew-d.torchscript.onnx": sew_d,
+    "in-projection.torchscript.onnx": in_projection,
 }
 
 
