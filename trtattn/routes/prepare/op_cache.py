@@ -71,7 +71,9 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str], row_keys: frozens
                            + "; ".join(f"{name}: {why}" for name, why in refused.items()), list(refused.items()))
     write_index = inputs.get(WRITE_INDEX)
     if write_index is None:
-        write_index = gs.Variable(WRITE_INDEX, dtype=np.int64, shape=["batch"])
+        past = by_name[nodes[0]].inputs[PAST_KEY] if nodes else None  # its batch dim is the model's own
+        batch = past.shape[0] if past is not None and past.shape else "batch"
+        write_index = gs.Variable(WRITE_INDEX, dtype=np.int64, shape=[batch])
         graph.inputs.append(write_index)
     lowerings, offsets = [], {}
     for name in nodes:
