@@ -300,6 +300,7 @@ def test_multi_head_attention_with_a_cache_becomes_iattention_with_the_kv_cache_
     ("Attention", {}, "stacks key and value in one past"),
     ("MultiHeadAttention", {"mask": True}, "the causal part is a mask placed by the past's length"),
     ("GroupQueryAttention", {"local_window_size": 2}, "its sliding window or attention_bias is a mask placed"),
+    ("GroupQueryAttention", {"bias": ["b", 1, "s", "past+s"]}, "its sliding window or attention_bias is a mask placed"),
 ])
 def test_contrib_caches_the_kv_cache_form_cannot_take_are_listed_with_why(tmp_path, capsys, command, op, kwargs, why):
     """Exit 1 with the site named and the reason (was: exit 2, an error naming a Shape node)."""
@@ -309,7 +310,11 @@ def test_contrib_caches_the_kv_cache_form_cannot_take_are_listed_with_why(tmp_pa
 
     if op == "GroupQueryAttention":
         model = group_query_model()
-        model.graph.node[0].attribute.extend(onnx.helper.make_attribute(k, v) for k, v in kwargs.items())
+        if "bias" in kwargs:  # attention_bias (input 10): the probes may read it as no mask; the form must not drop it
+            model.graph.node[0].input.extend(["", "", "", "bias"])
+            model.graph.input.append(onnx.helper.make_tensor_value_info("bias", onnx.TensorProto.FLOAT, kwargs["bias"]))
+        else:
+            model.graph.node[0].attribute.extend(onnx.helper.make_attribute(k, v) for k, v in kwargs.items())
     else:
         model = cache_model(op, unidirectional=1, **kwargs)
     path = tmp_path / "contrib.onnx"

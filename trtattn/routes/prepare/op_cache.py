@@ -58,7 +58,8 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str], row_keys: frozens
     notes = []
     for name in sorted(row_keys & set(nodes)):
         node = by_name[name]
-        if opt(node, MASK) is not None and node.attrs.get("is_causal", 0):
+        mask = opt(node, MASK)
+        if mask is not None and node.attrs.get("is_causal", 0) and _of_lengths_alone(graph, mask):
             node.inputs[MASK] = gs.Variable.empty()
             notes.append(f"Attention {name}: its mask of each row's keys (seqlens_k) is the form's row lengths: "
                          f"{WRITE_INDEX} (each row's past length) + new tokens (seqlens_k, where still read, must agree)")
@@ -129,6 +130,24 @@ def refusals(graph: gs.Graph, nodes: list[gs.Node]) -> dict[str, str]:
         elif reads:
             why[node.name] = cache_length_read(*reads[0])
     return why
+
+
+def _of_lengths_alone(graph: gs.Graph, mask: gs.Tensor) -> bool:
+    """Is `mask` computed from shapes and integer inputs alone (lengths such as seqlens_k), no float input (an
+    attention bias) read by value?"""
+    inputs = {id(t) for t in graph.inputs}
+    seen, todo = set(), [mask]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if id(t) in inputs and not np.issubdtype(np.dtype(t.dtype or np.float32), np.integer):
+            return False
+        for producer in t.inputs:
+            if producer.op != "Shape":  # a Shape reads its input's dims, not its values
+                todo.extend(producer.inputs)
+    return True
 
 
 def _same_length(node: gs.Node, types: dict) -> bool:
