@@ -359,3 +359,16 @@ def test_group_query_attention_with_a_cache_becomes_iattention_writing_at_each_r
     for name in ("present_key", "present_value"):  # each row: its own past, then its new key
         for row, p in enumerate(pasts):
             np.testing.assert_allclose(got[name][row, :, :p + 1], want[name][row, :, :p + 1], atol=1e-2)
+
+
+def test_contrib_rotary_before_group_query_attention_becomes_the_standard_op_on_the_tensorrt_route():
+    """com.microsoft RotaryEmbedding on Q and K (position_ids [1, S]) as the standard op, which TensorRT lowers to
+    its rotary layer and AutoCast takes (was: AutoCast refused the contrib op, exit 2); verified at fp16."""
+    from trtattn.routes.trt_ops import fuse_trt
+
+    result = fuse_trt(group_query_model(rotary=True), name="gqa")
+    assert result.ok, result.verification
+    ropes = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    assert len(ropes) == 2 and {n.domain for n in ropes} == {""}
+    assert not [n for n in result.model.graph.node if n.domain == "com.microsoft"]
+    assert len(result.prepared.plan.ropes) == 2 and result.prepared.plan.form == "kv-cache"
