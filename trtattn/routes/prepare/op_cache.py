@@ -11,6 +11,11 @@ gives (write index + S_new - Sq), so is_causal, windows and masks keep their mea
 then fitted like any other (op_fit.py: lengths, LOWER_RIGHT, one mask). Not causal (cross-attention or
 prefix attention over a cache) stays not causal. 3-D attention is split into heads first (the caches are
 4-D). ONNX Runtime verifies the form against the original with the past at the start of each cache.
+
+A converted GroupQueryAttention (rewrite/group_query.py) reads each row's keys from seqlens_k as a mask over
+Concat(past, new); in this form each row's new keys are written at its own past length (the write index),
+which is what ONNX Runtime's kernel does, ragged pasts included, so that mask becomes the row lengths. A
+cache the form cannot take (a past computed in the graph, a node reading a past's length) is a listed site.
 """
 
 from __future__ import annotations
