@@ -274,3 +274,101 @@ def test_multi_head_attention_with_keys_and_values_in_heads_is_a_static_cross_at
     model.graph.initializer.append(helper.make_tensor("bias", TensorProto.FLOAT, [48], np.zeros(48, np.float32)))
     listed = fuse_model(model)
     assert not listed.ok and "BNSH with a bias" in listed.reports[0].reason
+
+
+# ---------------------------------------------------------------- the TensorRT route (issues 25 and 26 meet)
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_multi_head_attention_with_a_cache_becomes_iattention_with_the_kv_cache_update(unidirectional):
+    """No --form: the converted op's past takes the kv-cache form (TRT_KVCacheUpdate in place, per-row lengths),
+    verified through trtattn_plugins on ONNX Runtime against the contrib model itself, present included."""
+    from trtattn.routes.trt_ops import fuse_trt
+
+    result = fuse_trt(cache_model("MultiHeadAttention", unidirectional=unidirectional), name="mha")
+    assert result.ok, result.verification
+    plan = result.prepared.plan
+    assert plan.form == "kv-cache" and plan.aliases == {"present_key": "past_key", "present_value": "past_value"}
+    assert sorted(n.op_type for n in result.model.graph.node if n.domain == "trt") == [
+        "TRT_Attention", "TRT_KVCacheUpdate", "TRT_KVCacheUpdate"]
+    (site,) = plan.attentions
+    assert site.causal == ("lower_right" if unidirectional else "none") and site.kv_lengths
+    assert {"y", "present_key", "present_value"} <= set(result.verification["outputs"])  # (+ the caches' free slots)
+    assert result.verification["passed"] and result.verification["max_abs_err"] < 1e-2  # fp16 attention
+
+
+@pytest.mark.parametrize("command", ["fuse", "build"])
+@pytest.mark.parametrize("op,kwargs,why", [
+    ("Attention", {}, "stacks key and value in one past"),
+    ("MultiHeadAttention", {"mask": True}, "the causal part is a mask placed by the past's length"),
+    ("GroupQueryAttention", {"local_window_size": 2}, "its sliding window or attention_bias is a mask placed"),
+    ("GroupQueryAttention", {"bias": ["b", 1, "s", "past+s"]}, "its sliding window or attention_bias is a mask placed"),
+])
+def test_contrib_caches_the_kv_cache_form_cannot_take_are_listed_with_why(tmp_path, capsys, command, op, kwargs, why):
+    """Exit 1 with the site named and the reason (was: exit 2, an error naming a Shape node)."""
+    import onnx
+
+    from trtattn.cli import main
+
+    if op == "GroupQueryAttention":
+        model = group_query_model()
+        if "bias" in kwargs:  # attention_bias (input 10): the probes may read it as no mask; the form must not drop it
+            model.graph.node[0].input.extend(["", "", "", "bias"])
+            model.graph.input.append(onnx.helper.make_tensor_value_info("bias", onnx.TensorProto.FLOAT, kwargs["bias"]))
+        else:
+            model.graph.node[0].attribute.extend(onnx.helper.make_attribute(k, v) for k, v in kwargs.items())
+    else:
+        model = cache_model(op, unidirectional=1, **kwargs)
+    path = tmp_path / "contrib.onnx"
+    onnx.save(model, path)
+    args = ["fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--ops", "trt"] if command == "fuse" else \
+        ["build", str(path), "--out-dir", str(tmp_path / "engines")]
+    assert main(["-q", *args]) == 1
+    out = capsys.readouterr().out
+    assert "cannot be TensorRT's attention ops" in out and why in out and "not written" in out
+    assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_group_query_attention_with_a_cache_becomes_iattention_writing_at_each_rows_past(packed):
+    """The kv-cache form of GroupQueryAttention is ONNX Runtime's kernel, ragged pasts too (which the standard op
+    in between cannot say: its present is Concat(past, new)): TRT_KVCacheUpdate writes each row's new keys at
+    its own past length (cache_write_index), IAttention reads that row's write index + new keys, causal from its
+    past. Verified against the contrib model by fuse; here also on a ragged decode step, outputs and presents."""
+    from trtattn.routes.trt_ops import fuse_trt
+    from trtattn_plugins import Session
+
+    model = group_query_model(packed=packed)
+    result = fuse_trt(model, name="gqa")
+    assert result.ok, result.verification
+    assert sorted(n.op_type for n in result.model.graph.node if n.domain == "trt") == [
+        "TRT_Attention", "TRT_KVCacheUpdate", "TRT_KVCacheUpdate"]
+    (site,) = result.prepared.plan.attentions
+    assert site.causal == "lower_right" and site.kv_lengths and not site.mask
+    pasts = [4, 2, 3]  # each row's own past, the rest of past_key unused
+    feeds = group_query_feeds(3, 1, 4, seqlens=pasts, packed=packed)  # seqlens_k: past + 1 new - 1
+    want = dict(zip(["y", "present_key", "present_value"], _run(model, feeds)))
+    (past_input,) = [i for i in result.model.graph.input if i.name == "past_key"]
+    capacity = past_input.type.tensor_type.shape.dim[2].dim_value  # the engine's static capacity
+    form_feeds = {**feeds, "cache_write_index": np.asarray(pasts, np.int64)}
+    for name in ("past_key", "past_value"):
+        cache = np.zeros((3, 2, capacity, 8), np.float16)
+        cache[:, :, :4] = feeds[name]
+        form_feeds[name] = cache
+    names = [o.name for o in result.model.graph.output]
+    got = dict(zip(names, Session(result.model).run(None, form_feeds)))
+    np.testing.assert_allclose(got["y"], want["y"], atol=1e-2)
+    for name in ("present_key", "present_value"):  # each row: its own past, then its new key
+        for row, p in enumerate(pasts):
+            np.testing.assert_allclose(got[name][row, :, :p + 1], want[name][row, :, :p + 1], atol=1e-2)
+
+
+def test_contrib_rotary_before_group_query_attention_becomes_the_standard_op_on_the_tensorrt_route():
+    """com.microsoft RotaryEmbedding on Q and K (position_ids [1, S]) as the standard op, which TensorRT lowers to
+    its rotary layer and AutoCast takes (was: AutoCast refused the contrib op, exit 2); verified at fp16."""
+    from trtattn.routes.trt_ops import fuse_trt
+
+    result = fuse_trt(group_query_model(rotary=True), name="gqa")
+    assert result.ok, result.verification
+    ropes = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    assert len(ropes) == 2 and {n.domain for n in ropes} == {""}
+    assert not [n for n in result.model.graph.node if n.domain == "com.microsoft"]
+    assert len(result.prepared.plan.ropes) == 2 and result.prepared.plan.form == "kv-cache"

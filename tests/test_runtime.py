@@ -723,3 +723,31 @@ def test_stand_in_calls_exist_in_the_real_tensorrt_bindings(real_trt):
     for prop in ("num_io_tensors", "device_memory_size_v2"):
         assert isinstance(getattr(real_trt.ICudaEngine, prop), property)
     assert "reallocate_output_async" in real_trt.IOutputAllocator.__doc__ and "notify_shape" in real_trt.IOutputAllocator.__doc__
+
+
+@pytest.mark.parametrize("written_by", ["fuse --ops trt", "build --save-onnx"])
+def test_greedy_generation_through_an_attention_ops_own_cache_form(written_by):
+    """A decoder whose standard Attention op takes past_key/past_value: its kv-cache form (TRT_KVCacheUpdate and
+    TRT_Attention through trtattn_plugins, or the verified TensorScatter form build saves) generates what the
+    original does with past/present, token for token, a ragged batch in one run (right-padded [B, S] steps)
+    as each prompt alone through the original."""
+    from trtattn.routes.trt_ops import fuse_trt
+    from trtattn.testing.contrib_graphs import attention_decoder
+
+    original = attention_decoder()
+    if written_by == "fuse --ops trt":
+        form = fuse_trt(original, name="decoder").model
+        assert any(n.op_type == "TRT_KVCacheUpdate" for n in form.graph.node)
+    else:
+        form = prepare(original, name="decoder").form_model
+        assert any(n.op_type == "TensorScatter" for n in form.graph.node)
+    session = open_session(form)
+    assert session.aliases == {"present_key": "past_key", "present_value": "past_value"}
+    prompts = [[3, 5, 7, 1], [2, 9], [11]]
+    got = generate(session, prompts, 6)
+    assert got.cache == "static"
+    for row, prompt in enumerate(prompts):
+        want = generate(open_session(original), [prompt], 6)
+        assert want.cache == "concat" and got.tokens[row] == want.tokens[0]
+        for step, logits in enumerate(want.logits):
+            np.testing.assert_allclose(got.logits[step][row], logits[0], atol=2e-2, rtol=2e-2)  # fp16 attention

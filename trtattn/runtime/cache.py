@@ -11,7 +11,9 @@ StaticCache  the kv-cache form (and its engine): preallocated [B, N, capacity, H
              `cache_write_index` is its length, its positions continue from there; the present
              outputs alias the cache inputs (ONNX Runtime: the returned buffer replaces the state;
              TensorRT: the same device buffer is bound to both, nothing moves). No row ever carries
-             padding: a ragged prefill is as exact as each request alone.
+             padding: a ragged prefill is as exact as each request alone. The kv-cache form of an
+             Attention op's own cache (no cu_seqlens) takes right-padded [B, S] steps: a row's padding
+             is written after its tokens, seen by none of them (causal), and overwritten next step.
 
 Both keep `lengths` [B] (valid tokens per row). `step_feeds(ids, new)` gives a step's feeds from
 right-padded ids [B, S] of which `new[b]` per row are real; `last(logits, new)` each row's logits
@@ -219,6 +221,8 @@ class StaticCache(KVCache):
             raise TrtattnError(f"{session.name}: its cache outputs do not alias its cache inputs; a kv-cache form "
                                "updates them in place")
         super().__init__(session, sorted(pairs), batch)
+        # the LLM kv-cache form takes packed tokens (cu_seqlens); an op's own cache (op_cache.py) padded [B, S] queries
+        self.packed = CU_SEQLENS in session.input_names
         self.capacity = _capacity(session, self.pairs[0][0], capacity)
         for past, _ in self.pairs:
             n, h = _dims(session, past)
@@ -229,15 +233,21 @@ class StaticCache(KVCache):
         new = self._new(new_lengths, ids.shape[1])
         if (new > ids.shape[1]).any():
             raise TrtattnError(f"a row has more new tokens than the step's {ids.shape[1]}")
-        if (self.lengths + new > self.capacity).any():
+        written = new if self.packed else np.full_like(new, ids.shape[1])  # a padded step writes all its slots
+        if (self.lengths + written > self.capacity).any():
             raise TrtattnError(f"the KV cache is full: a row would write past its capacity of {self.capacity} tokens "
                                "(TensorRT would drop the write silently); give a larger capacity")
         self._cu = cu_seqlens(new)
+        if not self.packed:  # right-padded rows: a row's padding is written after its tokens, overwritten next step
+            return {"input_ids": ids, "position_ids": self.lengths[:, None] + np.arange(ids.shape[1])[None],
+                    WRITE_INDEX: self.lengths.copy()}
         return {"input_ids": pack_rows(row[:n] for row, n in zip(ids, new)),
                 "position_ids": pack_rows(self.lengths[b] + np.arange(n) for b, n in enumerate(new)),
                 CU_SEQLENS: self._cu, WRITE_INDEX: self.lengths.copy()}
 
     def last(self, logits, new_lengths=None):
+        if not self.packed:  # [B, S, V]: each row's last real token
+            return logits[np.arange(logits.shape[0]), np.diff(self._cu) - 1]
         return logits[0, self._cu[1:] - 1]  # [1, T, V]: each row's last token
 
     def advance(self, new_lengths, seq: int | None = None):

@@ -24,12 +24,18 @@ def numpy_dtype(ort_type: str) -> np.dtype:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(onnx_type))
 
 
-CACHE_WRITES = ("ScatterND", "TensorScatter")  # what the kv-cache form (and older ones) write caches with
+# what the kv-cache forms write caches with: standard ONNX, and TensorRT's own op (`fuse --ops trt`)
+CACHE_WRITES = {("", "ScatterND"), ("", "TensorScatter"), ("trt", "TRT_KVCacheUpdate")}
+
+
+def trt_ops(model: onnx.ModelProto) -> bool:
+    """Does the model hold TensorRT's own ONNX ops (trt::TRT_Attention, ... as `fuse --ops trt` writes)?"""
+    return any(n.domain == "trt" for n in model.graph.node)
 
 
 def graph_aliases(model: onnx.ModelProto) -> dict[str, str]:
-    """Outputs that are a graph input updated in place: ScatterND / TensorScatter(cache input, ...) ->
-    output, through Identity nodes (what the kv-cache form writes, and what TensorRT aliases)."""
+    """Outputs that are a graph input updated in place: ScatterND / TensorScatter / TRT_KVCacheUpdate(cache input,
+    ...) -> output, through Identity nodes (what the kv-cache form writes, and what TensorRT aliases)."""
     inputs = {i.name for i in model.graph.input}
     outputs = {o.name for o in model.graph.output}
     producer = {o: n for n in model.graph.node for o in n.output}
@@ -38,7 +44,7 @@ def graph_aliases(model: onnx.ModelProto) -> dict[str, str]:
         node = producer.get(name)
         while node is not None and node.op_type == "Identity":
             node = producer.get(node.input[0])
-        if node is not None and node.op_type in CACHE_WRITES and node.domain in ("", "ai.onnx") \
+        if node is not None and (node.domain.replace("ai.onnx", ""), node.op_type) in CACHE_WRITES \
                 and node.input[0] in inputs:
             aliases[name] = node.input[0]
     return aliases
@@ -65,7 +71,12 @@ class OrtSession(Session):
         if threads:
             options.intra_op_num_threads = int(threads)
         try:
-            self.session = ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
+            if trt_ops(model):  # TensorRT's ops run by trtattn_plugins' CPU kernels of their documented semantics
+                import trtattn_plugins
+
+                self.session = trtattn_plugins.Session(model, options=options, providers=providers)
+            else:
+                self.session = ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
         except Exception as e:
             raise TrtattnError(f"ONNX Runtime cannot load {name or 'the model'}: {str(e).splitlines()[0]}") from None
         inputs = [TensorInfo(i.name, numpy_dtype(i.type), tuple(-1 if d is None else d for d in i.shape))

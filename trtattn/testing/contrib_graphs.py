@@ -121,3 +121,32 @@ def group_query_decoder(seed=0) -> onnx.ModelProto:
                                                       "total_int32"], ["y", "present_key", "present_value"],
                               domain="com.microsoft", num_heads=4, kv_num_heads=2, name="gqa")]
     return _model(nodes, inputs, ["y", "present_key", "present_value"], inits)
+
+
+def attention_decoder(*, vocab=32, heads=2, head=8, seed=0) -> onnx.ModelProto:
+    """A decoder step on the standard Attention op with its cache inside (past_key/past_value in, present_key/
+    present_value out, is_causal): token ids -> embedding -> Q/K/V -> Attention -> logits [B, S, vocab]."""
+    width = heads * head
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * scale, name)
+             for name, shape, scale in (("embedding", (vocab, width), 1.0), ("wq", (width, width), 0.5),
+                                        ("wk", (width, width), 0.5), ("wv", (width, width), 0.5),
+                                        ("wo", (width, vocab), 0.5))]
+    cache = ["batch", heads, "past_sequence_length", head]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+              helper.make_tensor_value_info("past_key", TensorProto.FLOAT, cache),
+              helper.make_tensor_value_info("past_value", TensorProto.FLOAT, cache)]
+    nodes = [helper.make_node("Gather", ["embedding", "input_ids"], ["hidden"]),
+             *(helper.make_node("MatMul", ["hidden", f"w{t}"], [t]) for t in "qkv"),
+             helper.make_node("Attention", ["q", "k", "v", "", "past_key", "past_value"],
+                              ["y", "present_key", "present_value"], q_num_heads=heads, kv_num_heads=heads,
+                              is_causal=1, name="attention"),
+             helper.make_node("MatMul", ["y", "wo"], ["logits"])]
+    present = ["batch", heads, "total_sequence_length", head]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence_length", vocab]),
+               helper.make_tensor_value_info("present_key", TensorProto.FLOAT, present),
+               helper.make_tensor_value_info("present_value", TensorProto.FLOAT, present)]
+    graph = helper.make_graph(nodes, "attention_decoder", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model

@@ -29,14 +29,14 @@ from ...errors import SitesRefused, TrtattnError
 from ...graph.emit import export_like
 from ...graph.shapes import tensor_types
 from ...report import Progress
-from ...site import SiteStatus
+from ...site import MaskKind, SiteStatus
 from ...verify import OutcomeSummary, adapter_for, compare_models, compare_runners, onnx_runner
 from .implicit import REASON as IMPLICIT_REASON
 from .implicit import expand_softcapped
 from .kv_cache import kv_cache_form
 from .lowering import AttentionLowering, CacheLowering
+from .op_cache import CONTRIB_WHY, cache_form, in_op_caches
 from .op_cache import OPSET as OP_CACHE_OPSET
-from .op_cache import cache_form, in_op_caches
 from .op_fit import fit_ops
 from .packed import packed_form
 from .padded import padding_to_lengths
@@ -44,6 +44,7 @@ from .rope import rope_to_ops
 from .rows import PackedCacheAdapter
 
 FORMS = ("padded", "packed", "kv-cache")
+GROUP_QUERY = "com.microsoft:GroupQueryAttention"
 
 
 @dataclass
@@ -100,8 +101,16 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
                                    "has no implicit fallback") for name in capped])
     if in_op:
         with progress.step("deriving the KV-cache form of the Attention ops' own caches"):
-            derived.model, (derived.cache_updates, notes, offsets) = _rewrite(derived.model, cache_form, in_op,
-                                                                              opset=OP_CACHE_OPSET)
+            try:
+                row_keys = frozenset(node for node, site in sites.items() if site.source == GROUP_QUERY
+                                     and site.mask == MaskKind.NONE and site.window is None)
+                derived.model, (derived.cache_updates, notes, offsets) = _rewrite(
+                    derived.model, functools.partial(cache_form, row_keys=row_keys), in_op, opset=OP_CACHE_OPSET)
+            except SitesRefused as e:  # named as sites, with why a contrib op's conversion meets the refusal
+                refused = [(sites[node].name if node in sites else node,
+                            why + CONTRIB_WHY.get(sites[node].source if node in sites else "", ""))
+                           for node, why in e.sites]
+                raise SitesRefused("; ".join(f"{site}: {why}" for site, why in refused), refused) from None
             derived.notes += notes
     elif form == "kv-cache":
         with progress.step("deriving the KV-cache form (packed query over a preallocated cache)"):

@@ -220,11 +220,20 @@ def _scatter(graph: gs.Graph, rows: _Rows, cache: gs.Tensor, new: gs.Tensor, sit
 def refuse_cache_length_reads(graph: gs.Graph, caches) -> None:
     """In the kv-cache form a cache's length is its capacity, not the number of past tokens: a node that reads
     it (positions or masks derived from it) is refused, naming it."""
-    for n in graph.nodes:
-        if n.op == "Shape" and n.inputs[0].name in caches and _reads_sequence_axis(n):
-            raise TrtattnError(f"node {n.name} reads the length of the past cache {n.inputs[0].name} (positions or "
-                               "masks derived from it); in the kv-cache form that is the capacity: give the model "
-                               "position_ids (and cache positions) as inputs instead")
+    for node, cache in cache_length_reads(graph, caches):
+        raise TrtattnError(cache_length_read(node, cache) + ": give the model position_ids (and cache positions) as "
+                           "inputs instead")
+
+
+def cache_length_reads(graph: gs.Graph, caches) -> list[tuple[str, str]]:
+    """(Shape node, cache) for each node reading the sequence length of one of these caches."""
+    return [(n.name, n.inputs[0].name) for n in graph.nodes
+            if n.op == "Shape" and n.inputs[0].name in caches and _reads_sequence_axis(n)]
+
+
+def cache_length_read(node: str, cache: str) -> str:
+    return (f"node {node} reads the length of the past cache {cache} (positions or masks derived from it); in the "
+            "kv-cache form that is the capacity")
 
 
 def _reads_sequence_axis(shape: gs.Node, axis: int = 2, rank: int = 4) -> bool:

@@ -11,6 +11,11 @@ gives (write index + S_new - Sq), so is_causal, windows and masks keep their mea
 then fitted like any other (op_fit.py: lengths, LOWER_RIGHT, one mask). Not causal (cross-attention or
 prefix attention over a cache) stays not causal. 3-D attention is split into heads first (the caches are
 4-D). ONNX Runtime verifies the form against the original with the past at the start of each cache.
+
+A converted GroupQueryAttention (rewrite/group_query.py) reads each row's keys from seqlens_k as a mask over
+Concat(past, new); in this form each row's new keys are written at its own past length (the write index),
+which is what ONNX Runtime's kernel does, ragged pasts included, so that mask becomes the row lengths. A
+cache the form cannot take (a past computed in the graph, a node reading a past's length) is a listed site.
 """
 
 from __future__ import annotations
@@ -20,13 +25,24 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ...contract import MAX_CACHE, WRITE_INDEX
-from ...errors import TrtattnError
+from ...errors import SitesRefused, TrtattnError
 from ...graph.emit import Emitter
-from .kv_cache import refuse_cache_length_reads
+from .kv_cache import cache_length_read, cache_length_reads
 from .lowering import CacheLowering
 from .op_fit import MASK, PAST_KEY, PAST_VALUE, op_shape, opt, to_bhnd
 
 OPSET = 24  # TensorScatter and nonpad_kv_seqlen
+
+
+# why ONNX Runtime's contrib ops with a cache (rewrite/microsoft.py, group_query.py) meet those refusals
+CONTRIB_WHY = {
+    "com.microsoft:Attention": " (com.microsoft:Attention stacks key and value in one past [2, B, N, P, H]: the "
+                               "kv-cache form needs them as two cache inputs, which changes the engine's inputs)",
+    "com.microsoft:MultiHeadAttention": " (unidirectional next to a key padding mask: the causal part is a mask "
+                                        "placed by the past's length, to keep ONNX Runtime's filter value)",
+    "com.microsoft:GroupQueryAttention": " (its sliding window or attention_bias is a mask placed by past_key's "
+                                         "length; without them each row's new keys are written at its own past)",
+}
 
 
 def in_op_caches(model: onnx.ModelProto) -> list[str]:
@@ -35,28 +51,42 @@ def in_op_caches(model: onnx.ModelProto) -> list[str]:
             and len(n.input) > PAST_KEY and n.input[PAST_KEY]]
 
 
-def cache_form(graph: gs.Graph, types: dict, nodes: list[str]) -> tuple[list[CacheLowering], list[str], dict[str, str]]:
+def cache_form(graph: gs.Graph, types: dict, nodes: list[str], row_keys: frozenset[str] = frozenset()
+               ) -> tuple[list[CacheLowering], list[str], dict[str, str]]:
     """Rewrite the named Attention nodes of `graph` in place (module doc): their cache lowerings, notes, and the
     nodes whose causal offset is the write index itself (Q and the new K/V may differ in length: ONNX's offset
-    is the past length, not what nonpad_kv_seqlen - Sq would say) -> that input."""
+    is the past length, not what nonpad_kv_seqlen - Sq would say) -> that input. `row_keys`: nodes whose mask
+    only says which keys each row has, with is_causal (a converted GroupQueryAttention: its seqlens_k over a
+    concatenated cache). In the form a row has exactly its write index + new keys, so that mask is dropped: each
+    row's new keys are written at its own past length, as ONNX Runtime's kernel writes them, ragged pasts too."""
     by_name = {n.name: n for n in graph.nodes}
+    notes = []
+    for name in sorted(row_keys & set(nodes)):
+        node = by_name[name]
+        mask = opt(node, MASK)
+        if mask is not None and node.attrs.get("is_causal", 0) and _of_lengths_alone(graph, mask):
+            node.inputs[MASK] = gs.Variable.empty()
+            notes.append(f"Attention {name}: its mask of each row's keys (seqlens_k) is the form's row lengths: "
+                         f"{WRITE_INDEX} (each row's past length) + new tokens (seqlens_k, where still read, must agree)")
+    if notes:
+        graph.cleanup(remove_unused_graph_inputs=False)
     inputs = {t.name: t for t in graph.inputs}
+    refused = refusals(graph, [by_name[name] for name in nodes])
+    if refused:
+        raise SitesRefused("Attention op(s) that cannot take the kv-cache form of their own caches: "
+                           + "; ".join(f"{name}: {why}" for name, why in refused.items()), list(refused.items()))
     write_index = inputs.get(WRITE_INDEX)
     if write_index is None:
-        write_index = gs.Variable(WRITE_INDEX, dtype=np.int64, shape=["batch"])
+        past = by_name[nodes[0]].inputs[PAST_KEY] if nodes else None  # its batch dim is the model's own
+        batch = past.shape[0] if past is not None and past.shape else "batch"
+        write_index = gs.Variable(WRITE_INDEX, dtype=np.int64, shape=[batch])
         graph.inputs.append(write_index)
-    lowerings, notes, offsets = [], [], {}
+    lowerings, offsets = [], {}
     for name in nodes:
         node = by_name[name]
         if not _same_length(node, types):
             offsets[name] = WRITE_INDEX
-        past_k, past_v = opt(node, PAST_KEY), opt(node, PAST_VALUE)
-        if past_k is None or past_v is None:
-            raise TrtattnError(f"Attention {name} has only one of past_key and past_value")
-        for past in (past_k, past_v):
-            if past.name not in inputs:
-                raise TrtattnError(f"Attention {name}: its past cache {past.name} is computed in the graph, not an "
-                                   "input; the kv-cache form preallocates caches the engine takes as inputs")
+        past_k, past_v = node.inputs[PAST_KEY], node.inputs[PAST_VALUE]  # both there (refusals)
         to_bhnd(graph, node, op_shape(node, types))
         emit = Emitter(graph, f"trtattn/cache/{name}")
         q, k, v = node.inputs[:3]
@@ -85,8 +115,44 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str]) -> tuple[list[Cac
                      f"({past_k.name}, {past_v.name} -> TRT_KVCacheUpdate), per-row lengths "
                      f"{WRITE_INDEX} + new tokens" + (", causal from each row's past length" if node.attrs.get("is_causal")
                                                      else ", not causal (the op has no is_causal)"))
-    refuse_cache_length_reads(graph, {c.cache for c in lowerings})
     return lowerings, notes, offsets
+
+
+def refusals(graph: gs.Graph, nodes: list[gs.Node]) -> dict[str, str]:
+    """Attention node -> why its caches cannot be preallocated caches updated in place: a past computed in the
+    graph (the engine takes its caches as inputs), or a node reading a past's length (the capacity in the form)."""
+    inputs = {t.name for t in graph.inputs}
+    why: dict[str, str] = {}
+    for node in nodes:
+        past_k, past_v = opt(node, PAST_KEY), opt(node, PAST_VALUE)
+        if past_k is None or past_v is None:
+            raise TrtattnError(f"Attention {node.name} has only one of past_key and past_value")
+        computed = [p.name for p in (past_k, past_v) if p.name not in inputs]
+        reads = cache_length_reads(graph, {past_k.name, past_v.name})
+        if computed:
+            why[node.name] = (f"its past cache {computed[0]} is computed in the graph, not an input; the kv-cache "
+                              "form preallocates caches the engine takes as inputs")
+        elif reads:
+            why[node.name] = cache_length_read(*reads[0])
+    return why
+
+
+def _of_lengths_alone(graph: gs.Graph, mask: gs.Tensor) -> bool:
+    """Is `mask` computed from shapes and integer inputs alone (lengths such as seqlens_k), no float input (an
+    attention bias) read by value?"""
+    inputs = {id(t) for t in graph.inputs}
+    seen, todo = set(), [mask]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if id(t) in inputs and not np.issubdtype(np.dtype(t.dtype or np.float32), np.integer):
+            return False
+        for producer in t.inputs:
+            if producer.op != "Shape":  # a Shape reads its input's dims, not its values
+                todo.extend(producer.inputs)
+    return True
 
 
 def _same_length(node: gs.Node, types: dict) -> bool:

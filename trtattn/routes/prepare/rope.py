@@ -1,5 +1,6 @@
-"""padded form: every rotate-half RoPE (Mul/Neg/Slice/Concat/Add) as the ONNX RotaryEmbedding op, with
-the cos/sin tables taken from the graph, so that it becomes an IRotaryEmbeddingLayer."""
+"""Every form: every rotate-half RoPE (Mul/Neg/Slice/Concat/Add) as the ONNX RotaryEmbedding op, with
+the cos/sin tables taken from the graph, and ONNX Runtime's com.microsoft RotaryEmbedding as the standard
+op, so that each becomes an IRotaryEmbeddingLayer."""
 
 from __future__ import annotations
 
@@ -7,20 +8,23 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ...errors import TrtattnError
 from ...graph.emit import Emitter, export_like
 from ...site import AttentionSite, CacheKind, RopeKind
 
 
 def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onnx.ModelProto, int]:
-    """Rewrite rotate-half RoPE (Mul/Neg/Slice/Concat/Add) into ONNX RotaryEmbedding ops."""
+    """Rewrite rotate-half RoPE (Mul/Neg/Slice/Concat/Add), and ONNX Runtime's com.microsoft RotaryEmbedding,
+    into ONNX RotaryEmbedding ops."""
     todo = [s for s in sites if s.rope is not None and s.rope.kind == RopeKind.HALF_SPLIT and s.source == "pattern"
             and not s.rope.op_caches]  # those fuse wrote as RotaryEmbedding ops already
-    if not todo:
+    contrib = any(n.op_type == "RotaryEmbedding" and n.domain == "com.microsoft" for n in model.graph.node)
+    if not todo and not contrib:
         return model, 0
     graph = gs.import_onnx(model)
+    count = _contrib_to_standard(graph)
     tensors = graph.tensors()
     tables: dict[tuple, tuple] = {}  # (cos, sin, rotary dim) -> the tables as RotaryEmbedding takes them
-    count = 0
     for site in todo:
         rope = site.rope
         assert rope is not None  # todo holds sites with a rope
@@ -43,6 +47,37 @@ def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onn
                                        {"interleaved": 0, "rotary_embedding_dim": dim}, inputs=[x, cos, sin], outputs=[out]))
             count += 1
     return export_like(graph, model), count
+
+
+def _contrib_to_standard(graph: gs.Graph) -> int:
+    """com.microsoft RotaryEmbedding(x, position_ids [B, S], cos, sin) as the standard op (x, cos, sin,
+    position_ids), the same attributes (num_heads from the tables when a 3-D x leaves it 0): TensorRT and
+    AutoCast take the standard op only. A scale, packed batching or a position offset [1] is refused by name."""
+    count = 0
+    for n in [n for n in graph.nodes if n.op == "RotaryEmbedding" and n.domain == "com.microsoft"]:
+        x, positions, cos, sin = n.inputs[:4]
+        where = f"com.microsoft:RotaryEmbedding {n.name or n.outputs[0].name}"
+        if float(n.attrs.get("scale", 1.0)) != 1.0 or n.attrs.get("is_packed_batching", 0):
+            raise TrtattnError(f"{where} has a scale or packed batching: the standard RotaryEmbedding has neither")
+        if positions.shape is not None and len(positions.shape) != 2:
+            raise TrtattnError(f"{where} takes position_ids as an offset of shape {positions.shape}: the standard "
+                               "RotaryEmbedding takes them per token [B, S]")
+        dim = int(n.attrs.get("rotary_embedding_dim", 0))
+        attrs = {"interleaved": int(n.attrs.get("interleaved", 0)), "rotary_embedding_dim": dim}
+        if x.shape is not None and len(x.shape) == 3:
+            heads = int(n.attrs.get("num_heads", 0))
+            if not heads:
+                half, hidden = (cos.shape or [None, None])[-1], x.shape[-1]
+                if not (isinstance(half, int) and isinstance(hidden, int)) or dim:
+                    raise TrtattnError(f"{where}: its number of heads is unknown (num_heads 0)")
+                heads = hidden // (2 * half)
+            attrs["num_heads"] = heads
+        graph.nodes.append(gs.Node("RotaryEmbedding", n.name or f"trtattn/rope/{n.outputs[0].name}", attrs,
+                                   inputs=[x, cos, sin, positions], outputs=list(n.outputs)))
+        n.inputs.clear()
+        n.outputs.clear()
+        count += 1
+    return count
 
 
 def _half_table(emit: Emitter, table: gs.Tensor, x: gs.Tensor, rotary_dim: int) -> gs.Tensor:
