@@ -94,7 +94,9 @@ def _walk(view: GraphView, y: gs.Tensor, stop: gs.Tensor | None):
 
 def _is_float(view: GraphView, t: gs.Tensor) -> bool:
     dtype = view.dtype(t)
-    return dtype is not None and np.dtype(dtype).kind == "f"
+    if dtype is None or isinstance(dtype, int):  # an ONNX type numpy cannot name (onnx-graphsurgeon keeps fp8's enum)
+        return False
+    return np.dtype(dtype).kind == "f"
 
 
 def _try(view: GraphView, x: gs.Tensor, y: gs.Tensor) -> Rotation | None:
