@@ -115,17 +115,21 @@ def expanded_rows(only: str | None = None) -> list[dict]:
             rows.append({"case": case.name, "fused": None, "max_abs_err": None, "within": None,
                          "reason": f"skipped: {case.cpu_unrunnable} (ONNX Runtime's CPU provider cannot run it)"})
             continue
-        t0 = time.perf_counter()
-        try:
-            out = fuse_case(case)
-        except Exception as e:  # a crash is a row too, never a silent miss
-            rows.append({"case": case.name, "fused": False, "max_abs_err": None, "within": False,
-                         "reason": f"crash: {type(e).__name__}: {e}", "seconds": time.perf_counter() - t0})
-            continue
-        rows.append({"case": case.name, "fused": out.fused and out.ops.get("Attention") == 1,
-                     "max_abs_err": out.max_abs_err, "within": out.within, "reason": out.reason,
-                     "seconds": round(time.perf_counter() - t0, 2)})
+        rows.append(_timed_row(case.name, fuse_case, case, lambda out: {
+            "fused": out.fused and out.ops.get("Attention") == 1, "max_abs_err": out.max_abs_err,
+            "within": out.within, "reason": out.reason}))
     return rows
+
+
+def _timed_row(name: str, run, case, row_of) -> dict:
+    """The row of `run(case)` (`row_of` its outcome), with its seconds; a crash is a row too, never a silent miss."""
+    t0 = time.perf_counter()
+    try:
+        out = run(case)
+    except Exception as e:
+        return {"case": name, "fused": False, "max_abs_err": None, "within": False,
+                "reason": f"crash: {type(e).__name__}: {e}", "seconds": round(time.perf_counter() - t0, 2)}
+    return {"case": name, **row_of(out), "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def rotation_rows(only: str | None = None) -> list[dict]:
@@ -135,18 +139,14 @@ def rotation_rows(only: str | None = None) -> list[dict]:
     for case in conformance_cases("RotaryEmbedding", expanded=True):
         if only and only not in case.name:
             continue
-        t0 = time.perf_counter()
-        try:
-            out = fuse_rotation_case(case)
-        except Exception as e:  # a crash is a row too, never a silent miss
-            rows.append({"case": case.name, "fused": False, "max_abs_err": None, "within": False,
-                         "reason": f"crash: {type(e).__name__}: {e}", "seconds": time.perf_counter() - t0})
-            continue
-        ok = out.fused and out.ops.get("Attention") == 1 and out.ops.get("RotaryEmbedding") == 2
-        attrs = ", ".join(f"{k}={v}" for k, v in sorted((out.attention or {}).items()) if v)
-        rows.append({"case": case.name, "fused": ok, "max_abs_err": out.max_abs_err, "within": out.within,
-                     "reason": out.reason or attrs, "seconds": round(time.perf_counter() - t0, 2)})
+        rows.append(_timed_row(case.name, fuse_rotation_case, case, _rotation_row))
     return rows
+
+
+def _rotation_row(out) -> dict:
+    attrs = ", ".join(f"{k}={v}" for k, v in sorted((out.attention or {}).items()) if v)
+    return {"fused": out.fused and out.ops.get("Attention") == 1 and out.ops.get("RotaryEmbedding") == 2,
+            "max_abs_err": out.max_abs_err, "within": out.within, "reason": out.reason or attrs}
 
 
 def markdown(rows: list[dict], rotations: list[dict]) -> str:

@@ -26,7 +26,7 @@ import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
 from ..graph.emit import Emitter
-from .microsoft import causal_keep, is_read, merge_heads, optional_input, split_heads
+from .microsoft import causal_keep, is_read, optional_input, output_merged, split_heads
 
 _NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax"}
 
@@ -91,11 +91,7 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
             if is_read(graph, o):
                 emit("Identity", [t], dtype=dtype, name="present")
                 graph.nodes[-1].outputs = [o]
-    out = node.outputs[0]
-    node.outputs.clear()
-    node.inputs.clear()
-    merge_heads(emit, y, dtype)
-    graph.nodes[-1].outputs = [out]
+    output_merged(emit, graph, node, y, dtype)
     return attention
 
 

@@ -49,6 +49,15 @@ def merge_heads(emit: Emitter, y, dtype):
     return emit("Reshape", [t, emit.const([0, 0, -1], np.int64)], dtype=dtype)
 
 
+def output_merged(emit: Emitter, graph: gs.Graph, node: gs.Node, y, dtype) -> None:
+    """The contrib `node` detached, its first output now made by merging the heads of `y` ([B, N, S, H])."""
+    out = node.outputs[0]
+    node.outputs.clear()
+    node.inputs.clear()
+    merge_heads(emit, y, dtype)
+    graph.nodes[-1].outputs = [out]
+
+
 EMBED_OPS = ("EmbedLayerNormalization", "QEmbedLayerNormalization")
 
 
@@ -249,9 +258,5 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         stacked = [emit("Unsqueeze", [p, emit.const([0], np.int64)], dtype=dtype) for p in presents]
         emit("Concat", stacked, {"axis": 0}, dtype=dtype, name="present")
         graph.nodes[-1].outputs = [node.outputs[1]]
-    out = node.outputs[0]
-    node.outputs.clear()
-    node.inputs.clear()
-    merge_heads(emit, y, dtype)
-    graph.nodes[-1].outputs = [out]
+    output_merged(emit, graph, node, y, dtype)
     return attention
