@@ -267,3 +267,22 @@ def test_a_length_of_one_at_both_runs_is_placed_by_the_names():
     named = (["unk__2", "unk__3"], ["unk__4", 8, "unk__5", "unk__6"])
     assert show(regroup(atoms(), frame, *measured, "Reshape")) != "[x0, x1, m, n]"
     assert show(_regroup(atoms(), frame, measured, named, "Reshape")) == "[x0, x1, m, n]"
+
+
+def test_a_probe_of_one_query_is_placed_by_the_numbers_where_every_size_is_known():
+    """A learned probe of one query and batch 1, expanded to the batch (SigLIP's pooling head, torch's (L, N, E)
+    layout): [1, B*H, 8] -> [1, B, 32], inference naming none of it. Every atom's size is known (the query's 1,
+    the head size, B*H measured), so the numbers place the heads with the head dim; the names, fresh symbols
+    all, would leave them in the batch (the head split then read a head size of 32)."""
+    from trtattn.graph.measure import Sizes
+    from trtattn.match.axes import Atoms, show
+    from trtattn.match.layout_ops import _regroup
+
+    registry = Atoms()
+    registry.new("m", 1), registry.new("c", 8), registry.new("x0")
+    registry.measure["x0"] = Sizes((8, 16))
+    frame = (("m",), ("x0",), ("c",))
+    measured = ([Sizes((1, 1)), Sizes((8, 16)), Sizes((8, 8))], [Sizes((1, 1)), Sizes((2, 4)), Sizes((32, 32))])
+    named = (["unk__1", "unk__2", "unk__3"], ["unk__4", "unk__5", "unk__6"])
+    assert show(_regroup(registry, frame, measured, named, "Reshape")) == "[m, x0.0, x0.1*c]"
+    assert registry.known("x0.1") == 4 and registry.measure["x0.0"] == Sizes((2, 4))

@@ -21,7 +21,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.dim_names import is_free
 from ..graph.measure import Sizes, measured
-from .axes import Atoms, Frame, Unfollowable, regroup, show
+from .axes import Atoms, Frame, Unfollowable, atoms_of, regroup, show
 
 
 class Rule:
@@ -189,11 +189,13 @@ def _reshape_dims(view, node: gs.Node, dims_in: list | None, dims_out: list | No
 
 def _regroup(atoms: Atoms, frame: Frame, dims: tuple, named: tuple, what: str) -> Frame:
     """regroup by `dims` (measured where inference left fresh symbols), or by the dims inference `named` where
-    the measured sizes cannot be placed, or where a length is 1 at both runs (_unit_at_both_runs): numbers
-    that are ambiguous or contradictory where the names are not (a length the graph folds into the batch is
-    one). What matched before sizes were measured still matches, and a failure is the names' failure."""
+    the measured sizes cannot be placed, or where a length is 1 at both runs (_unit_at_both_runs) and some
+    atom's size is unknown (_some_size_unknown): numbers that are ambiguous or contradictory where the names
+    are not (a length the graph folds into the batch is one). What matched before sizes were measured still
+    matches, and a failure is the names' failure."""
     (dims_from, dims_to), (named_from, named_to) = dims, named
-    if dims == named or _unit_at_both_runs(dims_from, named_from) or _unit_at_both_runs(dims_to, named_to):
+    if dims == named or (_unit_at_both_runs(dims_from, named_from) or _unit_at_both_runs(dims_to, named_to)) \
+            and _some_size_unknown(atoms, frame, dims_from):
         return regroup(atoms, frame, named_from, named_to, what)
     trial = atoms.copy()
     try:
@@ -211,6 +213,17 @@ def _unit_at_both_runs(measured: list | None, named: list | None) -> bool:
     if measured is None or named is None or len(measured) != len(named):
         return False
     return any(isinstance(m, Sizes) and m.static and m[0] == 1 and n != 1 for m, n in zip(measured, named))
+
+
+def _some_size_unknown(atoms: Atoms, frame: Frame, dims_from: list | None) -> bool:
+    """An atom of `frame` whose size neither a shape nor a measure gives (after learning from `dims_from`): a
+    length that may be 1, which the numbers cannot place. Where every size is known (a learned probe's one
+    query, its batch of 1 expanded to the measured batch), the numbers place every atom and the names,
+    fresh symbols, would place nothing (the probe's heads left merged into the batch: head size 32, not 8)."""
+    trial = atoms.copy()
+    trial.learn(frame, dims_from)
+    runs = len(next((d for d in dims_from or () if isinstance(d, Sizes)), (None,)))
+    return any(trial.sizes(a, runs) is None for a in atoms_of(trial.resolve(frame)))
 
 
 def _fresh(dims: list | None) -> bool:
