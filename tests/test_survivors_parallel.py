@@ -79,3 +79,22 @@ def test_split_along_an_unsharded_axis_keeps_the_shard():
     assert all(any(n.op_type == "AllReduce" for n in m.graph.node) for m in forms.models)
     check = forms.verify()
     assert check.passed, check.errors
+
+
+def test_mqa_rank_plan_keeps_its_one_whole_kv_head():
+    """One KV head over 2 ranks stays whole on every rank: each rank's IAttention has half the query heads
+    and the one KV head. A plan whose KV heads shape inference left unknown (None) keeps them unknown."""
+    from trtattn.routes.parallel.engine import rank_plan_from_prepared
+    from trtattn.routes.prepare import prepare
+    from trtattn.testing.graphs import attention_model
+
+    prepared = prepare(attention_model(heads=4, kv_heads=1), name="attn", precision="fp32")
+    forms = split_model(prepared.form_model, 2)
+    (site,) = forms.plan.sites
+    assert (site.q_per_rank, site.kv_per_rank) == (2, None)
+    for r in range(2):
+        plan, _ = rank_plan_from_prepared(prepared, forms, r)
+        assert [(a.q_heads, a.kv_heads) for a in plan.attentions] == [(2, 1)]
+    prepared.plan.attentions[0].kv_heads = None  # as plan.py records a 4-D Attention's K of unknown heads
+    plan, _ = rank_plan_from_prepared(prepared, forms, 0)
+    assert [(a.q_heads, a.kv_heads) for a in plan.attentions] == [(2, None)]
