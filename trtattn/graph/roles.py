@@ -102,6 +102,20 @@ class GraphUses:
 
     def vocab(self, name: str) -> int | None:
         """Rows of the embedding table an integer input indexes (Gather(table, ids))."""
+        for n, i in self.reached(name, ("Cast", "Identity", "Reshape", "Unsqueeze", "Flatten", "Transpose")):
+            if n.op_type == "Gather" and i == 1:
+                table = n.input[0]
+                while table in self.producers and self.producers[table].op_type in ("Identity", "Cast", "DequantizeLinear"):
+                    table = self.producers[table].input[0]
+                dims: Sequence[int] = self.inits[table].dims if table in self.inits else \
+                    getattr(self.constant(table), "shape", ())
+                if len(dims) >= 1:
+                    return int(dims[0])
+        return None
+
+    def reached(self, name: str, passes):
+        """(node, input index) of every node reading `name`, or what it becomes through nodes of `passes`
+        (ops that carry their first input's values on)."""
         frontier, seen = [name], set()
         while frontier:
             t = frontier.pop()
@@ -109,17 +123,9 @@ class GraphUses:
                 continue
             seen.add(t)
             for n, i in self.consumers.get(t, ()):
-                if n.op_type == "Gather" and i == 1:
-                    table = n.input[0]
-                    while table in self.producers and self.producers[table].op_type in ("Identity", "Cast", "DequantizeLinear"):
-                        table = self.producers[table].input[0]
-                    dims: Sequence[int] = self.inits[table].dims if table in self.inits else \
-                        getattr(self.constant(table), "shape", ())
-                    if len(dims) >= 1:
-                        return int(dims[0])
-                elif n.op_type in ("Cast", "Identity", "Reshape", "Unsqueeze", "Flatten", "Transpose") and i == 0:
+                yield n, i
+                if n.op_type in passes and i == 0:
                     frontier.extend(n.output)
-        return None
 
     def mask_true_at(self, name: str) -> str | None:
         """Where a mask input is True: 'padding' when the graph masks the logits where it is True
@@ -181,22 +187,14 @@ def _linked_length(uses: GraphUses, name: str, shapes: dict[str, list]) -> dict 
     {"kind": "length", "of": [dims summed], "add": k}. The past is the op's past key (BNSH: axis 2) when
     that is an input, else none; the new tokens its query's axis 1 when that is an input, else the
     sequence of the token ids (a 2-D input that indexes an embedding table; "seq" when there is none)."""
-    frontier, seen = [name], set()
-    while frontier:
-        t = frontier.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        for n, i in uses.consumers.get(t, ()):
-            linked = LINKED_LENGTHS.get((n.domain or "", n.op_type), {})
-            if i in linked:
-                query, past = n.input[0], (n.input[3] if len(n.input) > 3 else "")
-                new = shapes[query][1] if len(shapes.get(query, ())) > 1 else next(
-                    (shape[1] for other, shape in shapes.items() if len(shape) == 2 and uses.vocab(other)), "seq")
-                of = [new] + ([shapes[past][2]] if len(shapes.get(past, ())) > 2 else [])
-                return {"kind": "length", "of": of, "add": linked[i]}
-            if n.op_type in _LENGTH_PASS and i == 0:
-                frontier.extend(n.output)
+    for n, i in uses.reached(name, _LENGTH_PASS):
+        linked = LINKED_LENGTHS.get((n.domain or "", n.op_type), {})
+        if i in linked:
+            query, past = n.input[0], (n.input[3] if len(n.input) > 3 else "")
+            new = shapes[query][1] if len(shapes.get(query, ())) > 1 else next(
+                (shape[1] for other, shape in shapes.items() if len(shape) == 2 and uses.vocab(other)), "seq")
+            of = [new] + ([shapes[past][2]] if len(shapes.get(past, ())) > 2 else [])
+            return {"kind": "length", "of": of, "add": linked[i]}
     return None
 
 
