@@ -10,13 +10,27 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from trtsim.fixtures import checked_trt, real_trt  # noqa: E402,F401  (the real TensorRT bindings, checked)
 
 
+def _export_key() -> str:
+    """What a zoo export depends on: the zoo's own code and the exporting packages' versions."""
+    from importlib.metadata import version
+
+    import trtattn.zoo
+
+    digest = hashlib.sha256()
+    for source in sorted(Path(trtattn.zoo.__file__).parent.rglob("*.py")):
+        digest.update(source.read_bytes())
+    for package in ("torch", "transformers", "onnx", "onnxscript"):
+        digest.update(version(package).encode())
+    return digest.hexdigest()[:12]
+
+
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory):
     """Exports are shared by every test of a session, and by its pytest-xdist workers (one folder beside theirs);
     TRTATTN_ZOO_CACHE keeps them across sessions. Whoever asks first exports, the others wait (zoo.exported)."""
     cached = os.environ.get("TRTATTN_ZOO_CACHE")
-    if cached:
-        path = Path(cached)
+    if cached:  # a folder per exporting code and exporter versions, so no stale export is ever reused
+        path = Path(cached) / _export_key()
     else:
         base = tmp_path_factory.getbasetemp()
         path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "zoo"
