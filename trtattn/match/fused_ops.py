@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
 from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, Rope, RopeKind, ScalePlacement, SiteKind
-from .cache import CacheRole, find_cache, projection_source
+from .cache import CacheRole, find_cache, site_kind
 from .errors import Unsupported
 from .heads import heads_and_size, strip_repeat
 from .logit_ops import kind_of
@@ -84,16 +84,14 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
     else:  # the past concatenated in front of the op (dynamo's SDPA with HF's cache: Concat, then GQA repeat)
         seq_axis = 2 if rank == 4 else None
         role = find_cache(view, k, v, seq_axis, seq_axis)
+    kind = site_kind(view, q, k, role)
     cache = role.kind
-    q_src = projection_source(view, q)
-    k_src = projection_source(view, role.new_key if cache == CacheKind.CONCAT else k)
-    cross = cache == CacheKind.CROSS_STATIC or (q_src is not None and k_src is not None and q_src != k_src)
     notes = [f"GQA head repeat x{repeat} dropped"] if repeat > 1 else []
     if softcap:
         notes.append(f"softcap {softcap}")
     return AttentionSite(
         name=n.name,
-        kind=SiteKind.CROSS if cross else SiteKind.SELF,
+        kind=kind,
         query=q.name, key=k.name, value=v.name, output=n.outputs[0].name,
         q_heads=q_heads, kv_heads=kv_heads, head_size=head, v_head_size=head,
         scale=float(scale), scale_placement=ScalePlacement.ATTRIBUTE,
