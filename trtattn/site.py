@@ -217,6 +217,11 @@ class AttentionSite:
         return self.scale * self.prescale
 
     @property
+    def op_bias(self) -> bool:
+        """A contrib op's own attention_bias input (read from the op, not probed: match/fused_ops.py)."""
+        return self.source.startswith("com.microsoft") and any(s.op == "add" for s in self.mask_steps)
+
+    @property
     def gqa(self) -> bool:
         return bool(self.q_heads and self.kv_heads and self.q_heads != self.kv_heads)
 

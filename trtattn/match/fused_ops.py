@@ -27,6 +27,16 @@ MICROSOFT_OPS = {"Attention", "QAttention", "MultiHeadAttention", "GroupQueryAtt
                  "LongformerAttention"}  # every contrib attention is a site: converted, or listed with why
 
 
+# the inputs ONNX Runtime's contrib ops take their masks at (their schemas' names): a padding mask (mask_index,
+# key_padding_mask, mask) and an additive attention_bias
+PADDING_MASK = {"Attention": 3, "QAttention": 5, "MultiHeadAttention": 4, "DecoderMaskedSelfAttention": 3,
+                "DecoderMaskedMultiHeadAttention": 3, "QOrderedAttention": 17, "DecoderAttention": 5,
+                "LongformerAttention": 3}
+ATTENTION_BIAS = {"Attention": 5, "MultiHeadAttention": 5, "GroupQueryAttention": 10, "PackedAttention": 5,
+                  "PackedMultiHeadAttention": 6, "DecoderMaskedSelfAttention": 5, "DecoderMaskedMultiHeadAttention": 4,
+                  "QOrderedAttention": 19}
+
+
 def is_fused_attention(n: gs.Node) -> bool:
     if n.op == "Attention" and n.domain in (None, "", "ai.onnx"):
         return True
@@ -128,15 +138,17 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         causal = CausalKind.LOWER_RIGHT  # the past keys, then the new ones up to the query's own
     elif n.attrs.get("unidirectional", 0):
         causal = CausalKind.UPPER_LEFT
-    mask_at = {"Attention": (3, 5), "QAttention": (5,), "MultiHeadAttention": (4, 5)}.get(n.op, ())
-    masked = any(_opt(n, i) is not None for i in mask_at)
+    padding = _opt(n, PADDING_MASK[n.op]) if n.op in PADDING_MASK else None
+    bias = _opt(n, ATTENTION_BIAS[n.op]) if n.op in ATTENTION_BIAS else None
     return AttentionSite(
         name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "QAttention", "GroupQueryAttention") or past_k is not None
         else SiteKind.CROSS,
         query=q.name, key=(_opt(n, 1) or q).name, value=(_opt(n, 2) or q).name, output=n.outputs[0].name,
         q_heads=heads, kv_heads=kv_heads, head_size=head, v_head_size=head, scale=float(scale),
-        scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=masked,
-        mask=MaskKind.ADDITIVE if masked else MaskKind.NONE,
+        scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=padding is not None,
+        mask=MaskKind.ADDITIVE if padding is not None or bias is not None else MaskKind.NONE,
+        # the bias as the op reads it (not over the logits: GroupQueryAttention's columns are its kernel's)
+        mask_steps=(MaskStep("add", operand=bias.name, node=n.name),) if bias is not None else (),
         softcap=float(n.attrs.get("softcap", 0.0)) or None,
         window=int(n.attrs.get("local_window_size", -1)) if int(n.attrs.get("local_window_size", -1)) > 0 else None,
         rope=_inner_rope(view, n, head),
