@@ -140,9 +140,10 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         causal = CausalKind.UPPER_LEFT
     padding = _opt(n, PADDING_MASK[n.op]) if n.op in PADDING_MASK else None
     bias = _opt(n, ATTENTION_BIAS[n.op]) if n.op in ATTENTION_BIAS else None
+    cache = CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else \
+        CacheKind.CROSS_STATIC if n.op == "MultiHeadAttention" and view.rank(_opt(n, 1) or q) == 4 else CacheKind.NONE
     return AttentionSite(
-        name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "QAttention", "GroupQueryAttention") or past_k is not None
-        else SiteKind.CROSS,
+        name=n.name, kind=_microsoft_kind(view, n, cache),
         query=q.name, key=(_opt(n, 1) or q).name, value=(_opt(n, 2) or q).name, output=n.outputs[0].name,
         q_heads=heads, kv_heads=kv_heads, head_size=head, v_head_size=head, scale=float(scale),
         scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=padding is not None,
@@ -152,13 +153,30 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         softcap=float(n.attrs.get("softcap", 0.0)) or None,
         window=int(n.attrs.get("local_window_size", -1)) if int(n.attrs.get("local_window_size", -1)) > 0 else None,
         rope=_inner_rope(view, n, head),
-        cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else
-        CacheKind.CROSS_STATIC if n.op == "MultiHeadAttention" and view.rank(_opt(n, 1) or q) == 4 else CacheKind.NONE,
+        cache=cache,
         past_key=past_k.name if past_k is not None else None, past_value=past_v.name if past_v is not None else None,
         source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",) + (
             ("present = Concat(past, new): ONNX Runtime's when each row's past fills past_key",)
             if n.op == "GroupQueryAttention" and past_k is not None else ()),
     )
+
+
+# contrib ops that project Q, K and V from their one hidden-state input, or whose keys are by definition the
+# query's tokens over a cache: self-attention whatever their inputs
+SELF_OPS = {"Attention", "QAttention", "PackedAttention", "DecoderMaskedSelfAttention", "QOrderedAttention",
+            "LongformerAttention", "GroupQueryAttention", "SparseAttention", "PagedAttention"}
+
+
+def _microsoft_kind(view: GraphView, n: gs.Node, cache: CacheKind) -> SiteKind:
+    """Self-attention for SELF_OPS, over a past, or with Q, K and V packed in the query input; DecoderAttention
+    projects its query and key inputs itself (one tensor: self); the others (MultiHeadAttention and its
+    kin take Q, K and V as given) as the projections in front of them say (cache.site_kind)."""
+    key = _opt(n, 1)
+    if n.op in SELF_OPS or cache == CacheKind.CONCAT or key is None:
+        return SiteKind.SELF
+    if n.op == "DecoderAttention":
+        return SiteKind.SELF if key.name == n.inputs[0].name else SiteKind.CROSS
+    return site_kind(view, n.inputs[0], key, CacheRole(cache))
 
 
 def _inner_rope(view: GraphView, n: gs.Node, head: int | None) -> Rope | None:
