@@ -202,3 +202,27 @@ def test_a_look_alike_that_does_not_rotate_is_not_read_as_the_op():
     assert r.status == "fused" and result.verification["passed"], r.reason
     assert r.site.rope is None and not any("did not verify" in n for n in r.site.notes)  # never read, not dropped
     assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
+
+
+def test_no_case_is_read_as_cross_attention():
+    """Every case gives Q, K and V as graph inputs: nothing in the graph says they come from two hidden states, so
+    no site is cross-attention; over a past concatenated with the new keys it is self-attention over a cache,
+    elsewhere its kind is unknown. The op's cases and their expanded bodies read alike."""
+    from trtattn.match import match
+
+    kinds = collections.Counter()
+    for case in {c.name: c for c in ATTENTION + conformance_cases("Attention", expanded=False)}.values():
+        for site in match(case.model).sites:
+            kinds[site.kind.value, site.cache.value == "concat"] += 1
+    assert kinds[("self", True)] >= 20 and kinds[("unknown", False)] >= 60
+    assert set(kinds) == {("self", True), ("unknown", False)}, kinds
+
+
+def test_the_packed_form_names_why_graph_input_queries_and_keys_are_not_packed():
+    """Packing reads Q and K as one sequence's tokens: with both given as graph inputs nothing says so."""
+    from trtattn.errors import TrtattnError
+    from trtattn.routes.prepare.pipeline import prepare
+
+    case = next(c for c in ATTENTION if c.name == "attention_3d_expanded")
+    with pytest.raises(TrtattnError, match="Q and K are graph inputs"):
+        prepare(case.model, name="case", form="packed", precision="fp32")

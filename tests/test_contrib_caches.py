@@ -238,6 +238,40 @@ def test_group_query_attention_bias_is_read_at_the_kernels_columns(bias_shape):
         np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], atol=1e-5)
 
 
+def test_group_query_attention_bias_is_reported_as_an_additive_mask():
+    """attention_bias (input 10) is the site's mask, additive, and the report says it is a bias (not probed: its
+    columns are the kernel's compacted present, not the logits')."""
+    from onnx import TensorProto, helper
+
+    from trtattn.match import match
+
+    model = group_query_model()
+    model.graph.node[0].input.extend(["", "", "", "bias"])
+    model.graph.input.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["b", 1, "s", "past+s"]))
+    (site,) = match(model).sites
+    assert (site.mask.value, site.padding, [s.operand for s in site.mask_steps]) == ("additive", False, ["bias"])
+    (row,) = [r.row() for r in fuse_model(model).reports]
+    assert (row["mask"], row["bias"], row["padding"], row["status"]) == ("additive", True, False, "fused")
+    (plain,) = match(group_query_model()).sites
+    assert plain.mask.value == "none" and not plain.mask_steps
+
+
+def test_contrib_mask_inputs_are_where_onnx_runtime_declares_them():
+    """The inputs each contrib attention op takes its padding mask and attention_bias at, against ONNX Runtime's
+    own schemas: every op with an attention_bias input is read, at that input."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
+
+    from trtattn.match.fused_ops import ATTENTION_BIAS, MICROSOFT_OPS, PADDING_MASK
+
+    schemas = {s.name: [i.name for i in s.inputs] for s in get_all_operator_schema()
+               if s.domain == "com.microsoft" and s.name in MICROSOFT_OPS}
+    assert len(schemas) >= 10
+    for op, names in schemas.items():
+        assert ATTENTION_BIAS.get(op) == (names.index("attention_bias") if "attention_bias" in names else None), op
+        padding = [i for i, n in enumerate(names) if n in ("mask_index", "key_padding_mask", "mask")]
+        assert ([PADDING_MASK[op]] if op in PADDING_MASK else []) == padding, op
+
+
 def test_group_query_attention_it_cannot_convert_is_listed_with_why():
     from onnx import helper
 
@@ -372,6 +406,7 @@ def test_contrib_rotary_before_group_query_attention_becomes_the_standard_op_on_
     assert len(ropes) == 2 and {n.domain for n in ropes} == {""}
     assert not [n for n in result.model.graph.node if n.domain == "com.microsoft"]
     # over 3-D [B, S, N*H] inputs (num_heads set): IRotaryEmbeddingLayer reads 3-D as packed [T, N, H], so
-    # the plan leaves them to TensorRT's ONNX parser rather than lowering them to the rotary layer
+    # the plan splits the heads around the rotary layer (test_rope_plan.py runs it against ONNX Runtime)
     assert all(next(a.i for a in n.attribute if a.name == "num_heads") > 0 for n in ropes)
-    assert result.prepared.plan.ropes == [] and result.prepared.plan.form == "kv-cache"
+    assert sorted(r.num_heads for r in result.prepared.plan.ropes) == [2, 4]
+    assert result.prepared.plan.form == "kv-cache"

@@ -80,3 +80,24 @@ def test_group_query_attention_is_reported_not_converted():
     (site,) = match(model).sites
     assert site.source == "com.microsoft:GroupQueryAttention" and site.causal.value == "lower_right"
     assert site.q_heads == 2 and site.kv_heads == 1
+
+
+def _projected_mha(kv_from: str, width=16, heads=2):
+    """MultiHeadAttention over Q = x Wq and K, V projected from `kv_from` (ONNX Runtime's optimizer writes self-
+    attention this way too, when it does not pack Q, K and V)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), f"w{x}") for x in "qkv"]
+    nodes = [helper.make_node("MatMul", ["x" if x == "q" else kv_from, f"w{x}"], [x]) for x in "qkv"]
+    nodes.append(helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain="com.microsoft",
+                                  num_heads=heads, name="mha"))
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", width]) for n in sorted({"x", kv_from})]
+    graph = helper.make_graph(nodes, "mha", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_multi_head_attention_kind_is_read_from_its_projections():
+    """MultiHeadAttention takes Q, K and V as given: one hidden state projected to them is self-attention, two
+    are cross-attention, Q/K/V given as graph inputs say neither (was: cross whenever it had no past)."""
+    ((self_site,), (cross_site,), (given,)) = (match(m).sites for m in (
+        _projected_mha("x"), _projected_mha("enc"), _mha_model(mask=False, bias=False)))
+    assert (self_site.kind.value, cross_site.kind.value, given.kind.value) == ("self", "cross", "unknown")

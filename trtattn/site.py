@@ -23,6 +23,7 @@ class Layout(str, enum.Enum):
 class SiteKind(str, enum.Enum):
     SELF = "self"
     CROSS = "cross"
+    UNKNOWN = "unknown"  # Q or K given as graph inputs, unprojected: the graph does not say whether one sequence
 
 
 class ScalePlacement(str, enum.Enum):
@@ -54,7 +55,8 @@ class CausalKind(str, enum.Enum):
 class CacheKind(str, enum.Enum):
     NONE = "none"
     CONCAT = "concat"  # K/V = Concat(past, new) along the sequence axis
-    CROSS_STATIC = "cross_static"  # cross-attention K/V read from graph inputs, computed once
+    CROSS_STATIC = "cross_static"  # K/V read from graph inputs as they are, computed once (cross-attention's
+    # when the graph projects the query; SiteKind says)
 
 
 class RopeKind(str, enum.Enum):
@@ -213,6 +215,11 @@ class AttentionSite:
     def softmax_scale(self) -> float:
         """The softmax scale of the original attention, wherever the graph applied it."""
         return self.scale * self.prescale
+
+    @property
+    def op_bias(self) -> bool:
+        """A contrib op's own attention_bias input (read from the op, not probed: match/fused_ops.py)."""
+        return self.source.startswith("com.microsoft") and any(s.op == "add" for s in self.mask_steps)
 
     @property
     def gqa(self) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
-from ..site import CacheKind
+from ..site import CacheKind, SiteKind
 
 
 @dataclass
@@ -52,9 +52,17 @@ _THROUGH = {"Reshape", "Transpose", "Identity", "Cast", "Unsqueeze", "Squeeze", 
             "SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization", "Dropout"}
 
 
-def projection_source(view: GraphView, t: gs.Tensor, budget: int = 24) -> str | None:
-    """The hidden state a Q/K operand was projected from (the data input of the first
-    MatMul/Gemm with constant weights above it), or the graph input it is read from."""
+@dataclass(frozen=True)
+class Source:
+    """Where a Q/K operand comes from: the hidden state a projection read, or a graph input read as is."""
+
+    name: str
+    projected: bool  # False: the operand is a graph input itself (no projection says which hidden state)
+
+
+def projection_source(view: GraphView, t: gs.Tensor, budget: int = 24) -> Source | None:
+    """The hidden state a Q/K operand was projected from (the data input of the first MatMul/Gemm with
+    constant weights above it), or the graph input it is read from as is."""
     seen = set()
     stack = [(t, budget)]
     while stack:
@@ -63,14 +71,14 @@ def projection_source(view: GraphView, t: gs.Tensor, budget: int = 24) -> str | 
             continue
         seen.add(t.name)
         if t.name in view.inputs:
-            return t.name
+            return Source(t.name, projected=False)
         n = view.producer(t)
         if n is None:
             continue
         if n.op in ("MatMul", "Gemm"):
             data = [i for i in n.inputs[:2] if view.const(i) is None]
             if len(data) == 1:
-                return view.skip_passthrough_up(data[0]).name
+                return Source(view.skip_passthrough_up(data[0]).name, projected=True)
             continue
         if n.op not in _THROUGH:
             continue
@@ -81,3 +89,20 @@ def projection_source(view: GraphView, t: gs.Tensor, budget: int = 24) -> str | 
         for i in ins[:2]:
             stack.append((i, b - 1))
     return None
+
+
+def site_kind(view: GraphView, q: gs.Tensor, key: gs.Tensor, role: CacheRole) -> SiteKind:
+    """Self or cross attention, decided by where Q and the (new) K come from: projections of one hidden state
+    are self-attention, of two cross-attention; a projected query over K/V read from graph inputs is
+    cross-attention over a static cache. A Q or K that is a graph input itself says nothing of its hidden
+    state: over a concatenated cache (keys that grow step by step with the queries, which a cross-attention's
+    K/V computed once never do) the site is self-attention; otherwise its kind is unknown."""
+    q_src = projection_source(view, q)
+    k_src = projection_source(view, role.new_key if role.kind == CacheKind.CONCAT and role.new_key is not None
+                              else key)
+    if (q_src is not None and not q_src.projected) or (k_src is not None and not k_src.projected
+                                                       and role.kind != CacheKind.CROSS_STATIC):
+        return SiteKind.SELF if role.kind == CacheKind.CONCAT else SiteKind.UNKNOWN
+    if role.kind == CacheKind.CROSS_STATIC:
+        return SiteKind.CROSS
+    return SiteKind.CROSS if q_src is not None and k_src is not None and q_src.name != k_src.name else SiteKind.SELF

@@ -13,19 +13,17 @@ from ..graph.roles import input_specs
 from ..graph.view import GraphView
 from ..site import (
     AttentionSite,
-    CacheKind,
     CausalKind,
     MaskStep,
     MatchResult,
     ScalePlacement,
-    SiteKind,
     SiteLayout,
     SiteQuant,
     Skipped,
 )
 from . import canonical, contraction, fused_ops, likeness, subgraphs
 from .axes import Atoms, Unfollowable, atoms_of
-from .cache import find_cache, projection_source
+from .cache import find_cache, site_kind
 from .core import Core, find_core
 from .errors import NotAttention, OverWeights, Unsupported
 from .heads import (
@@ -202,9 +200,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     key = resolve_key(view, core.k_operand, rank) if matmul else None
     key_perm = _perm(frames["k"], target(batch, kv, "k", "d"))
     cache = find_cache(view, k.tensor, v.tensor, _axis_of(frames["k"], "k"), _axis_of(frames["v"], "k"))
-    q_src = projection_source(view, q.tensor)
-    k_src = projection_source(view, cache.new_key if cache.new_key is not None else k.tensor)
-    cross = cache.kind == CacheKind.CROSS_STATIC or (q_src is not None and k_src is not None and q_src != k_src)
+    kind = site_kind(view, q.tensor, k.tensor, cache)
     bnsh = frames["q"] == target(batch, heads, "q", "d") and len(frames["q"]) == 4
     # a 3-D attention ([B, S, hidden], one head) may rotate heads folded in its last axis: read by value only
     rope = find_rope(view, q.tensor, k.tensor, head) if bnsh else \
@@ -222,7 +218,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     quant = SiteQuant(q.quant, k.quant, v.quant, core.logits_quant, core.probs_quant)
     return AttentionSite(
         name=sm.name,
-        kind=SiteKind.CROSS if cross else SiteKind.SELF,
+        kind=kind,
         query=query.name if matmul else q.tensor.name,
         key=k.tensor.name,
         value=v.tensor.name,

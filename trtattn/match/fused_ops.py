@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
 from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, Rope, RopeKind, ScalePlacement, SiteKind
-from .cache import CacheRole, find_cache, projection_source
+from .cache import CacheRole, find_cache, site_kind
 from .errors import Unsupported
 from .heads import heads_and_size, strip_repeat
 from .logit_ops import kind_of
@@ -25,6 +25,16 @@ MICROSOFT_OPS = {"Attention", "QAttention", "MultiHeadAttention", "GroupQueryAtt
                  "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention",
                  "QOrderedAttention", "DecoderAttention", "SparseAttention", "PagedAttention",
                  "LongformerAttention"}  # every contrib attention is a site: converted, or listed with why
+
+
+# the inputs ONNX Runtime's contrib ops take their masks at (their schemas' names): a padding mask (mask_index,
+# key_padding_mask, mask) and an additive attention_bias
+PADDING_MASK = {"Attention": 3, "QAttention": 5, "MultiHeadAttention": 4, "DecoderMaskedSelfAttention": 3,
+                "DecoderMaskedMultiHeadAttention": 3, "QOrderedAttention": 17, "DecoderAttention": 5,
+                "LongformerAttention": 3}
+ATTENTION_BIAS = {"Attention": 5, "MultiHeadAttention": 5, "GroupQueryAttention": 10, "PackedAttention": 5,
+                  "PackedMultiHeadAttention": 6, "DecoderMaskedSelfAttention": 5, "DecoderMaskedMultiHeadAttention": 4,
+                  "QOrderedAttention": 19}
 
 
 def is_fused_attention(n: gs.Node) -> bool:
@@ -84,16 +94,14 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
     else:  # the past concatenated in front of the op (dynamo's SDPA with HF's cache: Concat, then GQA repeat)
         seq_axis = 2 if rank == 4 else None
         role = find_cache(view, k, v, seq_axis, seq_axis)
+    kind = site_kind(view, q, k, role)
     cache = role.kind
-    q_src = projection_source(view, q)
-    k_src = projection_source(view, role.new_key if cache == CacheKind.CONCAT else k)
-    cross = cache == CacheKind.CROSS_STATIC or (q_src is not None and k_src is not None and q_src != k_src)
     notes = [f"GQA head repeat x{repeat} dropped"] if repeat > 1 else []
     if softcap:
         notes.append(f"softcap {softcap}")
     return AttentionSite(
         name=n.name,
-        kind=SiteKind.CROSS if cross else SiteKind.SELF,
+        kind=kind,
         query=q.name, key=k.name, value=v.name, output=n.outputs[0].name,
         q_heads=q_heads, kv_heads=kv_heads, head_size=head, v_head_size=head,
         scale=float(scale), scale_placement=ScalePlacement.ATTRIBUTE,
@@ -130,25 +138,45 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         causal = CausalKind.LOWER_RIGHT  # the past keys, then the new ones up to the query's own
     elif n.attrs.get("unidirectional", 0):
         causal = CausalKind.UPPER_LEFT
-    mask_at = {"Attention": (3, 5), "QAttention": (5,), "MultiHeadAttention": (4, 5)}.get(n.op, ())
-    masked = any(_opt(n, i) is not None for i in mask_at)
+    padding = _opt(n, PADDING_MASK[n.op]) if n.op in PADDING_MASK else None
+    bias = _opt(n, ATTENTION_BIAS[n.op]) if n.op in ATTENTION_BIAS else None
+    cache = CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else \
+        CacheKind.CROSS_STATIC if n.op == "MultiHeadAttention" and view.rank(_opt(n, 1) or q) == 4 else CacheKind.NONE
     return AttentionSite(
-        name=n.name, kind=SiteKind.SELF if n.op in ("Attention", "QAttention", "GroupQueryAttention") or past_k is not None
-        else SiteKind.CROSS,
+        name=n.name, kind=_microsoft_kind(view, n, cache),
         query=q.name, key=(_opt(n, 1) or q).name, value=(_opt(n, 2) or q).name, output=n.outputs[0].name,
         q_heads=heads, kv_heads=kv_heads, head_size=head, v_head_size=head, scale=float(scale),
-        scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=masked,
-        mask=MaskKind.ADDITIVE if masked else MaskKind.NONE,
+        scale_placement=ScalePlacement.ATTRIBUTE, causal=causal, padding=padding is not None,
+        mask=MaskKind.ADDITIVE if padding is not None or bias is not None else MaskKind.NONE,
+        # the bias as the op reads it (not over the logits: GroupQueryAttention's columns are its kernel's)
+        mask_steps=(MaskStep("add", operand=bias.name, node=n.name),) if bias is not None else (),
         softcap=float(n.attrs.get("softcap", 0.0)) or None,
         window=int(n.attrs.get("local_window_size", -1)) if int(n.attrs.get("local_window_size", -1)) > 0 else None,
         rope=_inner_rope(view, n, head),
-        cache=CacheKind.CONCAT if n.op == "GroupQueryAttention" or past_k is not None else
-        CacheKind.CROSS_STATIC if n.op == "MultiHeadAttention" and view.rank(_opt(n, 1) or q) == 4 else CacheKind.NONE,
+        cache=cache,
         past_key=past_k.name if past_k is not None else None, past_value=past_v.name if past_v is not None else None,
         source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",) + (
             ("present = Concat(past, new): ONNX Runtime's when each row's past fills past_key",)
             if n.op == "GroupQueryAttention" and past_k is not None else ()),
     )
+
+
+# contrib ops that project Q, K and V from their one hidden-state input, or whose keys are by definition the
+# query's tokens over a cache: self-attention whatever their inputs
+SELF_OPS = {"Attention", "QAttention", "PackedAttention", "DecoderMaskedSelfAttention", "QOrderedAttention",
+            "LongformerAttention", "GroupQueryAttention", "SparseAttention", "PagedAttention"}
+
+
+def _microsoft_kind(view: GraphView, n: gs.Node, cache: CacheKind) -> SiteKind:
+    """Self-attention for SELF_OPS, over a past, or with Q, K and V packed in the query input; DecoderAttention
+    projects its query and key inputs itself (one tensor: self); the others (MultiHeadAttention and its
+    kin take Q, K and V as given) as the projections in front of them say (cache.site_kind)."""
+    key = _opt(n, 1)
+    if n.op in SELF_OPS or cache == CacheKind.CONCAT or key is None:
+        return SiteKind.SELF
+    if n.op == "DecoderAttention":
+        return SiteKind.SELF if key.name == n.inputs[0].name else SiteKind.CROSS
+    return site_kind(view, n.inputs[0], key, CacheRole(cache))
 
 
 def _inner_rope(view: GraphView, n: gs.Node, head: int | None) -> Rope | None:

@@ -277,7 +277,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
         return FuseResult(model, [], result.ignored, {"passed": True, "note": "no attention found"})
     reports = [SiteReport(s, pattern=getattr(meanings.get(s.name), "pattern", "none"),
                           padding=getattr(meanings.get(s.name), "padding", False),
-                          bias=getattr(meanings.get(s.name), "bias", False)) for s in result.sites]
+                          bias=getattr(meanings.get(s.name), "bias", s.op_bias)) for s in result.sites]
     reports += [SiteReport(_placeholder(sk), status=NOT_FUSED, reason=sk.reason) for sk in result.skipped]
     while True:
         active = [r for r in reports if r.status == SiteStatus.FUSED]

@@ -126,10 +126,17 @@ def _mask(trt, net, mask, kind: str, compute, base: str):
 
 
 def lower_rope(trt, net, p: RopePlan, get):
-    layer = net.add_rotary_embedding(get(p.input), get(p.cos), get(p.sin), p.interleaved, p.rotary_dim)
+    base = f"trtattn/rope/{p.node}"
+    x = get(p.input)
+    if p.num_heads:  # [B, S, N*H] -> [B, N, S, H]: the layer reads a 3-D input as packed [T, N, H]
+        x = _shuffle(net, x, f"{base}/heads", reshape=(0, 0, p.num_heads, -1), second=(0, 2, 1, 3))
+    layer = net.add_rotary_embedding(x, get(p.cos), get(p.sin), p.interleaved, p.rotary_dim)
     if p.position_ids:
-        layer.set_input(3, _cast(trt, net, get(p.position_ids), trt.DataType.INT32, f"trtattn/rope/{p.node}/positions"))
-    return _out(layer, f"trtattn/rope/{p.node}")
+        layer.set_input(3, _cast(trt, net, get(p.position_ids), trt.DataType.INT32, f"{base}/positions"))
+    y = _out(layer, base)
+    if p.num_heads:
+        y = _shuffle(net, y, f"{base}/merge_heads", first=(0, 2, 1, 3), reshape=(0, 0, -1))
+    return y
 
 
 def lower_cache_update(trt, net, p: CacheUpdatePlan, get):

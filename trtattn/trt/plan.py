@@ -86,6 +86,7 @@ class RopePlan:
     position_ids: str | None = None
     interleaved: bool = False
     rotary_dim: int = 0  # 0: the whole head
+    num_heads: int = 0  # > 0: the input is [B, S, num_heads * H], split into [B, N, S, H] around the layer
 
     @property
     def region(self) -> tuple[str, ...]:
@@ -177,12 +178,20 @@ def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _heads_folded(node: onnx.NodeProto, types) -> bool:
-    """A RotaryEmbedding over a 3-D input ([B, S, N*H], num_heads): left to the ONNX parser, since
-    IRotaryEmbeddingLayer reads a 3-D input as packed [T, N, H]. An input of unknown rank: as num_heads says
-    (a 4-D input may carry num_heads too: torch's exporter writes it)."""
+def _rope(node: onnx.NodeProto, types) -> RopePlan | str:
+    """A RotaryEmbedding as IRotaryEmbeddingLayer, or why it is left to TensorRT's ONNX parser. The layer takes
+    [B, N, S, H] (a 3-D input it reads as packed [T, N, H]), so the op's 3-D input ([B, S, N*H] with num_heads)
+    is split into heads around it; an input of unknown rank cannot be told from packed tokens."""
+    attrs = _attrs(node)
     shape = types.get(node.input[0], (None, None))[1]
-    return len(shape) == 3 if shape is not None else bool(_attrs(node).get("num_heads", 0))
+    rank = len(shape) if shape is not None else None
+    heads = int(attrs.get("num_heads", 0))
+    if rank not in (3, 4) or (rank == 3 and not heads):
+        return (f"RotaryEmbedding {node.name} is left to TensorRT's ONNX parser: its input's rank is "
+                + (f"{rank}" if rank is not None else "unknown") + (" without num_heads" if rank == 3 else ""))
+    return RopePlan(node.name, node.input[0], node.input[1], node.input[2], node.output[0], _opt(node, 3),
+                    bool(attrs.get("interleaved", 0)), int(attrs.get("rotary_embedding_dim", 0)),
+                    heads if rank == 3 else 0)
 
 
 def _opt(node: onnx.NodeProto, i: int) -> str | None:
@@ -215,11 +224,12 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
             plan.attentions.append(a)
             if a.reason is not None:
                 continue
-        elif node.op_type == "RotaryEmbedding" and not _heads_folded(node, types):
-            attrs = _attrs(node)
-            plan.ropes.append(RopePlan(node.name, node.input[0], node.input[1], node.input[2], node.output[0],
-                                       _opt(node, 3), bool(attrs.get("interleaved", 0)),
-                                       int(attrs.get("rotary_embedding_dim", 0))))
+        elif node.op_type == "RotaryEmbedding":
+            rope = _rope(node, types)
+            if isinstance(rope, str):
+                plan.notes.append(rope)
+                continue
+            plan.ropes.append(rope)
         elif node.op_type == "TensorScatter":
             plan.cache_updates.append(_tensor_scatter(node, types))
         elif node.name in by_scatter:

@@ -12,7 +12,7 @@ import onnx_graphsurgeon as gs
 from ...errors import TrtattnError
 from ...graph.dependence import depends_on_input_values
 from ...graph.emit import Emitter, export_like
-from ...site import CacheKind
+from ...site import CacheKind, SiteKind
 from .lowering import AttentionLowering
 from .tokens import pack_tokens, per_token_outputs
 
@@ -22,9 +22,14 @@ def packed_form(model: onnx.ModelProto, reports) -> tuple[onnx.ModelProto, list[
     lowering per Attention node."""
     for r in reports:
         site = r.site
-        if site.kind.value == "cross" or site.cache != CacheKind.NONE:
+        if site.kind != SiteKind.SELF or site.cache != CacheKind.NONE:
             raise TrtattnError(f"site {site.name}: the packed form takes encoders and cacheless decoders; this is "
-                               + ("cross-attention" if site.kind.value == "cross" else "attention over a KV cache"))
+                               + ("attention over a KV cache" if site.cache == CacheKind.CONCAT else
+                                  "attention over static K/V read from graph inputs"
+                                  if site.cache == CacheKind.CROSS_STATIC else
+                                  "cross-attention" if site.kind == SiteKind.CROSS else
+                                  "attention whose Q and K are graph inputs (nothing says they are one sequence's "
+                                  "tokens, which packing needs)"))
         if r.bias or site.window or r.pattern not in ("none", "causal"):
             raise TrtattnError(f"site {site.name}: a packed IAttention takes sequence lengths and a causal flag, not "
                                + ("a bias" if r.bias else f"a {r.pattern} mask"))
