@@ -279,27 +279,6 @@ def test_rank_costs_match_the_llama_formula(tiny_llama):
             == (formula.kv_cache_bytes, formula.all_reduces, formula.all_reduce_bytes, formula.all_gather_bytes)
 
 
-@pytest.mark.parametrize("command", ["run", "bench"])
-def test_rank_set_on_too_few_gpus_says_so_in_one_line(tmp_path, capsys, monkeypatch, command):
-    import json
-
-    from trtattn.cli import main, rank_set
-    from trtattn.cli.rank_set import refuse
-
-    monkeypatch.setattr(rank_set, "visible_gpus", lambda: 1)
-    plan = tmp_path / "m.tp.json"
-    plan.write_text(json.dumps({"tensor_parallel": 4}))
-    engine = tmp_path / "m.rank0of4.engine"
-    engine.write_bytes(b"not an engine: never opened")
-    engine.with_suffix(".json").write_text(json.dumps({"tensor_parallel": {"rank": 0, "ranks": 4}}))
-    for target in (plan, engine):
-        assert main(["-q", command, str(target)]) == 4
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "needs 4 GPUs, this machine has 1" in err[0]
-    assert refuse(str(plan), gpus=lambda: 4) == 1  # enough GPUs: the launch itself is not implemented
-    assert refuse(str(tmp_path / "plain.onnx")) is None
-
-
 def test_build_folder_tp_splits_the_verified_form_of_each_part(tmp_path, tiny_llama):
     """`build DIR --tp 2` prepares the parts as `build DIR` does (a decoder-only export: the kv-cache form)
     and splits each part's verified form, so every rank's plan has its IAttentions over its heads and its
