@@ -279,7 +279,7 @@ def test_rank_costs_match_the_llama_formula(tiny_llama):
             == (formula.kv_cache_bytes, formula.all_reduces, formula.all_reduce_bytes, formula.all_gather_bytes)
 
 
-def test_build_folder_tp_splits_the_verified_form_of_each_part(tmp_path, tiny_llama):
+def test_build_folder_tp_splits_the_verified_form_of_each_part(tmp_path, tiny_llama, capsys):
     """`build DIR --tp 2` prepares the parts as `build DIR` does (a decoder-only export: the kv-cache form)
     and splits each part's verified form, so every rank's plan has its IAttentions over its heads and its
     cache its KV head (was: the parts split as exported, no IAttention)."""
@@ -310,6 +310,29 @@ def test_build_folder_tp_splits_the_verified_form_of_each_part(tmp_path, tiny_ll
         assert [(a["q_heads"], a["kv_heads"]) for a in rank_plan["attentions"]] == [(2, 1)] * 2
         assert len(rank_plan["cache_updates"]) == 4
         validate.check(io.load(out / r["form"]), r["form"])
+    # pipeline.json as `build DIR` writes it (was: none), each part naming its rank set and each rank's engine
+    from trtattn.errors import TrtattnError
+    from trtattn.runtime.pipeline import load_pipeline
+
+    pipeline = json.loads((out / "pipeline.json").read_text())
+    assert (pipeline["tensor_parallel"], pipeline["kind"], pipeline["built"]) == (2, "decoder-only", False)
+    decoder = pipeline["parts"]["decoder"]
+    assert (decoder["form"], decoder["onnx"], decoder["plan"], decoder["ranks"]) == (
+        "kv-cache", "decoder.kv-cache.onnx", "decoder.tp.json", ["decoder.rank0of2.engine", "decoder.rank1of2.engine"])
+    # loadable as the one-device folder: on ONNX Runtime its verified form, generating the export's tokens
+    assert load_pipeline(out, backend="ort").parts == {"decoder": out / "decoder.kv-cache.onnx"}
+    capsys.readouterr()
+    tokens = []
+    for target, extra in ((folder, []), (out, ["--backend", "ort"])):
+        assert main(["-q", "run", str(target), *extra, "--generate", "4", "--prompt", "5,17,33", "--json"]) == 0
+        tokens.append(json.loads(capsys.readouterr().out)["requests"][0]["tokens"])
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 4
+    # on TensorRT each rank process takes its own engines; outside one, the set is named, and here (no GPU)
+    # `run` says in one line that it needs 2 GPUs
+    with pytest.raises(TrtattnError, match="each part is a set of 2 rank engines"):
+        load_pipeline(out)
+    assert main(["-q", "run", str(out), "--generate", "2", "--prompt", "5,17"]) == 4
+    assert "needs 2 GPUs" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -33,8 +33,8 @@ def test_rank_set_is_read_from_its_sidecar_or_any_rank_engine(tmp_path):
     from_plan = read_rank_set(plan)
     from_engine = read_rank_set(tmp_path / "m.rank2of4.engine")
     expected = [tmp_path / f"m.rank{r}of4.engine" for r in range(4)]
-    assert (from_plan.name, from_plan.ranks, from_plan.engines) == ("m", 4, expected)
-    assert (from_engine.name, from_engine.ranks, from_engine.engines) == ("m", 4, expected)
+    assert (from_plan.name, from_plan.ranks, from_plan.models, from_plan.needed) == ("m", 4, expected, expected)
+    assert (from_engine.name, from_engine.ranks, from_engine.models) == ("m", 4, expected)
     single = tmp_path / "one.engine"
     single.write_bytes(b"x")
     single.with_suffix(".json").write_text(json.dumps({"name": "one"}))
@@ -67,6 +67,33 @@ def test_each_rank_gets_its_engine_device_and_the_meeting_point(tmp_path):
     (tmp_path / "m.rank1of2.engine").unlink()
     with pytest.raises(TrtattnError, match="rank engine .*m.rank1of2.engine not found"):
         rank_commands(read_rank_set(plan), argv, str(plan), port=1, command="run")
+
+
+def test_a_built_folder_runs_as_one_rank_set_each_rank_taking_its_engines(tmp_path, monkeypatch):
+    """`build DIR --tp 2` writes pipeline.json naming each part's rank engines: every rank process is given
+    the folder and load_pipeline takes that rank's engine of each part."""
+    from trtattn.runtime.pipeline import load_pipeline
+
+    out = tmp_path / "out"
+    out.mkdir()
+    roles = ("encoder", "decoder", "decoder_with_past")
+    parts = {role: {"form": "padded", "onnx": f"{role}.padded.onnx", "file": None, "plan": f"{role}.tp.json",
+                    "ranks": [f"{role}.rank{r}of2.engine" for r in range(2)]} for role in roles}
+    (out / "pipeline.json").write_text(json.dumps({"tensor_parallel": 2, "kind": "encoder-decoder", "parts": parts}))
+    for role in roles:
+        for r in range(2):
+            (out / f"{role}.rank{r}of2.engine").write_bytes(b"x")
+    rank_set = read_rank_set(out)
+    assert (rank_set.ranks, rank_set.models, len(rank_set.needed)) == (2, [out, out], 6)
+    commands = rank_commands(rank_set, ["run", str(out), "--generate", "3"], str(out), port=5, command="run",
+                             python="py")
+    assert [c.argv for c in commands] == [["py", "-m", "trtattn", "run", str(out), "--generate", "3"]] * 2
+    monkeypatch.setenv(ranks.RANK_ENV, "1")
+    monkeypatch.setenv(ranks.RANKS_ENV, "2")
+    assert load_pipeline(out).parts == {role: out / f"{role}.rank1of2.engine" for role in roles}
+    monkeypatch.setenv(ranks.RANKS_ENV, "4")
+    with pytest.raises(TrtattnError, match="a set of 2 ranks, but this process was launched as rank 1 of 4"):
+        load_pipeline(out)
 
 
 def test_too_few_gpus_refused_in_one_line(tmp_path, capsys):

@@ -43,8 +43,11 @@ def refuse(model: str, gpus: int | None = None) -> int | None:
 
 def run_set(args, gpus: int | None = None) -> int | None:
     """The exit code of running `args.model` as a rank set, one process per rank; None when it is not a
-    rank set or this process is already one of its ranks (then the command goes on as for one engine)."""
-    rank_set = None if this_rank() is not None else read_rank_set(args.model)
+    rank set, this process is already one of its ranks (then the command goes on as for one engine or
+    folder) or --backend ort asks for the verified forms."""
+    if this_rank() is not None or args.backend == "ort":  # ort: a built folder's verified forms, on the CPU
+        return None
+    rank_set = read_rank_set(args.model)
     if rank_set is None:
         return None
     refused = refuse(args.model, gpus)

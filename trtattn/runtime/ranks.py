@@ -40,8 +40,13 @@ RANK_NAME = re.compile(r"^(?P<name>.+)\.rank(?P<rank>\d+)of(?P<ranks>\d+)$")
 class RankSet:
     name: str
     ranks: int
-    engines: list[Path]  # rank r's engine
-    source: Path  # NAME.tp.json, or the rank engine it was read from
+    models: list[Path]  # what rank r is given as MODEL: its engine, or the folder of a pipeline
+    source: Path  # NAME.tp.json, the rank engine it was read from, or a pipeline.json
+    engines: list[Path] | None = None  # every engine the ranks open (default: `models`)
+
+    @property
+    def needed(self) -> list[Path]:
+        return self.models if self.engines is None else self.engines
 
 
 @dataclass(frozen=True)
@@ -57,10 +62,13 @@ class RankCommand:
 
 
 def read_rank_set(model) -> RankSet | None:
-    """The rank set `model` names: NAME.tp.json (its `ranks` list the engines, beside it), or one rank's
-    engine whose sidecar says it is rank r of N (the others are NAME.rankKofN.engine beside it). None: not
-    a rank set."""
+    """The rank set `model` names: NAME.tp.json (its `ranks` list the engines, beside it), one rank's
+    engine whose sidecar says it is rank r of N (the others are NAME.rankKofN.engine beside it), or a folder
+    `build DIR --tp N` wrote (its pipeline.json: every rank is given the folder and takes its own engine of
+    each part). None: not a rank set."""
     path = Path(model)
+    if path.is_dir():
+        return _folder_set(path)
     if path.name.endswith(".tp.json") and path.is_file():
         try:
             plan = json.loads(path.read_text())
@@ -93,6 +101,21 @@ def read_rank_set(model) -> RankSet | None:
     return RankSet(name, n, [path.with_name(f"{name}.rank{r}of{n}{path.suffix}") for r in range(n)], path)
 
 
+def _folder_set(folder: Path) -> RankSet | None:
+    from .pipeline import PIPELINE_JSON
+
+    sidecar = folder / PIPELINE_JSON
+    try:
+        meta = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+    except ValueError as e:
+        raise TrtattnError(f"{sidecar}: not readable JSON ({e})") from None
+    n = meta.get("tensor_parallel")
+    if not n:
+        return None
+    engines = [folder / e for p in meta.get("parts", {}).values() for e in p.get("ranks", [])]
+    return RankSet(folder.name, int(n), [folder] * int(n), sidecar, engines)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on now, for rank 0's NCCL bootstrap root."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -112,14 +135,14 @@ def rank_commands(rank_set: RankSet, argv: list[str], model: str, *, port: int, 
         at = argv.index(str(model), start)
     except ValueError:
         raise TrtattnError(f"cannot find {model} on the command line {' '.join(argv)} to give each rank its engine") from None
-    missing = [str(e) for e in rank_set.engines if not e.is_file()]
+    missing = [str(e) for e in rank_set.needed if not e.is_file()]
     if missing:
         raise TrtattnError(f"{rank_set.source}: rank engine{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                            "not found (build them with trtattn build --tp on a GPU machine)")
     base = dict(os.environ if env is None else env)
     meet = base.get(MEET_ENV) or f"{host}:{port}"
     commands = []
-    for r, engine in enumerate(rank_set.engines):
+    for r, engine in enumerate(rank_set.models):
         rank_env = {**base, RANK_ENV: str(r), RANKS_ENV: str(rank_set.ranks), DEVICE_ENV: str(r), MEET_ENV: meet}
         rank_argv = [python, "-m", "trtattn", *argv[:at], str(engine), *argv[at + 1:]]
         commands.append(RankCommand(r, rank_argv, rank_env, r))
