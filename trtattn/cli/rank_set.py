@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from ..errors import TrtattnError
 from ..runtime.ranks import free_port, launch, rank_commands, read_rank_set, this_rank
 from .common import NO_TRT_EXIT
 
@@ -17,8 +18,6 @@ def ranks_of(model: str) -> int | None:
 
 
 def visible_gpus() -> int:
-    from ..errors import TrtattnError
-
     try:
         from ..trt.cuda import Cuda
 
@@ -59,5 +58,9 @@ def run_set(args, gpus: int | None = None) -> int | None:
         print(f"trtattn: error: {args.model} is a rank set; {', '.join(others)} with a rank set is not supported "
               "(generate with the step engines alone)", file=sys.stderr)
         return 2
-    commands = rank_commands(rank_set, args.argv, args.model, port=free_port(), command=args.command)
+    argv = getattr(args, "argv", None)  # set by cli.main
+    if argv is None:
+        raise TrtattnError(f"{args.model} is a rank set: run it through trtattn's command line (cli.main), which "
+                           "relaunches that command line once per rank")
+    commands = rank_commands(rank_set, argv, args.model, port=free_port(), command=args.command)
     return launch(commands)
