@@ -52,8 +52,8 @@ def test_each_rank_gets_its_engine_device_and_the_meeting_point(tmp_path):
     env = {"PATH": "/bin", "NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "2,3"}
     commands = rank_commands(read_rank_set(plan), argv, str(plan), port=29511, command="run", python="py", env=env)
     assert [c.argv for c in commands] == [
-        ["py", "-m", "trtattn", "-q", "run", str(tmp_path / f"m.rank{r}of2.engine"), "--generate", "4", "--prompt",
-         "5,6", "--save", "out.npz"] for r in range(2)]
+        ["py", "-m", "trtattn", *(["-q"] if r else []), "-q", "run", str(tmp_path / f"m.rank{r}of2.engine"),
+         "--generate", "4", "--prompt", "5,6", "--save", "out.npz"] for r in range(2)]
     assert [c.env_shown() for c in commands] == [
         {"TRTATTN_RANK": str(r), "TRTATTN_RANKS": "2", "TRTATTN_DEVICE": str(r), "NCCL_COMM_ID": "127.0.0.1:29511"}
         for r in range(2)]
@@ -61,9 +61,12 @@ def test_each_rank_gets_its_engine_device_and_the_meeting_point(tmp_path):
     assert all(c.env["NCCL_DEBUG"] == "WARN" and c.env["CUDA_VISIBLE_DEVICES"] == "2,3" for c in commands)
     kept = rank_commands(read_rank_set(plan), argv, str(plan), port=1, command="run", env={**env, "NCCL_COMM_ID": "h:7"})
     assert {c.env["NCCL_COMM_ID"] for c in kept} == {"h:7"}
-    # a model path equal to an option's value before the sub-command is not the one replaced
-    first = rank_commands(read_rank_set(plan), ["bench", str(plan)], str(plan), port=1, command="bench", python="py")
-    assert first[1].argv == ["py", "-m", "trtattn", "bench", str(tmp_path / "m.rank1of2.engine")]
+    # the model after the sub-command is the one replaced, not an equal value elsewhere on the line
+    first = rank_commands(read_rank_set(plan), ["bench", str(plan), "--inputs", str(plan)], str(plan), port=1,
+                          command="bench", python="py")
+    assert [c.argv for c in first] == [
+        ["py", "-m", "trtattn", *q, "bench", str(tmp_path / f"m.rank{r}of2.engine"), "--inputs", str(plan)]
+        for r, q in enumerate(([], ["-q"]))]
     (tmp_path / "m.rank1of2.engine").unlink()
     with pytest.raises(TrtattnError, match="rank engine .*m.rank1of2.engine not found"):
         rank_commands(read_rank_set(plan), argv, str(plan), port=1, command="run")
@@ -87,7 +90,8 @@ def test_a_built_folder_runs_as_one_rank_set_each_rank_taking_its_engines(tmp_pa
     assert (rank_set.ranks, rank_set.models, len(rank_set.needed)) == (2, [out, out], 6)
     commands = rank_commands(rank_set, ["run", str(out), "--generate", "3"], str(out), port=5, command="run",
                              python="py")
-    assert [c.argv for c in commands] == [["py", "-m", "trtattn", "run", str(out), "--generate", "3"]] * 2
+    assert [c.argv for c in commands] == [["py", "-m", "trtattn", *q, "run", str(out), "--generate", "3"]
+                                          for q in ([], ["-q"])]
     monkeypatch.setenv(ranks.RANK_ENV, "1")
     monkeypatch.setenv(ranks.RANKS_ENV, "2")
     assert load_pipeline(out).parts == {role: out / f"{role}.rank1of2.engine" for role in roles}

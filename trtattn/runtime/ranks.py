@@ -127,8 +127,8 @@ def rank_commands(rank_set: RankSet, argv: list[str], model: str, *, port: int, 
                   python: str = sys.executable, env: dict[str, str] | None = None,
                   host: str = "127.0.0.1") -> list[RankCommand]:
     """One command line per rank: `python -m trtattn ARGV` with `model` (the set as the user named it, after
-    the sub-command `command`) replaced by the rank's engine, and the rank's environment (`env`: the
-    parent's, default os.environ). A NCCL_COMM_ID the user set (another host) is kept."""
+    the sub-command `command`) replaced by the rank's engine (-q for ranks > 0), and the rank's environment
+    (`env`: the parent's, default os.environ). A NCCL_COMM_ID the user set (another host) is kept."""
     argv = [str(a) for a in argv]
     start = argv.index(command) + 1 if command in argv else 0
     try:
@@ -144,7 +144,8 @@ def rank_commands(rank_set: RankSet, argv: list[str], model: str, *, port: int, 
     commands = []
     for r, engine in enumerate(rank_set.models):
         rank_env = {**base, RANK_ENV: str(r), RANKS_ENV: str(rank_set.ranks), DEVICE_ENV: str(r), MEET_ENV: meet}
-        rank_argv = [python, "-m", "trtattn", *argv[:at], str(engine), *argv[at + 1:]]
+        quiet = ["-q"] if r else []  # progress from rank 0 alone (the others' errors still show)
+        rank_argv = [python, "-m", "trtattn", *quiet, *argv[:at], str(engine), *argv[at + 1:]]
         commands.append(RankCommand(r, rank_argv, rank_env, r))
     return commands
 
