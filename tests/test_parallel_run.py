@@ -137,6 +137,8 @@ def test_launcher_shows_rank0_and_ends_the_others_when_one_fails(tmp_path, capfd
     start = time.monotonic()
     code = launch([_python(waiting, 0), _python("import sys; sys.exit(3)", 1), _python(waiting, 2)])
     assert code == 3 and time.monotonic() - start < 30 and not marker.exists()
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    assert launch([_python(waiting, 0), _python(killed, 1)]) == 128 + 15
 
 
 def test_a_rank_process_refuses_an_engine_of_another_rank(tmp_path, monkeypatch):

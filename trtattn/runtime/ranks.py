@@ -153,7 +153,7 @@ def rank_commands(rank_set: RankSet, argv: list[str], model: str, *, port: int, 
 def launch(commands: list[RankCommand], *, poll: float = 0.1) -> int:
     """Run the rank processes together; rank 0's stdout is shown, the others' discarded (their stderr is
     shown). The first rank that fails ends the others (they would wait in NCCL for it forever) and its
-    exit code is returned; 0 when all succeed."""
+    exit code is returned (128 + the signal for a rank killed by one); 0 when all succeed."""
     procs = []
     try:
         for c in commands:
@@ -162,7 +162,7 @@ def launch(commands: list[RankCommand], *, poll: float = 0.1) -> int:
             codes = [p.poll() for p in procs]
             failed = next((code for code in codes if code not in (None, 0)), None)
             if failed is not None:
-                return failed
+                return failed if failed > 0 else 128 - failed  # killed by a signal: as a shell says it
             if all(code == 0 for code in codes):
                 return 0
             time.sleep(poll)
