@@ -200,3 +200,31 @@ def test_rank_set_on_gpus_equals_the_single_device_engine(tmp_path, n):
     assert main(["-q", "run", str(out / "tiny.tp.json"), *generate, "--save", str(tmp_path / "set_t.npz")]) == 0
     with np.load(tmp_path / "one_t.npz") as one, np.load(tmp_path / "set_t.npz") as got:
         assert np.array_equal(one["tokens"], got["tokens"])
+
+
+@pytest.mark.trt
+def test_folder_rank_set_on_gpus_generates_the_single_device_tokens(tmp_path):
+    """On 2 GPUs with TensorRT (docker/): an export folder (the writer's tiny Llama with a cache as model.onnx)
+    built for one device and over 2 ranks; `run OUT --generate` through the rank set gives the one-device
+    folder's tokens."""
+    from trtattn.trt.session import trt_available
+
+    ok, why = trt_available()
+    if not ok or visible_gpus() < 2:
+        pytest.skip(f"needs 2 GPUs and TensorRT ({why or f'{visible_gpus()} GPUs visible'})")
+    from trtattn.testing import write_llama
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    write_llama.write_llama(folder / "model.onnx", **{**write_llama.PRESETS["tiny"], "form": "cache"})
+    common = ["--precision", "fp16", "--max-cache", "64", "--force"]
+    assert main(["-q", "build", str(folder), "--out-dir", str(tmp_path / "one"), *common]) == 0
+    assert main(["-q", "build", str(folder), "--tp", "2", "--out-dir", str(tmp_path / "set"), *common]) == 0
+    tokens = []
+    for out in ("one", "set"):
+        save = tmp_path / f"{out}.npz"
+        assert main(["-q", "run", str(tmp_path / out / "export"), "--generate", "6", "--prompt", "5,17,33",
+                     "--save", str(save)]) == 0
+        with np.load(save) as data:
+            tokens.append(data["tokens"])
+    assert np.array_equal(tokens[0], tokens[1])
