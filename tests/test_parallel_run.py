@@ -173,8 +173,9 @@ def test_communicator_is_what_the_execution_context_takes(real_trt):
 @pytest.mark.trt
 @pytest.mark.parametrize("n", [2])
 def test_rank_set_on_gpus_equals_the_single_device_engine(tmp_path, n):
-    """On N GPUs with TensorRT (docker/): the writer's tiny Llama with a cache, built for one device and
-    as N ranks; `run` on the set gives the single engine's logits and `run --generate` its tokens."""
+    """On N GPUs with TensorRT (docker/): the writer's tiny Llama built for one device and as N ranks. `run` on
+    the set gives the single engine's logits (the padded form: no cache input, so both get the same feeds),
+    and `run --generate` on the cache model's set its tokens (caches zero-filled per rank, its heads only)."""
     from trtattn.trt.session import trt_available
 
     ok, why = trt_available()
@@ -182,22 +183,22 @@ def test_rank_set_on_gpus_equals_the_single_device_engine(tmp_path, n):
         pytest.skip(f"needs {n} GPUs and TensorRT ({why or f'{visible_gpus()} GPUs visible'})")
     from trtattn.testing import write_llama
 
-    model = write_llama.write_llama(tmp_path / "tiny.onnx", **{**write_llama.PRESETS["tiny"], "form": "cache",
-                                                              "dtype": "float16"})
     out = tmp_path / "engines"
     common = ["--precision", "fp16", "--max-cache", "64", "--out-dir", str(out), "--force"]
-    assert main(["-q", "build", str(model), "--name", "tiny", *common]) == 0
-    assert main(["-q", "build", str(model), "--name", "tiny", "--tp", str(n), *common]) == 0
-    feeds = ["--dims", "batch=2,seq=5,past=3", "--seed", "1"]
-    assert main(["-q", "run", str(out / "tiny.engine"), *feeds, "--save", str(tmp_path / "one.npz")]) == 0
-    assert main(["-q", "run", str(out / "tiny.tp.json"), *feeds, "--save", str(tmp_path / "set.npz")]) == 0
+    for form in ("padded", "cache"):
+        model = write_llama.write_llama(tmp_path / f"{form}.onnx", **{**write_llama.PRESETS["tiny"], "form": form})
+        assert main(["-q", "build", str(model), "--name", form, *common]) == 0
+        assert main(["-q", "build", str(model), "--name", form, "--tp", str(n), *common]) == 0
+    feeds = ["--dims", "batch=2,seq=5", "--seed", "1"]
+    for target, save in ((out / "padded.engine", "one.npz"), (out / "padded.tp.json", "set.npz")):
+        assert main(["-q", "run", str(target), *feeds, "--save", str(tmp_path / save)]) == 0
     with np.load(tmp_path / "one.npz") as one, np.load(tmp_path / "set.npz") as got:
         assert sorted(one.files) == sorted(got.files)
         for k in one.files:
             np.testing.assert_allclose(got[k].astype(np.float32), one[k].astype(np.float32), rtol=2e-2, atol=2e-2)
     generate = ["--generate", "6", "--prompt", "5,17,33", "--prompt", "7,8"]
-    assert main(["-q", "run", str(out / "tiny.engine"), *generate, "--save", str(tmp_path / "one_t.npz")]) == 0
-    assert main(["-q", "run", str(out / "tiny.tp.json"), *generate, "--save", str(tmp_path / "set_t.npz")]) == 0
+    for target, save in ((out / "cache.engine", "one_t.npz"), (out / "cache.tp.json", "set_t.npz")):
+        assert main(["-q", "run", str(target), *generate, "--save", str(tmp_path / save)]) == 0
     with np.load(tmp_path / "one_t.npz") as one, np.load(tmp_path / "set_t.npz") as got:
         assert np.array_equal(one["tokens"], got["tokens"])
 
