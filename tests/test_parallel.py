@@ -279,28 +279,7 @@ def test_rank_costs_match_the_llama_formula(tiny_llama):
             == (formula.kv_cache_bytes, formula.all_reduces, formula.all_reduce_bytes, formula.all_gather_bytes)
 
 
-@pytest.mark.parametrize("command", ["run", "bench"])
-def test_rank_set_on_too_few_gpus_says_so_in_one_line(tmp_path, capsys, monkeypatch, command):
-    import json
-
-    from trtattn.cli import main, rank_set
-    from trtattn.cli.rank_set import refuse
-
-    monkeypatch.setattr(rank_set, "visible_gpus", lambda: 1)
-    plan = tmp_path / "m.tp.json"
-    plan.write_text(json.dumps({"tensor_parallel": 4}))
-    engine = tmp_path / "m.rank0of4.engine"
-    engine.write_bytes(b"not an engine: never opened")
-    engine.with_suffix(".json").write_text(json.dumps({"tensor_parallel": {"rank": 0, "ranks": 4}}))
-    for target in (plan, engine):
-        assert main(["-q", command, str(target)]) == 4
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "needs 4 GPUs, this machine has 1" in err[0]
-    assert refuse(str(plan), gpus=lambda: 4) == 1  # enough GPUs: the launch itself is not implemented
-    assert refuse(str(tmp_path / "plain.onnx")) is None
-
-
-def test_build_folder_tp_splits_the_verified_form_of_each_part(tmp_path, tiny_llama):
+def test_build_folder_tp_splits_the_verified_form_of_each_part(tmp_path, tiny_llama, capsys):
     """`build DIR --tp 2` prepares the parts as `build DIR` does (a decoder-only export: the kv-cache form)
     and splits each part's verified form, so every rank's plan has its IAttentions over its heads and its
     cache its KV head (was: the parts split as exported, no IAttention)."""
@@ -331,6 +310,29 @@ def test_build_folder_tp_splits_the_verified_form_of_each_part(tmp_path, tiny_ll
         assert [(a["q_heads"], a["kv_heads"]) for a in rank_plan["attentions"]] == [(2, 1)] * 2
         assert len(rank_plan["cache_updates"]) == 4
         validate.check(io.load(out / r["form"]), r["form"])
+    # pipeline.json as `build DIR` writes it (was: none), each part naming its rank set and each rank's engine
+    from trtattn.errors import TrtattnError
+    from trtattn.runtime.pipeline import load_pipeline
+
+    pipeline = json.loads((out / "pipeline.json").read_text())
+    assert (pipeline["tensor_parallel"], pipeline["kind"], pipeline["built"]) == (2, "decoder-only", False)
+    decoder = pipeline["parts"]["decoder"]
+    assert (decoder["form"], decoder["onnx"], decoder["plan"], decoder["ranks"]) == (
+        "kv-cache", "decoder.kv-cache.onnx", "decoder.tp.json", ["decoder.rank0of2.engine", "decoder.rank1of2.engine"])
+    # loadable as the one-device folder: on ONNX Runtime its verified form, generating the export's tokens
+    assert load_pipeline(out, backend="ort").parts == {"decoder": out / "decoder.kv-cache.onnx"}
+    capsys.readouterr()
+    tokens = []
+    for target, extra in ((folder, []), (out, ["--backend", "ort"])):
+        assert main(["-q", "run", str(target), *extra, "--generate", "4", "--prompt", "5,17,33", "--json"]) == 0
+        tokens.append(json.loads(capsys.readouterr().out)["requests"][0]["tokens"])
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 4
+    # on TensorRT each rank process takes its own engines; outside one, the set is named, and here (no GPU)
+    # `run` says in one line that it needs 2 GPUs
+    with pytest.raises(TrtattnError, match="each part is a set of 2 rank engines"):
+        load_pipeline(out)
+    assert main(["-q", "run", str(out), "--generate", "2", "--prompt", "5,17"]) == 4
+    assert "needs 2 GPUs" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -106,7 +106,7 @@ def test_gather_without_num_ranks_is_refused_at_build(checked_trt):
 @pytest.mark.trt
 def test_rank_engines_build_on_a_gpu(tmp_path):
     """On a GPU with TensorRT >= 11 (docker/): the rank forms of the hand-built GQA block build into one
-    engine per rank. Running the set needs one process per GPU (not implemented yet)."""
+    engine per rank (run on GPUs: test_parallel_run.py)."""
     from trtattn.routes.parallel.engine import build_ranks
     from trtattn.trt import compat
     from trtattn.trt.session import trt_available

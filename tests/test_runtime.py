@@ -576,8 +576,16 @@ class _OrtEngine:
 
 
 class _Context:
+    takes_communicators = True  # what set_communicator answers (TensorRT: False when it cannot use it)
+
     def __init__(self, engine):
         self.engine, self.shapes, self.addr, self.enqueues, self.result = engine, {}, {}, 0, {}
+        self.communicator = None
+
+    def set_communicator(self, communicator):
+        assert type(communicator).__name__ == "PyCapsule"
+        self.communicator = communicator
+        return self.takes_communicators
 
     def _inputs(self, addr, shapes):
         return {n: _view(addr[n], shapes[n], self.engine.io[n][1]).copy() for n, (m, _, _) in self.engine.io.items()
@@ -697,6 +705,22 @@ def test_stand_in_session_carries_presents_into_the_past_without_copies(stand_in
     s.close()
 
 
+def test_stand_in_session_hands_a_rank_its_nccl_communicator(stand_in_trt, llama_models, monkeypatch):
+    """Not TensorRT: a rank engine's session gives its execution context the NCCL communicator (a capsule,
+    as IExecutionContext.set_communicator takes it) before any run, and stops if TensorRT refuses it."""
+    from trtattn.trt.nccl import capsule
+    from trtattn.trt.session import TrtSession
+
+    communicator = capsule(0x1000)
+    s = TrtSession(stand_in_trt(llama_models["kv-cache"]), name="rank0", communicator=communicator)
+    assert s.context.communicator is communicator and s.context.enqueues == 0
+    s.close()
+    assert TrtSession(stand_in_trt(llama_models["kv-cache"]), name="one").context.communicator is None
+    monkeypatch.setattr(_Context, "takes_communicators", False)
+    with pytest.raises(TrtattnError, match="rank1: TensorRT refused the NCCL communicator"):
+        TrtSession(stand_in_trt(llama_models["kv-cache"]), name="rank1", communicator=communicator)
+
+
 def test_stand_in_session_rejects_a_sidecar_from_another_engine(stand_in_trt, llama_models):
     from trtattn.trt.session import TrtSession
 
@@ -713,7 +737,8 @@ def test_stand_in_calls_exist_in_the_real_tensorrt_bindings(real_trt):
     calls = {"ICudaEngine": {"get_tensor_name": 1, "get_tensor_mode": 1, "get_tensor_dtype": 1, "get_tensor_shape": 1,
                              "get_aliased_input_tensor": 1, "is_shape_inference_io": 1, "create_execution_context": 0},
              "IExecutionContext": {"set_input_shape": 2, "set_tensor_address": 2, "infer_shapes": 0, "get_tensor_shape": 1,
-                                   "execute_async_v3": 1, "set_output_allocator": 2, "set_optimization_profile_async": 2},
+                                   "execute_async_v3": 1, "set_output_allocator": 2, "set_optimization_profile_async": 2,
+                                   "set_communicator": 1},
              "Runtime": {"deserialize_cuda_engine": 1}}
     for cls, methods in calls.items():
         for method, nargs in methods.items():

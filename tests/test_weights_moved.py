@@ -109,3 +109,59 @@ def test_weights_aside_gives_the_model_back_byte_for_byte():
     with onnxio.weights_aside(model) as weights:
         assert weights and model.SerializeToString() != before
     assert model.SerializeToString() == before
+
+
+def test_weights_on_disk_are_read_from_the_models_folder_whatever_the_working_directory(tmp_path, monkeypatch):
+    """A model whose weights stay on disk when read (each 1 MB, over graph/external.py's INLINE_LIMIT), built
+    in fp16 from another folder (absolute path) and from its parent (relative path): AutoCast's copy and the
+    fp16 check's ONNX Runtime session take the weights from the model's folder (was: the copy was written in
+    a scratch folder, "should be stored in /tmp/.../m.onnx.data, but it is not regular file", and the check
+    opened the form from bytes against the working directory: build exited 2 wherever it ran)."""
+    import pytest
+
+    from trtattn.cli import main
+    from trtattn.testing.graphs import attention_model
+    from trtattn.trt import compat
+
+    try:
+        compat.import_tensorrt()
+        pytest.skip("TensorRT is installed: build would go on to the engine")
+    except Exception:
+        pass
+    models, elsewhere = tmp_path / "models", tmp_path / "elsewhere"
+    models.mkdir()
+    elsewhere.mkdir()
+    onnx.save(attention_model(heads=16, head=32), models / "m.onnx", save_as_external_data=True,
+              all_tensors_to_one_file=True, location="m.onnx.data", size_threshold=0)
+    for cwd, target, out in ((elsewhere, str(models / "m.onnx"), "abs"), (tmp_path, "models/m.onnx", "rel")):
+        monkeypatch.chdir(cwd)
+        plan_json = tmp_path / f"{out}.plan.json"
+        assert main(["-q", "build", target, "--precision", "fp16", "--plan-json", str(plan_json)]) == 4
+        plan = json.loads(plan_json.read_text())
+        assert plan["precision"] == "fp16" and [s["dtype"] for s in plan["sites"]] == ["fp16"]
+        assert sorted(os.listdir(models)) == ["m.onnx", "m.onnx.data"]  # AutoCast's copy removed
+
+
+def test_the_matcher_reads_weights_on_disk_from_the_models_folder(tmp_path, monkeypatch):
+    """match() given a model whose weights stay on disk (the writer's Llama at hidden 256: each projection
+    256 KB, over INLINE_LIMIT), from another folder, finds its site, and the tensor-parallel split splits
+    it (was: "the matcher failed on it (ValidationError: ... should be stored in m.onnx.data, but it is not
+    regular file)": onnx-graphsurgeon's lazy values resolved against the working directory, and
+    `build --tp` / benchmarks/tp_large.py split 0 of 0 sites, silently)."""
+    from trtattn.graph.external import INLINE_LIMIT
+    from trtattn.match import match
+    from trtattn.routes.parallel import split_model
+    from trtattn.testing import write_llama
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    path = write_llama.write_llama(tmp_path / "models" / "m.onnx", **{
+        **write_llama.PRESETS["tiny"], "hidden": 256, "ffn": 256, "vocab": 128, "layers": 1})
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    model = onnxio.load(path, load_external_data=False)
+    assert any(t.data_location == TensorProto.EXTERNAL and t.name.endswith("q_proj.weight.T")
+               and 256 * 256 * 4 > INLINE_LIMIT for t in model.graph.initializer)
+    result = match(model)
+    assert [s.name for s in result.sites] == ["model/layers.0/self_attn"] and not result.skipped
+    forms = split_model(model, 2)
+    assert [(s.q_per_rank, s.kv_per_rank) for s in forms.plan.sites] == [(2, 1)]

@@ -171,10 +171,27 @@ def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force
     return result
 
 
-def write_sidecar(result: FolderBuild, engines: dict[str, str] | None = None) -> Path:
-    """pipeline.json: the parts (engine file when built), their forms and I/O, the generation settings."""
+def write_sidecar(result: FolderBuild, engines: dict[str, str] | None = None, *, tensor_parallel: int | None = None,
+                  rank_sets: dict[str, dict] | None = None, built: bool = False) -> Path:
+    """pipeline.json: the parts (engine file when built), their forms and I/O, the generation settings. With
+    `tensor_parallel` N (build DIR --tp N) each part also names its rank set (`plan`: ROLE.tp.json, from
+    `rank_sets`: role -> that plan) and each rank's engine (`ranks`), which rank r's process of `run OUT`
+    takes (runtime/ranks.py); `onnx` stays the verified form the ranks were split from and checked against."""
     engines = engines or {}
-    data = {"kind": result.kind, "source": str(result.source),
-            "parts": {p.role: p.entry(engines.get(p.role, f"{p.role}.engine")) for p in result.parts},
-            "generation": generation_settings(result.source), "built": bool(engines)}
+    parts = {}
+    for p in result.parts:
+        if tensor_parallel is None:
+            parts[p.role] = p.entry(engines.get(p.role, f"{p.role}.engine"))
+            continue
+        row = p.entry(None)
+        rank_set = (rank_sets or {}).get(p.role)
+        if rank_set is not None:
+            row.update(plan=f"{p.role}.tp.json", ranks=[r["engine"] for r in rank_set["ranks"]])
+        elif not p.error:
+            row["error"] = f"its {tensor_parallel} rank forms were not written (the split did not verify)"
+        parts[p.role] = row
+    data = {"kind": result.kind, "source": str(result.source), "parts": parts,
+            "generation": generation_settings(result.source), "built": bool(engines) or built}
+    if tensor_parallel is not None:
+        data = {"tensor_parallel": tensor_parallel, **data}
     return onnxio.atomic_write(result.out_dir / PIPELINE_JSON, json.dumps(data, indent=2) + "\n")

@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]  # a rank set relaunches it per rank
     try:
         from ..graph import memory
 

@@ -28,11 +28,11 @@ def add_parser(sub) -> None:
 
 
 def run(args, progress) -> int:
-    from .rank_set import refuse
+    from .rank_set import run_set
 
-    refused = refuse(args.model)  # a rank set on too few GPUs: one line before any work
-    if refused is not None:
-        return refused
+    code = run_set(args)  # a rank set: one process per GPU (or, on too few GPUs, one line before any work)
+    if code is not None:
+        return code
     from ..runtime import bench, bench_callable, markdown_table
 
     try:

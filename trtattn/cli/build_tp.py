@@ -80,12 +80,12 @@ def run_tp(args, progress) -> int:
 def _folder(args, progress) -> int:
     """`build DIR --tp N`: the parts prepared as `build DIR` prepares them (each in its form: the encoder and
     first decoder step padded, the step with a cache kv-cache), then each part's verified form split."""
-    from ..folder_engines import prepare_folder
+    from ..folder_engines import prepare_folder, write_sidecar
 
     out = Path(args.out_dir) / Path(args.model).resolve().name
     result = prepare_folder(args.model, out, precision=args.precision, dims=parse_dims(args.dims), force=args.force,
                             progress=progress, inputs=args.inputs)
-    codes, parts = [], {}
+    codes, parts, plans = [], {}, {}
     for part in result.parts:
         print(f"--- {part.role} ({part.source.name}{', ' + part.branch if part.branch else ''}, {part.form})")
         if part.prepared is None:
@@ -98,9 +98,11 @@ def _folder(args, progress) -> int:
         codes.append(code)
         if plan is not None:
             parts[part.role] = {"source": part.source.name, "form": part.form, "plan": f"{part.role}.tp.json"}
+            plans[part.role] = plan
     onnxio.atomic_write(out / "tp.json", (json.dumps({"tensor_parallel": args.tp, "parts": parts}, indent=2) + "\n")
                         .encode())
-    print(f"wrote {out / 'tp.json'}")
+    sidecar = write_sidecar(result, tensor_parallel=args.tp, rank_sets=plans, built=all(c == 0 for c in codes))
+    print(f"wrote {out / 'tp.json'} and {sidecar}")
     return 1 if any(c == 1 for c in codes) else max(codes)
 
 

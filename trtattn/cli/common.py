@@ -161,7 +161,10 @@ def open_model(path, args, threads=None):
 
     options = {}
     if args.backend == "tensorrt" or (args.backend == "auto" and is_engine_path(path)):
+        from ..runtime.ranks import session_options
+
         options["cuda_graph"] = args.cuda_graph
+        options.update(session_options(path))  # one rank of a launched set: its device and NCCL communicator
     else:
         load_model(path)  # an invalid ONNX model: one line from trtattn, not ONNX Runtime's error
         if threads:

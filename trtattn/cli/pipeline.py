@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import TrtattnError
 from ..runtime.pipeline import generate_pipeline, load_pipeline, tokenizer_of
+from ..runtime.ranks import is_secondary_rank
 from .common import _load_array, open_model, prompts
 
 
@@ -52,7 +53,7 @@ def run(args, progress) -> int:
             print(f"  request {i}: {' '.join(map(str, toks))}")
             if texts:
                 print(f"  text {i}: {texts[i]}")
-    if args.save:
+    if args.save and not is_secondary_rank():  # one rank of a set (build DIR --tp): rank 0 saves
         out = np.full((len(tokens), max(len(t) for t in tokens)), -1, np.int64)
         for i, t in enumerate(tokens):
             out[i, :len(t)] = t

@@ -34,11 +34,11 @@ def add_parser(sub) -> None:
 
 
 def run(args, progress) -> int:
-    from .rank_set import refuse
+    from .rank_set import run_set
 
-    refused = refuse(args.model)  # a rank set on too few GPUs: one line before any work
-    if refused is not None:
-        return refused
+    code = run_set(args)  # a rank set: one process per GPU (or, on too few GPUs, one line before any work)
+    if code is not None:
+        return code
     if Path(args.model).is_dir():  # an export folder (or a folder of engines): the whole pipeline
         from . import pipeline
 
@@ -69,7 +69,7 @@ def _generate(args, session, parts, progress) -> None:
         print(f"{session.name} on {session.backend}, {gen.cache} KV cache, {len(gen.tokens)} requests:")
         for i, (n, toks) in enumerate(zip(gen.prompt_lengths, gen.tokens)):
             print(f"  request {i} (prompt of {n} tokens): {' '.join(map(str, toks))}")
-    if args.save:
+    if args.save and not _secondary():  # one rank of a set: rank 0 saves
         tokens = np.full((len(gen.tokens), max(len(t) for t in gen.tokens)), -1, np.int64)  # -1 after an early eos
         for i, t in enumerate(gen.tokens):
             tokens[i, :len(t)] = t
@@ -88,9 +88,15 @@ def _run_once(args, session, progress) -> None:
               ", ".join(f"{k}:{'x'.join(map(str, v.shape))}" for k, v in feeds.items()))
         print(table(rows, [("name", "output"), ("shape", "shape"), ("dtype", "dtype"), ("min", "min"),
                            ("max", "max"), ("mean", "mean"), ("nan", "NaNs")]))
-    if args.save:
+    if args.save and not _secondary():
         np.savez(args.save, **outputs)
         print(f"wrote {args.save}")
+
+
+def _secondary() -> bool:
+    from ..runtime.ranks import is_secondary_rank
+
+    return is_secondary_rank()
 
 
 def _summary(name: str, v: np.ndarray) -> dict:

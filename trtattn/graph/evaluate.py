@@ -36,7 +36,7 @@ def session_options(level: str = "basic", *, weights: int = 0, folder=None):
     if weights > NO_ARENA_BYTES:
         options.enable_cpu_mem_arena = False
     if folder is not None:
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+        options.add_session_config_entry(external.FOLDER_OPTION, str(folder))
     return options
 
 

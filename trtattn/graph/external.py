@@ -6,7 +6,7 @@ model is small whatever its weights: analysis, rewrites and graph copies never h
 Whoever needs them gets them from here:
 
 - `mapped(tensor, folder)`: a read-only memory map of one tensor (pages are read only when touched);
-- `session_folder(model)`: the folder to give ONNX Runtime for a model it opens from bytes;
+- `set_session_folder(options, model)`: tell ONNX Runtime, opening a model from bytes, the folder of its weights;
 - `externalized(model, folder, data_name)`: the model with every weight in one new data file, written
   by copying byte ranges file to file (never through Python memory), then put back as it was;
 - `materialize(model)`: every weight read into the proto (for tools that must have them in memory).
@@ -53,6 +53,19 @@ def all_tensors(model: onnx.ModelProto):
                         yield from of_graph(sub)
 
     yield from of_graph(model.graph)
+
+
+FOLDER_OPTION = "session.model_external_initializers_file_folder_path"
+
+
+def set_session_folder(options, model: onnx.ModelProto | None) -> None:
+    """ONNX Runtime session `options` for `model` opened from bytes: where its weights left on disk are.
+    From bytes ONNX Runtime resolves external data against the working directory, which is not the model's
+    folder when trtattn runs from elsewhere (a model or a piece of one, e.g. a probed cone, that records
+    its folder: data_dir)."""
+    folder = data_dir(model) if model is not None else None
+    if folder is not None:
+        options.add_session_config_entry(FOLDER_OPTION, str(folder))
 
 
 def data_dir(model: onnx.ModelProto) -> Path | None:

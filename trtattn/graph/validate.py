@@ -31,7 +31,7 @@ import onnx.defs
 
 from ..errors import ModelLoadError, TrtattnError
 from .dependence import node_reads
-from .external import all_tensors, data_dir, nbytes
+from .external import FOLDER_OPTION, all_tensors, data_dir, nbytes
 
 FULL_CHECK_LIMIT = 512 << 20  # bytes of weights in the proto up to which onnx.checker's full check runs
 # the domains onnx.defs defines: an op in them must be known to it
@@ -128,7 +128,7 @@ def onnx_runtime_refusal(source, folder=None) -> str | None:
     options.log_severity_level = 3
     options.add_session_config_entry("session.disable_prepacking", "1")
     if folder is not None and not isinstance(source, str):
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+        options.add_session_config_entry(FOLDER_OPTION, str(folder))
     try:
         ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
                              disabled_optimizers=list(WEIGHT_COPYING_TRANSFORMERS))

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..graph.external import set_session_folder
 from ..graph.view import GraphView
 
 OPSET = 23  # RotaryEmbedding's
@@ -170,7 +171,9 @@ def _agreeing(view: GraphView, nodes, x, y, tables, positions, hypotheses) -> Ro
     inputs = [x, *tables, *positions]
     try:
         cone = _cone_model(nodes, inputs, y, feeds, view)
-        got = ort.InferenceSession(cone.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        options = ort.SessionOptions()
+        set_session_folder(options, view.model)  # the cone's weights left on disk: from the model's folder
+        got = ort.InferenceSession(cone.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
         ops = _reference_model(hypotheses, inputs, feeds)
         wants = ort.InferenceSession(ops.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     except Exception:  # a cone ONNX Runtime cannot run on the probes, or an op it refuses: not this rotation

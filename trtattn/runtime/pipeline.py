@@ -103,7 +103,8 @@ def load_pipeline(folder, backend: str = "auto") -> Pipeline:
         failed = [f"{role}: {p['error']}" for role, p in entries.items() if p.get("error")]
         if failed:
             raise TrtattnError(f"{sidecar}: parts were not prepared ({'; '.join(failed)})")
-        parts = {role: folder / p[key] for role, p in entries.items()}
+        parts = {role: folder / p[key] for role, p in entries.items()} if key == "onnx" or not meta.get(
+            "tensor_parallel") else _rank_parts(sidecar, meta)
         missing = [str(p) for p in parts.values() if not p.exists()]
         if missing:
             raise TrtattnError(f"{sidecar} names parts that are not there: {', '.join(missing)}"
@@ -115,6 +116,19 @@ def load_pipeline(folder, backend: str = "auto") -> Pipeline:
         raise TrtattnError(f"{folder}: no decoder to generate with (expected model.onnx, decoder_model.onnx or "
                            f"decoder_model_merged.onnx, as Optimum writes them)")
     return Pipeline(folder, parts, generation_settings(folder), _read_json(folder / "config.json"))
+
+
+def _rank_parts(sidecar: Path, meta: dict) -> dict[str, Path]:
+    """A tensor-parallel pipeline (build DIR --tp N): this rank process's engine of each part."""
+    from .ranks import this_rank
+
+    n, me = meta["tensor_parallel"], this_rank()
+    if me is None:
+        raise TrtattnError(f"{sidecar}: each part is a set of {n} rank engines: `trtattn run {sidecar.parent} "
+                           f"--generate N` runs them on {n} GPUs (or --backend ort its verified forms)")
+    if me[1] != n:
+        raise TrtattnError(f"{sidecar}: a set of {n} ranks, but this process was launched as rank {me[0]} of {me[1]}")
+    return {role: sidecar.parent / p["ranks"][me[0]] for role, p in meta["parts"].items()}
 
 
 # ---------------------------------------------------------------- one decoder step

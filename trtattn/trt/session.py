@@ -74,7 +74,7 @@ class TrtSession(Session):
     backend = "tensorrt"
 
     def __init__(self, engine, *, sidecar: dict | None = None, name: str | None = None, cuda_graph: bool = False,
-                 device: int = 0, profile: int = 0, severity: str = "WARNING"):
+                 device: int = 0, profile: int = 0, severity: str = "WARNING", communicator=None):
         if isinstance(engine, (str, Path)) and not Path(engine).is_file():
             raise TrtattnError(f"{engine}: no such engine file")
         trt = compat.import_tensorrt()
@@ -107,6 +107,10 @@ class TrtSession(Session):
         self.context = self.engine.create_execution_context()
         if self.context is None:
             raise TrtattnError(f"{name}: TensorRT could not create an execution context (out of device memory?)")
+        if communicator is not None:  # a rank engine: its collectives run over this NCCL communicator
+            # (a collective call: it returns once every rank of the set has set its own)
+            if not self.context.set_communicator(communicator):
+                raise TrtattnError(f"{name}: TensorRT refused the NCCL communicator (set_communicator returned False)")
         self.stream = cuda.stream_create()
         self._closed = False
         if profile:

@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto
 
 from ...errors import MissingDependencyError, TrtattnError, require
+from ...graph.external import data_dir
 from ...graph.io import scratch_dir
 from .common import (
     FLOATS,
@@ -54,8 +55,8 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
     feeds = [calibration_feeds] if isinstance(calibration_feeds, Mapping) else list(calibration_feeds or [])
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(scratch_dir("autocast")))  # pid-named: a killed run's goes next time
-        if isinstance(model, onnx.ModelProto):
-            work, src_dir = copy.deepcopy(model), None
+        if isinstance(model, onnx.ModelProto):  # weights left on disk (graph.io.load): read from their folder
+            work, src_dir = copy.deepcopy(model), data_dir(model)
         elif Path(model).is_file():
             work, src_dir = onnx.load(str(model), load_external_data=False), Path(model).parent
         else:
@@ -126,9 +127,10 @@ def load_autocast():
 
 
 def _stage(work: onnx.ModelProto, tmp: Path, src_dir: Path | None, stack: contextlib.ExitStack) -> Path:
-    """The file AutoCast reads. A model loaded from a path keeps its weights where they are: the copy
-    is written beside the original under a hidden name and removed afterwards (onnx refuses external
-    data reached through a symbolic or hard link)."""
+    """The file AutoCast reads. A model loaded from a path, or with its weights left on disk, keeps its
+    weights where they are: the copy is written in their folder under a hidden name, so that their
+    locations (relative to the model's folder) resolve, and removed afterwards (onnx refuses external data
+    reached through a symbolic or hard link; written elsewhere, the copy's weights were looked for there)."""
     if src_dir is None:
         path, large = tmp / "model.onnx", work.ByteSize() > LARGE
         onnx.save_model(work, str(path), save_as_external_data=large, all_tensors_to_one_file=True,
@@ -139,8 +141,9 @@ def _stage(work: onnx.ModelProto, tmp: Path, src_dir: Path | None, stack: contex
     try:
         onnx.save_model(work, str(path))
     except OSError as e:
-        raise TrtattnError(f"cannot write AutoCast's copy of the model beside its weights ({e}): "
-                           "pass the model loaded (a ModelProto) instead") from None
+        raise TrtattnError(f"cannot write AutoCast's copy of the model beside its weights in {src_dir} ({e}): "
+                           "AutoCast reads external data only from the model's folder; make it writable or load the "
+                           "weights into memory") from None
     return path
 
 

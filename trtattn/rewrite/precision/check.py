@@ -12,6 +12,7 @@ from numpy.typing import DTypeLike
 from onnx import TensorProto
 
 from ...errors import TrtattnError, VerificationError
+from ...graph.external import set_session_folder
 from .common import LARGE, TOLERANCE, NotRunnableOnCpu, declared_types
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -103,6 +104,8 @@ def _session(model):
     elif isinstance(model, onnx.ModelProto) and any(i.data_type in LOW for i in model.graph.initializer):
         # ONNX Runtime 1.32's layout optimizations (level "all") crash the process (SIGSEGV) on the fp16 FSMT
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    if isinstance(model, onnx.ModelProto):
+        set_session_folder(options, model)  # its weights left on disk: from their folder, not the working directory
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 

@@ -12,6 +12,7 @@ import onnx_graphsurgeon as gs
 from ...errors import TrtattnError
 from ...graph.dependence import depends_on_input_values
 from ...graph.emit import Emitter, export_like
+from ...graph.external import set_session_folder
 from ...site import CacheKind, SiteKind
 from .lowering import AttentionLowering
 from .tokens import pack_tokens, per_token_outputs
@@ -82,7 +83,9 @@ def _replace_position_lookups(graph: gs.Graph, model: onnx.ModelProto, emit: Emi
         t.dtype = t.dtype or np.int64
     probe.outputs = wanted
     probe.cleanup()
-    sess = ort.InferenceSession(gs.export_onnx(probe).SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    set_session_folder(options, model)  # weights left on disk: from the model's folder, not the working directory
+    sess = ort.InferenceSession(gs.export_onnx(probe).SerializeToString(), options, providers=["CPUExecutionProvider"])
     feeds = make_feeds(model)
     needed = {i.name for i in sess.get_inputs()}
     values = sess.run(None, {k: v for k, v in feeds.items() if k in needed})
