@@ -25,6 +25,7 @@ WRITE_INDEX = "cache_write_index"
 CU_SEQLENS = "cu_seqlens"
 MAX_CACHE = "max_cache"
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+PIPELINE_JSON = "pipeline.json"  # a folder's parts and their engines (build DIR)
 FORM_METADATA = "trtattn.form"  # {"form": ..., "right_padded": [inputs read as per-row lengths]}
 
 

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .contract import PIPELINE_JSON
 from .errors import TrtattnError
 from .graph import io as onnxio
 from .graph.branches import branch_inputs, take_branch
-from .runtime.pipeline import PIPELINE_JSON, find_parts, generation_settings
+from .runtime.pipeline import find_parts, generation_settings
 
 if TYPE_CHECKING:  # imported where it runs (prepare_folder): listing a folder's parts needs no route
     from .routes.prepare.pipeline import Prepared

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..contract import PIPELINE_JSON
 from ..errors import TrtattnError
 
-PIPELINE_JSON = "pipeline.json"
 PAST, PRESENT = "past_key_values.", "present."
 # part role -> Optimum's file stems, in the order they are preferred
 PART_FILES = {

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import is_engine_path, load_sidecar
+from ..contract import PIPELINE_JSON, is_engine_path, load_sidecar
 from ..errors import TrtattnError
 
 RANK_ENV, RANKS_ENV, DEVICE_ENV = "TRTATTN_RANK", "TRTATTN_RANKS", "TRTATTN_DEVICE"
@@ -102,8 +102,6 @@ def read_rank_set(model) -> RankSet | None:
 
 
 def _folder_set(folder: Path) -> RankSet | None:
-    from .pipeline import PIPELINE_JSON
-
     sidecar = folder / PIPELINE_JSON
     try:
         meta = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
