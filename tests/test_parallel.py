@@ -351,3 +351,17 @@ def test_bart_generation_parts_keep_their_caches_per_rank(zoo_dir):
         assert len(split.input_shards) == (4 * layers if name == "bart-decoder-step" else 0), name
         check = forms.verify()
         assert check.passed, (name, check.errors)
+
+
+def test_an_attention_the_matcher_did_not_read_is_named_not_split_silently():
+    """Exp / (ReduceSum + eps) looks like attention but is not proven a softmax: the split names it."""
+    import onnx_graphsurgeon as gs
+
+    from trtattn.errors import TrtattnError
+    from trtattn.testing.fuzz.softmax_forms import write_softmax
+
+    g = gs.import_onnx(attention_model(opset=18))
+    write_softmax(g, next(n for n in g.nodes if n.op == "Softmax"), "sum_eps")
+    model = gs.export_onnx(g)
+    with pytest.raises(TrtattnError, match="did not read: .*cannot be proven"):
+        split_model(model, 2)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from ...errors import TrtattnError
 from .collectives import RankCheck, RankSet, check_ranks, collective, rank_feeds
 from .find import GATHER_BYTES, ParallelPlan, SiteSplit, find_split
 from .ranks import DOMAIN, rank_model
@@ -53,7 +54,11 @@ def split_model(model: onnx.ModelProto, ranks: int, *, feeds: list[dict] | None 
     if feeds is None:
         feeds = default_feeds(model, dims=dims) + _other_dims(model, budget)
     if sites is None:
-        sites = match(model).sites
+        found = match(model)
+        if found.skipped:  # an attention left unread would be split as plain MatMuls, or stay whole, unsaid
+            raise TrtattnError("cannot split a model whose attention the matcher did not read: " + "; ".join(
+                f"{s.name}: {s.reason}" for s in found.skipped))
+        sites = found.sites
     plan = find_split(model, ranks, feeds[0], sites=sites, gather_bytes=gather_bytes, budget=budget)
     return RankForms(model, plan, [rank_model(plan, model, r) for r in range(ranks)], feeds, budget)
 
