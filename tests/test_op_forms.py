@@ -1,6 +1,6 @@
 """Hand-built one-node Attention models, one per configuration class IAttention does not take as it is
 (issue 25, part B): each through `fuse --ops trt` converts and verifies, with the rewrite that fits it to
-IAttention (routes/prepare/op_fit.py, op_cache.py), or names the limit with exit 1."""
+IAttention (routes/prepare/op_fit.py, op_cache.py, qk_beside.py), or names the limit with exit 1."""
 
 from __future__ import annotations
 
@@ -125,17 +125,62 @@ def test_3d_past_with_a_mask_and_gqa():
     assert result.prepared.plan.form == "kv-cache" and ops.count("TRT_KVCacheUpdate") == 2
 
 
-@pytest.mark.parametrize("limit,attrs,outputs,why", [
-    ("qk_matmul_output", {}, ("Y", "", "", "qk"), "also outputs its QK matmul"),
-    ("softcap", {"softcap": 2.0}, ("Y",), "soft-capped"),
+@pytest.mark.parametrize("mode,shapes", [
+    (0, {"mask": ([5, 5], F)}),
+    (1, {"mask": ([2, 1, 5, 5], F), "is_causal": 1}),
+    (3, {"mask": ([5, 5], TensorProto.BOOL)}),
+    (3, {"q": (2, 5, 32), "k": (2, 5, 16), "mask": ([5, 5], F), "q_num_heads": 4, "kv_num_heads": 2}),
 ])
-def test_limits_exit_1_with_the_site_named(tmp_path, capsys, limit, attrs, outputs, why):
+def test_qk_output_is_computed_beside_iattention(mode, shapes):
+    """qk_matmul_output (the scaled logits, with the mask, or the softmax) from the op's own function body in
+    standard ops beside TRT_Attention, which gives Y; both against the original on ONNX Runtime."""
+    from trtattn_plugins.session import Session
+
+    model = attention(opset=23, outputs=("Y", "", "", "qk"), qk_matmul_output_mode=mode, **shapes)
+    result, ops = converted(model)
+    assert ops == ["TRT_Attention"]
+    written = result.model.graph
+    assert not any(n.op_type == "Attention" for n in written.node) and "qk" in [o.name for o in written.output]
+    assert any("qk_matmul_output qk (mode" in note for note in result.prepared.plan.notes)
+    assert any(n.op_type == "Softmax" for n in written.node) == (mode == 3)
+    rng = np.random.default_rng(1)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    if "attn_mask" in feeds and shapes["mask"][1] == TensorProto.BOOL:
+        feeds["attn_mask"] = feeds["attn_mask"] > -0.5
+    got = Session(runnable(result)).run(["Y", "qk"], feeds)
+    want = ort.InferenceSession(model.SerializeToString()).run(["Y", "qk"], feeds)
+    for g, w in zip(got, want):  # an fp16 engine: within half precision of the fp32 original
+        finite = np.isfinite(w)
+        assert (np.isfinite(g) == finite).all() and np.abs(g - w)[finite].max() < 2e-2 * max(1, np.abs(w[finite]).max())
+
+
+@pytest.mark.parametrize("limit,kwargs,why", [
+    ("qk_over_cache", {"past": 3, "outputs": ("Y", "present_key", "present_value", "qk")}, "over past + new keys"),
+    ("softcap", {"softcap": 2.0}, "soft-capped"),
+])
+def test_limits_exit_1_with_the_site_named(tmp_path, capsys, limit, kwargs, why):
     path = tmp_path / f"{limit}.onnx"
-    onnx.save(attention(opset=23, outputs=outputs, **attrs), path)
+    onnx.save(attention(opset=23, **kwargs), path)
     assert main(["-q", "fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--ops", "trt"]) == 1
     out = capsys.readouterr().out
     assert why in out and "not written" in out
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_soft_capped_rows_without_keys_stay_a_named_limit(tmp_path, capsys):
+    """A soft-capped site kept in TensorRT's implicit form gives zeros on a row its mask leaves without keys, as
+    ONNX defines (not NaN), so the form verifies and the soft-cap is the limit named (exit 1), not a broken form."""
+    path, inputs = tmp_path / "capped.onnx", tmp_path / "inputs.npz"
+    onnx.save(attention(opset=23, softcap=2.0, mask=([5, 5], TensorProto.BOOL)), path)
+    rng = np.random.default_rng(0)
+    mask = np.ones((5, 5), bool)
+    mask[1] = False  # query 1 may attend no key
+    np.savez(inputs, Q=rng.standard_normal((2, 4, 5, 8), np.float32), K=rng.standard_normal((2, 2, 5, 8), np.float32),
+             V=rng.standard_normal((2, 2, 5, 8), np.float32), attn_mask=mask)
+    assert main(["-q", "fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--ops", "trt", "--inputs",
+                 str(inputs)]) == 1
+    assert "soft-capped" in capsys.readouterr().out
 
 
 def test_a_model_reading_its_past_length_is_refused_by_name():

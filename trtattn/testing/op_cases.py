@@ -22,7 +22,7 @@ import onnx
 from .conformance import ConformanceCase
 
 # the limits of IAttention a case may name, and how to see them in the model itself
-LIMITS = {"qk_matmul_output": "also outputs its QK matmul", "softcap": "soft-capped"}
+LIMITS = {"softcap": "soft-capped", "qk_over_cache": "QK matmul (qk_matmul_output) over past + new keys"}
 
 
 @dataclass
@@ -53,13 +53,14 @@ def _attrs(node: onnx.NodeProto) -> dict:
 
 
 def expected_limit(model: onnx.ModelProto) -> str | None:
-    """The IAttention limit this model's Attention node has, read from the node: it outputs its QK matmul, or
-    it soft-caps its logits; None when it has neither."""
+    """The IAttention limit this model's Attention node has, read from the node: it soft-caps its logits, or it
+    outputs its QK matmul over a past cache; None when it has neither (a QK output without a past is computed
+    beside IAttention)."""
     node = next(n for n in model.graph.node if n.op_type == "Attention")
-    if len(node.output) > 3 and node.output[3]:
-        return "qk_matmul_output"
     if _attrs(node).get("softcap"):
         return "softcap"
+    if len(node.output) > 3 and node.output[3] and len(node.input) > 4 and node.input[4]:
+        return "qk_over_cache"
     return None
 
 
