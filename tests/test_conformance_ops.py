@@ -1,9 +1,9 @@
 """onnx's backend cases of the Attention op (opset 23/24/25) through the TensorRT route and normalize (issue 25,
 part B): each converts to IAttention and verifies (on ONNX Runtime through trtattn_plugins, and against onnx's
 reference outputs), or names IAttention's limit with exit 1, which the case's own node shows (it soft-caps its
-logits, or outputs its QK matmul over a past cache). A QK output without a past (issue 25) is computed beside
-IAttention by the op's own function body, and checked against onnx's reference like Y. bf16 cases and the one
-model ONNX Runtime refuses are skipped, named.
+logits). A QK output (issue 25) is computed beside IAttention by the op's own function body, over a past cache
+too, and checked against onnx's reference like Y. bf16 cases and the one model ONNX Runtime refuses are skipped,
+named.
 The bulk is slow; FAST is one case per configuration class."""
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ FAST = {"attention_3d_diff_heads_sizes_causal", "attention_4d_gqa_with_past_and_
         "attention_3d_gqa_with_past_and_present", "attention_4d_attn_mask_3d_causal", "attention_local_window_with_past",
         "attention_4d_causal_nonpad_negative_offset_structural_empty", "attention_local_window_ext_cache_rank3_head_mask",
         "attention_4d_with_qk_matmul", "attention_24_fullymasked_qk_matmul_output_mode3_zero",
-        "attention_3d_with_past_and_present_qk_matmul_softcap", "attention_3d_softcap", "attention_bidirectional_window",
+        "attention_3d_with_past_and_present_qk_matmul_softcap",
+        "attention_4d_with_past_and_present_qk_matmul_bias_4d_mask_causal", "attention_3d_softcap",
+        "attention_bidirectional_window",
         "attention_23_boolmask_fullymasked_row_nan_robustness", "attention_4d_causal_bf16"}
 REPRESENTATIVE = ["attention_3d_diff_heads_with_past_and_present", "attention_4d_causal_nonpad_attn_mask_composition",
                   "attention_local_window_with_past", "attention_4d_attn_mask_4d_causal", "attention_3d_local_window",
-                  "attention_4d_with_qk_matmul_softmax"]
+                  "attention_4d_with_qk_matmul_softmax", "attention_3d_with_past_and_present_qk_matmul_softmax"]
 
 
 def _params():
@@ -53,7 +55,7 @@ def test_op_case_converts_or_names_its_limit(name, tmp_path):
         assert outcome.normalize_exit == 0
     else:
         assert outcome.fuse_exit == 1 and LIMITS[limit] in outcome.why, outcome.why
-        # build: a soft-capped site is planned in TensorRT's implicit form; one with a QK output over a cache cannot be
+        # build: a soft-capped site is planned in TensorRT's implicit form, except over a past cache
         assert outcome.build_exit == (1 if _has_past(case.model) else 4)
         assert outcome.normalize_exit == 0
 

@@ -155,9 +155,43 @@ def test_qk_output_is_computed_beside_iattention(mode, shapes):
         assert (np.isfinite(g) == finite).all() and np.abs(g - w)[finite].max() < 2e-2 * max(1, np.abs(w[finite]).max())
 
 
+@pytest.mark.parametrize("mode", [1, 3])
+def test_qk_output_over_a_past_cache_in_the_kv_cache_form(mode):
+    """Over past + new keys, causal with a query shorter than its new keys: the form's own (fitted) node's body gives
+    the logits over the cache's capacity, the original's in each row's first past + new columns."""
+    from trtattn.contract import cache_inputs
+    from trtattn.routes.prepare import form_adapter
+    from trtattn_plugins.session import Session
+
+    model = attention(q=(2, 4, 2, 8), k=(2, 2, 3, 8), past=4, mask=([2, 7], F), is_causal=1, opset=23,
+                      outputs=("Y", "present_key", "present_value", "qk"), qk_matmul_output_mode=mode)
+    result, ops = converted(model)
+    assert result.prepared.plan.form == "kv-cache"
+    assert sorted(ops) == ["TRT_Attention", "TRT_KVCacheUpdate", "TRT_KVCacheUpdate"]
+    assert any("over the cache's capacity" in note for note in result.prepared.plan.notes)
+    form = result.prepared.form_model
+    adapter = form_adapter(model, [i.name for i in form.graph.input], cache_inputs(form))
+    rng = np.random.default_rng(2)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    session = Session(runnable(result))
+    names = [o.name for o in session.get_outputs()]
+    types = {i.name: i.type for i in session.get_inputs()}  # the caches take the fp16 attention's dtype
+    got = dict(zip(names, session.run(names, {k: v.astype(np.float16) if types.get(k) == "tensor(float16)" else v
+                                               for k, v in adapter.feeds(dict(feeds)).items()})))
+    assert got["qk"].shape[-1] > 7  # the capacity
+    want = dict(zip(["Y", "present_key", "present_value", "qk"], ort.InferenceSession(model.SerializeToString()).run(
+        None, feeds)))
+    ref, out = adapter.line_up(feeds, want, got)
+    from trtattn.verify.compare import max_abs_error
+
+    assert max_abs_error(ref["qk"], out["qk"]) < 2e-2 * max(1.0, float(np.abs(ref["qk"][np.isfinite(ref["qk"])]).max()))
+
+
 @pytest.mark.parametrize("limit,kwargs,why", [
-    ("qk_over_cache", {"past": 3, "outputs": ("Y", "present_key", "present_value", "qk")}, "over past + new keys"),
     ("softcap", {"softcap": 2.0}, "soft-capped"),
+    ("softcap_over_a_cache", {"softcap": 2.0, "past": 3, "outputs": ("Y", "present_key", "present_value", "qk")},
+     "soft-capped"),
 ])
 def test_limits_exit_1_with_the_site_named(tmp_path, capsys, limit, kwargs, why):
     path = tmp_path / f"{limit}.onnx"
@@ -193,3 +227,14 @@ def test_a_model_reading_its_past_length_is_refused_by_name():
     model.graph.output.append(helper.make_tensor_value_info("positions", F, [1]))
     with pytest.raises(TrtattnError, match="past_length reads the length of the past cache past_key"):
         fuse_trt(model, name="t")
+
+
+def test_masked_logits_agree_in_verification():
+    """ONNX Runtime's Attention writes float's lowest in qk_matmul_output where the standard writes -inf: both are
+    a masked logit to the verifier; a masked logit against a real one is not."""
+    from trtattn.verify.compare import max_abs_error
+
+    lowest = np.finfo(np.float32).min
+    assert max_abs_error(np.array([lowest, 1.0], np.float32), np.array([-np.inf, 1.0], np.float32)) == 0.0
+    assert max_abs_error(np.array([lowest, 1.0], np.float32), np.array([0.0, 1.0], np.float32)) > 1e30
+    assert max_abs_error(np.array([-np.inf], np.float32), np.array([-1e4], np.float32)) == np.inf

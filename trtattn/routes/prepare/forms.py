@@ -40,7 +40,7 @@ from .op_cache import OPSET as OP_CACHE_OPSET
 from .op_fit import fit_ops
 from .packed import packed_form
 from .padded import padding_to_lengths
-from .qk_beside import qk_outputs_beside
+from .qk_beside import qk_outputs_beside, qk_over_cache
 from .rope import rope_to_ops
 from .rows import PackedCacheAdapter
 
@@ -91,7 +91,7 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
     with progress.step("rewriting RoPE into RotaryEmbedding ops"):
         model, ropes = rope_to_ops(fused.model, [r.site for r in reports])
     in_op, offsets = in_op_caches(model), {}
-    model, split = qk_outputs_beside(model, sites, in_op)
+    model, split, cached_qk = qk_outputs_beside(model, sites, in_op)
     derived = Derived(model, form, sites, notes=([chosen] if chosen else [])
                       + ([f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else []) + split)
     lowerings: list[AttentionLowering] = []
@@ -141,6 +141,9 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
         if notes or fitted:
             derived.model, derived.notes, refitted = fitted_model, derived.notes + notes, True
             lowerings += fitted
+    if cached_qk:  # once the kv-cache form's nodes say all the original's did (their causal offsets folded in)
+        derived.model, qk_notes = qk_over_cache(derived.model, cached_qk)
+        derived.notes += qk_notes
     derived.attentions = {lw.node: lw for lw in lowerings}
     if form != "padded" or derived.right_padded:  # (the fused model itself needs no record)
         record_form(derived.model, form, derived.right_padded)

@@ -3,28 +3,28 @@ keeps only what IAttention gives (Y, and the present caches the form turns into 
 
 IAttention (and TensorRT's ONNX parser, "only Attention nodes with one output") returns only Y. A user who
 asked for the attention logits or weights (qk_matmul_output_mode 0: the scaled Q K^T, 1: with the mask, 2:
-soft-capped, 3: the softmax) still gets them: the node is inlined by onnx's own function expansion (the
-op schema's context-dependent body, `onnx.inliner`), the body is pruned to what computes output 3, and that
+soft-capped, 3: the softmax) still gets them: the node's own function body is taken as onnx's function
+expansion builds it (the op schema's context-dependent body for this node and its input types; `onnx.inliner`
+asks a type of an input left out, such as past_key before nonpad_kv_seqlen), pruned to what computes output 3, and that
 subgraph (MatMul, Mul, Add/Where, Tanh, Softmax, shape ops: all plain ONNX the parser takes) is spliced in
 beside the node, reading the node's own inputs. Right by construction: it is the standard's definition.
 
-A node that also concatenates a past cache is not split: the kv-cache form turns the past into a preallocated
-cache of another length, over which these logits would not be the original's (named by the caller).
+A node that also takes a past cache inside the op is split after the kv-cache form has rewritten and fitted it
+(op_cache.py, op_fit.py), from that node's own body: the logits over the preallocated cache (capacity columns;
+each row's first write index + new tokens are the original's, which is how the form is verified against it).
 """
 
 from __future__ import annotations
 
 import onnx
-import onnx.inliner
+import onnx.defs
 
+from ...contract import MAX_CACHE
 from ...errors import SitesRefused, TrtattnError
 from ...graph.shapes import tensor_types
 
 QK = 3  # qk_matmul_output's index among Attention's outputs
 SOFTCAPPED = "its logits are soft-capped (tanh), which IAttention cannot do"
-QK_OVER_CACHE = ("it also outputs its QK matmul (qk_matmul_output) over past + new keys: the kv-cache form makes the "
-                 "past a preallocated cache of another length, over which logits computed beside IAttention would "
-                 "not be the original's")
 
 
 def returns_qk(node: onnx.NodeProto) -> bool:
@@ -32,17 +32,37 @@ def returns_qk(node: onnx.NodeProto) -> bool:
         and bool(node.output[QK])
 
 
-def qk_outputs_beside(model: onnx.ModelProto, sites: dict, in_op: list[str]) -> tuple[onnx.ModelProto, list[str]]:
-    """qk_beside for every site (Attention node -> AttentionSite) that returns its QK matmul; a SitesRefused naming
-    those that also take a past cache inside the op (in_op: module doc), and the soft-cap first where they have one."""
+def qk_outputs_beside(model: onnx.ModelProto, sites: dict, in_op: list[str]
+                      ) -> tuple[onnx.ModelProto, list[str], set[str]]:
+    """qk_beside for every site (Attention node -> AttentionSite) that returns its QK matmul and takes no past
+    cache inside the op: (the model, notes, the nodes left for qk_over_cache, which do take one). A SitesRefused
+    names those with a past that are soft-capped (their Y cannot be IAttention's, and the kv-cache form has no
+    implicit fallback)."""
     returned = {node for node, site in sites.items() if site.qk_output}
-    cached = sorted(returned & set(in_op))
-    if cached:
-        capped = {n.name for n in model.graph.node if any(a.name == "softcap" and a.f for a in n.attribute)}
-        raise SitesRefused(f"sites {', '.join(sites[n].name for n in cached)} also output their QK matmul over a past "
-                           "cache", [(sites[n].name, (SOFTCAPPED + "; " if n in capped else "") + QK_OVER_CACHE)
-                                     for n in cached])
-    return qk_beside(model, returned)
+    cached = returned & set(in_op)
+    capped = sorted(n.name for n in model.graph.node if n.name in cached
+                    and any(a.name == "softcap" and a.f for a in n.attribute))
+    if capped:
+        raise SitesRefused("; ".join(f"{sites[n].name}: {SOFTCAPPED}" for n in capped),
+                           [(sites[n].name, SOFTCAPPED) for n in capped])
+    model, notes = qk_beside(model, returned - cached)
+    return model, notes, cached
+
+
+def qk_over_cache(model: onnx.ModelProto, nodes: set[str]) -> tuple[onnx.ModelProto, list[str]]:
+    """qk_beside for Attention nodes the kv-cache form rewrote and fitted (op_cache.py, op_fit.py: Q, the updated
+    caches, one mask padded to the capacity with the original's causal offsets folded in, nonpad_kv_seqlen = write
+    index + new tokens): their own body gives the logits over the cache's capacity, the original's over each row's
+    first write index + new keys."""
+    before = {n.name: n.output[QK] for n in model.graph.node if n.name in nodes and returns_qk(n)}
+    model, notes = qk_beside(model, nodes)
+    for value in [*model.graph.output, *model.graph.value_info]:  # its keys axis: the cache's capacity
+        dims = value.type.tensor_type.shape.dim
+        if value.name in before.values() and len(dims) == 4:
+            dims[3].ClearField("dim_value")
+            dims[3].dim_param = MAX_CACHE
+    return model, [note + "; in the kv-cache form over the cache's capacity: a row's columns past its write index + "
+                   "new tokens are not keys of the original" for note in notes]
 
 
 def qk_beside(model: onnx.ModelProto, nodes: set[str]) -> tuple[onnx.ModelProto, list[str]]:
@@ -71,40 +91,50 @@ def qk_beside(model: onnx.ModelProto, nodes: set[str]) -> tuple[onnx.ModelProto,
 
 
 def qk_body(node: onnx.NodeProto, types: dict, opsets: list, prefix: str) -> list[onnx.NodeProto]:
-    """The nodes of the op's function body (onnx's expansion of this very node, its input types given) that
-    compute its output 3, every internal tensor and node name under `prefix`."""
-    qk = node.output[QK]
-    inputs = []
-    for name in dict.fromkeys(x for x in node.input if x):
-        elem, shape = types.get(name, (None, None))
-        if not elem:
-            raise TrtattnError(f"Attention {node.name}: the type of its input {name} is unknown, so the QK output "
+    """The nodes of the op's function body (the schema's context-dependent body for this very node and its input
+    types, as onnx's function expansion builds it) that compute its output 3, every internal tensor and node name
+    under `prefix`."""
+    opset = next((o.version for o in opsets if o.domain in ("", "ai.onnx")), onnx.defs.onnx_opset_version())
+    schema = onnx.defs.get_schema("Attention", opset, "")  # (onnx's stubs lack its function members)
+    if not schema.has_context_dependent_function:  # type: ignore[attr-defined]
+        raise TrtattnError(f"Attention {node.name}: onnx defines no function body for it at opset {opset}")
+    input_types = []
+    for name in node.input:
+        elem = types.get(name, (None, None))[0] if name else None
+        if name and not elem:
+            raise TrtattnError(f"Attention {node.name}: the type of its input {name} is unknown, so its QK output "
                                "cannot be expanded from the op's body")
-        inputs.append(onnx.helper.make_tensor_value_info(name, elem, shape))
-    alone = onnx.helper.make_model(
-        onnx.helper.make_graph([node], "attention", inputs, [onnx.helper.make_tensor_value_info(qk, 0, None)]),
-        opset_imports=opsets)
-    expanded = onnx.inliner.inline_selected_functions(alone, [(node.domain, "Attention")],
-                                                      inline_schema_functions=True)
-    producer = {o: n for n in expanded.graph.node for o in n.output if o}
-    if any(n.op_type == "Attention" for n in expanded.graph.node) or qk not in producer:
-        raise TrtattnError(f"Attention {node.name}: onnx's function expansion gave no body computing its "
-                           "qk_matmul_output")
+        input_types.append(onnx.helper.make_tensor_type_proto(elem, None) if elem else onnx.TypeProto())
+    function = onnx.FunctionProto()
+    function.ParseFromString(schema.get_context_dependent_function(  # type: ignore[attr-defined]
+        node.SerializeToString(), [t.SerializeToString() for t in input_types]))
+    outer = dict(zip(function.input, node.input))  # formal -> actual ('' where the node leaves it out)
+    qk = function.output[QK]
+    producer = {o: n for n in function.node for o in n.output if o}
+    if qk not in producer:
+        raise TrtattnError(f"Attention {node.name}: onnx's function body computes no qk_matmul_output")
     keep, todo = set(), [qk]
-    while todo:  # the nodes output 3 depends on (subgraph attributes: the body has none)
+    while todo:  # the nodes output 3 depends on
         n = producer.get(todo.pop())
         if n is not None and id(n) not in keep:
             keep.add(id(n))
             todo.extend(x for x in n.input if x)
-    given = set(node.input) | {qk}
-    rename = lambda name: name if not name or name in given else prefix + name  # noqa: E731
+
+    def rename(name: str) -> str:
+        return node.output[QK] if name == qk else outer[name] if name in outer else prefix + name if name else ""
+
     body = []
-    for n in expanded.graph.node:
-        if id(n) in keep:
-            copy = onnx.NodeProto()
-            copy.CopyFrom(n)
-            copy.name = prefix + (n.name or n.output[0])
-            copy.input[:] = [rename(x) for x in n.input]
-            copy.output[:] = [rename(x) for x in n.output]
-            body.append(copy)
+    for n in function.node:
+        if id(n) not in keep:
+            continue
+        if any(a.ref_attr_name or a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in n.attribute):
+            raise TrtattnError(f"Attention {node.name}: its function body's {n.op_type} refers to attributes or "
+                               "subgraphs; not spliced")
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        copy.name = prefix + (n.name or n.output[0])
+        copy.input[:] = [rename(x) for x in n.input]
+        copy.output[:] = [rename(x) for x in n.output]
+        body.append(copy)
     return body
