@@ -47,7 +47,7 @@ def _expand(graph: gs.Graph, node: gs.Node, site) -> None:
     given = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3].name else None
     _, folded = one_mask(graph, node, np.dtype(given.dtype) if given is not None and given.dtype is not None
                          else np.float32)
-    if given is not None or folded is not None:  # rows a mask or window leaves without keys: zeros, as ONNX says
+    if folded is not None or any(given is t for t in graph.inputs):  # rows left without keys: zeros, as ONNX says
         guard_empty_rows(graph, node, node.outputs[0].dtype or np.float32, given, folded)
     emit = Emitter(graph, f"trtattn/implicit/{site.name}")
     i64 = np.int64
