@@ -1,6 +1,6 @@
 """Hand-built one-node Attention models, one per configuration class IAttention does not take as it is
 (issue 25, part B): each through `fuse --ops trt` converts and verifies, with the rewrite that fits it to
-IAttention (routes/prepare/op_fit.py, op_cache.py), or names the limit with exit 1."""
+IAttention (routes/prepare/op_fit.py, op_cache.py, qk_beside.py), or names the limit with exit 1."""
 
 from __future__ import annotations
 
@@ -125,17 +125,96 @@ def test_3d_past_with_a_mask_and_gqa():
     assert result.prepared.plan.form == "kv-cache" and ops.count("TRT_KVCacheUpdate") == 2
 
 
-@pytest.mark.parametrize("limit,attrs,outputs,why", [
-    ("qk_matmul_output", {}, ("Y", "", "", "qk"), "also outputs its QK matmul"),
-    ("softcap", {"softcap": 2.0}, ("Y",), "soft-capped"),
+@pytest.mark.parametrize("mode,shapes", [
+    (0, {"mask": ([5, 5], F)}),
+    (1, {"mask": ([2, 1, 5, 5], F), "is_causal": 1}),
+    (3, {"mask": ([5, 5], TensorProto.BOOL)}),
+    (3, {"q": (2, 5, 32), "k": (2, 5, 16), "mask": ([5, 5], F), "q_num_heads": 4, "kv_num_heads": 2}),
 ])
-def test_limits_exit_1_with_the_site_named(tmp_path, capsys, limit, attrs, outputs, why):
+def test_qk_output_is_computed_beside_iattention(mode, shapes):
+    """qk_matmul_output (the scaled logits, with the mask, or the softmax) from the op's own function body in
+    standard ops beside TRT_Attention, which gives Y; both against the original on ONNX Runtime."""
+    from trtattn_plugins.session import Session
+
+    model = attention(opset=23, outputs=("Y", "", "", "qk"), qk_matmul_output_mode=mode, **shapes)
+    result, ops = converted(model)
+    assert ops == ["TRT_Attention"]
+    written = result.model.graph
+    assert not any(n.op_type == "Attention" for n in written.node) and "qk" in [o.name for o in written.output]
+    assert any("qk_matmul_output qk (mode" in note for note in result.prepared.plan.notes)
+    assert any(n.op_type == "Softmax" for n in written.node) == (mode == 3)
+    rng = np.random.default_rng(1)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    if "attn_mask" in feeds and shapes["mask"][1] == TensorProto.BOOL:
+        feeds["attn_mask"] = feeds["attn_mask"] > -0.5
+    got = Session(runnable(result)).run(["Y", "qk"], feeds)
+    want = ort.InferenceSession(model.SerializeToString()).run(["Y", "qk"], feeds)
+    for g, w in zip(got, want):  # an fp16 engine: within half precision of the fp32 original
+        finite = np.isfinite(w)
+        assert (np.isfinite(g) == finite).all() and np.abs(g - w)[finite].max() < 2e-2 * max(1, np.abs(w[finite]).max())
+
+
+@pytest.mark.parametrize("mode", [1, 3])
+def test_qk_output_over_a_past_cache_in_the_kv_cache_form(mode):
+    """Over past + new keys, causal with a query shorter than its new keys: the form's own (fitted) node's body gives
+    the logits over the cache's capacity, the original's in each row's first past + new columns."""
+    from trtattn.contract import cache_inputs
+    from trtattn.routes.prepare import form_adapter
+    from trtattn_plugins.session import Session
+
+    model = attention(q=(2, 4, 2, 8), k=(2, 2, 3, 8), past=4, mask=([2, 7], F), is_causal=1, opset=23,
+                      outputs=("Y", "present_key", "present_value", "qk"), qk_matmul_output_mode=mode)
+    result, ops = converted(model)
+    assert result.prepared.plan.form == "kv-cache"
+    assert sorted(ops) == ["TRT_Attention", "TRT_KVCacheUpdate", "TRT_KVCacheUpdate"]
+    assert any("over the cache's capacity" in note for note in result.prepared.plan.notes)
+    form = result.prepared.form_model
+    adapter = form_adapter(model, [i.name for i in form.graph.input], cache_inputs(form))
+    rng = np.random.default_rng(2)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    session = Session(runnable(result))
+    names = [o.name for o in session.get_outputs()]
+    types = {i.name: i.type for i in session.get_inputs()}  # the caches take the fp16 attention's dtype
+    got = dict(zip(names, session.run(names, {k: v.astype(np.float16) if types.get(k) == "tensor(float16)" else v
+                                               for k, v in adapter.feeds(dict(feeds)).items()})))
+    assert got["qk"].shape[-1] > 7  # the capacity
+    want = dict(zip(["Y", "present_key", "present_value", "qk"], ort.InferenceSession(model.SerializeToString()).run(
+        None, feeds)))
+    ref, out = adapter.line_up(feeds, want, got)
+    from trtattn.verify.compare import max_abs_error
+
+    assert max_abs_error(ref["qk"], out["qk"]) < 2e-2 * max(1.0, float(np.abs(ref["qk"][np.isfinite(ref["qk"])]).max()))
+
+
+@pytest.mark.parametrize("limit,kwargs,why", [
+    ("softcap", {"softcap": 2.0}, "soft-capped"),
+    ("softcap_over_a_cache", {"softcap": 2.0, "past": 3, "outputs": ("Y", "present_key", "present_value", "qk")},
+     "soft-capped"),
+])
+def test_limits_exit_1_with_the_site_named(tmp_path, capsys, limit, kwargs, why):
     path = tmp_path / f"{limit}.onnx"
-    onnx.save(attention(opset=23, outputs=outputs, **attrs), path)
+    onnx.save(attention(opset=23, **kwargs), path)
     assert main(["-q", "fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--ops", "trt"]) == 1
     out = capsys.readouterr().out
     assert why in out and "not written" in out
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_soft_capped_rows_without_keys_stay_a_named_limit(tmp_path, capsys):
+    """A soft-capped site kept in TensorRT's implicit form gives zeros on a row its mask leaves without keys, as
+    ONNX defines (not NaN), so the form verifies and the soft-cap is the limit named (exit 1), not a broken form."""
+    path, inputs = tmp_path / "capped.onnx", tmp_path / "inputs.npz"
+    onnx.save(attention(opset=23, softcap=2.0, mask=([5, 5], TensorProto.BOOL)), path)
+    rng = np.random.default_rng(0)
+    mask = np.ones((5, 5), bool)
+    mask[1] = False  # query 1 may attend no key
+    np.savez(inputs, Q=rng.standard_normal((2, 4, 5, 8), np.float32), K=rng.standard_normal((2, 2, 5, 8), np.float32),
+             V=rng.standard_normal((2, 2, 5, 8), np.float32), attn_mask=mask)
+    assert main(["-q", "fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--ops", "trt", "--inputs",
+                 str(inputs)]) == 1
+    assert "soft-capped" in capsys.readouterr().out
 
 
 def test_a_model_reading_its_past_length_is_refused_by_name():
@@ -148,3 +227,14 @@ def test_a_model_reading_its_past_length_is_refused_by_name():
     model.graph.output.append(helper.make_tensor_value_info("positions", F, [1]))
     with pytest.raises(TrtattnError, match="past_length reads the length of the past cache past_key"):
         fuse_trt(model, name="t")
+
+
+def test_masked_logits_agree_in_verification():
+    """ONNX Runtime's Attention writes float's lowest in qk_matmul_output where the standard writes -inf: both are
+    a masked logit to the verifier; a masked logit against a real one is not."""
+    from trtattn.verify.compare import max_abs_error
+
+    lowest = np.finfo(np.float32).min
+    assert max_abs_error(np.array([lowest, 1.0], np.float32), np.array([-np.inf, 1.0], np.float32)) == 0.0
+    assert max_abs_error(np.array([lowest, 1.0], np.float32), np.array([0.0, 1.0], np.float32)) > 1e30
+    assert max_abs_error(np.array([-np.inf], np.float32), np.array([-1e4], np.float32)) == np.inf

@@ -11,7 +11,7 @@ from trtattn.graph.dims import _empty_output
 from trtattn.graph.qdq_pairs import OUTPUT_DTYPE_OPSET, write_propagated_pairs
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing.contrib_graphs import group_query_feeds, group_query_model
-from trtattn.verify.compare import _max_abs_error
+from trtattn.verify.compare import max_abs_error
 
 
 def _one_node(op: str, inputs: list, outputs: list, opset: int = 17, inits=(), **attrs) -> onnx.ModelProto:
@@ -80,5 +80,5 @@ def test_group_query_attention_without_a_past_presents_the_new_keys_and_values()
 
 # ---------------------------------------------------------------- compare.py
 def test_the_max_abs_error_is_the_largest_difference():
-    assert _max_abs_error([1.0, 2.0, -np.inf], [1.0, 2.5, -np.inf]) == 0.5
-    assert _max_abs_error([[3.0, 0.0]], [[1.0, 0.0]]) == 2.0
+    assert max_abs_error([1.0, 2.0, -np.inf], [1.0, 2.5, -np.inf]) == 0.5
+    assert max_abs_error([[3.0, 0.0]], [[1.0, 0.0]]) == 2.0

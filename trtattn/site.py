@@ -207,6 +207,8 @@ class AttentionSite:
     softcap: float | None = None  # logit soft-cap (Attention's softcap; IAttention has none)
     quant: SiteQuant | None = None  # Q/DQ pairs around a quantized attention
     graph: tuple = ()  # the subgraph holding the site: ((node output, attribute), ...); () the main graph
+    # the logits it also returns (ONNX Attention's qk_matmul_output): (tensor name, qk_matmul_output_mode), or None
+    qk_output: tuple[str, int] | None = None
 
     def replace(self, **changes) -> AttentionSite:
         return dataclasses.replace(self, **changes)

@@ -83,10 +83,10 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         steps.append(MaskStep("where", operand=mask.name, value=float("-inf"), node=n.name) if is_bool
                      else MaskStep("add", operand=mask.name, node=n.name))
     softcap = float(n.attrs.get("softcap", 0.0) or 0.0)
-    if len(n.outputs) > 3 and n.outputs[3].name:  # whatever the mode (0: the scaled Q K^T)
-        raise Unsupported(f"Attention {n.name or n.outputs[0].name} also outputs its QK matmul "
-                          f"(qk_matmul_output, mode {n.attrs.get('qk_matmul_output_mode', 0)}): IAttention outputs "
-                          "only Y")
+    notes = [f"GQA head repeat x{repeat} dropped"] if repeat > 1 else []
+    qk = n.outputs[3].name if len(n.outputs) > 3 and n.outputs[3].name else None  # whatever the mode
+    if qk is not None:
+        notes.append(f"also returns its QK matmul ({qk}, qk_matmul_output_mode {qk_mode(n)})")
     if (past_k is None) != (past_v is None):  # the spec gives both or neither
         raise Unsupported(f"Attention {n.name} has only one of past_key and past_value")
     if past_k is not None and past_v is not None:
@@ -96,7 +96,6 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         role = find_cache(view, k, v, seq_axis, seq_axis)
     kind = site_kind(view, q, k, role)
     cache = role.kind
-    notes = [f"GQA head repeat x{repeat} dropped"] if repeat > 1 else []
     if softcap:
         notes.append(f"softcap {softcap}")
     return AttentionSite(
@@ -115,8 +114,14 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         new_value=role.new_value.name if role.new_value is not None else None,
         rope=find_rope(view, q, k, head) if rank == 4 else None,
         rank=rank, source="onnx:Attention", dtype=str(view.dtype(q) or "float32"),
-        notes=tuple(notes),
+        notes=tuple(notes), qk_output=(qk, qk_mode(n)) if qk is not None else None,
     )
+
+
+def qk_mode(n: gs.Node) -> int:
+    """Which logits an ONNX Attention node's qk_matmul_output holds (0: the scaled Q K^T, 1: with the mask added,
+    2: soft-capped, 3: the softmax)."""
+    return int(n.attrs.get("qk_matmul_output_mode", 0))
 
 
 def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:

@@ -153,7 +153,11 @@ class CacheAdapter(Adapter):
             got = out.get(name)
             if got is None:
                 continue
-            if got.ndim == 4 and got.shape != v.shape and got.shape[:2] == v.shape[:2]:
+            if got.ndim == 4 and got.shape[:3] == v.shape[:3] and got.shape[3] > v.shape[3]:
+                # logits over the cache's capacity (an Attention op's qk_matmul_output, routes/prepare/qk_beside.py):
+                # the original's keys are the first ones; the free columns are no keys of it
+                ref2[name], out2[name] = v, got[..., :v.shape[3]]
+            elif got.ndim == 4 and got.shape != v.shape and got.shape[:2] == v.shape[:2]:
                 filled = v.shape[2]
                 ref2[name] = v
                 out2[name] = got[:, :, :filled]

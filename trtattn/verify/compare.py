@@ -144,8 +144,8 @@ def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outco
             for i, compared in enumerate(runs):
                 for name, result in compared.items():
                     err, ok = float(result.max_absdiff), bool(result)
-                    if math.isnan(err):  # Polygraphy's inf - inf: read the arrays again, equal infinities agree
-                        err = _max_abs_error(results[0][1][i][name], results[1][1][i][name])
+                    if not math.isfinite(err):  # Polygraphy's inf - inf or -inf - lowest: read the arrays again
+                        err = max_abs_error(results[0][1][i][name], results[1][1][i][name])
                         ok = outcome.within(name, err)
                     if math.isnan(err):
                         err = math.inf
@@ -159,18 +159,27 @@ def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outco
     return outcome, errors
 
 
-def _max_abs_error(reference, candidate) -> float:
-    """max |reference - candidate| where equal infinities (a logit output masked with -inf in both) and NaN
-    against NaN agree; NaN when NaN stands in one of them only."""
-    a, b = np.asarray(reference, np.float64), np.asarray(candidate, np.float64)
+def max_abs_error(reference, candidate) -> float:
+    """max |reference - candidate| where equal infinities (a logit output masked with -inf in both), a logit masked
+    with -inf against one masked with its type's lowest value (ONNX Runtime's Attention kernel writes lowest() in
+    qk_matmul_output where the standard writes -inf) and NaN against NaN agree; NaN when NaN stands in one only."""
+    ref, cand = np.asarray(reference), np.asarray(candidate)
+    a, b = ref.astype(np.float64), cand.astype(np.float64)
     if a.shape != b.shape:
         return math.inf
     nan_a, nan_b = np.isnan(a), np.isnan(b)
     if (nan_a != nan_b).any():
         return math.nan
-    same = (a == b) | nan_a
+    same = (a == b) | nan_a | (_masked(a, ref.dtype) & _masked(b, cand.dtype))
     with np.errstate(invalid="ignore"):  # inf - inf where they agree: masked by `same`
         return float(np.max(np.where(same, 0.0, np.abs(a - b)), initial=0.0))
+
+
+def _masked(values: np.ndarray, dtype) -> np.ndarray:
+    """Where `values` (of `dtype`) are -inf or the type's lowest finite value: a masked logit."""
+    if not np.issubdtype(dtype, np.floating):
+        return np.zeros(values.shape, bool)
+    return values <= -float(np.finfo(dtype).max)
 
 
 def _prefetched(runners: list, feeds: list[dict]) -> list:

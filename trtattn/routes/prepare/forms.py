@@ -40,6 +40,7 @@ from .op_cache import OPSET as OP_CACHE_OPSET
 from .op_fit import fit_ops
 from .packed import packed_form
 from .padded import padding_to_lengths
+from .qk_beside import qk_outputs_beside, qk_over_cache
 from .rope import rope_to_ops
 from .rows import PackedCacheAdapter
 
@@ -89,10 +90,11 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
                            "the branch you deploy without the control flow, or use `trtattn fuse` (ONNX Attention)")
     with progress.step("rewriting RoPE into RotaryEmbedding ops"):
         model, ropes = rope_to_ops(fused.model, [r.site for r in reports])
+    in_op, offsets = in_op_caches(model), {}
+    model, split, cached_qk = qk_outputs_beside(model, sites, in_op)
     derived = Derived(model, form, sites, notes=([chosen] if chosen else [])
-                      + ([f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else []))
+                      + ([f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else []) + split)
     lowerings: list[AttentionLowering] = []
-    in_op, offsets = in_op_caches(derived.model), {}
     capped = [r.site.name for r in reports if r.site.softcap]
     if capped and form != "padded":
         raise SitesRefused(f"sites {', '.join(capped)} are soft-capped: IAttention cannot take them, and only the "
@@ -130,7 +132,7 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
                                  f"{', '.join(derived.right_padded)} must be right-padded (a prefix of ones per row)")
         if expanded:
             derived.notes.append(f"{len(expanded)} soft-capped sites in TensorRT's implicit form: {IMPLICIT_REASON}")
-    refitted = bool(in_op)
+    refitted = bool(in_op or split)
     if form == "padded" or in_op:  # every Attention op fitted to what IAttention takes (op_fit.py)
         lowered = {lw.node for lw in lowerings}
         ops = [n.name for n in derived.model.graph.node if n.op_type == "Attention" and n.name not in lowered
@@ -139,6 +141,9 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
         if notes or fitted:
             derived.model, derived.notes, refitted = fitted_model, derived.notes + notes, True
             lowerings += fitted
+    if cached_qk:  # once the kv-cache form's nodes say all the original's did (their causal offsets folded in)
+        derived.model, qk_notes = qk_over_cache(derived.model, cached_qk)
+        derived.notes += qk_notes
     derived.attentions = {lw.node: lw for lw in lowerings}
     if form != "padded" or derived.right_padded:  # (the fused model itself needs no record)
         record_form(derived.model, form, derived.right_padded)

@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
 from ...graph.emit import Emitter
-from .op_fit import OpShape, one_mask, to_bhnd
+from .op_fit import OpShape, guard_empty_rows, one_mask, to_bhnd
 
 REASON = ("its logits are soft-capped (tanh), which IAttention cannot do: kept in TensorRT's implicit form "
           "(MatMul, Tanh, Softmax, MatMul) for its own fusion")
@@ -45,7 +45,10 @@ def _expand(graph: gs.Graph, node: gs.Node, site) -> None:
         raise TrtattnError(f"Attention {node.name}: a soft-capped attention with a cache, lengths or extra outputs")
     to_bhnd(graph, node, OpShape(site.rank, site.q_heads, site.kv_heads, site.head_size, None))
     given = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3].name else None
-    one_mask(graph, node, np.dtype(given.dtype) if given is not None and given.dtype is not None else np.float32)
+    _, folded = one_mask(graph, node, np.dtype(given.dtype) if given is not None and given.dtype is not None
+                         else np.float32)
+    if folded is not None or any(given is t for t in graph.inputs):  # rows left without keys: zeros, as ONNX says
+        guard_empty_rows(graph, node, node.outputs[0].dtype or np.float32, given, folded)
     emit = Emitter(graph, f"trtattn/implicit/{site.name}")
     i64 = np.int64
     q, k, v = node.inputs[:3]

@@ -109,7 +109,7 @@ def cache_form(graph: gs.Graph, types: dict, nodes: list[str], row_keys: frozens
             mask = _to_capacity(emit, mask, presents[0], types)
         node.inputs = [q, *presents, mask or gs.Variable.empty(), gs.Variable.empty(), gs.Variable.empty(),
                        kv_lengths]
-        qk = node.outputs[3] if len(node.outputs) > 3 and node.outputs[3].name else None  # (fuse refuses it)
+        qk = node.outputs[3] if len(node.outputs) > 3 and node.outputs[3].name else None  # (refused before: qk_beside.py)
         node.outputs = [node.outputs[0]] + ([gs.Variable.empty(), gs.Variable.empty(), qk] if qk is not None else [])
         notes.append(f"Attention {name}: its past cache as a preallocated cache updated in place "
                      f"({past_k.name}, {past_v.name} -> TRT_KVCacheUpdate), per-row lengths "
