@@ -88,7 +88,7 @@ def test_build_plan_of_an_fp16_attention_in_bf16():
     assert {a.dtype for a in plan.attentions} == {"bf16"}
     assert [i["dtype"] for i in plan.inputs] == ["float16"] and [o["dtype"] for o in plan.outputs] == ["float16"]
     assert {T.BFLOAT16} == set(_attention_input_types(prepared.form_model))
-    assert prepared.precision_check["passed"]
+    assert prepared.precision_check["passed"] and "emulated" in prepared.precision_check["run_on"]
 
 
 def test_attention_reading_mixed_dtypes_is_refused_naming_the_node():
@@ -104,3 +104,46 @@ def test_attention_reading_mixed_dtypes_is_refused_naming_the_node():
         check_attention_types(model)
     attn.input[0] = "q"
     check_attention_types(model)  # one dtype: nothing to say
+
+
+def _bf16_elementwise():
+    """y = relu(x * c + b) in bf16: ops that compute one fp32 result per element, rounded once."""
+    rng = np.random.default_rng(2)
+    import ml_dtypes
+
+    c = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "c")
+    b = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    for t in (c, b):  # bf16 initializers: onnx's helper keeps bf16 as raw bits
+        bits = np.asarray(numpy_helper.to_array(t), ml_dtypes.bfloat16).view(np.uint16)
+        t.CopyFrom(helper.make_tensor(t.name, T.BFLOAT16, [16], bits.tobytes(), raw=True))
+    nodes = [helper.make_node("Mul", ["x", "c"], ["xc"]), helper.make_node("Add", ["xc", "b"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "bf16", [helper.make_tensor_value_info("x", T.BFLOAT16, [4, 16])],
+                              [helper.make_tensor_value_info("y", T.BFLOAT16, [4, 16])], [c, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+
+
+def test_bf16_model_emulated_on_onnx_runtime_rounds_every_bf16_tensor():
+    """ONNX Runtime has no bf16 Mul: the runner is the emulation, which agrees bit for bit with onnx's reference
+    evaluator (numpy over bf16) on ops rounding once per element, and differs from the same model in fp32."""
+    import ml_dtypes
+    from onnx.reference import ReferenceEvaluator
+
+    from trtattn.rewrite.precision.emulate import EMULATION, bf16_emulated
+
+    model = _bf16_elementwise()
+    x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
+    run, runner = P.cpu_runner(model)
+    assert runner == EMULATION
+    got = run({"x": x})["y"]
+    want = ReferenceEvaluator(model).run(None, {"x": x.astype(ml_dtypes.bfloat16)})[0].astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    unrounded = bf16_emulated(model)  # the same graph without its roundings: fp32 throughout
+    kept = [n for n in unrounded.graph.node if not n.name.endswith(("/round_to_bf16", "/bf16_to_fp32"))]
+    for n in kept:
+        n.input[:] = [t.removesuffix("/bf16_value") for t in n.input]
+        n.output[:] = [t.removesuffix("/fp32") for t in n.output]
+    del unrounded.graph.node[:]
+    unrounded.graph.node.extend(kept)
+    fp32, _ = P.cpu_runner(unrounded)
+    assert not np.array_equal(fp32({"x": x})["y"], got)
