@@ -147,3 +147,17 @@ def test_bf16_model_emulated_on_onnx_runtime_rounds_every_bf16_tensor():
     unrounded.graph.node.extend(kept)
     fp32, _ = P.cpu_runner(unrounded)
     assert not np.array_equal(fp32({"x": x})["y"], got)
+
+
+@needs_autocast
+def test_fuse_trt_ops_in_bf16_verified_emulated():
+    """`fuse --ops trt --precision bf16`: ONNX Runtime runs no bf16 MatMul, so the written model (TensorRT's ops on
+    trtattn_plugins' kernels) is verified emulated in fp32, and the verification says so."""
+    from trtattn.rewrite.precision.emulate import EMULATION
+    from trtattn.routes.trt_ops import fuse_trt
+
+    result = fuse_trt(fp16_attention(), name="fp16_attention", precision="bf16")
+    assert result.ok and result.verification["run_on"] == EMULATION
+    types = declared_types(onnx.shape_inference.infer_shapes(result.prepared.form_model))
+    attn = next(n for n in result.prepared.form_model.graph.node if n.op_type == "Attention")
+    assert {types[t] for t in attn.input[:3]} == {T.BFLOAT16}
