@@ -161,3 +161,35 @@ def test_fuse_trt_ops_in_bf16_verified_emulated():
     types = declared_types(onnx.shape_inference.infer_shapes(result.prepared.form_model))
     attn = next(n for n in result.prepared.form_model.graph.node if n.op_type == "Attention")
     assert {types[t] for t in attn.input[:3]} == {T.BFLOAT16}
+
+
+def bf16_attention(batch=2, seq=5, heads=2, head=16) -> onnx.ModelProto:
+    """One 4-D ONNX Attention, causal, its Q, K, V and output in bf16: ONNX Runtime's CPU provider cannot open it."""
+    shape = [batch, heads, seq, head]
+    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attn", is_causal=1)],
+                              "bf16_attention", [helper.make_tensor_value_info(n, T.BFLOAT16, shape) for n in "qkv"],
+                              [helper.make_tensor_value_info("y", T.BFLOAT16, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+@needs_autocast
+def test_bf16_model_builds_in_bf16_read_widened():
+    """A bf16 model is read widened to fp32 (ONNX Runtime cannot open it), verified there, converted back: the
+    plan's IAttention and IO are bf16, and the plan says how it was checked."""
+    from trtattn.routes.prepare import prepare
+
+    model = bf16_attention()
+    assert P.ort_support(model) is not None  # the premise: ONNX Runtime cannot open it
+    prepared = prepare(model, name="bf16_attention", precision="bf16")
+    plan = prepared.plan
+    assert {a.dtype for a in plan.attentions} == {"bf16"} and plan.native
+    assert {i["dtype"] for i in [*plan.inputs, *plan.outputs]} == {"bfloat16"}
+    assert any("read widened to fp32" in n for n in plan.notes)
+    assert "emulated" in prepared.precision_check["run_on"]
+
+
+def test_bf16_model_asked_in_another_precision_is_refused_saying_why():
+    from trtattn.routes.prepare import prepare
+
+    with pytest.raises(P.PrecisionError, match="computes in bf16.*--precision bf16"):
+        prepare(bf16_attention(), name="bf16_attention", precision="fp16")
