@@ -112,11 +112,11 @@ def test_cases_cover_every_configuration():
 
 @pytest.mark.conformance
 @pytest.mark.reference
-@pytest.mark.parametrize("precision", ["fp16"])  # bf16: trtsim runs the ONNX ops around the layers on ORT's CPU,
-@pytest.mark.parametrize("name", REPRESENTATIVE)  # which has no bf16 Where/Slice (the guards and head slices)
-def test_op_case_networks_in_fp16(checked_trt, name, precision, tmp_path):
-    """The fp32 cases as fp16 engines (IAttention and the cache updates in fp16) against the fp32 original,
-    within the precision's tolerance of each output's largest value."""
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])  # bf16: trtsim runs the ONNX ops around the layers
+@pytest.mark.parametrize("name", REPRESENTATIVE)  # emulated in fp32 on ORT's CPU (each bf16 tensor rounded)
+def test_op_case_networks_in_fp16_and_bf16(checked_trt, name, precision, tmp_path):
+    """The fp32 cases as fp16/bf16 engines (IAttention and the cache updates in fp16/bf16) against the fp32
+    original, within the precision's tolerance of each output's largest value."""
     from trtattn.rewrite.precision import TOLERANCE
 
     errors = _reference(checked_trt, CASES[name], tmp_path, precision)

@@ -118,9 +118,12 @@ def _session(model):
 
 
 def cpu_runner(model: onnx.ModelProto | str | os.PathLike):
-    """(run(feeds) -> {output: array}, what runs it): ONNX Runtime's CPU provider; where it has no kernel for a
-    bf16 model, the model emulated in fp32 on it (emulate.py), else onnx's reference evaluator. Float inputs
-    are cast to the types the model runs them in."""
+    """(run(feeds) -> {output: array}, what runs it): ONNX Runtime's CPU provider; for a bf16 model it has no
+    kernel for, or whose bf16 inputs or outputs its numpy binding cannot pass, the model emulated in fp32 on it
+    (emulate.py), else onnx's reference evaluator. Float inputs are cast to the types the model runs them in."""
+    if isinstance(model, onnx.ModelProto) and any(
+            v.type.tensor_type.elem_type == TensorProto.BFLOAT16 for v in [*model.graph.input, *model.graph.output]):
+        return _emulated_runner(model, "its numpy binding passes no bfloat16 input or output")
     try:
         session = _session(model)
     except TrtattnError:
@@ -129,17 +132,23 @@ def cpu_runner(model: onnx.ModelProto | str | os.PathLike):
         why = " ".join(str(e).split())[:300]
         if "NOT_IMPLEMENTED" not in why or not isinstance(model, onnx.ModelProto):
             raise NotRunnableOnCpu(f"ONNX Runtime cannot load the model: {why}") from None
-        if TensorProto.BFLOAT16 in {*declared_types(model).values(), *(i.data_type for i in model.graph.initializer)}:
-            try:
-                bf16_outputs = {o.name: onnx.helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)
-                                for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.BFLOAT16}
-                return _session_runner(_session(bf16_emulated(model)), EMULATION, bf16_outputs)
-            except TrtattnError:
-                raise
-            except Exception as e:  # ORT refuses the emulation too: the reference evaluator says more
-                why = f"{why}; emulated in fp32: {' '.join(str(e).split())[:200]}"
-        return _reference_runner(model, why)
+        return _emulated_runner(model, why)
     return _session_runner(session, "ONNX Runtime (CPU)")
+
+
+def _emulated_runner(model: onnx.ModelProto, why: str):
+    """A model ONNX Runtime cannot run as it is (`why`): emulated in fp32 if it holds bf16, else (or if ONNX
+    Runtime refuses the emulation too) onnx's reference evaluator."""
+    if TensorProto.BFLOAT16 in {*declared_types(model).values(), *(i.data_type for i in model.graph.initializer)}:
+        bf16_outputs = {o.name: onnx.helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)
+                        for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.BFLOAT16}
+        try:
+            return _session_runner(_session(bf16_emulated(model)), EMULATION, bf16_outputs)
+        except TrtattnError:
+            raise
+        except Exception as e:  # ONNX Runtime's errors have no public common base
+            why = f"{why}; emulated in fp32: {' '.join(str(e).split())[:200]}"
+    return _reference_runner(model, why)
 
 
 def _session_runner(session, runner: str, outputs_as: Mapping[str, DTypeLike] | None = None):
