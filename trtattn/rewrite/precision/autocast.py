@@ -65,6 +65,9 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
         _refuse_foreign_ops(work)
         _name_nodes(work)
         work, wide_io = widened(work, precision, src_dir)  # fp16 for bf16 (or the reverse): AutoCast goes from fp32
+        if src_dir is not None and work.ByteSize() > LARGE:  # only widened weights are in memory here
+            raise PrecisionError(f"{model}: its weights widened to fp32 for AutoCast exceed protobuf's 2 GB; convert "
+                                 "it from an fp32 export instead")
         feeds = [widened_feeds(f, wide_io) for f in feeds]
         missing = sorted(set(keep_fp32) - {n.name for n in work.graph.node})
         if missing:
