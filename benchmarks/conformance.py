@@ -75,16 +75,25 @@ def ops_suite(work: Path) -> tuple[str, list[dict], str, list[str]]:
             ref = "-"
         fuse = {0: "converted, verified", 1: "limit (exit 1)"}.get(r["fuse_exit"], f"exit {_exit(r['fuse_exit'])}")
         why = r["skipped"] or (r["why"].split(": ", 1)[-1] if r["fuse_exit"] else "")
+        if r["not_run"] and r["fuse_exit"] == 0:  # bf16: the TensorRT ops checked emulated in fp32, never run in bf16
+            fuse, ref = "converted, not run (bf16)", ref.replace("ok", "ok, emulated", 1)
+            why = "bf16 not run on CPU (emulated in fp32); normalize: ONNX Runtime cannot load a bf16 Attention model"
         lines.append(f"| {r['name']} | {r['features']} | {fuse} | {r['form']} | {ref} | {_exit(r['build_exit'])} | "
                      f"{_exit(r['normalize_exit'])} | {why.replace('|', '/')[:160]} |")
-    run = [r for r in rows if not r["skipped"]]
+    run = [r for r in rows if not r["skipped"] and not r["not_run"]]
+    not_run = [r for r in rows if r["not_run"]]
+    bf16_converted = [r for r in not_run if r["fuse_exit"] == 0 and r["matches_reference"] and r["build_exit"] == 4]
     converted = [r for r in run if r["fuse_exit"] == 0 and r["matches_reference"]]
     limits = [r for r in run if r["fuse_exit"] == 1]
     other = [r for r in run if r["fuse_exit"] not in (0, 1) or (r["fuse_exit"] == 0 and not r["matches_reference"])]
     refusals = {_exit(r[k]) for r in rows if r["skipped"] for k in ("fuse_exit", "build_exit", "normalize_exit")}
     summary = (f"{len(rows)} op cases: {len(converted)} of {len(run)} runnable converted to IAttention and verified "
                f"(ONNX Runtime through trtattn_plugins, and onnx's reference outputs), {len(limits)} named limits "
-               f"(exit 1), {len(other)} other outcomes; {len(rows) - len(run)} skipped "
+               f"(exit 1), {len(other)} other outcomes; {len(bf16_converted)} of {len(not_run)} bf16 cases converted, "
+               f"not run (ONNX Runtime has no bf16 kernel: the TensorRT ops checked emulated in fp32 against onnx's "
+               f"reference, build's plan in bf16; normalize refuses them, exit 2; the other "
+               f"{len(not_run) - len(bf16_converted)} stop where ONNX Runtime refuses the model widened to fp32); "
+               f"{len(rows) - len(run) - len(not_run)} skipped "
                f"({', '.join(sorted({r['skipped'].split(':')[0] for r in rows if r['skipped']}))}: fuse, build and "
                f"normalize refuse them in one line with exit {'/'.join(sorted(refusals))}). "
                f"Build exits 4 (the plan made, no TensorRT here) for {sum(r['build_exit'] == 4 for r in run)}; "
@@ -198,7 +207,8 @@ def main(argv=None) -> int:
     how = ("Produced by `python benchmarks/conformance.py --ops --readme`: each case of onnx's backend suite for "
            "the Attention op (the installed onnx's, nothing downloaded) through `trtattn fuse --ops trt` verified on "
            "the case's own inputs, the written model (TensorRT's ops on trtattn_plugins' CPU kernels) against onnx's "
-           "reference outputs within the fp16 tolerance (the route's default precision), `trtattn build` and "
+           "reference outputs within the fp16 tolerance (the route's default precision; bf16 cases with --precision bf16, "
+           "emulated in fp32 within the bf16 tolerance), `trtattn build` and "
            "`trtattn normalize`. Exit codes: 0 done, 1 a limit named with the site, 4 the plan made without "
            "TensorRT.")
     body = "\n".join([how, "", summary, "", *lines])

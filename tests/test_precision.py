@@ -4,8 +4,8 @@ precision_table is checked on a hand-built model with known multiply-accumulate 
 zoo Llama and BERT (TorchScript exports, standard ONNX Attention ops): the IO types are kept, >= 95%
 of the matmul work runs in the requested dtype, the attention mask reaches the fp16 attention clamped
 (no -inf), the rotary angles stay fp32, and the outputs match fp32 within the documented tolerance
-(bf16 where ONNX Runtime's CPU provider has no kernels: on onnx's reference evaluator, and the ORT
-test says why it skips). keep_io_types=False and keep_fp32 do what they say; models AutoCast would
+(bf16 where ONNX Runtime's CPU provider has no kernels: emulated in fp32 on it, each bf16 tensor rounded,
+and the ORT test says why it skips). keep_io_types=False and keep_fp32 do what they say; models AutoCast would
 break are refused; the checker fails on a wrong number and on a NaN.
 """
 
@@ -214,7 +214,8 @@ def test_bf16_fused_model(zoo_export, name):
 @needs_autocast
 @pytest.mark.parametrize("name", ["llama", "bert"])
 def test_bf16_matches_fp32_on_cpu(zoo_export, name):
-    """ONNX Runtime where it has bf16 kernels, else onnx's reference evaluator (P.compare says which)."""
+    """ONNX Runtime where it has bf16 kernels, else the model emulated on it or onnx's reference evaluator
+    (P.compare says which)."""
     original, result = converted(zoo_export, name, "bf16")
     try:
         errors = P.verify(original, result.model, _check_feeds(original))  # raises past P.TOLERANCE["bf16"]

@@ -100,6 +100,7 @@ def verdict(v: OutcomeSummary) -> str:
     used = f"; {inputs_phrase(v['inputs'])}" if v.get("inputs") else ""
     used += f"; {rows_phrase(v['lengths'])}" if v.get("lengths") else ""
     used += f"; at {v['tolerance_why']}" if v.get("tolerance_why") else ""
+    used += f"; {v['run_on']}" if v.get("run_on") else ""
     one_key = f"; verified at one key only, which proves nothing: {', '.join(v['one_key'])}" if v.get("one_key") else ""
     return ("passed" if v["passed"] else "FAILED") + (f" (max abs error {err:.3g} over {v.get('iterations')} inputs{how}{used})"
                                                        if err is not None else "") + one_key

@@ -30,13 +30,15 @@ LIMITS = {"softcap": "soft-capped"}
 class CaseOutcome:
     name: str
     features: str
-    skipped: str | None = None  # why the case is not run (bf16 on ONNX Runtime's CPU provider, a model ORT refuses)
+    skipped: str | None = None  # why the case is not run (a model ONNX Runtime refuses)
+    not_run: str | None = None  # why a case that converts cannot run as it is (bf16: checked emulated in fp32 instead)
     fuse_exit: int | None = None
     form: str = "-"
     why: str = ""  # the limit named (exit 1) or the error (exit 2/3)
     reference_error: dict[str, float] = field(default_factory=dict)  # output -> max |written - onnx's reference|
     reference_bound: dict[str, float] = field(default_factory=dict)  # output -> what the precision allows
     build_exit: int | None = None
+    plan_dtypes: list[str] = field(default_factory=list)  # build's plan: each IAttention's dtype, then each input's
     normalize_exit: int | None = None
 
     @property
@@ -118,27 +120,31 @@ def ort_refuses(case: ConformanceCase) -> str | None:
     return None
 
 
-def reference_check(case: ConformanceCase, outcome: CaseOutcome, given) -> None:
+def reference_check(case: ConformanceCase, outcome: CaseOutcome, given, precision: str = "fp16") -> None:
     """The TensorRT-op model `fuse --ops trt` writes, run on the case's inputs through trtattn_plugins, against
-    onnx's reference outputs within the tolerance of the precision it computes in."""
+    onnx's reference outputs within the tolerance of the precision it computes in. A bf16 model runs emulated in
+    fp32 (rewrite/precision/emulate.py: every bf16 tensor rounded, each op in fp32): ONNX Runtime has no bf16 kernel."""
     from trtattn_plugins.session import Session
 
     from ..contract import cache_inputs
+    from ..rewrite.precision.emulate import bf16_emulated
     from ..routes.prepare import form_adapter
     from ..routes.trt_ops import fuse_trt, runnable
     from ..verify import TOLERANCES
     from ..verify.compare import max_abs_error
 
-    result = fuse_trt(case.model, name="case", inputs=given)
+    result = fuse_trt(case.model, name="case", inputs=given, precision=precision)
     form = result.prepared.form_model
-    adapter = form_adapter(case.model, [i.name for i in form.graph.input], cache_inputs(form))
-    session = Session(runnable(result))
+    adapter = form_adapter(result.prepared.model, [i.name for i in form.graph.input], cache_inputs(form))
+    written = runnable(result)
+    session = Session(bf16_emulated(written) if precision == "bf16" else written)
     types = {i.name: i.type for i in session.get_inputs()}  # a kv-cache form's caches take the attention's dtype
-    feeds = {k: v.astype(np.float16) if types.get(k) == "tensor(float16)" else v
-             for k, v in adapter.feeds(dict(case.inputs)).items()}
+    wide = {"tensor(float16)": np.float16, "tensor(float)": np.float32}  # bf16 values are fed as fp32, exactly
+    inputs = {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in case.inputs.items()}
+    feeds = {k: v.astype(wide[types[k]]) if types.get(k) in wide else v for k, v in adapter.feeds(inputs).items()}
     names = [o.name for o in session.get_outputs()]
     got = dict(zip(names, session.run(names, feeds)))
-    ref, out = adapter.line_up(case.inputs, dict(case.outputs), got)
+    ref, out = adapter.line_up(inputs, dict(case.outputs), got)
     atol, rtol = TOLERANCES[result.prepared.plan.precision]
     for name, want in ref.items():  # (a logit masked with -inf agrees with one masked so: qk_matmul_output)
         error = max_abs_error(want, out[name])
@@ -149,7 +155,10 @@ def reference_check(case: ConformanceCase, outcome: CaseOutcome, given) -> None:
 
 def run_case(case: ConformanceCase, work: Path, *, build: bool = True, normalize: bool = True) -> CaseOutcome:
     """The case through `fuse --ops trt` (verified on its own inputs), the reference check, `build` and
-    `normalize` (module doc)."""
+    `normalize` (module doc). A bf16 case goes in bf16 (--precision bf16, verified emulated in fp32), on generated
+    inputs: it converts, but is not run as it is."""
+    import json
+
     from ..graph.user_inputs import GivenInputs
 
     outcome = CaseOutcome(case.name, features(case))
@@ -157,11 +166,10 @@ def run_case(case: ConformanceCase, work: Path, *, build: bool = True, normalize
     model_path, inputs_path = work / f"{case.name}.onnx", work / f"{case.name}.inputs.npz"
     onnx.save(case.model, model_path)
     np.savez(inputs_path, **case.inputs)  # type: ignore[arg-type]
-    refused = f"{case.cpu_unrunnable}: ONNX Runtime's CPU provider cannot run it" if case.cpu_unrunnable else None
-    if refused is None and ort_refuses(case):
-        refused = f"ONNX Runtime refuses the model: {ort_refuses(case)}"
+    bf16 = case.cpu_unrunnable == "bf16"
+    refused = None if bf16 else ort_refuses(case)
     if refused:  # the reference cannot run it: each command must say so in one line (exit 2), never crash
-        outcome.skipped = refused
+        outcome.skipped = f"ONNX Runtime refuses the model: {refused}"
         for attr, args in (("fuse_exit", ["fuse", str(model_path), "-o", str(work / "x.onnx"), "--ops", "trt"]),
                            ("build_exit", ["build", str(model_path), "--out-dir", str(work / "engines")]),
                            ("normalize_exit", ["normalize", str(model_path), "-o", str(work / "n.onnx")])):
@@ -169,24 +177,32 @@ def run_case(case: ConformanceCase, work: Path, *, build: bool = True, normalize
             setattr(outcome, attr, code)
             outcome.why = outcome.why or (err.strip().splitlines() or [""])[-1]
         return outcome
+    if bf16:
+        outcome.not_run = "bf16: ONNX Runtime's CPU provider runs no bf16 kernel"
+    precision = ["--precision", "bf16"] if bf16 else []
+    given = [] if bf16 else ["--inputs", str(inputs_path)]  # bf16 arrays: numpy saves them as raw bytes
     written = work / f"{case.name}.trt.onnx"
     report = work / f"{case.name}.trt.report.json"
-    code, out, err = _cli(["fuse", str(model_path), "-o", str(written), "--ops", "trt", "--inputs", str(inputs_path),
+    code, out, err = _cli(["fuse", str(model_path), "-o", str(written), "--ops", "trt", *given, *precision,
                            "--report", str(report), "--force"])
     outcome.fuse_exit = code
     if code == 0:
-        import json
-
         outcome.form = json.loads(report.read_text())["form"]
-        reference_check(case, outcome, GivenInputs.load(inputs_path, case.model))
+        reference_check(case, outcome, None if bf16 else GivenInputs.load(inputs_path, case.model),
+                        "bf16" if bf16 else "fp16")
     elif code == 1:
         lines = [line for line in out.splitlines() if "cannot be TensorRT's attention ops" in line or "FAILED" in line]
         outcome.why = lines[-1] if lines else out.strip().splitlines()[-1]
     else:
         outcome.why = (err.strip().splitlines() or [""])[-1]
     if build:
-        outcome.build_exit, _, _ = _cli(["build", str(model_path), "--out-dir", str(work / "engines"), "--force"])
+        plan = work / f"{case.name}.plan.json"
+        outcome.build_exit, _, _ = _cli(["build", str(model_path), "--out-dir", str(work / "engines"), *precision,
+                                         "--plan-json", str(plan), "--force"])
+        if plan.is_file():
+            made = json.loads(plan.read_text())
+            outcome.plan_dtypes = [s["dtype"] for s in made["sites"]] + [i["dtype"] for i in made["inputs"]]
     if normalize:
         outcome.normalize_exit, _, _ = _cli(["normalize", str(model_path), "-o", str(work / f"{case.name}.norm.onnx"),
-                                             "--inputs", str(inputs_path), "--force"])
+                                             *given, "--force"])
     return outcome

@@ -30,8 +30,10 @@ plugins to it (it needs TensorRT) and it moves com.microsoft ops named like ONNX
 RotaryEmbedding) into the ONNX domain, whose inputs differ: such models are refused, nodes named.
 
 ONNX Runtime's CPU provider (1.32) runs the fp16 models; it has no bfloat16 kernel for MatMul, Gemm,
-Conv, Add, Mul, Pow, Softmax, Attention..., so bf16 is checked on onnx's reference evaluator (numpy
-over ml_dtypes' bfloat16), and compare() names the runner.
+Conv, Add, Mul, Pow, Softmax, Attention..., so a bf16 model is checked emulated on it (emulate.py: every bf16
+tensor rounded to bf16, each op computed in fp32; no bf16 kernel runs), else on onnx's reference evaluator
+(numpy over ml_dtypes' bfloat16), and compare() names the runner. A model holding fp16 converted to bf16 (or
+the reverse) is widened to fp32 first (widen.py): AutoCast goes between fp32 and one low precision.
 """
 
 from .autocast import Converted, convert, load_autocast

@@ -22,6 +22,7 @@ from ...errors import MissingDependencyError, TrtattnError, require
 from ...graph.external import data_dir
 from ...graph.io import scratch_dir
 from .common import (
+    DTYPE_NAMES,
     FLOATS,
     INSTALL,
     LARGE,
@@ -31,6 +32,7 @@ from .common import (
     PrecisionError,
     declared_types,
 )
+from .widen import narrow_io, widened, widened_feeds
 from .work import count_work, declared_dtypes, infer_static, shares
 
 
@@ -63,6 +65,11 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
             raise TrtattnError(f"{model}: no such model file")
         _refuse_foreign_ops(work)
         _name_nodes(work)
+        work, wide_io = widened(work, precision, src_dir)  # fp16 for bf16 (or the reverse): AutoCast goes from fp32
+        if src_dir is not None and work.ByteSize() > LARGE:  # only widened weights are in memory here
+            raise PrecisionError(f"{model}: its weights widened to fp32 for AutoCast exceed protobuf's 2 GB; convert "
+                                 "it from an fp32 export instead")
+        feeds = [widened_feeds(f, wide_io) for f in feeds]
         missing = sorted(set(keep_fp32) - {n.name for n in work.graph.node})
         if missing:
             raise TrtattnError(f"keep_fp32 names no node of the model: {', '.join(missing)}")
@@ -99,10 +106,27 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
             raise error from None
     if not out.metadata_props:
         out.metadata_props.extend(props)
+    if keep_io_types:
+        narrow_io(out, wide_io)
     _types_only(out)
+    check_attention_types(out)
     dtypes = {w.node: w.dtype for w in declared_dtypes(out)}
     table = shares([dataclasses.replace(w, dtype=dtypes.get(w.node, w.dtype)) for w in work_done])
     return Converted(out, precision, _kept_fp32(out, log.getvalue(), ours), table, log.getvalue())
+
+
+def check_attention_types(model: onnx.ModelProto) -> None:
+    """A PrecisionError naming the Attention node whose float inputs (Q, K, V, a float mask, the past caches) are
+    not all in one dtype: IAttention computes in its query's dtype and takes the others in it."""
+    types = declared_types(model)
+    for n in model.graph.node:
+        if n.op_type != "Attention" or n.domain not in ONNX_DOMAINS:
+            continue
+        read = {t: types.get(t) for i, t in enumerate(n.input[:6]) if t and (i != 3 or types.get(t) in FLOATS)}
+        if len({d for d in read.values() if d is not None}) > 1:
+            said = ", ".join(f"{t} {DTYPE_NAMES.get(d, d)}" for t, d in read.items())  # type: ignore[call-overload]
+            raise PrecisionError(f"Attention node {n.name} reads its inputs in different dtypes ({said}): IAttention "
+                                 "takes Q, K, V, a float mask and the caches in one dtype")
 
 
 def _types_only(model: onnx.ModelProto) -> None:

@@ -1,4 +1,5 @@
-"""Checking a converted model on CPU: ONNX Runtime's CPU provider, or onnx's reference evaluator for bf16."""
+"""Checking a converted model on CPU: ONNX Runtime's CPU provider, for bf16 on the model emulated in fp32 (emulate.py)
+or onnx's reference evaluator."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from onnx import TensorProto
 from ...errors import TrtattnError, VerificationError
 from ...graph.external import set_session_folder
 from .common import LARGE, TOLERANCE, NotRunnableOnCpu, declared_types
+from .emulate import EMULATION, bf16_emulated
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+FEED_TYPES = {"tensor(float16)": np.float16, "tensor(float)": np.float32}  # a float feed as the session takes it
 
 
 @dataclass
@@ -53,6 +56,13 @@ def verify(original: onnx.ModelProto | str | os.PathLike, converted: onnx.ModelP
            tolerance: Mapping[str, float] | None = None) -> dict[str, OutputError]:
     """compare(), then a VerificationError naming the output with a NaN/inf where the original has a
     number (or the reverse), or the worst output past TOLERANCE[precision] (updated by `tolerance`)."""
+    return verified(original, converted, feeds, precision=precision, tolerance=tolerance)[0]
+
+
+def verified(original: onnx.ModelProto | str | os.PathLike, converted: onnx.ModelProto,
+             feeds: Sequence[Mapping[str, np.ndarray]], *, precision: str | None = None,
+             tolerance: Mapping[str, float] | None = None) -> tuple[dict[str, OutputError], str]:
+    """verify(), and what ran the converted model (compare())."""
     if precision is None:
         types = {i.data_type for i in converted.graph.initializer}
         precision = "bf16" if TensorProto.BFLOAT16 in types | set(declared_types(converted).values()) else "fp16"
@@ -66,7 +76,7 @@ def verify(original: onnx.ModelProto | str | os.PathLike, converted: onnx.ModelP
             raise VerificationError(f"{precision} output '{name}' is off by {e.max_abs:.3g} ({e.rel:.3g} of its "
                                     f"largest value {e.ref_max:.3g}, relative L2 {e.rel_l2:.3g}; tolerance "
                                     f"{limit['rel']} / {limit['rel_l2']}) on {runner}")
-    return errors
+    return errors, runner
 
 
 def _error(ref: np.ndarray, new: np.ndarray) -> OutputError:
@@ -111,8 +121,12 @@ def _session(model):
 
 
 def cpu_runner(model: onnx.ModelProto | str | os.PathLike):
-    """(run(feeds) -> {output: array}, what runs it): ONNX Runtime's CPU provider, or onnx's reference
-    evaluator where ORT has no kernel (bf16). Float inputs the model takes in fp16/bf16 are cast."""
+    """(run(feeds) -> {output: array}, what runs it): ONNX Runtime's CPU provider; for a bf16 model it has no
+    kernel for, or whose bf16 inputs or outputs its numpy binding cannot pass, the model emulated in fp32 on it
+    (emulate.py), else onnx's reference evaluator. Float inputs are cast to the types the model runs them in."""
+    if isinstance(model, onnx.ModelProto) and any(
+            v.type.tensor_type.elem_type == TensorProto.BFLOAT16 for v in [*model.graph.input, *model.graph.output]):
+        return _emulated_runner(model, "its numpy binding passes no bfloat16 input or output")
     try:
         session = _session(model)
     except TrtattnError:
@@ -121,10 +135,30 @@ def cpu_runner(model: onnx.ModelProto | str | os.PathLike):
         why = " ".join(str(e).split())[:300]
         if "NOT_IMPLEMENTED" not in why or not isinstance(model, onnx.ModelProto):
             raise NotRunnableOnCpu(f"ONNX Runtime cannot load the model: {why}") from None
-        return _reference_runner(model, why)
+        return _emulated_runner(model, why)
+    return _session_runner(session, "ONNX Runtime (CPU)")
+
+
+def _emulated_runner(model: onnx.ModelProto, why: str):
+    """A model ONNX Runtime cannot run as it is (`why`): emulated in fp32 if it holds bf16, else (or if ONNX
+    Runtime refuses the emulation too) onnx's reference evaluator."""
+    if TensorProto.BFLOAT16 in {*declared_types(model).values(), *(i.data_type for i in model.graph.initializer)}:
+        bf16_outputs = {o.name: onnx.helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)
+                        for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.BFLOAT16}
+        try:
+            return _session_runner(_session(bf16_emulated(model)), EMULATION, bf16_outputs)
+        except TrtattnError:
+            raise
+        except Exception as e:  # ONNX Runtime's errors have no public common base
+            why = f"{why}; emulated in fp32: {' '.join(str(e).split())[:200]}"
+    return _reference_runner(model, why)
+
+
+def _session_runner(session, runner: str, outputs_as: Mapping[str, DTypeLike] | None = None):
+    """outputs_as: outputs returned in another type than the session's (an emulated model's bf16 outputs)."""
     names = [o.name for o in session.get_outputs()]
-    casts = {i.name: np.float16 for i in session.get_inputs() if i.type == "tensor(float16)"}
-    return (lambda feeds: dict(zip(names, session.run(names, _cast(feeds, casts)))), "ONNX Runtime (CPU)")
+    casts = {i.name: FEED_TYPES[i.type] for i in session.get_inputs() if i.type in FEED_TYPES}
+    return (lambda feeds: _cast(dict(zip(names, session.run(names, _cast(feeds, casts)))), outputs_as or {})), runner
 
 
 def _reference_runner(model: onnx.ModelProto, why: str):

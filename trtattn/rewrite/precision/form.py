@@ -21,7 +21,7 @@ import onnx_graphsurgeon as gs
 from ...errors import TrtattnError
 from ...graph.emit import export_like
 from .autocast import convert
-from .check import OutputError, verify
+from .check import OutputError, verified
 from .common import PRECISIONS, TOLERANCE
 
 
@@ -34,10 +34,11 @@ class FormPrecision:
     errors: dict[str, OutputError] = field(default_factory=dict)  # per output, against the fp32 form
     tolerance: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    runner: str = ""  # what ran the converted form for the check (check.cpu_runner)
 
     def summary(self) -> dict:
         worst = max(self.errors.values(), key=lambda e: e.rel, default=None)
-        return {"precision": self.precision, "passed": True, "tolerance": self.tolerance,
+        return {"precision": self.precision, "passed": True, "tolerance": self.tolerance, "run_on": self.runner,
                 "max_rel": worst.rel if worst else 0.0, "max_rel_l2": max((e.rel_l2 for e in self.errors.values()),
                                                                           default=0.0),
                 "outputs": {k: {"max_abs": e.max_abs, "rel": e.rel, "rel_l2": e.rel_l2} for k, e in self.errors.items()}}
@@ -51,12 +52,13 @@ def convert_form(form_model: onnx.ModelProto, precision: str, feeds: list[dict],
         raise TrtattnError(f"unknown precision '{precision}'; choose one of: {', '.join(PRECISIONS)}")
     converted = convert(form_model, precision, keep_io_types=keep_io_types, calibration_feeds=feeds)
     model = caches_in_low_precision(converted.model, caches, precision) if caches else converted.model
-    errors = verify(form_model, model, feeds, precision=precision)
-    notes = [f"{len(converted.kept_fp32)} nodes stay fp32 (AutoCast's classifier and trtattn's rules)"]
+    errors, runner = verified(form_model, model, feeds, precision=precision)
+    notes = [f"{len(converted.kept_fp32)} nodes stay fp32 (AutoCast's classifier and trtattn's rules)",
+             f"the {precision} form checked against the fp32 form on {runner}"]
     if caches:
         notes.append(f"the KV caches are {precision}: updated in place, they take the attention's dtype")
     return FormPrecision(model, precision, converted.table, converted.kept_fp32, errors, dict(TOLERANCE[precision]),
-                         notes)
+                         notes, runner)
 
 
 def caches_in_low_precision(model: onnx.ModelProto, caches, precision: str) -> onnx.ModelProto:

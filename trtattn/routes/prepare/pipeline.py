@@ -145,6 +145,19 @@ def _check_request(work: Work) -> None:
                            f"it, or converted to the (fp16/bf16) precision")
 
 
+def _read_bf16(work: Work) -> None:
+    """A bf16 model ONNX Runtime cannot run is worked on widened to fp32 (exact), its IO converted back to bf16."""
+    from ...rewrite.precision.widen import bf16_read_widened
+
+    read = bf16_read_widened(work.model, work.request.precision)
+    if read is not None:
+        work.model, io_dtype = read
+        work.request.io_dtype = work.request.io_dtype or io_dtype
+        work.notes.append("the bf16 model is read widened to fp32 (exact): ONNX Runtime's CPU provider runs no bf16 "
+                          "kernel, so the fused form is verified in fp32 on the model's bf16 values, the bf16 form "
+                          "emulated; no bf16 kernel runs")
+
+
 def _fit_dims(work: Work) -> None:
     work.dims = fit_dims(work.model, work.request.dims, progress=work.progress, given=work.request.inputs)
 
@@ -234,6 +247,7 @@ def _engine_io(work: Work) -> None:
 # prepare's steps, in order (as torch_tensorrt lists its lowering passes); describe_steps() prints them
 STEPS: tuple[Step, ...] = (
     Step("check the request (form, precision, IO types)", _check_request),
+    Step("read a bf16 model widened to fp32 (ONNX Runtime's CPU provider runs no bf16)", _read_bf16),
     Step("fit the dims the original runs on", _fit_dims),
     Step("quantize to fp8/int8 (ModelOpt PTQ, or the model's own Q/DQ)", _quantize),
     Step("fuse every site into ONNX Attention and verify it", _fuse),
@@ -262,7 +276,7 @@ def prepare(model: onnx.ModelProto, *, name: str, form: str | None = None, preci
     work = Work(model, request, progress or Progress(enabled=False))
     for step in steps:
         step.run(work)
-    return Prepared(model, work.fused, work.form_model, work.plan, work.cut, source, work.derived.verification,
+    return Prepared(work.model, work.fused, work.form_model, work.plan, work.cut, source, work.derived.verification,
                     work.precision_check, work.quantization, work.start, _given_inputs(work))
 
 

@@ -1,0 +1,195 @@
+"""A model already in fp16 converted to bf16 (issue 25): AutoCast goes between fp32 and one low precision, so the
+fp16 floats are widened to fp32 first (exact) and the fp16 inputs and outputs put back after, through Casts.
+Before, AutoCast stopped with "Cannot restore public graph output metadata for Y: element type changed".
+An Attention reading its inputs in different dtypes is refused, naming the node."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from trtattn.errors import MissingDependencyError
+from trtattn.rewrite import precision as P
+from trtattn.rewrite.precision.autocast import check_attention_types
+from trtattn.rewrite.precision.common import declared_types
+
+
+@pytest.fixture(scope="module")
+def autocast():
+    try:
+        return P.load_autocast()
+    except MissingDependencyError as e:
+        pytest.skip(str(e))
+
+
+needs_autocast = pytest.mark.usefixtures("autocast")
+
+
+def fp16_attention(batch=2, seq=6, hidden=32, heads=4) -> onnx.ModelProto:
+    """x (fp16) -> three fp16 projections -> a 3-D ONNX Attention -> times an fp16 Constant -> y (fp16)."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal((hidden, hidden)) / hidden**0.5).astype(np.float16), w)
+               for w in ("wq", "wk", "wv")]
+    nodes = [helper.make_node("MatMul", ["x", w], [w[1]], name=f"proj_{w[1]}") for w in ("wq", "wk", "wv")]
+    nodes += [helper.make_node("Attention", ["q", "k", "v"], ["a"], name="attn", q_num_heads=heads,
+                               kv_num_heads=heads),
+              helper.make_node("Constant", [], ["half"], value=numpy_helper.from_array(np.array(0.5, np.float16))),
+              helper.make_node("Mul", ["a", "half"], ["y"], name="out_scale")]
+    graph = helper.make_graph(nodes, "fp16_attention", [helper.make_tensor_value_info("x", T.FLOAT16, [batch, seq, hidden])],
+                              [helper.make_tensor_value_info("y", T.FLOAT16, [batch, seq, hidden])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _feeds(model):
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    return [{"x": np.random.default_rng(1).standard_normal(shape).astype(np.float16)}]
+
+
+def _attention_input_types(model):
+    types = declared_types(model)
+    node = next(n for n in model.graph.node if n.op_type == "Attention")
+    return [types.get(t) for t in node.input[:3]]
+
+
+@needs_autocast
+def test_fp16_model_converts_to_bf16_keeping_its_fp16_io():
+    model = fp16_attention()
+    converted = P.convert(model, "bf16", calibration_feeds=_feeds(model))
+    out = converted.model
+    onnx.checker.check_model(out, full_check=True)
+    assert [v.type.tensor_type.elem_type for v in [*out.graph.input, *out.graph.output]] == [T.FLOAT16, T.FLOAT16]
+    assert _attention_input_types(out) == [T.BFLOAT16] * 3
+    assert converted.table.get("bf16", 0) > 0.95
+    assert not any(i.data_type == T.FLOAT16 for i in out.graph.initializer)  # weights widened, then cast to bf16
+    errors = P.verify(model, out, _feeds(model), precision="bf16")
+    assert errors["y"].rel < P.TOLERANCE["bf16"]["rel"]
+
+
+@needs_autocast
+def test_fp16_model_to_bf16_io_without_keep_io_types():
+    model = fp16_attention()
+    out = P.convert(model, "bf16", keep_io_types=False, calibration_feeds=_feeds(model)).model
+    assert [v.type.tensor_type.elem_type for v in [*out.graph.input, *out.graph.output]] == [T.BFLOAT16, T.BFLOAT16]
+    assert _attention_input_types(out) == [T.BFLOAT16] * 3
+
+
+@needs_autocast
+def test_build_plan_of_an_fp16_attention_in_bf16():
+    """`build --precision bf16` on an fp16 model (without TensorRT: the plan): every IAttention in bf16, the
+    engine's IO in the model's fp16."""
+    from trtattn.routes.prepare import prepare
+
+    prepared = prepare(fp16_attention(), name="fp16_attention", precision="bf16")
+    plan = prepared.plan
+    assert plan.precision == "bf16" and plan.attentions
+    assert {a.dtype for a in plan.attentions} == {"bf16"}
+    assert [i["dtype"] for i in plan.inputs] == ["float16"] and [o["dtype"] for o in plan.outputs] == ["float16"]
+    assert {T.BFLOAT16} == set(_attention_input_types(prepared.form_model))
+    assert prepared.precision_check["passed"] and "emulated" in prepared.precision_check["run_on"]
+
+
+def test_attention_reading_mixed_dtypes_is_refused_naming_the_node():
+    model = fp16_attention()
+    graph = model.graph
+    graph.node.insert(3, helper.make_node("Cast", ["q"], ["q_bf16"], to=T.BFLOAT16, name="q_to_bf16"))
+    attn = next(n for n in graph.node if n.op_type == "Attention")
+    attn.input[0] = "q_bf16"
+    graph.value_info.extend([helper.make_tensor_value_info("q_bf16", T.BFLOAT16, None),
+                             helper.make_tensor_value_info("k", T.FLOAT16, None),
+                             helper.make_tensor_value_info("v", T.FLOAT16, None)])
+    with pytest.raises(P.PrecisionError, match=r"Attention node attn .*q_bf16 bf16, k fp16"):
+        check_attention_types(model)
+    attn.input[0] = "q"
+    check_attention_types(model)  # one dtype: nothing to say
+
+
+def _bf16_elementwise():
+    """y = relu(x * c + b) in bf16: ops that compute one fp32 result per element, rounded once."""
+    rng = np.random.default_rng(2)
+    import ml_dtypes
+
+    c = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "c")
+    b = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    for t in (c, b):  # bf16 initializers: onnx's helper keeps bf16 as raw bits
+        bits = np.asarray(numpy_helper.to_array(t), ml_dtypes.bfloat16).view(np.uint16)
+        t.CopyFrom(helper.make_tensor(t.name, T.BFLOAT16, [16], bits.tobytes(), raw=True))
+    nodes = [helper.make_node("Mul", ["x", "c"], ["xc"]), helper.make_node("Add", ["xc", "b"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "bf16", [helper.make_tensor_value_info("x", T.BFLOAT16, [4, 16])],
+                              [helper.make_tensor_value_info("y", T.BFLOAT16, [4, 16])], [c, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+
+
+def test_bf16_model_emulated_on_onnx_runtime_rounds_every_bf16_tensor():
+    """ONNX Runtime has no bf16 Mul: the runner is the emulation, which agrees bit for bit with onnx's reference
+    evaluator (numpy over bf16) on ops rounding once per element, and differs from the same model in fp32."""
+    import ml_dtypes
+    from onnx.reference import ReferenceEvaluator
+
+    from trtattn.rewrite.precision.emulate import EMULATION, bf16_emulated
+
+    model = _bf16_elementwise()
+    x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
+    run, runner = P.cpu_runner(model)
+    assert runner == EMULATION
+    got = run({"x": x})["y"]
+    want = ReferenceEvaluator(model).run(None, {"x": x.astype(ml_dtypes.bfloat16)})[0].astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    unrounded = bf16_emulated(model)  # the same graph without its roundings: fp32 throughout
+    kept = [n for n in unrounded.graph.node if not n.name.endswith(("/round_to_bf16", "/bf16_to_fp32"))]
+    for n in kept:
+        n.input[:] = [t.removesuffix("/bf16_value") for t in n.input]
+        n.output[:] = [t.removesuffix("/fp32") for t in n.output]
+    del unrounded.graph.node[:]
+    unrounded.graph.node.extend(kept)
+    fp32, _ = P.cpu_runner(unrounded)
+    assert not np.array_equal(fp32({"x": x})["y"], got)
+
+
+@needs_autocast
+def test_fuse_trt_ops_in_bf16_verified_emulated():
+    """`fuse --ops trt --precision bf16`: ONNX Runtime runs no bf16 MatMul, so the written model (TensorRT's ops on
+    trtattn_plugins' kernels) is verified emulated in fp32, and the verification says so."""
+    from trtattn.rewrite.precision.emulate import EMULATION
+    from trtattn.routes.trt_ops import fuse_trt
+
+    result = fuse_trt(fp16_attention(), name="fp16_attention", precision="bf16")
+    assert result.ok and result.verification["run_on"] == EMULATION
+    types = declared_types(onnx.shape_inference.infer_shapes(result.prepared.form_model))
+    attn = next(n for n in result.prepared.form_model.graph.node if n.op_type == "Attention")
+    assert {types[t] for t in attn.input[:3]} == {T.BFLOAT16}
+
+
+def bf16_attention(batch=2, seq=5, heads=2, head=16) -> onnx.ModelProto:
+    """One 4-D ONNX Attention, causal, its Q, K, V and output in bf16: ONNX Runtime's CPU provider cannot open it."""
+    shape = [batch, heads, seq, head]
+    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attn", is_causal=1)],
+                              "bf16_attention", [helper.make_tensor_value_info(n, T.BFLOAT16, shape) for n in "qkv"],
+                              [helper.make_tensor_value_info("y", T.BFLOAT16, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+@needs_autocast
+def test_bf16_model_builds_in_bf16_read_widened():
+    """A bf16 model is read widened to fp32 (ONNX Runtime cannot open it), verified there, converted back: the
+    plan's IAttention and IO are bf16, and the plan says how it was checked."""
+    from trtattn.routes.prepare import prepare
+
+    model = bf16_attention()
+    assert P.ort_support(model) is not None  # the premise: ONNX Runtime cannot open it
+    prepared = prepare(model, name="bf16_attention", precision="bf16")
+    plan = prepared.plan
+    assert {a.dtype for a in plan.attentions} == {"bf16"} and plan.native
+    assert {i["dtype"] for i in [*plan.inputs, *plan.outputs]} == {"bfloat16"}
+    assert any("read widened to fp32" in n for n in plan.notes)
+    assert "emulated" in prepared.precision_check["run_on"]
+
+
+def test_bf16_model_asked_in_another_precision_is_refused_saying_why():
+    from trtattn.routes.prepare import prepare
+
+    with pytest.raises(P.PrecisionError, match="computes in bf16.*--precision bf16"):
+        prepare(bf16_attention(), name="bf16_attention", precision="fp16")
