@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from .common import PrecisionError, declared_types
+from .common import PrecisionError
 
 LOW = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")  # Cast, Random*/EyeLike, DequantizeLinear: an output's type
@@ -125,33 +125,3 @@ def narrow_io(model: onnx.ModelProto, io: dict[str, int]) -> None:
     kept = [v for v in graph.value_info if v.name not in io]
     del graph.value_info[:]
     graph.value_info.extend(kept)
-
-
-def bf16_read_widened(model: onnx.ModelProto, precision: str) -> tuple[onnx.ModelProto, str | None] | None:
-    """A model ONNX Runtime's CPU provider cannot open because it computes in bf16, for the route: (a copy widened
-    to fp32, exactly; the IO dtype to convert it back to: 'bf16' when every float input and output is bf16, None when
-    none is), or None for a model ONNX Runtime opens. The route verifies the widened model in fp32 and converts it
-    to bf16; a PrecisionError when the model asks another precision or mixes bf16 and fp32 IO."""
-    import copy
-
-    from ...graph import external
-    from .check import ort_support
-
-    graph = model.graph
-    if TensorProto.BFLOAT16 not in {*declared_types(model).values(), *(i.data_type for i in graph.initializer)}:
-        return None
-    why = ort_support(model)
-    if why is None or "NOT_IMPLEMENTED" not in why:
-        return None
-    if precision != "bf16":
-        raise PrecisionError(f"the model computes in bf16, which ONNX Runtime's CPU provider cannot run ({why[:160]}): "
-                             "trtattn reads it widened to fp32 and builds it only with --precision bf16")
-    floats = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]
-              if v.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)}
-    bf16 = [n for n, t in floats.items() if t == TensorProto.BFLOAT16]
-    if bf16 and len(bf16) < len(floats):
-        other = ", ".join(n for n in floats if n not in bf16)
-        raise PrecisionError(f"the model's inputs and outputs mix bf16 ({', '.join(bf16)}) and other float types "
-                             f"({other}): trtattn converts the IO of a bf16 model all to bf16 or keeps it all")
-    wide, _ = widened(copy.deepcopy(model), "fp16", external.data_dir(model))  # fp16's foreign type is bf16
-    return wide, ("bf16" if bf16 else None)

@@ -147,7 +147,7 @@ def _check_request(work: Work) -> None:
 
 def _read_bf16(work: Work) -> None:
     """A bf16 model ONNX Runtime cannot run is worked on widened to fp32 (exact), its IO converted back to bf16."""
-    from ...rewrite.precision.widen import bf16_read_widened
+    from ...rewrite.precision.check import bf16_read_widened
 
     read = bf16_read_widened(work.model, work.request.precision)
     if read is not None:
