@@ -2,7 +2,7 @@
 replaced by its function body, as onnx.inliner and function expansion write it), through trtattn's fuse as the
 command runs it: exactly one Attention op replaces the body, with the op's scale and softcap, and the fused model
 reproduces onnx's reference outputs (the case's tolerance; FP16_ATOL for fp16). A case whose model returns its
-softmax probabilities (qk_matmul_output_mode=3) is listed with that reason: IAttention cannot return them.
+softmax probabilities (qk_matmul_output_mode=3) gets them from that op's own qk_matmul_output, mode 3.
 bf16 cases are skipped by name (ONNX Runtime's CPU provider cannot run them). The RotaryEmbedding cases have no
 attention around them: fuse leaves them as they are (exit 0, the output is the input); put on Q and K of an
 attention, the rotation is read as the site's rope (match/rotation.py) and written back as RotaryEmbedding ops."""
@@ -29,7 +29,8 @@ FAST = {"attention_4d_expanded", "attention_4d_fp16_expanded", "attention_4d_gqa
         "attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
         "attention_4d_with_past_and_present_qk_matmul_bias_3d_mask_causal_expanded",
         "attention_local_window_with_past_expanded", "attention_4d_softcap_neginf_mask_poison_expanded",
-        "attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded"}
+        "attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded",
+        "attention_3d_with_past_and_present_qk_matmul_softmax_expanded"}
 
 
 def _param(case):
@@ -63,15 +64,13 @@ def test_expanded_attention_fuses_into_one_op(case):
         pytest.skip(f"{case.name}: {case.cpu_unrunnable}, which ONNX Runtime's CPU provider cannot run")
     op = op_node(case)
     out = fuse_case(case)
-    if _returns_probabilities(op):
-        assert not out.fused and "are a graph output (as 'qk_matmul_output')" in out.reason, out
-        assert "IAttention cannot return them" in out.reason
-        return
     assert out.fused, out.reason
     assert out.ops.get("Attention") == 1 and not out.ops.get("Softmax"), out.ops
     assert out.within, f"{case.name}: max abs error {out.max_abs_err} against onnx's reference"
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in op.attribute}
     assert out.attention is not None
+    # the probabilities returned: the op's own output, mode 3 (the logits of modes 0-2 are computed beside it)
+    assert out.attention.get("qk_matmul_output_mode") == (3 if _returns_probabilities(op) else None), out.attention
     assert np.isclose(out.attention.get("softcap", 0.0), attrs.get("softcap", 0.0))
     # the body multiplies Q and K by sqrt(scale) in their own precision: in fp16 that factor is rounded
     rtol = 2e-3 if case.inputs[op.input[0]].dtype == np.float16 else 1e-5

@@ -153,18 +153,48 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
     if built.softcap:
         attrs["softcap"] = float(built.softcap)
+    if site.qk_output is not None:
+        attrs["qk_matmul_output_mode"] = int(site.qk_mode or 0)
     y = emit("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype=dtype, name="Attention")
     attention = graph.nodes[-1]
     out = convert(emit, y, (lay.batch, lay.heads, ("q",), ("e",)), lay.out, dims)
+    qk = _qk_output(emit, attention, tensors, site, dims, dtype)
     shapes = [(tensors[name], _shape_read(emit, dims, tensors[name], frame)) for name, frame in lay.shape_reads]
     # nothing above changed the graph but add nodes; now the site's output and the shapes read from the
     # tensors that go away are made by the new nodes
     _produce(tensors[site.output], out)
+    if qk is not None:
+        _produce(tensors[site.qk_output], qk)
     for read, shape in shapes:
         if shape is not None:
             read.inputs[0].outputs.clear()
             _produce(read, shape)
     return attention
+
+
+def _qk_output(emit: Emitter, attention: gs.Node, tensors: dict, site: AttentionSite, dims: Dims, dtype):
+    """The site's returned tensor as the op's own qk_matmul_output ([batch, heads, q, k] in the op's precision), in
+    the tensor's frame and type; None when the site returns none."""
+    if site.qk_output is None or site.layout is None:
+        return None
+    qk = gs.Variable(f"{attention.name}_qk_matmul_output", dtype=dtype)
+    attention.outputs += [gs.Variable.empty(), gs.Variable.empty(), qk]
+    lay, target = site.layout, tensors[site.qk_output]
+    for kv in attention.inputs[1:3]:
+        _static_key_length(kv, lay.dims, dtype)
+    out = convert(emit, qk, lay.scores, lay.qk, dims)
+    return emit.cast(out, target.dtype) if target.dtype is not None else out
+
+
+def _static_key_length(key: gs.Tensor, recipes: tuple, dtype) -> None:
+    """ONNX's shape inference of Attention gives qk_matmul_output a key length of 0 where it does not know K's and
+    V's (onnx 1.23), which a model declaring that length fails under strict inference: where the key length is static
+    (match/find.py: _dims), the op's K (and V) say so."""
+    length = next((r[1] for g, r in recipes if tuple(g) == ("k",) and r[0] == "static"), None)
+    shape = list(key.shape) if key.shape is not None and len(key.shape) == 4 else [None] * 4
+    if isinstance(length, int) and not isinstance(shape[2], int):
+        shape[2] = length
+        key.shape, key.dtype = shape, key.dtype or dtype  # K and V have the op's type (T1)
 
 
 def _with_sink(emit: Emitter, q, k, v, built, dtype):

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
-from ..errors import TrtattnError
+from ..errors import SitesRefused, TrtattnError
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import tensor_types
 
@@ -267,6 +267,11 @@ def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
     mask, past_key, nonpad = _opt(node, 3), _opt(node, 4), _opt(node, 6)
     record = sites.get(node.name)
     site = record.name if record is not None else node.name
+    if record is not None and record.qk_output is not None:  # the matcher's record: what the op returns besides Y
+        raise SitesRefused(f"site {site} also returns {record.qk_output} (the Attention op's qk_matmul_output, mode "
+                           f"{record.qk_mode}): IAttention outputs only Y",
+                           [(site, f"the model also returns {record.qk_output} (qk_matmul_output mode "
+                                   f"{record.qk_mode}), which IAttention cannot output")])
     if past_key:
         raise TrtattnError(f"Attention {node.name} concatenates a past cache inside the op; "
                            "build the kv-cache form (--form kv-cache) instead")

@@ -1,0 +1,125 @@
+"""Issue 25: a model that returns its attention probabilities (what the ONNX Attention op gives as its
+qk_matmul_output in mode 3: the softmax after the fully-masked-row guard) is fused into one Attention op whose own
+fourth output makes them. Hand-built graphs in the form of the op's function body. The TensorRT route names such a
+site as IAttention's limit (exit 1): IAttention outputs only Y."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from trtattn.cli import main
+from trtattn.graph import validate
+from trtattn.graph.user_inputs import GivenInputs
+from trtattn.match import match
+from trtattn.rewrite.fuse import fuse_model
+
+B, N, S, T, D = 2, 2, 3, 4, 8
+F = TensorProto.FLOAT
+
+
+def _body(*, returned: str = "p_safe", merged_heads: bool = False, key_length=T) -> onnx.ModelProto:
+    """q.k^T * scale + bias -> Softmax -> Where(rows of bias all -inf, 0, P) -> . v, returning `returned` through an
+    Identity as `weights`. merged_heads: q, k, v are [B*N, S, D] (heads folded into the batch, as bmm exports)."""
+    rank = 3 if merged_heads else 4
+    lead = [B * N] if merged_heads else [B, N]
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1] if merged_heads else [0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+        helper.make_node("Mul", ["qk", "scale"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "bias"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["p"], axis=-1),
+        helper.make_node("ReduceMax", ["bias", "last"], ["row_max"], keepdims=1),
+        helper.make_node("Equal", ["row_max", "neg_inf"], ["all_masked"]),
+        helper.make_node("CastLike", ["zero", "p"], ["zero_t"]),
+        helper.make_node("Where", ["all_masked", "zero_t", "p"], ["p_safe"]),
+        helper.make_node("MatMul", ["p_safe", "v"], ["y"]),
+        helper.make_node("Identity", [returned], ["weights"]),
+    ]
+    inputs = [helper.make_tensor_value_info(n, F, s) for n, s in
+              (("q", lead + [S, D]), ("k", lead + [key_length, D]), ("v", lead + [key_length, D]),
+               ("bias", [1] * (rank - 2) + [S, key_length]))]
+    inits = [helper.make_tensor("scale", F, [], [D ** -0.5]), helper.make_tensor("last", TensorProto.INT64, [1], [-1]),
+             helper.make_tensor("neg_inf", F, [], [-np.inf]), helper.make_tensor("zero", F, [], [0.0])]
+    outputs = [helper.make_tensor_value_info("y", F, lead + [S, D]),
+               helper.make_tensor_value_info("weights", F, lead + [S, key_length])]
+    model = helper.make_model(helper.make_graph(nodes, "body", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 23)])
+    onnx.checker.check_model(model, full_check=True)
+    ort.InferenceSession(model.SerializeToString())  # every model a test writes loads in ONNX Runtime
+    return model
+
+
+def _feeds(model) -> dict:
+    rng = np.random.default_rng(0)
+    feeds = {i.name: rng.standard_normal([d.dim_value or T for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    feeds["bias"] = np.where(rng.random(feeds["bias"].shape) < 0.3, -np.inf, 0.0).astype(np.float32)
+    feeds["bias"][..., 1, :] = -np.inf  # the second query row masked at every key: the guard zeroes it
+    return feeds
+
+
+def _run(model, feeds) -> dict:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def _fused_into_one_op(model):
+    feeds = _feeds(model)
+    result = fuse_model(model, inputs=GivenInputs("weights", [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.ok, r.reason
+    assert r.site.qk_output == "p_safe" and r.site.qk_mode == 3
+    ops = collections.Counter(n.op_type for n in result.model.graph.node)
+    assert ops["Attention"] == 1 and not ops["Softmax"] and not ops["MatMul"], ops
+    (node,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["qk_matmul_output_mode"] == 3 and len(node.output) == 4 and node.output[3] and not node.output[1]
+    validate.check(result.model, "the fused model")  # strict ONNX inference: as valid as it was read
+    want, got = _run(model, feeds), _run(result.model, feeds)
+    for name in ("y", "weights"):
+        np.testing.assert_allclose(got[name], want[name], atol=1e-6, rtol=1e-6, err_msg=name)
+    assert not np.any(got["weights"][..., 1, :])  # the fully masked row: zeros, as the guard wrote
+    return result
+
+
+def test_returned_probabilities_are_the_ops_own_output_in_mode_3():
+    _fused_into_one_op(_body())
+
+
+def test_with_a_symbolic_key_length():
+    _fused_into_one_op(_body(key_length="keys"))
+
+
+def test_with_the_heads_folded_into_the_batch():
+    """[B*N, S, T] probabilities: the op's [B*N, 1, S, T] output converted to the frame the model returns."""
+    _fused_into_one_op(_body(merged_heads=True))
+
+
+def test_probabilities_returned_before_the_guard_stay_as_written():
+    """The softmax before the guard is not what the op returns (its fully masked rows are not zeroed): listed."""
+    (skipped,) = match(_body(returned="p")).skipped
+    assert "graph output (as 'weights')" in skipped.reason and "comes after them" in skipped.reason
+
+
+def test_the_tensorrt_route_names_the_returned_probabilities(tmp_path, capsys):
+    """IAttention outputs only Y: `fuse --ops trt` lists the site (the record's qk_output) and exits 1."""
+    path = tmp_path / "weights.onnx"
+    onnx.save(_body(), path)
+    assert main(["-q", "fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--ops", "trt"]) == 1
+    out = capsys.readouterr().out
+    assert "also returns p_safe (qk_matmul_output mode 3), which IAttention cannot output" in out, out
+    assert "not written" in out and not (tmp_path / "out.onnx").exists()
+
+
+def test_normalize_names_them_as_iattentions_limit():
+    """normalize's verdict for IAttention says why: the model also returns the probabilities."""
+    from trtattn.rewrite.normalize.fusability import verdict
+
+    (site,) = match(_body()).sites
+    v = verdict(site, precision="fp16")
+    assert not v.iattention and any("also returns p_safe (qk_matmul_output mode 3)" in w for w in v.iattention_why)
