@@ -32,6 +32,7 @@ from ..version import __version__
 from .group_query import convert_group_query
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
+from .qk_output import qk_output
 from .rope import write_rotations
 
 ATTENTION_OPSET = 23
@@ -137,8 +138,10 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         batch = emit("Concat", [dims.of(lay.batch), emit.const([1, 1, 1], np.int64)], {"axis": 0}, dtype=np.int64)
         q, k, v = (emit("Expand", [t, batch], dtype=dtype, name=f"{x}_over_batch") if x in lay.batch_broadcast else t
                    for x, t in zip("qkv", (q, k, v)))
+    # a mode-2 qk output holds the mask: ONNX Runtime fills is_causal's with the lowest float, the graph's is -inf
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
-                  and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps))
+                  and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps)
+                  and site.qk_mode != 2)
     steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
     mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
     built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
@@ -158,7 +161,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     y = emit("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype=dtype, name="Attention")
     attention = graph.nodes[-1]
     out = convert(emit, y, (lay.batch, lay.heads, ("q",), ("e",)), lay.out, dims)
-    qk = _qk_output(emit, attention, tensors, site, dims, dtype)
+    qk = qk_output(emit, attention, tensors, site, dims, dtype)
     shapes = [(tensors[name], _shape_read(emit, dims, tensors[name], frame)) for name, frame in lay.shape_reads]
     # nothing above changed the graph but add nodes; now the site's output and the shapes read from the
     # tensors that go away are made by the new nodes
@@ -170,31 +173,6 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
             read.inputs[0].outputs.clear()
             _produce(read, shape)
     return attention
-
-
-def _qk_output(emit: Emitter, attention: gs.Node, tensors: dict, site: AttentionSite, dims: Dims, dtype):
-    """The site's returned tensor as the op's own qk_matmul_output ([batch, heads, q, k] in the op's precision), in
-    the tensor's frame and type; None when the site returns none."""
-    if site.qk_output is None or site.layout is None:
-        return None
-    qk = gs.Variable(f"{attention.name}_qk_matmul_output", dtype=dtype)
-    attention.outputs += [gs.Variable.empty(), gs.Variable.empty(), qk]
-    lay, target = site.layout, tensors[site.qk_output]
-    for kv in attention.inputs[1:3]:
-        _static_key_length(kv, lay.dims, dtype)
-    out = convert(emit, qk, lay.scores, lay.qk, dims)
-    return emit.cast(out, target.dtype) if target.dtype is not None else out
-
-
-def _static_key_length(key: gs.Tensor, recipes: tuple, dtype) -> None:
-    """ONNX's shape inference of Attention gives qk_matmul_output a key length of 0 where it does not know K's and
-    V's (onnx 1.23), which a model declaring that length fails under strict inference: where the key length is static
-    (match/find.py: _dims), the op's K (and V) say so."""
-    length = next((r[1] for g, r in recipes if tuple(g) == ("k",) and r[0] == "static"), None)
-    shape = list(key.shape) if key.shape is not None and len(key.shape) == 4 else [None] * 4
-    if isinstance(length, int) and not isinstance(shape[2], int):
-        shape[2] = length
-        key.shape, key.dtype = shape, key.dtype or dtype  # K and V have the op's type (T1)
 
 
 def _with_sink(emit: Emitter, q, k, v, built, dtype):
@@ -331,7 +309,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                 raise
             except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
                 for r in _blame(e, active):
-                    if not _rotation_dropped(r):
+                    if not _retried(r):
                         r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"
                 continue
         if outcome.passed:  # compared with ONNX Runtime's basic optimizations; loaded as the user will load it
@@ -339,7 +317,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                 refusal = default_session_refusal(fused)
             if refusal is not None:
                 for r in _blame(Exception(refusal), active):
-                    if not _rotation_dropped(r):
+                    if not _retried(r):
                         r.status, r.reason = NOT_FUSED, ("ONNX Runtime with default session options refuses the "
                                                          f"rewritten model: {refusal}")
                 continue
@@ -348,14 +326,33 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
         bad = [r for r in active if r.max_abs_err is None
                or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, site_atol), quant_tolerance(r.site))]
         if not bad and not outcome.passed:  # each site within its bound, an output not: keep the original
+            if [r for r in active if _logits_beside(r)]:  # unless it is logits the op returned: beside them, again
+                continue
             for r in active:
                 r.status, r.reason = NOT_FUSED, _output_reason(outcome)
             return FuseResult(model, reports, result.ignored, _summary(outcome, why), False)
         if not bad:
             return FuseResult(fused, reports, result.ignored, _summary(outcome, why), True)
         for r in bad:  # leave the failing sites as they were and verify the others again
-            if not _rotation_dropped(r):
+            if not _retried(r):
                 r.status, r.reason = NOT_FUSED, _verify_reason(r)
+
+
+def _retried(r: SiteReport) -> bool:
+    """Whether a failing site tries again with less written as ops: its rotation left as the graph computes it,
+    else the logits it returns computed beside the op instead of as its qk_matmul_output."""
+    return _rotation_dropped(r) or _logits_beside(r)
+
+
+def _logits_beside(r: SiteReport) -> bool:
+    site = r.site
+    if site.qk_output is None or site.qk_mode == 3:  # the probabilities have no other way out of the op
+        return False
+    notes = tuple(n for n in site.notes if not n.startswith("its logits, which the model returns"))
+    r.site = site.replace(qk_output=None, qk_mode=None, notes=(*notes, f"the logits it returns, as the op's "
+                                                                        f"qk_matmul_output (mode {site.qk_mode}), did "
+                                                                        "not verify: computed beside the op"))
+    return True
 
 
 def _rotation_dropped(r: SiteReport) -> bool:

@@ -1,7 +1,8 @@
 """Issue 25: a model that returns its attention probabilities (what the ONNX Attention op gives as its
-qk_matmul_output in mode 3: the softmax after the fully-masked-row guard) is fused into one Attention op whose own
-fourth output makes them. Hand-built graphs in the form of the op's function body. The TensorRT route names such a
-site as IAttention's limit (exit 1): IAttention outputs only Y."""
+qk_matmul_output in mode 3: the softmax after the fully-masked-row guard) or its logits at the point of mode 0 (scaled
+Q.K^T), 1 (soft-capped) or 2 (masked) is fused into one Attention op whose own fourth output makes them; logits
+anywhere else stay computed beside the op. Hand-built graphs in the form of the op's function body. The TensorRT route
+names such a site as IAttention's limit (exit 1): IAttention outputs only Y."""
 
 from __future__ import annotations
 
@@ -123,3 +124,84 @@ def test_normalize_names_them_as_iattentions_limit():
     (site,) = match(_body()).sites
     v = verdict(site, precision="fp16")
     assert not v.iattention and any("also returns p_safe (qk_matmul_output mode 3)" in w for w in v.iattention_why)
+
+
+def _logits_body(returned: str, *, bias: bool = True) -> onnx.ModelProto:
+    """q.k^T -> * scale -> [+ bias] -> + causal (a constant -inf triangle) -> Softmax -> . v over T queries and keys,
+    returning `returned` through an Identity as `logits`."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Mul", ["qk", "scale"], ["scaled"]),
+             helper.make_node("Add", ["biased" if bias else "scaled", "causal"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"]),
+             helper.make_node("Identity", [returned], ["logits"])]
+    if bias:
+        nodes.insert(3, helper.make_node("Add", ["scaled", "bias"], ["biased"]))
+    shape = [B, N, T, D]
+    inputs = [helper.make_tensor_value_info(n, F, shape) for n in "qkv"]
+    inputs += [helper.make_tensor_value_info("bias", F, [B, 1, T, T])] if bias else []
+    triangle = np.where(np.tril(np.ones((T, T))) > 0, 0.0, -np.inf).astype(np.float32)
+    inits = [helper.make_tensor("scale", F, [], [D ** -0.5]), onnx.numpy_helper.from_array(triangle, "causal")]
+    outputs = [helper.make_tensor_value_info("y", F, shape), helper.make_tensor_value_info("logits", F, [B, N, T, T])]
+    model = helper.make_model(helper.make_graph(nodes, "body", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 23)])
+    onnx.checker.check_model(model, full_check=True)
+    ort.InferenceSession(model.SerializeToString())
+    return model
+
+
+def _fused_logits(model):
+    """`model` fused and verified; its outputs on ONNX Runtime equal the original's (the -inf logits too)."""
+    rng = np.random.default_rng(1)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    result = fuse_model(model, inputs=GivenInputs("logits", [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.ok, r.reason
+    validate.check(result.model, "the fused model")
+    want, got = _run(model, feeds), _run(result.model, feeds)
+    for name in ("y", "logits"):
+        np.testing.assert_allclose(got[name], want[name], atol=1e-6, rtol=1e-6, err_msg=name)
+    (node,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    ops = collections.Counter(n.op_type for n in result.model.graph.node)
+    return r.site, attrs, ops
+
+
+def test_scaled_logits_are_the_ops_output_in_mode_0():
+    site, attrs, ops = _fused_logits(_logits_body("scaled"))
+    assert (site.qk_output, site.qk_mode, attrs["qk_matmul_output_mode"]) == ("scaled", 0, 0)
+    assert not ops["MatMul"] and not ops["Softmax"], ops
+
+
+def test_masked_logits_are_mode_2_with_the_causal_mask_written_as_a_tensor():
+    """ONNX Runtime fills is_causal's masked logits with the lowest float where the graph has -inf: the op of a mode-2
+    site takes the causal mask as its attn_mask, and its output equals the graph's, -inf included."""
+    site, attrs, ops = _fused_logits(_logits_body("masked", bias=False))
+    assert (site.qk_output, site.qk_mode, attrs["qk_matmul_output_mode"]) == ("masked", 2, 2)
+    assert attrs["is_causal"] == 0 and not ops["MatMul"], (attrs, ops)
+
+
+def test_logits_no_mode_gives_stay_computed_beside_the_op():
+    """Before the scale (the op's mode 0 is scaled) or between two masks: no mode of the op gives them, so the graph
+    still computes them for the output, beside the op."""
+    for returned in ("qk", "biased"):
+        site, attrs, ops = _fused_logits(_logits_body(returned))
+        assert site.qk_output is None and "qk_matmul_output_mode" not in attrs and ops["MatMul"] == 1, returned
+
+
+def test_a_mode_that_does_not_verify_falls_back_to_the_logits_beside(monkeypatch):
+    """Should the op's own output not verify (here: its mode written wrong on purpose), the site is fused again with
+    the logits computed beside the op, and says so."""
+    import trtattn.rewrite.fuse as fuse
+
+    wrong = fuse.rewrite_site
+
+    def wrong_mode(graph, tensors, site, meaning):
+        return wrong(graph, tensors, site.replace(qk_mode=2) if site.qk_mode == 0 else site, meaning)
+
+    monkeypatch.setattr(fuse, "rewrite_site", wrong_mode)
+    site, attrs, ops = _fused_logits(_logits_body("scaled"))
+    assert site.qk_output is None and "qk_matmul_output_mode" not in attrs and ops["MatMul"] == 1
+    assert any("did not verify: computed beside the op" in n for n in site.notes), site.notes
