@@ -18,8 +18,9 @@ def qk_output(emit: Emitter, attention: gs.Node, tensors: dict, site: AttentionS
     qk = gs.Variable(f"{attention.name}_qk_matmul_output", dtype=dtype)
     attention.outputs += [gs.Variable.empty(), gs.Variable.empty(), qk]
     lay, target = site.layout, tensors[site.qk_output]
-    for kv in attention.inputs[1:3]:
-        _static_key_length(kv, lay.dims, dtype)
+    for kv in attention.inputs[1:3]:  # a graph input or output keeps the shape the model declares
+        if kv.inputs and not any(kv is t for t in emit.graph.outputs):
+            _static_key_length(kv, lay.dims, dtype)
     out = convert(emit, qk, lay.scores, lay.qk, dims)
     return emit.cast(out, target.dtype) if target.dtype is not None else out
 
