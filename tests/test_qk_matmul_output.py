@@ -205,3 +205,34 @@ def test_a_mode_that_does_not_verify_falls_back_to_the_logits_beside(monkeypatch
     site, attrs, ops = _fused_logits(_logits_body("scaled"))
     assert site.qk_output is None and "qk_matmul_output_mode" not in attrs and ops["MatMul"] == 1
     assert any("did not verify: computed beside the op" in n for n in site.notes), site.notes
+
+
+def test_fp16_probabilities_returned_in_the_softmax_precision():
+    """An fp16 attention whose softmax runs in fp32 (Cast around it) returning the fp32 probabilities: the op gives
+    them in its own precision (fp16), cast to the type the model returns; within fp16's tolerance."""
+    h16 = TensorProto.FLOAT16
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Mul", ["qk", "scale"], ["scaled"]), helper.make_node("Add", ["scaled", "bias"], ["logits"]),
+             helper.make_node("Cast", ["logits"], ["logits32"], to=F), helper.make_node("Softmax", ["logits32"], ["p32"]),
+             helper.make_node("Cast", ["p32"], ["p16"], to=h16), helper.make_node("MatMul", ["p16", "v"], ["y"]),
+             helper.make_node("Identity", ["p32"], ["weights"])]
+    inputs = [helper.make_tensor_value_info(n, h16, s) for n, s in
+              (("q", [B, N, S, D]), ("k", [B, N, T, D]), ("v", [B, N, T, D]), ("bias", [1, 1, S, T]))]
+    outputs = [helper.make_tensor_value_info("y", h16, [B, N, S, D]),
+               helper.make_tensor_value_info("weights", F, [B, N, S, T])]
+    scale = helper.make_tensor("scale", h16, [], [D ** -0.5])
+    model = helper.make_model(helper.make_graph(nodes, "fp16", inputs, outputs, [scale]),
+                              opset_imports=[helper.make_opsetid("", 23)])
+    onnx.checker.check_model(model, full_check=True)
+    rng = np.random.default_rng(2)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float16)
+             for i in model.graph.input}
+    result = fuse_model(model, inputs=GivenInputs("fp16", [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.ok and r.site.qk_mode == 3, r.reason
+    validate.check(result.model, "the fused model")
+    want, got = _run(model, feeds), _run(result.model, feeds)
+    assert got["weights"].dtype == np.float32
+    np.testing.assert_allclose(got["weights"], want["weights"], atol=1e-3)
+    assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1

@@ -136,6 +136,7 @@ class SiteLayout:
     # which of "q", "k", "v" hold size 1 where the batch is (a learned probe [1, Q, D] the product broadcasts
     # over the batch): the fused op takes one batch for all three, so the rewrite expands them
     batch_broadcast: tuple[str, ...] = ()
+    qk_dtype: str | None = None  # the element type of the site's qk_output (the op's is its own: a Cast follows)
 
     @property
     def scores(self) -> tuple:

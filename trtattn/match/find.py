@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -192,7 +193,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
                         frames["out"], batch, heads, kv, dims,
                         tuple((name, ren(f)) for name, f in core.shape_reads), q.scale * k.scale * logit,
                         ren(core.qk_output[1]) if core.qk_output else (),
-                        tuple(x for x, b in zip("qkv", broadcast) if b))
+                        tuple(x for x, b in zip("qkv", broadcast) if b), _qk_dtype(view, core))
     q_heads, kv_heads = size_of(heads, atoms) if heads else 1, size_of(kv, atoms) if kv else 1
     head, v_head = atoms.known("c"), atoms.known("e")
 
@@ -264,6 +265,12 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         qk_output=core.qk_output[0] if core.qk_output else None,
         qk_mode=core.qk_output[2] if core.qk_output else None,
     )
+
+
+def _qk_dtype(view: GraphView, core) -> str | None:
+    t = view.tensors.get(core.qk_output[0]) if core.qk_output else None
+    dtype = view.dtype(t) if t is not None else None
+    return str(np.dtype(dtype)) if dtype is not None else None
 
 
 def _defaults_taken(view: GraphView, steps) -> list[str]:

@@ -22,7 +22,8 @@ def qk_output(emit: Emitter, attention: gs.Node, tensors: dict, site: AttentionS
         if kv.inputs and not any(kv is t for t in emit.graph.outputs):
             _static_key_length(kv, lay.dims, dtype)
     out = convert(emit, qk, lay.scores, lay.qk, dims)
-    return emit.cast(out, target.dtype) if target.dtype is not None else out
+    want = target.dtype if target.dtype is not None else lay.qk_dtype
+    return emit.cast(out, want) if want is not None else out
 
 
 def _static_key_length(key: gs.Tensor, recipes: tuple, dtype) -> None:
