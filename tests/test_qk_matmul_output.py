@@ -236,3 +236,33 @@ def test_fp16_probabilities_returned_in_the_softmax_precision():
     assert got["weights"].dtype == np.float32
     np.testing.assert_allclose(got["weights"], want["weights"], atol=1e-3)
     assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1
+
+
+def test_logits_masked_by_a_boolean_are_mode_2_with_their_minus_inf():
+    """Where(allowed, logits, -inf) returned: ONNX Runtime's mode-2 output fills a boolean attn_mask with the lowest
+    float, so the op takes the mask as a -inf bias and returns exactly the graph's logits, -inf included."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]), helper.make_node("Mul", ["qk", "scale"], ["scaled"]),
+             helper.make_node("Where", ["allowed", "scaled", "neg_inf"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"]), helper.make_node("MatMul", ["p", "v"], ["y"]),
+             helper.make_node("Identity", ["masked"], ["logits"])]
+    inputs = [helper.make_tensor_value_info(n, F, s) for n, s in (("q", [B, N, S, D]), ("k", [B, N, T, D]),
+                                                                   ("v", [B, N, T, D]))]
+    inputs.append(helper.make_tensor_value_info("allowed", TensorProto.BOOL, [B, 1, S, T]))
+    outputs = [helper.make_tensor_value_info("y", F, [B, N, S, D]), helper.make_tensor_value_info("logits", F, [B, N, S, T])]
+    inits = [helper.make_tensor("scale", F, [], [D ** -0.5]), helper.make_tensor("neg_inf", F, [], [-np.inf])]
+    model = helper.make_model(helper.make_graph(nodes, "bool", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 23)])
+    onnx.checker.check_model(model, full_check=True)
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in (("q", [B, N, S, D]), ("k", [B, N, T, D]),
+                                                                      ("v", [B, N, T, D]))}
+    feeds["allowed"] = rng.random((B, 1, S, T)) < 0.7
+    feeds["allowed"][..., 0] = True  # every row keeps a key
+    result = fuse_model(model, inputs=GivenInputs("bool", [feeds]))
+    (r,) = result.reports
+    assert r.status == "fused" and result.ok and r.site.qk_mode == 2, (r.reason, r.site.notes)
+    want, got = _run(model, feeds), _run(result.model, feeds)
+    np.testing.assert_array_equal(np.isneginf(got["logits"]), np.isneginf(want["logits"]))
+    np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-6)
+    assert not collections.Counter(n.op_type for n in result.model.graph.node)["MatMul"]
