@@ -9,7 +9,8 @@ itself as its fourth output, qk_matmul_output, by where they stand on the site's
 onnx's reference and ONNX Runtime 1.32 agree on each of these. They differ on mode 0 of a soft-capped op (the
 reference returns the capped logits, ONNX Runtime and the spec's text the raw ones), so the logits before a
 soft-cap stay computed beside the op, as any other returned tensor of the chain does. ONNX Runtime fills an
-is_causal mask with the lowest float where the reference has -inf: fuse writes a mode-2 op's mask as a tensor.
+is_causal or boolean mask with the lowest float where the reference has -inf: fuse gives a mode-2 op its mask as a
+-inf bias. Should the op's own output still not verify, fuse computes the logits beside it again.
 """
 
 from __future__ import annotations
