@@ -341,6 +341,8 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
         shapes[t.name] = meta_readers(t)
         guards = [c for c in consumers if c.op == "IsNaN"]
         main = [c for c in consumers if c.op != "IsNaN"]
+        if not main and returned is not None:
+            raise Unsupported(f"the probabilities {t.name} are a graph output{returned[0]} and reach no product with V")
         if len(main) != 1:
             ops = ", ".join(sorted({c.op for c in main})) or "nothing"
             raise NotAttention(f"the probabilities feed {len(main)} nodes ({ops})")
