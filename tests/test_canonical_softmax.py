@@ -217,18 +217,23 @@ def test_written_softmax_in_a_loop_body_is_found_and_fused():
 
 
 def test_a_written_softmax_whose_site_fails_keeps_its_original_nodes():
-    """Two written softmaxes; the second's probabilities are also a model output, so it cannot fuse. The first
-    is fused; the second is written back as it was (Exp, ReduceMax, ReduceSum, Div), not as the rule's Softmax."""
+    """Two written softmaxes; the second's probabilities are model outputs twice (before and after an Identity the
+    product reads), which one op's qk_matmul_output cannot give, so it cannot fuse. The first is fused; the second
+    is written back as it was (Exp, ReduceMax, ReduceSum, Div), not as the rule's Softmax."""
     g = gs.import_onnx(rewritten(two_attentions(), "onnx_body"))
     second = [n for n in g.nodes if n.op == "Div" and n.name.startswith("b2/")]
     probs = next(n for n in second if n.inputs[0].inputs and n.inputs[0].inputs[0].op == "Exp").outputs[0]
+    again = gs.Variable("probs_again", dtype=np.float32)
+    (product,) = probs.outputs
+    product.inputs[product.inputs.index(probs)] = again
+    g.nodes.append(gs.Node("Identity", "b2/again", inputs=[probs], outputs=[again]))
     probs.dtype = np.float32
-    g.outputs.append(probs)
-    model = gs.export_onnx(g)
+    g.outputs += [probs, again]
+    model = gs.export_onnx(g.toposort())
     model.ir_version = 10
     result = fuse_model(model)
     assert [r.status for r in result.reports] == ["fused", "not fused"], [r.reason for r in result.reports]
-    assert "graph output" in result.reports[1].reason
+    assert "returned twice" in result.reports[1].reason
     ops = collections.Counter(n.op_type for n in result.model.graph.node)
     assert ops["Attention"] == 1 and ops["Softmax"] == 0
     assert ops["Exp"] == ops["ReduceMax"] == ops["ReduceSum"] == 1

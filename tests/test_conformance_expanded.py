@@ -2,7 +2,8 @@
 replaced by its function body, as onnx.inliner and function expansion write it), through trtattn's fuse as the
 command runs it: exactly one Attention op replaces the body, with the op's scale and softcap, and the fused model
 reproduces onnx's reference outputs (the case's tolerance; FP16_ATOL for fp16). A case whose model returns its
-softmax probabilities (qk_matmul_output_mode=3) is listed with that reason: IAttention cannot return them.
+softmax probabilities or its logits (the op's qk_matmul_output) gets them from that op's own fourth output, in the
+case's qk_matmul_output_mode: nothing is computed beside the op.
 bf16 cases are skipped by name (ONNX Runtime's CPU provider cannot run them). The RotaryEmbedding cases have no
 attention around them: fuse leaves them as they are (exit 0, the output is the input); put on Q and K of an
 attention, the rotation is read as the site's rope (match/rotation.py) and written back as RotaryEmbedding ops."""
@@ -29,7 +30,9 @@ FAST = {"attention_4d_expanded", "attention_4d_fp16_expanded", "attention_4d_gqa
         "attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
         "attention_4d_with_past_and_present_qk_matmul_bias_3d_mask_causal_expanded",
         "attention_local_window_with_past_expanded", "attention_4d_softcap_neginf_mask_poison_expanded",
-        "attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded"}
+        "attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded",
+        "attention_3d_with_past_and_present_qk_matmul_softmax_expanded", "attention_4d_with_qk_matmul_expanded",
+        "attention_3d_with_past_and_present_qk_matmul_softcap_expanded"}
 
 
 def _param(case):
@@ -43,9 +46,11 @@ def test_the_suite_is_the_installed_onnx_one():
     assert sum(c.cpu_unrunnable is not None for c in ATTENTION) >= 1
 
 
-def _returns_probabilities(op: onnx.NodeProto) -> bool:
-    mode = next((a.i for a in op.attribute if a.name == "qk_matmul_output_mode"), 0)
-    return mode == 3 and len(op.output) > 3 and bool(op.output[3])
+def _qk_mode(op: onnx.NodeProto) -> int | None:
+    """The case's qk_matmul_output_mode when its op returns qk_matmul_output, else None."""
+    if len(op.output) < 4 or not op.output[3]:
+        return None
+    return next((a.i for a in op.attribute if a.name == "qk_matmul_output_mode"), 0)
 
 
 def _expected_scale(case, op: onnx.NodeProto) -> float:
@@ -63,15 +68,13 @@ def test_expanded_attention_fuses_into_one_op(case):
         pytest.skip(f"{case.name}: {case.cpu_unrunnable}, which ONNX Runtime's CPU provider cannot run")
     op = op_node(case)
     out = fuse_case(case)
-    if _returns_probabilities(op):
-        assert not out.fused and "are a graph output (as 'qk_matmul_output')" in out.reason, out
-        assert "IAttention cannot return them" in out.reason
-        return
     assert out.fused, out.reason
     assert out.ops.get("Attention") == 1 and not out.ops.get("Softmax"), out.ops
     assert out.within, f"{case.name}: max abs error {out.max_abs_err} against onnx's reference"
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in op.attribute}
     assert out.attention is not None
+    # the logits or probabilities returned: the op's own output in the case's mode, no product left beside it
+    assert out.attention.get("qk_matmul_output_mode") == _qk_mode(op) and not out.ops.get("MatMul"), out
     assert np.isclose(out.attention.get("softcap", 0.0), attrs.get("softcap", 0.0))
     # the body multiplies Q and K by sqrt(scale) in their own precision: in fp16 that factor is rounded
     rtol = 2e-3 if case.inputs[op.input[0]].dtype == np.float16 else 1e-5

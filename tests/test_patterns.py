@@ -127,13 +127,16 @@ def test_non_attention_softmax_is_left_alone(extra, reason):
     assert original.input == softmaxes[0].input and original.output == softmaxes[0].output
 
 
-def test_probabilities_as_graph_output_are_listed_not_fused():
-    """output_attentions: the probabilities leave the model, so no fused op can replace them; the
-    attention is listed as not fused (never silently ignored)."""
+def test_probabilities_as_graph_output_are_the_fused_ops_own_output():
+    """output_attentions: the probabilities leave the model; the site records them (never silently dropped) and the
+    fused op returns them itself, as its qk_matmul_output in mode 3 (issue 25)."""
     model = attention_model(extra_softmax="probs_output")
     result = match(model)
-    assert result.sites == [] and not result.ignored
-    assert "graph output" in result.skipped[0].reason
+    (site,) = result.sites
+    assert not result.skipped and not result.ignored
+    assert site.qk_output == model.graph.output[1].name and site.qk_mode == 3
+    fused = fuse_model(model)
+    assert fused.ok and [n.op_type for n in fused.model.graph.node].count("Attention") == 1
 
 
 def test_wrong_fill_is_not_a_mask():
@@ -258,8 +261,8 @@ def test_attention_in_control_flow(kind, sites):
 
 def test_attention_like_softmax_is_never_ignored():
     """A Softmax between a product of two activations and a product with a third is attention-like: listed
-    as not fused when it cannot be fused (here its probabilities are also the model's output)."""
-    result = fuse_model(attention_model(extra_softmax="probs_output"))
+    as not fused when it cannot be fused (here its logits are quantized, which no fused op computes)."""
+    result = fuse_model(attention_model(qdq="logits"))
     assert not result.ignored and [r.status for r in result.reports] == ["not fused"] and not result.ok
 
 
@@ -277,10 +280,10 @@ def _cli(*args):
 
 
 def test_fuse_exits_nonzero_on_a_listed_attention_unless_allow_partial(tmp_path):
-    """One attention fuses, the other cannot (its probabilities are an output): exit 1, nothing written,
+    """One attention fuses, the other cannot (its logits are quantized): exit 1, nothing written,
     the summary counts both; with --allow-partial the fused one is written, verified, exit 0."""
     src = tmp_path / "two.onnx"
-    onnx.save(two_attentions(second={"extra_softmax": "probs_output"}), str(src))
+    onnx.save(two_attentions(second={"qdq": "logits"}), str(src))
     code, text = _cli("fuse", src, "-o", tmp_path / "out.onnx")
     assert code == 1 and not (tmp_path / "out.onnx").exists()
     assert "2 attention-like softmaxes: 1 fused, 1 not fused" in text and "not fused" in text

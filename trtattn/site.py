@@ -134,9 +134,11 @@ class SiteLayout:
     #               | ("part", recipe, divisor: an int or a recipe))
     shape_reads: tuple = ()  # (a Shape output, frame of the tensor it reads): shapes of tensors that go away
     scale: float = 1.0  # the op's scale: what multiplies query . key^T as read here
+    qk: tuple = ()  # frame of the site's qk_output (AttentionSite), which the op's [batch, heads, q, k] output becomes
     # which of "q", "k", "v" hold size 1 where the batch is (a learned probe [1, Q, D] the product broadcasts
     # over the batch): the fused op takes one batch for all three, so the rewrite expands them
     batch_broadcast: tuple[str, ...] = ()
+    qk_dtype: str | None = None  # the element type of the site's qk_output (the op's is its own: a Cast follows)
 
     @property
     def scores(self) -> tuple:
@@ -207,8 +209,11 @@ class AttentionSite:
     softcap: float | None = None  # logit soft-cap (Attention's softcap; IAttention has none)
     quant: SiteQuant | None = None  # Q/DQ pairs around a quantized attention
     graph: tuple = ()  # the subgraph holding the site: ((node output, attribute), ...); () the main graph
-    # the logits it also returns (ONNX Attention's qk_matmul_output): (tensor name, qk_matmul_output_mode), or None
-    qk_output: tuple[str, int] | None = None
+    # a tensor of the site the model also returns, written as the op's qk_matmul_output with qk_mode (the op's
+    # qk_matmul_output_mode; 3: the probabilities after the softmax and the op's fully-masked-row guard). IAttention
+    # outputs only Y: the TensorRT route computes it beside IAttention (routes/prepare/qk_beside.py)
+    qk_output: str | None = None
+    qk_mode: int | None = None
 
     def replace(self, **changes) -> AttentionSite:
         return dataclasses.replace(self, **changes)

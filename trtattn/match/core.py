@@ -8,7 +8,9 @@ softmax normalises over the activation's positions (_over_input). Downstream, th
 layout ops, Cast, Identity, Dropout, Q/DQ, torch's NaN guard (Where(IsNaN(p), 0, p)) and a mask re-applied to them
 (P * mask, masked_fill by Where: logit_ops/probs_mask.py, one more mask step) to a product with V. The ONNX Attention
 op's own guard, the rows where the logits' bias is -inf everywhere set to 0, is what the fused op does with that
-bias as its mask: no step (logit_ops.masked_rows, _own_masked_rows).
+bias as its mask: no step (logit_ops.masked_rows, _own_masked_rows). Probabilities the model also returns (a graph
+output) are the op's qk_matmul_output in mode 3 where they are what it gives, and so are logits at the points of
+modes 0-2 (returned.py).
 Shape nodes may read any tensor on the way (the rewrite recomputes what they read), and so may any read of only
 a tensor's shape or type (graph/dependence.py: CastLike's target type is no use of the values).
 
@@ -31,6 +33,7 @@ from . import contraction, layout_ops, logit_ops
 from .axes import Atoms, Frame, show
 from .errors import NotAttention, OverWeights, Unsupported
 from .normalised import over_weights, softmax_axes
+from .returned import check_probabilities, logits_mode, returned_as
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Core:
     logits_cast: int | None = None  # a float Cast on the logits (softmax computed in another precision)
     logits_quant: QuantParams | None = None  # a Q/DQ pair on the logits
     probs_quant: QuantParams | None = None  # a Q/DQ pair on the probabilities
+    qk_output: tuple[str, Frame, int] | None = None  # a tensor the model returns, its frame, the op's mode for it
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -72,7 +76,7 @@ class Core:
 
 def find_core(view: GraphView, sm: gs.Node) -> Core:
     try:
-        down, bmm2_node, probs_shapes, probs_masks, masked_rows = _follow_probabilities(view, sm)
+        down, bmm2_node, probs_shapes, probs_masks, masked_rows, returned = _follow_probabilities(view, sm)
     except (NotAttention, Unsupported):
         _by_sizes(view, sm)  # a router's probabilities feed TopK: say why it is not attention at all
         raise
@@ -91,6 +95,7 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
     steps: list[MaskStep] = []
     cast = logits_quant = None
     shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(bmm1_node.outputs[0].name, [])]
+    logits_out = [(bmm1_node.outputs[0].name, frame, 0)] if returned_as(view, bmm1_node.outputs[0]) else []
     for node, step in reversed(up):  # BMM1 -> Softmax
         if step is not None:
             steps.append(_with_frame(view, step, frame, atoms))
@@ -101,6 +106,8 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
         else:
             frame = layout_ops.forward(view, node, frame, atoms)
         shape_reads += [(s.outputs[0].name, frame) for s in logit_shapes.get(node.outputs[0].name, [])]
+        if returned_as(view, node.outputs[0]):  # logits the model returns, after this many steps
+            logits_out.append((node.outputs[0].name, frame, len(steps)))
     logit_ops.check(steps)
     for step in steps:
         if step.op == "head_scale":
@@ -119,19 +126,39 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
     _over_input(view, sm, bmm1, key, atoms)
     # the probabilities: their frame down to the second product
     probs_quant = None
+    probs_output: tuple[str, Frame, int] | None = None
+    kinds = []  # per node of `down`: "guard" (what the op does too: its fully-masked-row guard, a NaN guard), "mask"
+    #             (a mask the op takes on its logits), "value" (changes the values otherwise), "" (layout, Cast, Identity)
     shape_reads += [(s.outputs[0].name, frame) for s in probs_shapes.get(sm.outputs[0].name, [])]
-    for node in down:
+    for i, node in enumerate(down):
+        if returned is not None and i == returned[0]:
+            probs_output = (returned[1].name, frame, 3)
+        kind = "value"
         if node.op == "DequantizeLinear":
             probs_quant = probs_quant or quant_params(view, node)
         elif id(node) in probs_masks:  # a mask re-applied to the probabilities: one more mask step
             step = probs_masks[id(node)]  # None: the renormalisation after it (frame unchanged)
             if step is not None and not _own_masked_rows(view, masked_rows.get(id(node)), steps, atoms, key):
                 steps.append(_with_frame(view, step, frame, atoms))
+                kind = "mask"
+            elif step is not None:
+                kind = "guard"
         elif node.op == "Slice" and not layout_ops.is_layout(view, node):
             _check_sink_slice(view, node, steps, len(frame))  # the sink's column dropped: the frame stays
-        elif not _is_nan_guard_node(view, node):
-            frame = layout_ops.forward(view, node, frame, atoms)
+        elif _is_nan_guard_node(view, node):
+            kind = "guard"
+        else:
+            frame, kind = layout_ops.forward(view, node, frame, atoms), ""
+        kinds.append(kind)
         shape_reads += [(s.outputs[0].name, frame) for s in probs_shapes.get(node.outputs[0].name, [])]
+    if returned is not None:
+        probs_output = probs_output or (returned[1].name, frame, 3)
+        check_probabilities(returned, down, kinds, steps)
+    qk_output = probs_output
+    if qk_output is None and len(logits_out) == 1:  # else the logits stay computed beside the op for the output
+        name, at, applied = logits_out[0]
+        mode = logits_mode(steps, applied)
+        qk_output = (name, at, mode) if mode is not None else None
     bmm2 = contraction.read(view, bmm2_node)
     probs = down[-1].outputs[0] if down else sm.outputs[0]
     p_index = 0 if bmm2.operands[0] is probs else 1
@@ -142,7 +169,7 @@ def find_core(view: GraphView, sm: gs.Node) -> Core:
     q_index = 0 if query == "m" else 1
     return Core(sm, bmm1, bmm2, steps, down, atoms, query, key, atoms_of_batch(bmm1), q_index, p_index,
                 _operand_frame(bmm1, q_index), _operand_frame(bmm1, 1 - q_index), v_frame, out_frame, scores,
-                shape_reads, cast, logits_quant, probs_quant)
+                shape_reads, cast, logits_quant, probs_quant, qk_output)
 
 
 def _over_input(view: GraphView, sm: gs.Node, bmm1: contraction.Contraction, key: str, atoms: Atoms) -> None:
@@ -302,16 +329,20 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
     shapes: dict[str, list[gs.Node]] = {}
     masks: dict[int, MaskStep | None] = {}  # id(node) -> its step, for nodes re-applying a mask (logit_ops/probs_mask)
     rows: dict[int, gs.Tensor] = {}  # id(node) -> the bias B, for those zeroing the rows where B is all -inf
+    output_at = None  # (nodes passed, the tensor, how) where the probabilities are a graph output
     for _ in range(16):
-        returned = _returned(view, t)
+        returned = returned_as(view, t)
+        if returned is not None and output_at is not None:
+            raise Unsupported(f"the probabilities are returned twice, as {output_at[1].name} and {t.name}: one "
+                              "qk_matmul_output can give only one of them, so the site stays as written")
         if returned is not None:
-            raise Unsupported(f"the probabilities {t.name} are a graph output{returned} (the model returns its attention "
-                              "weights, as the ONNX Attention op's qk_matmul_output_mode=3 does): TensorRT's IAttention "
-                              "cannot return them, so the site stays as written")
-        consumers = value_readers(t)
+            output_at = (len(passed), t, returned[0])
+        consumers = [c for c in value_readers(t) if returned is None or c is not returned[1]]
         shapes[t.name] = meta_readers(t)
         guards = [c for c in consumers if c.op == "IsNaN"]
         main = [c for c in consumers if c.op != "IsNaN"]
+        if not main and returned is not None:
+            raise Unsupported(f"the probabilities {t.name} are a graph output{returned[0]} and reach no product with V")
         if len(main) != 1:
             ops = ", ".join(sorted({c.op for c in main})) or "nothing"
             raise NotAttention(f"the probabilities feed {len(main)} nodes ({ops})")
@@ -347,26 +378,9 @@ def _follow_probabilities(view: GraphView, sm: gs.Node):
             t = c.outputs[0]
             continue
         if c.op in contraction.PRODUCTS and len(c.inputs) == 2:
-            return passed, c, shapes, masks, rows
+            return passed, c, shapes, masks, rows, output_at
         raise NotAttention(f"the probabilities feed {c.op} {c.name}, not a product with V")
     raise NotAttention("the probabilities pass through too many nodes")
-
-
-def _returned(view: GraphView, t: gs.Tensor) -> str | None:
-    """'' when `t` is a graph output, " (as 'name')" when it reaches one through Identity / no-op Casts; else None."""
-    if t.name in view.outputs:
-        return ""
-    for c in value_readers(t):
-        x = c
-        while x.op in PASSTHROUGH or view.is_noop_cast(x):
-            out = x.outputs[0]
-            if out.name in view.outputs:
-                return f" (as '{out.name}')"
-            readers = value_readers(out)
-            if len(readers) != 1:
-                break
-            x = readers[0]
-    return None
 
 
 def _own_masked_rows(view: GraphView, bias: gs.Tensor | None, steps: list[MaskStep], atoms: Atoms, key: str) -> bool:

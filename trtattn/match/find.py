@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -189,7 +190,8 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     layout = SiteLayout(q.tensor.name, k.tensor.name, v.tensor.name, frames["q"], frames["k"], frames["v"],
                         frames["out"], batch, heads, kv, dims,
                         tuple((name, ren(f)) for name, f in core.shape_reads), q.scale * k.scale * logit,
-                        tuple(x for x, b in zip("qkv", broadcast) if b))
+                        ren(core.qk_output[1]) if core.qk_output else (),
+                        tuple(x for x, b in zip("qkv", broadcast) if b), _qk_dtype(view, core))
     q_heads, kv_heads = size_of(heads, atoms) if heads else 1, size_of(kv, atoms) if kv else 1
     head, v_head = atoms.known("c"), atoms.known("e")
 
@@ -213,6 +215,9 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         notes.append(f"GQA head repeat x{q_heads // kv_heads} dropped")
     if core.logits_cast is not None:
         notes.append("the softmax's own precision cast dropped: the fused op computes it in the products' precision")
+    if core.qk_output is not None:
+        what = "probabilities" if core.qk_output[2] == 3 else "logits"
+        notes.append(f"its {what}, which the model returns, as the op's qk_matmul_output (mode {core.qk_output[2]})")
     if bmm1.op == "Einsum" or core.bmm2.node.op == "Einsum":
         notes.append("products written as Einsum")
     quant = SiteQuant(q.quant, k.quant, v.quant, core.logits_quant, core.probs_quant)
@@ -253,7 +258,15 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         layout=layout,
         softcap=softcap(steps),
         quant=quant if any(vars(quant).values()) else None,
+        qk_output=core.qk_output[0] if core.qk_output else None,
+        qk_mode=core.qk_output[2] if core.qk_output else None,
     )
+
+
+def _qk_dtype(view: GraphView, core) -> str | None:
+    t = view.tensors.get(core.qk_output[0]) if core.qk_output else None
+    dtype = view.dtype(t) if t is not None else None
+    return str(np.dtype(dtype)) if dtype is not None else None
 
 
 def _defaults_taken(view: GraphView, steps) -> list[str]:

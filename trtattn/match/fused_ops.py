@@ -114,7 +114,7 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         new_value=role.new_value.name if role.new_value is not None else None,
         rope=find_rope(view, q, k, head) if rank == 4 else None,
         rank=rank, source="onnx:Attention", dtype=str(view.dtype(q) or "float32"),
-        notes=tuple(notes), qk_output=(qk, qk_mode(n)) if qk is not None else None,
+        notes=tuple(notes), qk_output=qk, qk_mode=qk_mode(n) if qk is not None else None,
     )
 
 

@@ -32,6 +32,7 @@ from ..version import __version__
 from .group_query import convert_group_query
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
+from .qk_output import qk_output
 from .rope import write_rotations
 
 ATTENTION_OPSET = 23
@@ -137,12 +138,18 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         batch = emit("Concat", [dims.of(lay.batch), emit.const([1, 1, 1], np.int64)], {"axis": 0}, dtype=np.int64)
         q, k, v = (emit("Expand", [t, batch], dtype=dtype, name=f"{x}_over_batch") if x in lay.batch_broadcast else t
                    for x, t in zip("qkv", (q, k, v)))
+    # a mode-2 qk output holds the mask: ONNX Runtime fills is_causal's with the lowest float, the graph's is -inf
     use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
-                  and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps))
+                  and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps)
+                  and site.qk_mode != 2)
     steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
     mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
     built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
+    if site.qk_mode == 2:  # the op's output holds the mask: ONNX Runtime fills a boolean one with the lowest float
+        built.to_float(float("-inf"))  # where the graph's (returned.py: a -inf fill) is -inf
+    if site.qk_mode == 2:  # the op's output holds the mask: ONNX Runtime fills a boolean one with the lowest float
+        built.to_float(float("-inf"))  # where the graph's (returned.py: a -inf fill) is -inf
     mask = built.m
     for factor in built.q_scales:  # a per-head logit scale: [.., heads, 1, 1] broadcasts over Q's BNSH
         q = emit("Mul", [q, factor], dtype=dtype, name="q_head_scale")
@@ -153,13 +160,18 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
     if built.softcap:
         attrs["softcap"] = float(built.softcap)
+    if site.qk_output is not None:
+        attrs["qk_matmul_output_mode"] = int(site.qk_mode or 0)
     y = emit("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype=dtype, name="Attention")
     attention = graph.nodes[-1]
     out = convert(emit, y, (lay.batch, lay.heads, ("q",), ("e",)), lay.out, dims)
+    qk = qk_output(emit, attention, tensors, site, dims, dtype)
     shapes = [(tensors[name], _shape_read(emit, dims, tensors[name], frame)) for name, frame in lay.shape_reads]
     # nothing above changed the graph but add nodes; now the site's output and the shapes read from the
     # tensors that go away are made by the new nodes
     _produce(tensors[site.output], out)
+    if qk is not None:
+        _produce(tensors[site.qk_output], qk)
     for read, shape in shapes:
         if shape is not None:
             read.inputs[0].outputs.clear()
@@ -301,7 +313,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                 raise
             except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
                 for r in _blame(e, active):
-                    if not _rotation_dropped(r):
+                    if not _retried(r):
                         r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"
                 continue
         if outcome.passed:  # compared with ONNX Runtime's basic optimizations; loaded as the user will load it
@@ -309,7 +321,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                 refusal = default_session_refusal(fused)
             if refusal is not None:
                 for r in _blame(Exception(refusal), active):
-                    if not _rotation_dropped(r):
+                    if not _retried(r):
                         r.status, r.reason = NOT_FUSED, ("ONNX Runtime with default session options refuses the "
                                                          f"rewritten model: {refusal}")
                 continue
@@ -318,14 +330,33 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
         bad = [r for r in active if r.max_abs_err is None
                or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, site_atol), quant_tolerance(r.site))]
         if not bad and not outcome.passed:  # each site within its bound, an output not: keep the original
+            if [r for r in active if _logits_beside(r)]:  # unless it is logits the op returned: beside them, again
+                continue
             for r in active:
                 r.status, r.reason = NOT_FUSED, _output_reason(outcome)
             return FuseResult(model, reports, result.ignored, _summary(outcome, why), False)
         if not bad:
             return FuseResult(fused, reports, result.ignored, _summary(outcome, why), True)
         for r in bad:  # leave the failing sites as they were and verify the others again
-            if not _rotation_dropped(r):
+            if not _retried(r):
                 r.status, r.reason = NOT_FUSED, _verify_reason(r)
+
+
+def _retried(r: SiteReport) -> bool:
+    """Whether a failing site tries again with less written as ops: its rotation left as the graph computes it,
+    else the logits it returns computed beside the op instead of as its qk_matmul_output."""
+    return _rotation_dropped(r) or _logits_beside(r)
+
+
+def _logits_beside(r: SiteReport) -> bool:
+    site = r.site
+    if site.qk_output is None or site.qk_mode == 3:  # the probabilities have no other way out of the op
+        return False
+    notes = tuple(n for n in site.notes if not n.startswith("its logits, which the model returns"))
+    r.site = site.replace(qk_output=None, qk_mode=None, notes=(*notes, f"the logits it returns, as the op's "
+                                                                        f"qk_matmul_output (mode {site.qk_mode}), did "
+                                                                        "not verify: computed beside the op"))
+    return True
 
 
 def _rotation_dropped(r: SiteReport) -> bool:

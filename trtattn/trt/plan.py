@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
-from ..errors import TrtattnError
+from ..errors import SitesRefused, TrtattnError
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import tensor_types
 
@@ -277,6 +277,12 @@ def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
     mask, past_key, nonpad = _opt(node, 3), _opt(node, 4), _opt(node, 6)
     record = sites.get(node.name)
     site = record.name if record is not None else node.name
+    if len(node.output) > 3 and node.output[3]:  # the form computes a returned QK beside the op (qk_beside.py)
+        mode = a.get("qk_matmul_output_mode", 0)
+        raise SitesRefused(f"site {site} also returns {node.output[3]} (the Attention op's qk_matmul_output, mode "
+                           f"{mode}): IAttention outputs only Y",
+                           [(site, f"the model also returns {node.output[3]} (qk_matmul_output mode {mode}), which "
+                                   "IAttention cannot output")])
     if past_key:
         raise TrtattnError(f"Attention {node.name} concatenates a past cache inside the op; "
                            "build the kv-cache form (--form kv-cache) instead")

@@ -72,11 +72,12 @@ class MaskBuilder:
         self.convert = None  # (tensor, step) -> the tensor in the attention's score frame (fuse sets it)
         self.q_scales: list[gs.Tensor] = []  # per-head factors for Q, in the score frame (scale.HeadScale)
 
-    def to_float(self) -> None:
-        """A boolean M becomes additive: 0 where allowed, the dtype's lowest value elsewhere."""
+    def to_float(self, fill: float | None = None) -> None:
+        """A boolean M becomes additive: 0 where allowed, `fill` elsewhere (None: the dtype's lowest value)."""
         if self.kind == MaskKind.BOOLEAN:
             e = self.emit
-            self.m = e("Where", [self.m, e.const(0.0, self.dtype), e.const(np.finfo(self.dtype).min, self.dtype)],
+            fill = np.finfo(self.dtype).min if fill is None else fill
+            self.m = e("Where", [self.m, e.const(0.0, self.dtype), e.const(fill, self.dtype)],
                        dtype=self.dtype, name="bool_to_bias")
             self.kind = MaskKind.ADDITIVE
 

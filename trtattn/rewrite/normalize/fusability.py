@@ -73,6 +73,9 @@ def verdict(site: AttentionSite, *, precision: str = "fp16", meaning=None, max_s
         iatt.append(f"{site.source} must first be converted to the standard Attention op")
     if softcap:
         iatt.append("IAttention has no logit soft-capping")
+    if site.qk_output is not None:
+        iatt.append(f"the model also returns {site.qk_output} (qk_matmul_output mode {site.qk_mode}); IAttention "
+                    "outputs only Y")
     if site.q_heads and site.kv_heads and site.q_heads % site.kv_heads:
         iatt.append(f"{site.q_heads} query heads are not a multiple of {site.kv_heads} kv heads")
 
