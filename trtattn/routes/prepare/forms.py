@@ -122,7 +122,8 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
         graph = gs.import_onnx(derived.model)
         expanded = expand_softcapped(graph, sites)
         derived.implicit = [(sites[node], node) for _, node in expanded]
-        lowerings, derived.right_padded = padding_to_lengths(graph, derived.model, reports)
+        lowerings, derived.right_padded, notes = padding_to_lengths(graph, derived.model, reports, dims)
+        derived.notes += notes
         if lowerings or expanded:
             derived.model = export_like(graph, derived.model)
         if lowerings:
