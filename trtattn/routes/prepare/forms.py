@@ -114,7 +114,7 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
             derived.notes += notes
     elif form == "kv-cache":
         with progress.step("deriving the KV-cache form (packed query over a preallocated cache)"):
-            derived.model, lowerings, derived.cache_updates, derived.right_padded = kv_cache_form(derived.model, reports)
+            derived.model, lowerings, derived.cache_updates, derived.right_padded = kv_cache_form(derived.model, reports, dims)
     elif form == "packed":
         with progress.step("deriving the packed form (cu_seqlens, restarting positions)"):
             derived.model, lowerings = packed_form(derived.model, reports)
