@@ -112,3 +112,31 @@ def test_profiles_take_a_batch_only_where_a_symbol_is_at_axis_0_alone():
     assert profile["mask"]["max"] == [p, p] and profile["x"]["max"] == [DEFAULT_MAX_BATCH, p, D]
     assert profile["general"]["max"] == [DEFAULT_MAX_BATCH, 1, p, p]
     assert profile["cu"]["max"] == [DEFAULT_MAX_BATCH + 1]
+
+
+@pytest.mark.reference
+def test_the_recorded_network_takes_a_query_key_mask_as_iattentions_mask(checked_trt):
+    """The [s, s] mask reaches IAttention as its mask (no lengths, no causal kind), and trtsim's executor of the
+    recorded network equals ONNX Runtime on the original with a random mask."""
+    from trtsim.dtypes import to_numpy
+    from trtsim.execute import run
+
+    from trtattn.trt.network import build_network
+
+    shape, nodes, key_axis = MODELS["query_key"]
+    model = self_attention(shape, nodes)
+    prepared = padded(model)
+    builder = checked_trt.Builder(checked_trt.Logger(checked_trt.Logger.WARNING))
+    network = build_network(checked_trt, builder, checked_trt.Logger(checked_trt.Logger.WARNING), prepared.cut,
+                            prepared.plan)
+    assert not checked_trt.sim.problems, checked_trt.sim.problems
+    sets = {c.member for c in checked_trt.sim.log if c.owner == "IAttention" and c.kind == "set"}
+    assert "mask" in sets and "key_value_lengths" not in sets
+    rng = np.random.default_rng(3)
+    mask_value = rng.random((SIZES["s"], SIZES["s"])) < 0.5
+    mask_value[:, 0] = True
+    feeds = {"x": rng.standard_normal((SIZES["b"], SIZES["s"], D)).astype(np.float32), "mask": mask_value}
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], feeds)
+    types = {t.name: to_numpy(t.dtype) for t in (network.get_input(i) for i in range(network.num_inputs))}
+    got = run(network, {k: v.astype(types[k]) for k, v in feeds.items()})["y"]
+    assert np.abs(got - want).max() <= 1e-4
