@@ -1,7 +1,7 @@
 """Optimisation profiles: trtexec-style --min/--opt/--max-shapes over defaults taken from the model.
 
 The defaults come from what the model can run, never from the dims it was verified at:
-- every symbolic dim at axis 0 of an input is a batch: 1 .. DEFAULT_MAX_BATCH;
+- every symbolic dim at axis 0 of an input, and at no other axis, is a batch: 1 .. DEFAULT_MAX_BATCH;
 - packed tokens (`total_tokens`) run to max batch x max positions;
 - every other symbolic dim (a sequence, a past, an image side or audio length a user left dynamic) runs
   to the model's maximum positions: the `max_positions` the export recorded (metadata), else the rows of
@@ -139,15 +139,18 @@ def _value(dim: str, values: dict[str, int]) -> int:
 
 
 def _symbols(inputs: list[dict]) -> tuple[set[str], set[str]]:
-    """(batch symbols, all symbols) of the inputs' dynamic dims."""
-    batch, names = set(), set()
+    """(batch symbols, all symbols) of the inputs' dynamic dims. A batch is a symbol alone at axis 0 and at
+    no other axis of any input: a [Sq, Skv] mask's axis 0 is a sequence, which its axis 1 (or the tokens') says."""
+    first, later, names = set(), set(), set()
     for io in inputs:
         for axis, d in enumerate(io["shape"]):
             if isinstance(d, str):
                 names |= _parts(d)
-                if axis == 0 and _parts(d) == {d}:
-                    batch.add(d)
-    return batch, names
+                if axis == 0:
+                    first.update({d} if _parts(d) == {d} else set())
+                else:
+                    later |= _parts(d)
+    return first - later, names
 
 
 def default_profiles(inputs: list[dict], limits: dict) -> list[dict]:

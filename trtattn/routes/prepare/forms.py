@@ -116,7 +116,7 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
             derived.notes += notes
     elif form == "kv-cache":
         with progress.step("deriving the KV-cache form (packed query over a preallocated cache)"):
-            derived.model, lowerings, derived.cache_updates, derived.right_padded = kv_cache_form(derived.model, reports)
+            derived.model, lowerings, derived.cache_updates, derived.right_padded = kv_cache_form(derived.model, reports, dims)
     elif form == "packed":
         with progress.step("deriving the packed form (cu_seqlens, restarting positions)"):
             derived.model, lowerings = packed_form(derived.model, reports)
@@ -124,7 +124,8 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
         graph = gs.import_onnx(derived.model)
         expanded = expand_softcapped(graph, sites)
         derived.implicit = [(sites[node], node) for _, node in expanded]
-        lowerings, derived.right_padded = padding_to_lengths(graph, derived.model, reports)
+        lowerings, derived.right_padded, notes = padding_to_lengths(graph, derived.model, reports, dims)
+        derived.notes += notes
         if lowerings or expanded:
             derived.model = export_like(graph, derived.model)
         if lowerings:

@@ -30,6 +30,7 @@ from ...graph.dependence import value_inputs
 from ...graph.emit import Emitter, export_like
 from ...site import CacheKind, CausalKind
 from .lowering import AttentionLowering, CacheLowering
+from .mask_axes import key_flag_masks
 from .padded import allowed_keys, lengths_of, right_padded_masks
 from .tokens import Tokens, batch_from_tokens, pack_tokens, per_token_outputs
 
@@ -126,9 +127,10 @@ class _Rows:
         return [n.name for n in e.graph.nodes[first:]]
 
 
-def _encoder_masks(graph: gs.Graph, model: onnx.ModelProto, reports, nodes: dict) -> dict[str, str]:
+def _encoder_masks(graph: gs.Graph, model: onnx.ModelProto, reports, nodes: dict, dims=None) -> dict[str, str]:
     """Cross-attention site -> the one graph input its mask's values come from, where that is a right-padded
-    padding mask that no self-attention mask reads (the encoder's, over the static K/V's axis, not the tokens')."""
+    padding mask that no self-attention mask reads (the encoder's, over the static K/V's axis, not the tokens')
+    and its axes are the batch and the keys (mask_axes.py)."""
     inputs, right_padded = {t.name for t in graph.inputs}, right_padded_masks(model)
     sources = {}
     for r in reports:
@@ -136,19 +138,21 @@ def _encoder_masks(graph: gs.Graph, model: onnx.ModelProto, reports, nodes: dict
         if len(attn.inputs) > 3 and attn.inputs[3].name:
             sources[r.site.name] = value_inputs(attn.inputs[3], inputs)
     selves = set().union(*(sources.get(r.site.name, set()) for r in reports if r.site.cache != CacheKind.CROSS_STATIC))
-    return {r.site.name: next(iter(sources[r.site.name])) for r in reports
-            if r.site.cache == CacheKind.CROSS_STATIC and len(sources.get(r.site.name, ())) == 1
-            and sources[r.site.name] <= right_padded - selves}
+    candidates = {r.attention_node: next(iter(sources[r.site.name])) for r in reports
+                  if r.site.cache == CacheKind.CROSS_STATIC and len(sources.get(r.site.name, ())) == 1
+                  and sources[r.site.name] <= right_padded - selves}
+    key_flags = key_flag_masks(graph, model, candidates, dims)
+    return {r.site.name: candidates[r.attention_node] for r in reports if r.attention_node in key_flags}
 
 
-def kv_cache_form(model: onnx.ModelProto, reports) -> tuple[onnx.ModelProto, list[AttentionLowering],
+def kv_cache_form(model: onnx.ModelProto, reports, dims=None) -> tuple[onnx.ModelProto, list[AttentionLowering],
                                                             list[CacheLowering], list[str]]:
     """The form (module doc), its attention and cache lowerings, and the encoder padding masks it reads as
     lengths (they must be right-padded)."""
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
     nodes = {n.name: n for n in graph.nodes}
-    encoder_masks = _encoder_masks(graph, model, reports, nodes)
+    encoder_masks = _encoder_masks(graph, model, reports, nodes, dims)
     _check(reports, encoder_masks)
     emit = Emitter(graph, "trtattn/kv")
     tokens = pack_tokens(graph, model, emit, "kv-cache", keep=set(encoder_masks.values()))

@@ -20,6 +20,7 @@ from ...graph.emit import Emitter
 from ...graph.shapes import tensor_types
 from ...site import CacheKind
 from .lowering import AttentionLowering
+from .mask_axes import key_flag_masks
 
 
 def right_padded_masks(model: onnx.ModelProto) -> set[str]:
@@ -38,16 +39,16 @@ def lengths_of(emit: Emitter, mask: gs.Tensor) -> gs.Tensor:
     return lengths
 
 
-def padding_to_lengths(graph: gs.Graph, model: onnx.ModelProto, reports) -> tuple[list[AttentionLowering], list[str]]:
-    """Rewrite the masks of the sites that qualify (see module doc). Returns their lowerings and the
-    padding-mask inputs now read as lengths."""
+def padding_to_lengths(graph: gs.Graph, model: onnx.ModelProto, reports, dims=None
+                       ) -> tuple[list[AttentionLowering], list[str], list[str]]:
+    """Rewrite the masks of the sites that qualify (see module doc). Returns their lowerings, the
+    padding-mask inputs now read as lengths, and notes naming the sites whose 2-D mask input is, by its
+    axes, a general mask (mask_axes.py): IAttention takes that as its mask."""
     right_padded = right_padded_masks(model)
     ranks = {name: len(shape) for name, (_, shape) in tensor_types(model).items() if shape is not None}
     inputs = {t.name for t in graph.inputs}
     nodes = {n.name: n for n in graph.nodes}
-    emit = Emitter(graph, "trtattn/padded")
-    lengths: dict[str, gs.Tensor] = {}
-    lowerings = []
+    candidates: dict[str, str] = {}  # Attention node -> the 2-D mask input its mask's values come from
     for r in reports:
         site, attn = r.site, nodes.get(r.attention_node)
         if attn is None or attn.op != "Attention":  # written out in TensorRT's implicit form (implicit.py)
@@ -60,16 +61,28 @@ def padding_to_lengths(graph: gs.Graph, model: onnx.ModelProto, reports) -> tupl
         if ranks.get(q.name) != 4 or ranks.get(k.name) != 4:
             continue
         sources = value_inputs(attn.inputs[3], inputs)
-        if len(sources) != 1 or not sources <= right_padded:
+        if len(sources) == 1 and sources <= right_padded:
+            candidates[attn.name] = next(iter(sources))
+    key_flags = key_flag_masks(graph, model, candidates, dims)
+    notes = [f"Attention {node}: its mask input {mask} is not read as [batch, key] padding (by its axes); "
+             "IAttention takes it as a general mask" for node, mask in sorted(candidates.items())
+             if node not in key_flags]
+    emit = Emitter(graph, "trtattn/padded")
+    lengths: dict[str, gs.Tensor] = {}
+    lowerings = []
+    for r in reports:
+        attn = nodes.get(r.attention_node)
+        if attn is None or attn.name not in key_flags:
             continue
-        (mask_input,) = sources
+        mask_input = candidates[attn.name]
         if mask_input not in lengths:
             lengths[mask_input] = lengths_of(emit, next(t for t in graph.inputs if t.name == mask_input))
         causal = r.pattern == "causal"
-        attn.inputs[3] = emit.full_query_rows(allowed_keys(emit, q, k, lengths[mask_input], causal), q)
+        attn.inputs[3] = emit.full_query_rows(allowed_keys(emit, attn.inputs[0], attn.inputs[1], lengths[mask_input],
+                                                           causal), attn.inputs[0])
         lowerings.append(AttentionLowering(attn.name, (attn.name,), "upper_left" if causal else "none",
                                            kv_lengths=lengths[mask_input].name))
-    return lowerings, sorted({s for s in lengths})
+    return lowerings, sorted({s for s in lengths}), notes
 
 
 def allowed_keys(emit: Emitter, q: gs.Tensor, k: gs.Tensor, lengths: gs.Tensor, causal: bool) -> gs.Tensor:
