@@ -85,3 +85,15 @@ def class_cases():
             fast = x == first or set(e.classes_for(x)) - set(e.classes_for(first))
             cases.append((e.name, x) if fast else pytest.param(e.name, x, marks=pytest.mark.slow))
     return cases
+
+
+@pytest.fixture(scope="session")
+def autocast():
+    """ModelOpt's AutoCast, imported once (it imports torch: seconds), or the test skips saying why."""
+    from trtattn.errors import MissingDependencyError
+    from trtattn.rewrite import precision
+
+    try:
+        return precision.load_autocast()
+    except MissingDependencyError as e:
+        pytest.skip(str(e))

@@ -17,22 +17,13 @@ from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 import trtattn
-from trtattn.errors import MissingDependencyError, TrtattnError, VerificationError
+from trtattn.errors import TrtattnError, VerificationError
 from trtattn.rewrite import precision as P
 
 try:
     from trtattn.graph.feeds import make_feeds
 except ImportError:  # before the package restructure (issue 14)
     from trtattn.inputs import make_feeds
-
-
-@pytest.fixture(scope="module")
-def autocast():
-    """ModelOpt's AutoCast, imported once (it imports torch: seconds), or the test skips saying why."""
-    try:
-        return P.load_autocast()
-    except MissingDependencyError as e:
-        pytest.skip(str(e))
 
 
 needs_autocast = pytest.mark.usefixtures("autocast")

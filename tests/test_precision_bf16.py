@@ -9,19 +9,9 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
-from trtattn.errors import MissingDependencyError
 from trtattn.rewrite import precision as P
 from trtattn.rewrite.precision.autocast import check_attention_types
 from trtattn.rewrite.precision.common import declared_types
-
-
-@pytest.fixture(scope="module")
-def autocast():
-    try:
-        return P.load_autocast()
-    except MissingDependencyError as e:
-        pytest.skip(str(e))
-
 
 needs_autocast = pytest.mark.usefixtures("autocast")
 
