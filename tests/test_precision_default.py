@@ -1,7 +1,10 @@
 """Without --precision a route takes the model's own precision (rewrite/precision chosen_precision): a bf16 model
 bf16, an fp16 one fp16, an fp32 one the route's default (fp16), and says which and why. Before, a bf16 model without
---precision was refused ("builds it only with --precision bf16")."""
+--precision was refused ("builds it only with --precision bf16"). A user's bf16 --inputs (.npz and Polygraphy's
+JSON store bf16 as raw bytes, read back as "|V2") are taken as bf16 and widened to fp32 exactly with the model the
+route verifies; before, they were refused ("input 'q' is |V2") or did not run on the widened model."""
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -24,6 +27,11 @@ def test_the_models_own_precision_is_read_from_its_weights_else_its_io():
     assert chosen_precision(bf16_attention(), "fp32") == ("fp32", None)  # an explicit --precision always wins
 
 
+def _bf16_sets(seed=5):
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal((2, 2, 5, 16)).astype(ml_dtypes.bfloat16) for n in "qkv"}
+
+
 @needs_autocast
 def test_bf16_model_without_precision_builds_in_bf16_saying_why():
     prepared = prepare(bf16_attention(), name="bf16_attention")
@@ -32,6 +40,37 @@ def test_bf16_model_without_precision_builds_in_bf16_saying_why():
     assert plan.notes[0] == "precision bf16, from the model's inputs and outputs (no --precision given)"
     with pytest.raises(PrecisionError, match="computes in bf16.*--precision bf16"):  # an explicit other one: refused
         prepare(bf16_attention(), name="bf16_attention", precision="fp16")
+
+
+@needs_autocast
+def test_fuse_trt_ops_on_a_bf16_model_without_precision_verifies_on_the_users_bf16_inputs(tmp_path):
+    """`fuse --ops trt --inputs X.npz` on a bf16 model: the .npz's bf16 arrays read as bf16, widened exactly for the
+    fp32 model the route verifies, and every check (fused, form, the written TensorRT ops) runs on them."""
+    from trtattn.routes.trt_ops import fuse_trt
+
+    sets = _bf16_sets()
+    np.savez(tmp_path / "x.npz", **sets)
+    model = bf16_attention()
+    given = GivenInputs.load(tmp_path / "x.npz", model)
+    assert {v.dtype for v in given.sets[0].values()} == {np.dtype(ml_dtypes.bfloat16)}
+    result = fuse_trt(model, name="bf16_attention", inputs=given)
+    prepared = result.prepared
+    assert result.ok and prepared.plan.precision == "bf16"
+    for name, value in sets.items():  # the values given, exactly, as the widened model takes them
+        np.testing.assert_array_equal(prepared.inputs.sets[0][name], value.astype(np.float32))
+    assert prepared.verification["inputs"]["source"] == "file"
+    assert prepared.precision_check["inputs"]["source"] == "file"
+
+
+def test_bf16_inputs_from_polygraphy_json_are_read_as_bf16(tmp_path):
+    from polygraphy.json import save_json
+
+    sets = [_bf16_sets(1), _bf16_sets(2)]
+    save_json(sets, str(tmp_path / "x.json"))
+    given = GivenInputs.load(tmp_path / "x.json", bf16_attention())
+    for got, want in zip(given.sets, sets):
+        assert {k: v.dtype for k, v in got.items()} == {k: v.dtype for k, v in want.items()}
+        assert all(np.array_equal(got[k].view(np.uint16), want[k].view(np.uint16)) for k in want)
 
 
 @needs_autocast

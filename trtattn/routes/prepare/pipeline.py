@@ -158,13 +158,16 @@ def _check_request(work: Work) -> None:
 
 
 def _read_bf16(work: Work) -> None:
-    """A bf16 model ONNX Runtime cannot run is worked on widened to fp32 (exact), its IO converted back to bf16."""
+    """A bf16 model ONNX Runtime cannot run is worked on widened to fp32 (exact), its IO converted back to bf16;
+    the user's bf16 inputs are widened with it (exact), so every check runs on them."""
     from ...rewrite.precision.check import bf16_read_widened
 
     read = bf16_read_widened(work.model, work.precision)
     if read is not None:
         work.model, io_dtype = read
         work.request.io_dtype = work.request.io_dtype or io_dtype
+        if work.request.inputs is not None:
+            work.request.inputs = work.request.inputs.widened(work.model)
         work.notes.append("the bf16 model is read widened to fp32 (exact): ONNX Runtime's CPU provider runs no bf16 "
                           "kernel, so the fused form is verified in fp32 on the model's bf16 values, the bf16 form "
                           "emulated; no bf16 kernel runs")
