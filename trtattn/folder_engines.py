@@ -123,7 +123,7 @@ def part_inputs(inputs, plans: list[PartPlan]) -> dict[str, Path]:
     return files
 
 
-def prepare_folder(source, out_dir, *, precision: str = "fp16", dims=None, force: bool = False, progress=None,
+def prepare_folder(source, out_dir, *, precision: str | None = None, dims=None, force: bool = False, progress=None,
                    inputs=None, **options) -> FolderBuild:
     """build.prepare for every part, each verified on its file in the folder `inputs` (part_inputs) if it has
     one; the verified forms and plans written to OUT_DIR with pipeline.json."""

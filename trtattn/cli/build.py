@@ -33,9 +33,10 @@ def add_parser(sub) -> None:
     b.add_argument("--form", choices=["padded", "packed", "kv-cache"],
                    help="padded BHND; packed tokens with cumulative lengths; a preallocated KV cache (default: "
                         "kv-cache when an Attention op takes past_key/past_value inputs, else padded)")
-    b.add_argument("--precision", default="fp16", choices=list(PRECISIONS),
-                   help="the whole model's precision (default fp16: ModelOpt AutoCast keeps what is numerically "
-                        "sensitive in fp32); fp32 attention has no fused kernel")
+    b.add_argument("--precision", choices=list(PRECISIONS),
+                   help="the whole model's precision (default: the model's own when its weights are bf16 or fp16, "
+                        "else fp16: ModelOpt AutoCast keeps what is numerically sensitive in fp32); fp32 attention "
+                        "has no fused kernel")
     b.add_argument("--calib", help="fp8/int8: calibration data, an .npz of arrays keyed by input name (samples along "
                                    "axis 0); not needed for a model ModelOpt has already quantized")
     b.add_argument("--io-dtype", choices=["fp16", "bf16"],
@@ -99,7 +100,7 @@ def run(args, progress) -> int:
         from ..pictures import build_entry, write_html
 
         with progress.step(f"drawing {args.report_html}"):
-            write_html(args.report_html, [build_entry(f"{name} ({prepared.plan.form}, {args.precision})", prepared)],
+            write_html(args.report_html, [build_entry(f"{name} ({prepared.plan.form}, {prepared.plan.precision})", prepared)],
                        protect=(args.model,))
         print(f"wrote {args.report_html}")
     if args.plan_json:

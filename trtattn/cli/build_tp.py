@@ -147,7 +147,7 @@ def _split(args, progress, prepared, form, name: str, out: Path, source: Path,
     plan = tp_plan(forms, max_cache, name)
     plan["verification"] = {"passed": check.passed, "max_abs_err": worst, "outputs": check.errors,
                             "against": "the verified form"}
-    plan["form"], plan["precision"] = prepared.plan.form, args.precision
+    plan["form"], plan["precision"] = prepared.plan.form, prepared.plan.precision
     print(describe(plan))
     rank_plans = _rank_plans(prepared, forms)
     for r, rank in enumerate(forms.models):

@@ -28,7 +28,8 @@ def add_options(p) -> None:
                    help="with --ops trt: padded BHND, packed tokens with cu_seqlens, or a preallocated KV cache (default: "
                         "kv-cache when an Attention op takes past_key/past_value inputs, else padded)")
     p.add_argument("--precision", choices=["fp16", "bf16", "fp32", "fp8", "int8"],
-                   help="with --ops trt: what the attention computes in, as `trtattn build` (default fp16)")
+                   help="with --ops trt: what the attention computes in, as `trtattn build` (default: the model's "
+                        "own when its weights are bf16 or fp16, else fp16)")
     p.add_argument("--calib", help="with --ops trt --precision fp8/int8: calibration data, an .npz of arrays keyed by "
                                    "input name (samples along axis 0), unless the model has its Q/DQ")
 
@@ -62,7 +63,7 @@ def run(args, progress) -> int:
     check_output(args.model, sidecar_path(args.output), args.force)
     model = load_model(args.model, progress, with_weights=True)
     try:
-        result = fuse_trt(model, name=Path(args.output).stem, form=args.form, precision=args.precision or "fp16",
+        result = fuse_trt(model, name=Path(args.output).stem, form=args.form, precision=args.precision,
                           calib=args.calib, dims=parse_dims(args.dims), progress=progress, source=str(args.model),
                           inputs=given_inputs(args, model))
     except SitesRefused as e:

@@ -25,8 +25,9 @@ def add_parser(sub) -> None:
     add_verify_opts(n)
     n.add_argument("--fold-scale-into-weights", action="store_true",
                    help="fold the softmax scale into Q's projection weights where Q comes straight from one")
-    n.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "fp8", "int8"],
-                   help="precision the fusability verdict is for (default fp16; --quantize sets it)")
+    n.add_argument("--precision", choices=["fp32", "fp16", "bf16", "fp8", "int8"],
+                   help="precision the fusability verdict is for (default: the model's own when its weights are bf16 "
+                        "or fp16, else fp16; --quantize sets it)")
     n.add_argument("--quantize", choices=["fp8", "int8"],
                    help="ModelOpt post-training quantization with Q/DQ around every attention (needs the quant extra)")
     n.add_argument("--calib", help="calibration data for --quantize: an .npz of arrays keyed by input name")
@@ -58,6 +59,8 @@ def run(args, progress) -> int:
     print(f"{len(rows)} attention sites, {sum(r['action'] == 'rewritten' for r in rows)} rewritten; "
           f"cleanup folded {result.cleanup['folded_nodes']} nodes and removed {result.cleanup['noops_removed']} no-ops; "
           f"verification: {verdict(result.verification)}")
+    if result.precision_choice:
+        print(f"note: {result.precision_choice}")
     if args.quantize and result.ok:
         from ..rewrite.quantize import QUANT_COLUMNS, load_calibration, quantize_checked
 
@@ -87,7 +90,7 @@ def run(args, progress) -> int:
         print(f"not written: {args.output}")
     if args.report:
         write_json({"trtattn_version": __version__, "input": str(args.model), "output": str(written) if written else None,
-                    "precision": args.precision, "changed": result.changed, "cleanup": result.cleanup, "sites": rows,
+                    "precision": result.precision, "changed": result.changed, "cleanup": result.cleanup, "sites": rows,
                     "ignored": [{"name": i.name, "reason": i.reason} for i in result.ignored],
                     "verification": result.verification, "quantization": result.quantization},
                    args.report, protect=(args.model, args.output))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
 from ..errors import TrtattnError
 from .roles import input_specs
@@ -49,6 +50,7 @@ def load_inputs(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.n
     sets = _read_npz(path) if path.suffix == ".npz" else _read_polygraphy(path)
     if not sets:
         raise TrtattnError(f"--inputs {path}: holds no input sets")
+    sets = [_as_typed(feeds, model) for feeds in sets]
     for k, feeds in enumerate(sets):
         check_feeds(feeds, model, f"--inputs {path}" + (f" (set {k})" if len(sets) > 1 else ""))
     return sets
@@ -75,6 +77,19 @@ def _read_polygraphy(path: Path) -> list[dict[str, np.ndarray]]:
         if not all(isinstance(v, np.ndarray) for v in feeds.values()):
             raise TrtattnError(f"--inputs {path}: an input set holds values that are not arrays")
     return sets
+
+
+def _as_typed(feeds: dict[str, np.ndarray], model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Arrays of a type numpy has not (bf16, fp8: ml_dtypes), which .npz and Polygraphy's JSON store as raw bytes
+    (numpy reads them back as void, "|V2"), taken as the type the model's input has: the same bits."""
+    specs = {s.name: s for s in input_specs(model)}
+    out = dict(feeds)
+    for name, value in feeds.items():
+        spec = specs.get(name)
+        if spec is not None and value.dtype.kind == "V" and value.dtype.itemsize == np.dtype(spec.dtype).itemsize \
+                and np.dtype(spec.dtype).kind == "V" and value.dtype.fields is None:
+            out[name] = value.view(spec.dtype)
+    return out
 
 
 def check_feeds(feeds: dict, model: onnx.ModelProto, where: str) -> None:
@@ -113,6 +128,17 @@ class GivenInputs:
     @classmethod
     def load(cls, path: str | Path | None, model: onnx.ModelProto) -> GivenInputs | None:
         return None if path is None else cls(str(path), load_inputs(path, model))
+
+    def widened(self, model: onnx.ModelProto) -> GivenInputs:
+        """These sets for `model`, the one they were given for widened to fp32 (rewrite/precision/widen.py): each
+        bf16 or fp16 array the model now takes in fp32 converted to it, exactly."""
+        low = {np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)) for t in (TensorProto.BFLOAT16, TensorProto.FLOAT16)}
+        specs = {s.name: np.dtype(s.dtype) for s in input_specs(model)}
+        sets = [{k: (v.astype(np.float32) if specs.get(k) == np.float32 and v.dtype in low else v)
+                 for k, v in feeds.items()} for feeds in self.sets]
+        for k, feeds in enumerate(sets):
+            check_feeds(feeds, model, f"--inputs {self.path}" + (f" (set {k})" if len(sets) > 1 else ""))
+        return GivenInputs(self.path, sets)
 
     def used(self) -> InputsUsed:
         return InputsUsed("file", self.path, len(self.sets))

@@ -66,6 +66,8 @@ class NormalizeResult:
     ignored: list = field(default_factory=list)
     quantization: dict | None = None
     skipped: list = field(default_factory=list)  # attentions the matcher could not take (Skipped: name, reason)
+    precision: str = "fp16"  # what the verdicts are for: the one asked, else the model's (chosen_precision)
+    precision_choice: str | None = None  # which precision was taken and why, when none was asked
 
     @property
     def ok(self) -> bool:
@@ -98,12 +100,25 @@ def already_normal(site) -> bool:
             and not late and len(ops) <= 1 and all(logit_ops.unit(s).implicit_ok for s in ops))
 
 
-def normalize_model(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False, precision: str = "fp16",
-                    verify: bool = True, dims: dict | None = None, seed: int = 0, atol: float | None = None,
-                    rtol: float | None = None, progress=None, inputs=None) -> NormalizeResult:
+def normalize_model(model: onnx.ModelProto, *, precision: str | None = None, progress=None,
+                    **options) -> NormalizeResult:
     """`model` normalised and verified (within the tolerance of the precision it computes in unless
-    atol/rtol are given); a model whose weights were left on disk is worked on without reading them."""
+    atol/rtol are given), its fusability verdicts for `precision` (None: the model's own bf16 or fp16, else fp16:
+    chosen_precision); a model whose weights were left on disk is worked on without reading them."""
+    from ..precision.common import chosen_precision
+
     progress = progress or Progress(enabled=False)
+    precision, why = chosen_precision(model, precision)
+    if why:
+        progress.note(why)
+    result = _normalized(model, precision=precision, progress=progress, **options)
+    result.precision, result.precision_choice = precision, why
+    return result
+
+
+def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False, precision: str,
+                verify: bool = True, dims: dict | None = None, seed: int = 0, atol: float | None = None,
+                rtol: float | None = None, progress: Progress, inputs=None) -> NormalizeResult:
     if branch_inputs(model):  # If branches chosen by an input (Optimum's merged decoders): each on its own
         return _by_branch(model, fold_scale_into_weights=fold_scale_into_weights, precision=precision, verify=verify,
                           dims=dims, seed=seed, atol=atol, rtol=rtol, progress=progress)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import onnx
 from onnx import TensorProto
 
@@ -43,3 +45,37 @@ def declared_types(model: onnx.ModelProto) -> dict[str, int]:
     for vi in [*model.graph.value_info, *model.graph.input, *model.graph.output]:
         types[vi.name] = vi.type.tensor_type.elem_type
     return types
+
+
+def model_precision(model: onnx.ModelProto) -> tuple[str, str] | None:
+    """('bf16' or 'fp16', what says so) for a model that computes in that precision: the float type holding the
+    most of its weights (initializers and Constants, counted by element; read from their dims, so weights left on
+    disk stay there), else of its inputs and outputs; None for a model in fp32."""
+    graph = model.graph
+    weights = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                                      if a.name == "value")]
+    elements: dict[TensorProto.DataType, int] = {}
+    for t in weights:
+        if t.data_type in FLOATS:
+            elements[t.data_type] = elements.get(t.data_type, 0) + math.prod(t.dims)
+    where = "weights"
+    if not elements:
+        where = "inputs and outputs"
+        for v in [*graph.input, *graph.output]:
+            if v.type.tensor_type.elem_type in FLOATS:
+                elements[v.type.tensor_type.elem_type] = elements.get(v.type.tensor_type.elem_type, 0) + 1
+    if not elements:
+        return None
+    most = max(elements, key=lambda t: elements[t])
+    return None if most == TensorProto.FLOAT else (DTYPE_NAMES[most], where)
+
+
+def chosen_precision(model: onnx.ModelProto, asked: str | None, default: str = "fp16") -> tuple[str, str | None]:
+    """The precision a route works in, and why when the user did not say: the one asked (--precision) always; else
+    the model's own bf16 or fp16 (model_precision); else `default`, the route's for an fp32 model."""
+    if asked is not None:
+        return asked, None
+    found = model_precision(model)
+    if found is not None:
+        return found[0], f"precision {found[0]}, from the model's {found[1]} (no --precision given)"
+    return default, f"precision {default}, the default for a model in fp32 (no --precision given)"

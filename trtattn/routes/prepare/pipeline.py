@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -28,6 +29,9 @@ from ...trt.plan import BuildPlan, io_contract, make_plan
 from ...verify import OutcomeSummary
 from . import forms
 from .forms import FORMS
+
+if TYPE_CHECKING:
+    from ...graph.user_inputs import GivenInputs
 
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8")
 QUANTIZED = ("fp8", "int8")
@@ -89,7 +93,7 @@ class Request:
 
     name: str
     form: str | None = None  # None: chosen from the model (forms.choose_form)
-    precision: str = "fp16"
+    precision: str | None = None  # None: from the model (the first step's chosen_precision)
     io_dtype: str | None = None
     calib: object = None
     dims: dict | None = None
@@ -98,7 +102,7 @@ class Request:
     limits: Limits = field(default_factory=Limits)
     source: str = ""
     mark_sites: bool = False
-    inputs: object = None  # a user's GivenInputs: the fused and form models are verified on exactly these
+    inputs: GivenInputs | None = None  # the user's: the fused and form models are verified on exactly these
 
 
 @dataclass
@@ -109,6 +113,7 @@ class Work:
     model: onnx.ModelProto
     request: Request
     progress: Progress
+    precision: str = field(init=False)  # the request's, else the model's (the first step)
     dims: dict | None = field(init=False)  # the dims the original runs on: every check uses them
     start: onnx.ModelProto = field(init=False)  # the model the sites are fused in: the Q/DQ model when quantized
     quantization: dict = field(default_factory=dict)
@@ -135,24 +140,34 @@ class Step:
 
 
 def _check_request(work: Work) -> None:
+    from ...rewrite.precision.common import chosen_precision
+
     r = work.request
+    work.precision, why = chosen_precision(work.model, r.precision)
+    if why:
+        work.notes.append(why)
+        work.progress.note(why)
+    precision = work.precision
     if r.form is not None and r.form not in FORMS:
         raise TrtattnError(f"unknown form '{r.form}'; choose one of {', '.join(FORMS)}")
-    if r.precision not in PRECISIONS:
-        raise TrtattnError(f"unknown precision '{r.precision}'; choose one of {', '.join(PRECISIONS)}")
-    if r.io_dtype not in (None, r.precision) or r.io_dtype and r.precision in QUANTIZED:
-        raise TrtattnError(f"--io-dtype {r.io_dtype} with --precision {r.precision}: the IO is kept as the model has "
+    if precision not in PRECISIONS:
+        raise TrtattnError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
+    if r.io_dtype not in (None, precision) or r.io_dtype and precision in QUANTIZED:
+        raise TrtattnError(f"--io-dtype {r.io_dtype} with --precision {precision}: the IO is kept as the model has "
                            f"it, or converted to the (fp16/bf16) precision")
 
 
 def _read_bf16(work: Work) -> None:
-    """A bf16 model ONNX Runtime cannot run is worked on widened to fp32 (exact), its IO converted back to bf16."""
+    """A bf16 model ONNX Runtime cannot run is worked on widened to fp32 (exact), its IO converted back to bf16;
+    the user's bf16 inputs are widened with it (exact), so every check runs on them."""
     from ...rewrite.precision.check import bf16_read_widened
 
-    read = bf16_read_widened(work.model, work.request.precision)
+    read = bf16_read_widened(work.model, work.precision)
     if read is not None:
         work.model, io_dtype = read
         work.request.io_dtype = work.request.io_dtype or io_dtype
+        if work.request.inputs is not None:
+            work.request.inputs = work.request.inputs.widened(work.model)
         work.notes.append("the bf16 model is read widened to fp32 (exact): ONNX Runtime's CPU provider runs no bf16 "
                           "kernel, so the fused form is verified in fp32 on the model's bf16 values, the bf16 form "
                           "emulated; no bf16 kernel runs")
@@ -164,8 +179,8 @@ def _fit_dims(work: Work) -> None:
 
 def _quantize(work: Work) -> None:
     work.start = work.model
-    if work.request.precision in QUANTIZED:
-        work.start, work.quantization, work.atol = quantized_start(work.model, work.request.precision,
+    if work.precision in QUANTIZED:
+        work.start, work.quantization, work.atol = quantized_start(work.model, work.precision,
                                                                    work.request.calib, dims=work.dims,
                                                                    progress=work.progress, inputs=work.request.inputs)
 
@@ -189,19 +204,19 @@ def _derive(work: Work) -> None:
 
 
 def _normalization_quantize(work: Work) -> None:
-    if work.request.precision not in QUANTIZED:
+    if work.precision not in QUANTIZED:
         return
     from ...rewrite.quantize.source import normalization_quantize
 
     positions = work.request.limits.max_positions or max_positions_of(work.start)
     work.normalization_quantize, notes = normalization_quantize(
-        [r for r in work.fused.reports if r.status == SiteStatus.FUSED], work.request.precision, max_sequence=positions)
+        [r for r in work.fused.reports if r.status == SiteStatus.FUSED], work.precision, max_sequence=positions)
     work.notes += notes
 
 
 def _convert_precision(work: Work) -> None:
     work.form_model, work.precision_table, work.precision_check, notes = form_in_precision(
-        work.derived, work.start, work.request.precision, io_dtype=work.request.io_dtype, dims=work.dims,
+        work.derived, work.start, work.precision, io_dtype=work.request.io_dtype, dims=work.dims,
         progress=work.progress, inputs=_given_inputs(work))
     work.notes += notes
 
@@ -220,7 +235,7 @@ def _limits(work: Work) -> None:
 
 def _plan(work: Work) -> None:
     r, derived = work.request, work.derived
-    plan = make_plan(work.form_model, name=r.name, form=derived.form, precision=r.precision, sites=derived.sites,
+    plan = make_plan(work.form_model, name=r.name, form=derived.form, precision=work.precision, sites=derived.sites,
                      lowerings=derived.attentions, cache_lowerings=derived.cache_updates,
                      decomposable=r.decomposable, quantized=work.normalization_quantize, implicit=derived.implicit,
                      implicit_reason=forms.IMPLICIT_REASON)
@@ -264,13 +279,13 @@ def describe_steps(steps: tuple[Step, ...] = STEPS) -> str:
     return "\n".join(f"{i:2d}. {step}" for i, step in enumerate(steps, 1))
 
 
-def prepare(model: onnx.ModelProto, *, name: str, form: str | None = None, precision: str = "fp16",
+def prepare(model: onnx.ModelProto, *, name: str, form: str | None = None, precision: str | None = None,
             io_dtype: str | None = None, calib=None, dims: dict | None = None, decomposable: bool = False,
             shapes: tuple[dict, dict, dict] = ({}, {}, {}), limits: Limits | None = None, progress=None,
             source: str = "", mark_sites: bool = False, inputs=None, steps: tuple[Step, ...] = STEPS) -> Prepared:
-    """The verified form in `precision` (IO types kept unless io_dtype is the precision; fp8/int8: the model
-    ModelOpt quantized on `calib`, or the model's own Q/DQ), its complete plan and the model TensorRT's parser
-    gets: STEPS run in order."""
+    """The verified form in `precision` (None: the model's own bf16 or fp16, else fp16: chosen_precision; IO types
+    kept unless io_dtype is the precision; fp8/int8: the model ModelOpt quantized on `calib`, or the model's own
+    Q/DQ), its complete plan and the model TensorRT's parser gets: STEPS run in order."""
     request = Request(name, form, precision, io_dtype, calib, dims, decomposable, shapes, limits or Limits(), source,
                       mark_sites, inputs)
     work = Work(model, request, progress or Progress(enabled=False))

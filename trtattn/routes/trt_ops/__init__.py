@@ -148,7 +148,7 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
         return {"passed": False, "error": str(e)}
 
 
-def fuse_trt(model: onnx.ModelProto, *, name: str, form: str | None = None, precision: str = "fp16", calib=None,
+def fuse_trt(model: onnx.ModelProto, *, name: str, form: str | None = None, precision: str | None = None, calib=None,
              dims=None, decomposable: bool = False, progress=None, source: str = "", inputs=None) -> TrtOpsResult:
     """prepare (routes/prepare: the verified form in `precision`, its plan), write its TensorRT ops, verify them."""
     progress = progress or Progress(enabled=False)
