@@ -10,7 +10,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.dim_names import lengths_vary
 from ..graph.roles import input_specs
-from ..graph.view import GraphView
+from ..graph.view import GraphView, import_graph
 from ..site import (
     AttentionSite,
     CacheKind,
@@ -48,7 +48,7 @@ def match(model: onnx.ModelProto | gs.Graph, view: GraphView | None = None) -> M
     """The sites of `model`. A gs.Graph given is made canonical in place (canonical.py: each softmax written
     without a Softmax op becomes one, writing the same probabilities tensor); a ModelProto is not modified."""
     if view is None:
-        graph = gs.import_onnx(model) if isinstance(model, onnx.ModelProto) else model
+        graph = import_graph(model) if isinstance(model, onnx.ModelProto) else model  # weights on disk: mapped
         view = GraphView(graph, model if isinstance(model, onnx.ModelProto) else None)
     result = MatchResult()
     _match_graph(view, result, {}, ())
