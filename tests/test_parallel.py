@@ -165,6 +165,56 @@ def test_split_in_slices_of_layers_keeps_each_session_under_the_model(tiny_llama
     assert check.errors == whole.verify().errors
 
 
+def test_rank_forms_are_written_one_rank_and_weight_at_a_time_and_checked_from_their_files(tmp_path, monkeypatch):
+    """forms.write (what build --tp does): each rank's form goes to NAME.rankRofN.onnx as it is made, rank after
+    rank, its sliced weights written to NAME.rankRofN.onnx.data one by one (from the original's weights, left
+    on disk); the forms are then those files, weights on disk, and the check reads them: it equals the
+    in-memory forms' check, and fails once a rank's data file is changed."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    from trtattn.graph import external
+    from trtattn.routes.parallel import ranks as ranks_mod
+
+    io.save(attention_model(heads=4, kv_heads=2, head=64), tmp_path / "attn.onnx", external_data=True)
+    model = io.load(tmp_path / "attn.onnx", load_external_data=False)  # [256, 256] weights stay on disk
+    whole = external.external_bytes(model)
+    forms = split_model(model, 2)
+    in_memory = forms.verify()
+    stored = []  # (rank, the files in the folder) at each weight written
+    real = ranks_mod.on_disk
+
+    def recording(data):
+        store = real(data)
+
+        def put(name, value):
+            stored.append((name.split(".rank")[1][0], sorted(p.name for p in (tmp_path / "ranks").iterdir())))
+            return store(name, value)
+        return put
+    monkeypatch.setattr(ranks_mod, "on_disk", recording)
+    monkeypatch.setattr("trtattn.routes.parallel.on_disk", recording)
+    forms.__dict__.pop("models", None)
+    paths = forms.write(tmp_path / "ranks", "attn", protect=(str(tmp_path / "attn.onnx"),))
+    assert [p.name for p in paths] == ["attn.rank0of2.onnx", "attn.rank1of2.onnx"]
+    order = [r for r, _ in stored]  # Q, K, V, O and the biases sliced: rank 0's, then rank 1's
+    assert len(order) >= 8 and order == ["0"] * (len(order) // 2) + ["1"] * (len(order) // 2)
+    assert all("attn.rank1of2.onnx" not in files for r, files in stored if r == "0")
+    assert all("attn.rank0of2.onnx" in files for r, files in stored if r == "1")  # rank 0 done before rank 1
+    for r, (path, rank) in enumerate(zip(paths, forms.models)):
+        assert external.data_dir(rank) == path.parent and not rank.graph.initializer[0].HasField("raw_data")
+        weights = [t for t in rank.graph.initializer if uses_external_data(t)]
+        assert {ExternalDataInfo(t).location for t in weights} == {path.name + ".data"}
+        split = sum(external.nbytes(t) for t in model.graph.initializer if f"{t.name}.rank{r}of2" in
+                    {w.name for w in weights})  # the original's weights this rank holds a slice of
+        assert split >= whole and external.external_bytes(rank) == split // 2  # half of each, all on disk
+        assert path.with_name(path.name + ".data").stat().st_size >= split // 2
+        validate.check(io.load(path), path.name)
+    check = forms.verify()
+    assert check.passed and check.errors == in_memory.errors and max(check.errors.values()) < 1e-5
+    data = paths[1].with_name(paths[1].name + ".data")
+    data.write_bytes(bytes(data.stat().st_size))  # rank 1's weights zeroed: the check must see it
+    assert not forms.verify().passed
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_zoo_llama(zoo_export, ranks):
     model = io.load(zoo_export("llama", "torchscript"))
