@@ -272,6 +272,8 @@ def test_build_tp_writes_rank_forms_and_plans_then_exits_4(tmp_path, capsys):
     assert ranks[0]["all_reduce_bytes"] == 32 * 4  # the out-projection's 32 floats per token
     for r in ranks:
         validate.check(io.load(out / r["form"]), r["form"])
+        assert (out / (r["form"] + ".data")).is_file()  # each rank's weights beside it, written as it was made
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # the scratch the check read is gone
     assert "KV cache at 32" in capsys.readouterr().out
 
 
