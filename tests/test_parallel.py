@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from trtattn.graph import io, validate
+from trtattn.graph import external, io, validate
 from trtattn.routes.parallel import DOMAIN, collective, split_model
 from trtattn.testing import write_llama
 from trtattn.testing.graphs import attention_model
@@ -172,7 +172,6 @@ def test_rank_forms_are_written_one_rank_and_weight_at_a_time_and_checked_from_t
     in-memory forms' check, and fails once a rank's data file is changed."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-    from trtattn.graph import external
     from trtattn.routes.parallel import ranks as ranks_mod
 
     io.save(attention_model(heads=4, kv_heads=2, head=64), tmp_path / "attn.onnx", external_data=True)
@@ -275,6 +274,42 @@ def test_build_tp_writes_rank_forms_and_plans_then_exits_4(tmp_path, capsys):
         assert (out / (r["form"] + ".data")).is_file()  # each rank's weights beside it, written as it was made
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # the scratch the check read is gone
     assert "KV cache at 32" in capsys.readouterr().out
+
+
+def test_build_tp_of_a_model_over_half_the_memory_slices_its_ranks_from_the_file(tmp_path, monkeypatch):
+    """A model over half the memory (forced: slices of 1 MB) is not read in by build --tp: its weights stay on
+    disk, each rank's are sliced from the file as it is written, and the ranks checked from their files pass
+    (run from another folder than the model's: the matcher finds its sites from anywhere)."""
+    import json
+
+    from trtattn.cli import main
+    from trtattn.trt import compat
+    from trtattn.verify import slices
+
+    try:
+        compat.import_tensorrt()
+        pytest.skip("TensorRT is installed: build would go on to the engines")
+    except Exception:
+        pass
+    (tmp_path / "model").mkdir()
+    src = write_llama.write_llama(tmp_path / "model" / "llama.onnx", layers=2, hidden=256, heads=4, kv_heads=2,
+                                  ffn=512, vocab=512, max_positions=64, dtype="float32")
+    monkeypatch.setenv(slices.SLICE_ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    loads = []
+    real = io.load
+    monkeypatch.setattr(io, "load", lambda path, load_external_data=True: loads.append(load_external_data) or
+                        real(path, load_external_data))
+    out = tmp_path / "engines"
+    assert main(["-q", "build", str(src), "--tp", "2", "--out-dir", str(out), "--max-cache", "64",
+                 "--precision", "fp32"]) == 4
+    assert loads[0] is False and True not in loads[:2]  # the model's weights were never read in
+    plan = json.loads((out / "llama.tp.json").read_text())
+    assert plan["verification"]["passed"] and plan["verification"]["max_abs_err"] < 1e-4
+    assert [s["q_heads_per_rank"] for s in plan["sites"]] == [2, 2]
+    for r in plan["ranks"]:
+        rank = real(out / r["form"], load_external_data=False)
+        assert external.external_bytes(rank) > 0 and external.data_dir(rank) == out
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -16,6 +16,7 @@ from ..errors import MissingDependencyError
 from ..graph import external
 from ..graph import io as onnxio
 from ..trt.profiles import max_positions
+from ..verify.slices import slice_budget
 from .common import exit_without_tensorrt, load_model
 from .dims import parse_dims
 
@@ -75,7 +76,11 @@ def run_tp(args, progress) -> int:
         return _folder(args, progress)
     source = Path(args.model)
     name = args.name or source.stem
-    model = load_model(source, progress)  # weights left on disk: each rank's are sliced from them as it is written
+    # a model over half the memory keeps its weights on disk (each rank's are sliced from the file as it is
+    # written); a smaller one has them read in, which build's fp16 AutoCast step still needs
+    model = load_model(source, progress)
+    if slice_budget(model) is None:
+        model = load_model(source, progress, with_weights=True)
     prepared = _prepared(args, progress, model, name, source)
     max_cache = args.max_cache or max_positions(model)[0] or 2048
     code, _ = _split(args, progress, prepared, prepared.form_model, name, Path(args.out_dir), source, max_cache)
@@ -154,9 +159,10 @@ def _split(args, progress, prepared, form, name: str, out: Path, source: Path,
             for k, e in check.errors.items():
                 print(f"  {k}: {e:.3g} (bound {check.bounds[k]:.3g})")
             return 1, None
+        inputs = (str(source), *(str(p) for p in external.source_files(form)))  # the model and its weights
         for path, model in zip(paths, forms.models):
             for file in (path, Path(f"{path}.data")):
-                onnxio.refuse_overwrite(out / file.name, (str(source), f"{source}.data"))
+                onnxio.refuse_overwrite(out / file.name, inputs)
                 os.replace(file, out / file.name)
             external.set_data_dir(model, out)
     plan = tp_plan(forms, max_cache, name)
