@@ -253,10 +253,15 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
             with external.externalized(model, scratch, data_name, progress=progress):
                 with open(os.path.join(scratch, path.name), "wb") as f:
                     f.write(model.SerializeToString())
-            for name in (data_name, path.name):
-                os.chmod(os.path.join(scratch, name), 0o666 & ~_umask())
-                os.replace(os.path.join(scratch, name), path.parent / name)
+            _publish(scratch, path, data_name)
     return path
+
+
+def _publish(scratch: str, path: Path, data_name: str) -> None:
+    """A model and its data file written in `scratch` renamed beside `path`, the data first."""
+    for name in (data_name, path.name):
+        os.chmod(os.path.join(scratch, name), 0o666 & ~_umask())
+        os.replace(os.path.join(scratch, name), path.parent / name)
 
 
 def save_made(path: str | os.PathLike, make, *, protect: tuple = (), check: bool = True) -> onnx.ModelProto:
@@ -282,9 +287,7 @@ def save_made(path: str | os.PathLike, make, *, protect: tuple = (), check: bool
             external.set_data_dir(model, None)  # the file names its data beside it
             with open(os.path.join(scratch, path.name), "wb") as f:
                 f.write(model.SerializeToString())
-            for name in (data_name, path.name):
-                os.chmod(os.path.join(scratch, name), 0o666 & ~_umask())
-                os.replace(os.path.join(scratch, name), path.parent / name)
+            _publish(scratch, path, data_name)
     external.set_data_dir(model, path.parent)
     return model
 

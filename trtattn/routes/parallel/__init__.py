@@ -43,7 +43,7 @@ class RankForms:
     def write(self, folder, name: str, protect: tuple = ()) -> list[Path]:
         """Each rank's form written to FOLDER/NAME.rankRofN.onnx (weights in .data) as it is made, one rank at
         a time, each weight sliced from the original's file and written before the next: memory holds one
-        weight, not the model. `models` are then these files, loaded with their weights left on disk."""
+        weight, not the model. `models` are then the forms as written, their weights read from these files."""
         from ...graph import io
 
         n = self.plan.ranks
