@@ -2,18 +2,22 @@
 """The tensor-parallel split of a large model, found and checked in slices of layers, with the seconds and
 the peak memory of each step.
 
-    python benchmarks/tp_large.py MODEL.onnx [--ranks 2] [--slice-mb 256]
+    python benchmarks/tp_large.py MODEL.onnx [--ranks 2] [--slice-mb 256] [--out DIR] [--keep]
 
-Steps: load (weights left on disk unless --in-memory; the ranks' are slices of them), the split (measured in slices of layers,
-each rank's form written in memory), the check (the original in slices, the rank set one rank's wave at a
-time). --slice-mb forces the slice budget (default: verify/slices.py's, slicing a model over half the memory).
+Steps: load (weights left on disk unless --in-memory; the ranks' are slices of them), the split (measured in
+slices of layers), the rank forms written to DIR one rank and one weight at a time (as `build --tp` writes
+them; default: a folder beside the model, removed at the end unless --keep), the check (the original in
+slices, the rank set read from those files one rank's wave at a time). --slice-mb forces the slice budget
+(default: verify/slices.py's, slicing a model over half the memory).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
+from pathlib import Path
 
 
 def peak_mb() -> float:
@@ -26,12 +30,15 @@ def main(argv=None) -> int:
     ap.add_argument("model")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--slice-mb", type=int)
+    ap.add_argument("--out", help="folder for the rank forms (default: MODEL's folder/NAME.tpN, removed after)")
+    ap.add_argument("--keep", action="store_true", help="keep the rank forms written")
     ap.add_argument("--in-memory", action="store_true", help="load the weights (default: left on disk, "
                     "memory-mapped when read, as `trtattn fuse` loads a model)")
     args = ap.parse_args(argv)
 
     from trtattn.graph import io
     from trtattn.routes.parallel import split_model
+    from trtattn.verify.compare import tolerance_for
     from trtattn.verify.slices import resident_size, slice_budget
 
     start = time.perf_counter()
@@ -50,9 +57,24 @@ def main(argv=None) -> int:
     t = step(f"split over {args.ranks} (measured in slices)", t)
     print(f"sites split {sum(s.q_per_rank is not None for s in forms.plan.sites)}/{len(forms.plan.sites)}, "
           f"replicated {len(forms.plan.replicated)}")
-    check = forms.verify()
-    t = step("check (original in slices, ranks wave by wave)", t)
-    print(f"passed {check.passed}, max abs error {max(check.errors.values()):.3g}, "
+    source = Path(args.model)
+    out = Path(args.out) if args.out else source.parent / f"{source.stem}.tp{args.ranks}"
+    atol, rtol = tolerance_for(model)  # the precision's, as build --tp checks its ranks
+    try:
+        paths = forms.write(out, source.stem, protect=(str(source),))
+        t = step(f"{args.ranks} rank forms written", t)
+        sizes = [(p.stat().st_size + Path(str(p) + ".data").stat().st_size) / 2**30 for p in paths]
+        print(f"rank files {', '.join(f'{s:.2f}' for s in sizes)} GiB")
+        check = forms.verify(atol=atol, rtol=rtol)
+        t = step("check (original in slices, ranks read from their files wave by wave)", t)
+    finally:
+        if not args.keep:
+            for p in out.glob(f"{source.stem}.rank*of{args.ranks}.onnx*"):
+                p.unlink()
+            if not args.out:
+                shutil.rmtree(out, ignore_errors=True)
+    print(f"passed {check.passed}, max abs error {max(check.errors.values()):.3g} (atol {atol:g} + rtol {rtol:g} x "
+          f"max |reference|: bounds {min(check.bounds.values()):.3g} to {max(check.bounds.values()):.3g}), "
           f"peak / weights {peak_mb() * 2**20 / weights:.2f}x, total {time.perf_counter() - start:.0f} s")
     return 0 if check.passed else 1
 

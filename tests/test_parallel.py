@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from trtattn.graph import io, validate
+from trtattn.graph import external, io, validate
 from trtattn.routes.parallel import DOMAIN, collective, split_model
 from trtattn.testing import write_llama
 from trtattn.testing.graphs import attention_model
@@ -165,6 +165,55 @@ def test_split_in_slices_of_layers_keeps_each_session_under_the_model(tiny_llama
     assert check.errors == whole.verify().errors
 
 
+def test_rank_forms_are_written_one_rank_and_weight_at_a_time_and_checked_from_their_files(tmp_path, monkeypatch):
+    """forms.write (what build --tp does): each rank's form goes to NAME.rankRofN.onnx as it is made, rank after
+    rank, its sliced weights written to NAME.rankRofN.onnx.data one by one (from the original's weights, left
+    on disk); the forms are then those files, weights on disk, and the check reads them: it equals the
+    in-memory forms' check, and fails once a rank's data file is changed."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    from trtattn.routes.parallel import ranks as ranks_mod
+
+    io.save(attention_model(heads=4, kv_heads=2, head=64), tmp_path / "attn.onnx", external_data=True)
+    model = io.load(tmp_path / "attn.onnx", load_external_data=False)  # [256, 256] weights stay on disk
+    whole = external.external_bytes(model)
+    forms = split_model(model, 2)
+    in_memory = forms.verify()
+    stored = []  # (rank, the files in the folder) at each weight written
+    real = ranks_mod.on_disk
+
+    def recording(data):
+        store = real(data)
+
+        def put(name, value):
+            stored.append((name.split(".rank")[1][0], sorted(p.name for p in (tmp_path / "ranks").iterdir())))
+            return store(name, value)
+        return put
+    monkeypatch.setattr(ranks_mod, "on_disk", recording)
+    monkeypatch.setattr("trtattn.routes.parallel.on_disk", recording)
+    forms.__dict__.pop("models", None)
+    paths = forms.write(tmp_path / "ranks", "attn", protect=(str(tmp_path / "attn.onnx"),))
+    assert [p.name for p in paths] == ["attn.rank0of2.onnx", "attn.rank1of2.onnx"]
+    order = [r for r, _ in stored]  # Q, K, V, O and the biases sliced: rank 0's, then rank 1's
+    assert len(order) >= 8 and order == ["0"] * (len(order) // 2) + ["1"] * (len(order) // 2)
+    assert all("attn.rank1of2.onnx" not in files for r, files in stored if r == "0")
+    assert all("attn.rank0of2.onnx" in files for r, files in stored if r == "1")  # rank 0 done before rank 1
+    for r, (path, rank) in enumerate(zip(paths, forms.models)):
+        assert external.data_dir(rank) == path.parent and not rank.graph.initializer[0].HasField("raw_data")
+        weights = [t for t in rank.graph.initializer if uses_external_data(t)]
+        assert {ExternalDataInfo(t).location for t in weights} == {path.name + ".data"}
+        split = sum(external.nbytes(t) for t in model.graph.initializer if f"{t.name}.rank{r}of2" in
+                    {w.name for w in weights})  # the original's weights this rank holds a slice of
+        assert split >= whole and external.external_bytes(rank) == split // 2  # half of each, all on disk
+        assert path.with_name(path.name + ".data").stat().st_size >= split // 2
+        validate.check(io.load(path), path.name)
+    check = forms.verify()
+    assert check.passed and check.errors == in_memory.errors and max(check.errors.values()) < 1e-5
+    data = paths[1].with_name(paths[1].name + ".data")
+    data.write_bytes(bytes(data.stat().st_size))  # rank 1's weights zeroed: the check must see it
+    assert not forms.verify().passed
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_zoo_llama(zoo_export, ranks):
     model = io.load(zoo_export("llama", "torchscript"))
@@ -222,7 +271,45 @@ def test_build_tp_writes_rank_forms_and_plans_then_exits_4(tmp_path, capsys):
     assert ranks[0]["all_reduce_bytes"] == 32 * 4  # the out-projection's 32 floats per token
     for r in ranks:
         validate.check(io.load(out / r["form"]), r["form"])
+        assert (out / (r["form"] + ".data")).is_file()  # each rank's weights beside it, written as it was made
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # the scratch the check read is gone
     assert "KV cache at 32" in capsys.readouterr().out
+
+
+def test_build_tp_of_a_model_over_half_the_memory_slices_its_ranks_from_the_file(tmp_path, monkeypatch):
+    """A model over half the memory (forced: slices of 1 MB) is not read in by build --tp: its weights stay on
+    disk, each rank's are sliced from the file as it is written, and the ranks checked from their files pass
+    (run from another folder than the model's: the matcher finds its sites from anywhere)."""
+    import json
+
+    from trtattn.cli import main
+    from trtattn.trt import compat
+    from trtattn.verify import slices
+
+    try:
+        compat.import_tensorrt()
+        pytest.skip("TensorRT is installed: build would go on to the engines")
+    except Exception:
+        pass
+    (tmp_path / "model").mkdir()
+    src = write_llama.write_llama(tmp_path / "model" / "llama.onnx", layers=2, hidden=256, heads=4, kv_heads=2,
+                                  ffn=512, vocab=512, max_positions=64, dtype="float32")
+    monkeypatch.setenv(slices.SLICE_ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    loads = []
+    real = io.load
+    monkeypatch.setattr(io, "load", lambda path, load_external_data=True: loads.append(load_external_data) or
+                        real(path, load_external_data))
+    out = tmp_path / "engines"
+    assert main(["-q", "build", str(src), "--tp", "2", "--out-dir", str(out), "--max-cache", "64",
+                 "--precision", "fp32"]) == 4
+    assert loads[0] is False and True not in loads[:2]  # the model's weights were never read in
+    plan = json.loads((out / "llama.tp.json").read_text())
+    assert plan["verification"]["passed"] and plan["verification"]["max_abs_err"] < 1e-4
+    assert [s["q_heads_per_rank"] for s in plan["sites"]] == [2, 2]
+    for r in plan["ranks"]:
+        rank = real(out / r["form"], load_external_data=False)
+        assert external.external_bytes(rank) > 0 and external.data_dir(rank) == out
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -153,6 +153,21 @@ def test_a_sliced_run_computes_what_the_whole_model_computes(written):
             np.testing.assert_array_equal(sliced[name], value)
 
 
+def test_the_matcher_measures_a_model_too_large_for_one_session_in_slices(written, monkeypatch):
+    """The matcher measures the shapes inference cannot name by running the model (graph/measure.py): a model
+    over half the memory runs there in slices of layers too (whole, the 8B's measurement held 21 GB), and
+    the sites found are the same."""
+    from trtattn.match import match
+
+    whole = _site_records(match(io.load(written(), load_external_data=False)))
+    sessions = []
+    real = slices.run
+    monkeypatch.setattr(slices, "run", lambda *a, **k: sessions.append(len(a[1])) or real(*a, **k))
+    monkeypatch.setenv(slices.SLICE_ENV, "1")  # slices of at most 1 MB of weights
+    assert _site_records(match(io.load(written(), load_external_data=False))) == whole and len(whole) == 2
+    assert sessions and sessions[0] >= 4  # it ran, in slices
+
+
 def test_fp16_weights_count_twice_in_a_slice(written):
     """ONNX Runtime's CPU provider holds an fp32 copy of each fp16 MatMul weight: a slice's budget counts
     them at twice their size, so an fp16 model is cut into slices of half the bytes."""

@@ -1,16 +1,22 @@
 """trtattn build MODEL --tp N: one form, plan and (with TensorRT) engine per rank, and one sidecar for the
-set (NAME.tp.json). The split is found from the graph and the N rank forms are verified together on ONNX
-Runtime with the collectives in numpy before anything is written; without TensorRT it writes the rank
-forms, the per-rank plans and the sidecar, and exits 4, as build does."""
+set (NAME.tp.json). The split is found from the graph; the N rank forms are written one at a time (each
+weight sliced from the model's file and written before the next: a model larger than memory splits) and
+verified together from their files on ONNX Runtime with the collectives in numpy before they are moved into
+OUT; without TensorRT it writes the rank forms, the per-rank plans and the sidecar, and exits 4, as build
+does."""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from ..errors import MissingDependencyError
+from ..graph import external
 from ..graph import io as onnxio
 from ..trt.profiles import max_positions
+from ..verify.slices import slice_budget
 from .common import exit_without_tensorrt, load_model
 from .dims import parse_dims
 
@@ -70,7 +76,11 @@ def run_tp(args, progress) -> int:
         return _folder(args, progress)
     source = Path(args.model)
     name = args.name or source.stem
-    model = load_model(source, progress, with_weights=True)  # the ranks' weights are slices of these
+    # a model over half the memory keeps its weights on disk (each rank's are sliced from the file as it is
+    # written); a smaller one has them read in, which build's fp16 AutoCast step still needs
+    model = load_model(source, progress)
+    if slice_budget(model) is None:
+        model = load_model(source, progress, with_weights=True)
     prepared = _prepared(args, progress, model, name, source)
     max_cache = args.max_cache or max_positions(model)[0] or 2048
     code, _ = _split(args, progress, prepared, prepared.form_model, name, Path(args.out_dir), source, max_cache)
@@ -135,23 +145,35 @@ def _split(args, progress, prepared, form, name: str, out: Path, source: Path,
     with progress.step(f"finding the split over {args.tp} ranks"):
         forms = split_model(form, args.tp, dims=parse_dims(args.dims))
     atol, rtol = tolerance_for(form)
-    with progress.step(f"verifying {args.tp} ranks on ONNX Runtime, collectives in numpy"):
-        check = forms.verify(atol=atol, rtol=rtol)
-    worst = max(check.errors.values(), default=0.0)
-    print(f"{args.tp} ranks against the original: {'passed' if check.passed else 'FAILED'} "
-          f"(max abs error {worst:.3g} over {len(forms.feeds)} inputs)")
-    if not check.passed:
-        for k, e in check.errors.items():
-            print(f"  {k}: {e:.3g} (bound {check.bounds[k]:.3g})")
-        return 1, None
+    out.mkdir(parents=True, exist_ok=True)
+    onnxio.remove_stale(out)
+    # the ranks written one at a time (memory holds a weight, not the model) where the check reads them, and
+    # moved into OUT only once they pass: nothing unverified is left there
+    with tempfile.TemporaryDirectory(prefix=f".{name}.tp.trtattn-{os.getpid()}-", dir=out) as scratch:
+        with progress.step(f"writing {args.tp} rank forms"):
+            paths = forms.write(scratch, name, protect=(str(source),))
+        with progress.step(f"verifying {args.tp} ranks on ONNX Runtime, collectives in numpy"):
+            check = forms.verify(atol=atol, rtol=rtol)
+        worst = max(check.errors.values(), default=0.0)
+        print(f"{args.tp} ranks against the original: {'passed' if check.passed else 'FAILED'} "
+              f"(max abs error {worst:.3g} over {len(forms.feeds)} inputs)")
+        if not check.passed:
+            for k, e in check.errors.items():
+                print(f"  {k}: {e:.3g} (bound {check.bounds[k]:.3g})")
+            return 1, None
+        inputs = (str(source), *(str(p) for p in external.source_files(form)))  # the model and its weights
+        for path, model in zip(paths, forms.models):
+            for file in (path, Path(f"{path}.data")):
+                onnxio.refuse_overwrite(out / file.name, inputs)
+                os.replace(file, out / file.name)
+            external.set_data_dir(model, out)
     plan = tp_plan(forms, max_cache, name)
     plan["verification"] = {"passed": check.passed, "max_abs_err": worst, "outputs": check.errors,
                             "against": "the verified form"}
     plan["form"], plan["precision"] = prepared.plan.form, prepared.plan.precision
     print(describe(plan))
     rank_plans = _rank_plans(prepared, forms)
-    for r, rank in enumerate(forms.models):
-        onnxio.save(rank, out / plan["ranks"][r]["form"], protect=(str(source),))
+    for r in range(args.tp):
         if rank_plans:  # each rank's build plan (its sites' heads, its collectives, its I/O and profiles)
             plan["ranks"][r]["plan"] = f"{name}.rank{r}of{args.tp}.plan.json"
             onnxio.atomic_write(out / plan["ranks"][r]["plan"],

@@ -9,7 +9,8 @@ Whoever needs them gets them from here:
 - `set_session_folder(options, model)`: tell ONNX Runtime, opening a model from bytes, the folder of its weights;
 - `externalized(model, folder, data_name)`: the model with every weight in one new data file, written
   by copying byte ranges file to file (never through Python memory), then put back as it was;
-- `materialize(model)`: every weight read into the proto (for tools that must have them in memory).
+- `materialize(model)`: every weight read into the proto (for tools that must have them in memory);
+- `DataWriter(folder, data_name)`: a data file written weight by weight while a model is made (io.save_made).
 """
 
 from __future__ import annotations
@@ -132,6 +133,20 @@ def mapped(tensor: onnx.TensorProto, folder: str | os.PathLike) -> np.ndarray:
     return array.reshape(shape)
 
 
+def own_mapping(array: np.ndarray) -> np.ndarray:
+    """`array`, an array `mapped` gave, read through a mapping of its own that goes with the result: pages
+    read through it leave the process when it is dropped, though the weight's first mapping lives on (one
+    weight at a time in memory while a whole model's weights are read). Any other array as it is."""
+    base: object = array
+    while isinstance(base, np.ndarray) and not isinstance(base, np.memmap):  # np.asarray(a memmap): a view of it
+        base = base.base
+    if (not isinstance(base, np.memmap) or base.filename is None or not array.flags.c_contiguous
+            or base.size != array.size
+            or base.__array_interface__["data"][0] != array.__array_interface__["data"][0]):
+        return array
+    return np.memmap(base.filename, dtype=array.dtype, mode="r", offset=base.offset, shape=array.shape)
+
+
 def source_files(model: onnx.ModelProto) -> set[Path]:
     """The data files a lazily loaded model's external tensors are in."""
     folder = data_dir(model)
@@ -169,7 +184,7 @@ class _DataFile:
             os.pwrite(self.f.fileno(), b"\0" * (start - self.end), self.end)
         return start
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes | memoryview) -> int:
         start = self._start()
         os.pwrite(self.f.fileno(), data, start)
         self.end = start + len(data)
@@ -217,20 +232,9 @@ def externalized(model: onnx.ModelProto, folder: str | os.PathLike, data_name: s
                        if uses_external_data(t) or (t.HasField("raw_data") and nbytes(t) > threshold)]
             counted = progress.count(tensors, f"writing {data_name}", unit="tensor") if progress is not None else tensors
             for t in counted:
-                if uses_external_data(t):
-                    info = ExternalDataInfo(t)
-                    if source is None:
-                        raise TrtattnError(f"tensor '{t.name}' has its data in '{info.location}', but the model does "
-                                           "not say which folder that is in (load it with trtattn.graph.io.load)")
-                    src = source / info.location
-                    length = int(info.length or (src.stat().st_size - int(info.offset or 0)))
-                    at = out.copy(src, int(info.offset or 0), length)
-                    old = [(e.key, e.value) for e in t.external_data]
-                else:
-                    at, length, old = out.write(t.raw_data), nbytes(t), None
-                    t.ClearField("raw_data")
+                old = [(e.key, e.value) for e in t.external_data] if uses_external_data(t) else None
+                at, length = _move(t, out, source, data_name)
                 moved.append((t, old, at, length))
-                _point(t, data_name, at, length)
         with _without_data_dir(model):
             yield target
     finally:
@@ -244,6 +248,64 @@ def externalized(model: onnx.ModelProto, folder: str | os.PathLike, data_name: s
                 del t.external_data[:]
                 for k, v in old:
                     t.external_data.add(key=k, value=v)
+
+
+def _move(t: onnx.TensorProto, out: _DataFile, source: Path | None, data_name: str) -> tuple[int, int]:
+    """Put tensor `t`'s bytes in `out` (copied file to file from `source` when left on disk, else written
+    from the proto) and point `t` at them; (offset, length)."""
+    if uses_external_data(t):
+        info = ExternalDataInfo(t)
+        if source is None:
+            raise TrtattnError(f"tensor '{t.name}' has its data in '{info.location}', but the model does "
+                               "not say which folder that is in (load it with trtattn.graph.io.load)")
+        src = source / info.location
+        length = int(info.length or (src.stat().st_size - int(info.offset or 0)))
+        at = out.copy(src, int(info.offset or 0), length)
+    else:
+        at, length = out.write(t.raw_data), nbytes(t)
+        t.ClearField("raw_data")
+    _point(t, data_name, at, length)
+    return at, length
+
+
+class DataWriter:
+    """A model's data file written while the model is made, for a model larger than memory: `tensor(name,
+    array)` writes one weight now and gives the TensorProto naming its bytes (the array can go at once);
+    `take(model)` then moves every other weight of the model in (those left on disk copied file to file,
+    those over the threshold in the proto written out) and makes the model read them all from here."""
+
+    def __init__(self, folder: str | os.PathLike, data_name: str, threshold: int = INLINE_THRESHOLD):
+        self.folder, self.data_name, self.threshold = Path(folder), data_name, threshold
+        self._file = open(self.folder / data_name, "wb")
+        self._out = _DataFile(self._file)
+        self._mine: set[str] = set()  # tensors written by tensor(): already here
+
+    def tensor(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        array = np.ascontiguousarray(array)
+        proto = onnx.TensorProto(name=name, dims=array.shape,
+                                 data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
+        at = self._out.write(array.reshape(-1).view(np.uint8).data)
+        _point(proto, self.data_name, at, array.nbytes)
+        self._mine.add(name)
+        return proto
+
+    def take(self, model: onnx.ModelProto) -> None:
+        source = data_dir(model)
+        for t in all_tensors(model):
+            if uses_external_data(t) and t.name in self._mine and ExternalDataInfo(t).location == self.data_name:
+                continue
+            if uses_external_data(t) or (t.HasField("raw_data") and nbytes(t) > self.threshold):
+                _move(t, self._out, source, self.data_name)
+        set_data_dir(model, self.folder)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> DataWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _point(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:

@@ -253,10 +253,43 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
             with external.externalized(model, scratch, data_name, progress=progress):
                 with open(os.path.join(scratch, path.name), "wb") as f:
                     f.write(model.SerializeToString())
-            for name in (data_name, path.name):
-                os.chmod(os.path.join(scratch, name), 0o666 & ~_umask())
-                os.replace(os.path.join(scratch, name), path.parent / name)
+            _publish(scratch, path, data_name)
     return path
+
+
+def _publish(scratch: str, path: Path, data_name: str) -> None:
+    """A model and its data file written in `scratch` renamed beside `path`, the data first."""
+    for name in (data_name, path.name):
+        os.chmod(os.path.join(scratch, name), 0o666 & ~_umask())
+        os.replace(os.path.join(scratch, name), path.parent / name)
+
+
+def save_made(path: str | os.PathLike, make, *, protect: tuple = (), check: bool = True) -> onnx.ModelProto:
+    """Write the model `make(data)` returns while it is made, for a model larger than memory: `data`
+    (external.DataWriter) is PATH.data, which `data.tensor(name, array)` writes a weight to at once; the
+    weights the model still reads from elsewhere are then copied file to file. Atomic, refused and checked
+    as save is. The model comes back as written, its weights left in PATH.data."""
+    path = Path(path)
+    refuse_overwrite(path, protect)
+    data_name = path.name + ".data"
+    with writing(path):
+        _make_parent(path)
+        with tempfile.TemporaryDirectory(prefix=_temp_prefix(path), dir=path.parent) as scratch:
+            with external.DataWriter(scratch, data_name) as data:
+                model = make(data)
+                read = external.source_files(model) | {Path(str(p) + ".data") for p in protect if p is not None}
+                if any(same_file(src, path.parent / data_name) for src in read):
+                    raise TrtattnError(f"refusing to write {path.parent / data_name}: the input's weights are in "
+                                       "it; choose another output path")
+                data.take(model)
+            if check:
+                check_written(model, f"not writing {path}, the model made for it is invalid", protect)
+            external.set_data_dir(model, None)  # the file names its data beside it
+            with open(os.path.join(scratch, path.name), "wb") as f:
+                f.write(model.SerializeToString())
+            _publish(scratch, path, data_name)
+    external.set_data_dir(model, path.parent)
+    return model
 
 
 def check_written(model: onnx.ModelProto, what: str, sources=()) -> None:

@@ -108,14 +108,24 @@ def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padd
     def quiet(options):  # a choice that does not run is expected: no error chatter
         options.log_severity_level = 4
 
+    from ..verify import slices  # (here, not above: verify builds on graph)
+
+    names = [t.name for t in outs]
     try:
         base, choices = probe_dims(model, dims)
-        session = ort_session(cut_out(graph, outs, model), level="disable", register=quiet)  # opens fastest
-        needed = {i.name for i in session.get_inputs()}
-        names = [t.name for t in outs]
+        cut = cut_out(graph, outs, model)
+        budget = slices.slice_budget(model)
+        if budget:  # weights over half the memory: run in slices of layers, one session at a time
+            pieces = slices.plan(cut, names, budget)
 
-        def run(feeds: dict) -> list:
-            return session.run(names, {k: v for k, v in feeds.items() if k in needed})
+            def run(feeds: dict) -> list:
+                return list(slices.run(cut, pieces, [feeds], names, level="disable")[0].values())
+        else:
+            session = ort_session(cut, level="disable", register=quiet)  # opens fastest
+            needed = {i.name for i in session.get_inputs()}
+
+            def run(feeds: dict) -> list:
+                return session.run(names, {k: v for k, v in feeds.items() if k in needed})
 
         first = run(make_feeds(model, dims=base, padding=padding))
     except Exception:

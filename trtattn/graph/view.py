@@ -79,6 +79,15 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     return graph
 
 
+def mapped_constant(name: str, tensor: onnx.TensorProto, folder) -> gs.Constant:
+    """A Constant whose values are the external `tensor`'s bytes in `folder`, as import_graph gives a weight
+    left on disk: mapped only if read, exported as the reference."""
+    values = MappedValues(tensor, folder)
+    constant = gs.Constant(name, values)
+    _MAPPED.add(constant, values)
+    return constant
+
+
 def export_graph(graph: gs.Graph, like: onnx.ModelProto, do_type_check: bool = True) -> onnx.ModelProto:
     """onnx-graphsurgeon's export of a graph from import_graph(like): a weight left on disk is written as the
     reference to its bytes, even after something read it (onnx-graphsurgeon would copy the values it loaded

@@ -151,8 +151,8 @@ def run(model: onnx.ModelProto, slices: list[Slice], feeds_list: list[dict], out
         for feeds, kept, out in zip(feeds_list, carried, got):
             values = session.run(piece.outputs, {**{n: feeds[n] for n in piece.inputs},
                                                  **{n: kept[n] for n in piece.carried_in}})
-            for name, value in zip(piece.outputs, values):
-                kept[name] = out[name] = value
+            for name, value in zip(piece.outputs, values):  # copied: ONNX Runtime's output can hold the
+                kept[name] = out[name] = np.array(value)  # session's memory arena alive after the session
             for name in [n for n in kept if n not in needed]:
                 del kept[name]
         del session

@@ -5,7 +5,8 @@
     check = forms.verify()                   # all ranks on ONNX Runtime, collectives in numpy, vs the original
 
 find.py finds the split (shard.py: one pass following a split axis through the graph), ranks.py writes
-each rank's form with `trtattn.dist` AllReduce/AllGather nodes, collectives.py runs a rank set, cost.py
+each rank's form with `trtattn.dist` AllReduce/AllGather nodes (`forms.write(folder, name)`: to files, one
+rank and one weight at a time, for models larger than memory), collectives.py runs a rank set, cost.py
 gives each rank's weights, KV-cache bytes and the bytes its collectives move.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -20,7 +22,7 @@ import onnx
 from ...errors import TrtattnError
 from .collectives import RankCheck, RankSet, check_ranks, collective, rank_feeds
 from .find import GATHER_BYTES, ParallelPlan, SiteSplit, find_split
-from .ranks import DOMAIN, rank_model
+from .ranks import DOMAIN, on_disk, rank_model
 from .shard import Shard, Unsplittable
 
 
@@ -28,9 +30,32 @@ from .shard import Shard, Unsplittable
 class RankForms:
     original: onnx.ModelProto
     plan: ParallelPlan
-    models: list[onnx.ModelProto]
     feeds: list[dict[str, np.ndarray]]
     budget: int | None = None  # the original is measured and checked in slices of layers of this many bytes
+    written: list[onnx.ModelProto] | None = None  # the forms as write() left them, weights on disk
+
+    @functools.cached_property
+    def models(self) -> list[onnx.ModelProto]:
+        """Each rank's form: as written, else made in memory (all N at once: for models that fit)."""
+        if self.written is not None:
+            return self.written
+        return [rank_model(self.plan, self.original, r) for r in range(self.plan.ranks)]
+
+    def write(self, folder, name: str, protect: tuple = ()) -> list[Path]:
+        """Each rank's form written to FOLDER/NAME.rankRofN.onnx (weights in .data) as it is made, one rank at
+        a time, each weight sliced from the original's file and written before the next: memory holds one
+        weight, not the model. `models` are then the forms as written, their weights read from these files."""
+        from ...graph import io
+
+        n = self.plan.ranks
+        paths = [Path(folder) / f"{name}.rank{r}of{n}.onnx" for r in range(n)]
+        self.written = [io.save_made(path, functools.partial(self._make, r), protect=protect)
+                        for r, path in enumerate(paths)]
+        self.__dict__.pop("models", None)
+        return paths
+
+    def _make(self, rank: int, data) -> onnx.ModelProto:
+        return rank_model(self.plan, self.original, rank, store=on_disk(data))
 
     def verify(self, feeds: list[dict] | None = None, *, atol: float = 1e-4, rtol: float = 1e-4) -> RankCheck:
         split = self.plan.split
@@ -60,7 +85,7 @@ def split_model(model: onnx.ModelProto, ranks: int, *, feeds: list[dict] | None 
                 f"{s.name}: {s.reason}" for s in found.skipped))
         sites = found.sites
     plan = find_split(model, ranks, feeds[0], sites=sites, gather_bytes=gather_bytes, budget=budget)
-    return RankForms(model, plan, [rank_model(plan, model, r) for r in range(ranks)], feeds, budget)
+    return RankForms(model, plan, feeds, budget)
 
 
 def _other_dims(model: onnx.ModelProto, budget: int | None = None) -> list[dict]:

@@ -96,7 +96,8 @@ class RankSet:
         tensors = rank.graph.tensors()
         session = ort_session(cut_out(rank.graph, [tensors[n] for n in names], rank.model))
         wanted = [i.name for i in session.get_inputs()]
-        return [session.run(names, {n: f[n] for n in wanted}) for f in feeds]
+        # copies: an output ONNX Runtime gives can hold its session's memory arena alive (GBs on a large wave)
+        return [[np.array(v) for v in session.run(names, {n: f[n] for n in wanted})] for f in feeds]
 
     def run(self, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return self.run_all([feeds])[0]

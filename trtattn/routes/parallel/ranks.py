@@ -15,8 +15,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ...graph import external
 from ...graph.shapes import tensor_types
-from ...graph.view import export_graph
+from ...graph.view import export_graph, mapped_constant
 from .facts import constant_value
 from .find import ParallelPlan
 from .shard import Shard
@@ -33,7 +34,18 @@ def slice_array(value: np.ndarray, shard: Shard, ranks: int, rank: int) -> np.nd
     return np.ascontiguousarray(part.reshape(shape[:a] + (shape[a] // blocks,) + shape[a + 1:]))
 
 
-def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.ModelProto:
+def in_memory(name: str, value: np.ndarray) -> gs.Constant:
+    return gs.Constant(name, value)
+
+
+def on_disk(data: external.DataWriter):
+    """A rank's weights written to `data` as they are made (each then read from there, if at all)."""
+    return lambda name, value: mapped_constant(name, data.tensor(name, value), data.folder)
+
+
+def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int, store=in_memory) -> onnx.ModelProto:
+    """Rank `rank`'s form. `store(name, array)` makes the Constant of each weight the rank slices (in the
+    proto by default; `on_disk(data)` writes it to a data file at once: one weight in memory at a time)."""
     n, split = plan.ranks, plan.split
     graph = plan.graph.copy()
     nodes = list(graph.nodes)
@@ -42,7 +54,8 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
     def constant(t: gs.Tensor, shard: Shard) -> gs.Tensor:
         key = (t.name, shard)
         if key not in made:
-            made[key] = gs.Constant(f"{t.name}.rank{rank}of{n}", slice_array(np.asarray(constant_value(t)), shard, n, rank))
+            whole = external.own_mapping(np.asarray(constant_value(t)))
+            made[key] = store(f"{t.name}.rank{rank}of{n}", slice_array(whole, shard, n, rank))
         return made[key]
 
     for (i, k), shard in split.constant_slices.items():
@@ -99,7 +112,7 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
             t.shape = _divided(t.shape, split.input_shards[t.name], n)
     whole = tensor_types(like)  # an ALL_REDUCE's output has the whole model's shape: TensorRT needs its rank
     for i in split.vocab:
-        _vocabulary_lookup(graph, nodes[i], rank, n, plan.facts.dtypes, made)
+        _vocabulary_lookup(graph, nodes[i], rank, n, plan.facts.dtypes, made, store)
     for i in split.rows + split.vocab:
         out = nodes[i].outputs[0]
         bias = nodes[i].inputs[2] if i in split.bias_after else None
@@ -136,15 +149,16 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int) -> onnx.Mod
     return model
 
 
-def _vocabulary_lookup(graph: gs.Graph, node: gs.Node, rank: int, ranks: int, dtypes: dict, made: dict) -> None:
+def _vocabulary_lookup(graph: gs.Graph, node: gs.Node, rank: int, ranks: int, dtypes: dict, made: dict,
+                       store=in_memory) -> None:
     """Gather(table, ids) on rank r: its rows [r*P, (r+1)*P) and one row of zeros after them; ids outside its
     rows look up the zeros, so the ranks' lookups sum (ALL_REDUCE) to the whole table's."""
-    table = np.asarray(constant_value(node.inputs[0]))
+    table = external.own_mapping(np.asarray(constant_value(node.inputs[0])))
     part = table.shape[0] // ranks
     key = (node.inputs[0].name, "vocabulary")
     if key not in made:  # one rank table for every lookup of a shared table (BART's encoder and decoder)
         rows = np.concatenate([table[rank * part:(rank + 1) * part], np.zeros((1,) + table.shape[1:], table.dtype)])
-        made[key] = gs.Constant(f"{node.inputs[0].name}.rank{rank}of{ranks}.vocabulary", rows)
+        made[key] = store(f"{node.inputs[0].name}.rank{rank}of{ranks}.vocabulary", rows)
     ids = node.inputs[1]
     kind = np.dtype(dtypes[ids.name])
     base = f"{node.name}/rank{rank}of{ranks}"
