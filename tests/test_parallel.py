@@ -302,10 +302,11 @@ def test_build_tp_of_a_model_over_half_the_memory_slices_its_ranks_from_the_file
                         real(path, load_external_data))
     out = tmp_path / "engines"
     assert main(["-q", "build", str(src), "--tp", "2", "--out-dir", str(out), "--max-cache", "64",
-                 "--precision", "fp32"]) == 4
+                 "--precision", "fp16"]) == 4  # AutoCast's staging copy finds the weights left on disk too
     assert loads[0] is False and True not in loads[:2]  # the model's weights were never read in
     plan = json.loads((out / "llama.tp.json").read_text())
-    assert plan["verification"]["passed"] and plan["verification"]["max_abs_err"] < 1e-4
+    assert plan["precision"] == "fp16"
+    assert plan["verification"]["passed"] and plan["verification"]["max_abs_err"] < 1e-2
     assert [s["q_heads_per_rank"] for s in plan["sites"]] == [2, 2]
     for r in plan["ranks"]:
         rank = real(out / r["form"], load_external_data=False)
