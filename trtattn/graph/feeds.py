@@ -1,5 +1,6 @@
-"""Feeds for verification that mean what the model means: token ids inside the vocabulary, padding
-masks with real padding, positions after the cache, flags; a fixed seed."""
+"""Feeds for verification that mean what the model means: token ids inside the vocabulary, masks as the
+model reads them (graph/mask_reading.py: padding masks with real padding along their measured key axis,
+other masks random with keys kept in every row), positions after the cache, flags; a fixed seed."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import onnx
 
 from .dim_names import dim_value, resolve_dims
+from .mask_reading import keep_value, mask_candidates, measured_role, read_masks
 from .roles import InputSpec, input_specs
 
 
@@ -17,17 +19,59 @@ def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, se
     rng = np.random.default_rng(seed)
     specs = specs if specs is not None else input_specs(model)
     dims = resolve_dims(model, dims, specs=specs)
+    specs = mask_specs(model, specs, dims=dims, shapes=shapes)
+    masks = np.random.default_rng([seed, 11])  # the masks' own draws: the other inputs' stay as they were
     feeds = {}
     for spec in specs:
         if shapes and spec.name in shapes:
             shape = list(shapes[spec.name])
         else:
             shape = [d if isinstance(d, int) else dim_value(d, dims) for d in spec.shape]
-        feeds[spec.name] = _value(spec, shape, rng, padding, dims)
+        measured = "key_axis" in spec.role
+        feeds[spec.name] = _mask(spec, shape, masks, padding) if measured else _value(spec, shape, rng, padding, dims)
         if spec.role.get("kind") == "flag" and "value" not in spec.role:
             # an If condition alternates with the seed, so that feeds of two seeds run both branches
             feeds[spec.name] = np.full(shape, seed % 2 == 0, dtype=spec.dtype)
     return feeds
+
+
+def mask_specs(model: onnx.ModelProto, specs: list[InputSpec], *, dims: dict,
+               shapes: dict[str, list[int]] | None = None) -> list[InputSpec]:
+    """`specs` with the roles of the masks the model reads one way (graph/mask_reading.py) as measured;
+    the rest as they are."""
+    if not mask_candidates(model, specs):
+        return specs
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for spec in specs:
+        shape = list(shapes[spec.name]) if shapes and spec.name in shapes else \
+            [d if isinstance(d, int) else dim_value(d, dims) for d in spec.shape]
+        feeds[spec.name] = _value(spec, shape, rng, False, dims)
+    readings = read_masks(model, specs, feeds)
+    return [InputSpec(s.name, s.dtype, s.shape, measured_role(s, readings[s.name])) if s.name in readings else s
+            for s in specs]
+
+
+def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool) -> np.ndarray:
+    """A measured mask's values (mask_reading.measured_role): a padding mask keeps a prefix of keys per batch
+    row, as _value's [B, S] one does, along its own axes; another mask keeps each key at random and key 0 in
+    every row (so that no row is all masked, with a causal mask too). `padding=False`: every key kept."""
+    key = spec.role["key_axis"]
+    keep = np.ones(shape, bool)
+    if padding and spec.role.get("kind") == "padding_mask":
+        rows, width = shape[spec.role["batch_axis"]], shape[key]
+        if rows >= 2 and width >= 4:
+            lengths = [width] * (rows - 1) + [width - max(1, width // 4)]
+            flags = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
+            if spec.role.get("side") == "left":
+                flags = flags[:, ::-1]
+            flags = flags.T if spec.role["batch_axis"] > key else flags
+            keep = np.broadcast_to(flags.reshape([d if a in (key, spec.role["batch_axis"]) else 1
+                                                  for a, d in enumerate(shape)]), shape).copy()
+    elif padding:
+        keep = rng.random(shape) < 0.6
+        np.moveaxis(keep, key, -1)[..., 0] = True
+    return keep_value(spec, keep, spec.role.get("kind") == "additive_mask")
 
 
 def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, dims: dict) -> np.ndarray:

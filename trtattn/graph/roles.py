@@ -43,6 +43,11 @@ def _metadata(model: onnx.ModelProto) -> dict:
     return {}
 
 
+def declared_roles(model: onnx.ModelProto) -> dict[str, dict]:
+    """Input name -> the role the model's metadata declares for it."""
+    return dict(_metadata(model).get("inputs", {}))
+
+
 def declared_dims(model: onnx.ModelProto) -> dict[str, int]:
     """The example dims the model's metadata declares (it was exported at them)."""
     return dict(_metadata(model).get("dims", {}))
@@ -238,7 +243,7 @@ def dim_name(d: onnx.TensorShapeProto.Dimension, input_name: str, axis: int):
 
 
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
-    meta = _metadata(model).get("inputs", {})
+    meta = declared_roles(model)
     inits = {i.name for i in model.graph.initializer}
     uses = None
     inputs = [vi for vi in model.graph.input if vi.name not in inits]

@@ -1,0 +1,72 @@
+"""Verification feeds exercise a mask as the model reads it (graph/mask_reading.py, graph/feeds.py): its axes are
+measured, a [batch, key] padding mask (in either order) keeps a prefix of keys per batch row, any other mask is
+random with key 0 kept in every row. Fed all ones, as a [B, 1, S, S] or [S, S] mask was, or as [B, S] when it is
+[S, B], a rewrite that dropped or transposed the mask passed verification."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from test_mask_axes import MODELS, key_flags, self_attention
+
+from trtattn.graph.feeds import make_feeds
+from trtattn.verify import compare_models
+
+
+def without_mask(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its Attention given no attn_mask: a rewrite that dropped the mask."""
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(model)
+    (attention,) = (n for n in wrong.graph.node if n.op_type == "Attention")
+    del attention.input[3:]
+    return wrong
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_rewrite_that_drops_the_mask_fails_verification(name):
+    shape, nodes, _ = MODELS[name]
+    original = self_attention(shape, nodes)
+    assert compare_models(original, original).passed
+    outcome = compare_models(original, without_mask(original))
+    assert not outcome.passed and outcome.summary()["max_abs_err"] > 1e-2
+
+
+def test_a_rewrite_that_reads_an_s_b_mask_as_b_s_fails_verification():
+    """The original transposes its [s, b] mask to [b, s]; the wrong rewrite reshapes it (reads [s, b] as [b, s]).
+    At a batch of 2 the mask was read as 8 rows of 2 keys, too short to pad: fed all ones."""
+    shape, nodes, _ = MODELS["transposed_key_batch"]
+    original = self_attention(shape, nodes)
+    shape_of = [helper.make_node("Shape", ["mask"], ["sb"]),
+                helper.make_node("Constant", [], ["swap"], value=onnx.numpy_helper.from_array(np.array([1, 0]))),
+                helper.make_node("Gather", ["sb", "swap"], ["bs"]),
+                helper.make_node("Reshape", ["mask", "bs"], ["mask_bs"])]
+    wrong = self_attention(shape, shape_of + key_flags("mask_bs"))
+    assert compare_models(original, original, dims={"b": 2}).passed
+    outcome = compare_models(original, wrong, dims={"b": 2})
+    assert not outcome.passed and outcome.summary()["max_abs_err"] > 1e-2
+
+
+def test_a_rewrite_that_drops_an_additive_mask_fails_verification():
+    """A float [b, 1, s, s] attn_mask is added to the logits: fed ones (what a mask named so was fed), it
+    shifts every logit alike and changes nothing; fed 0 / -1e4 it masks."""
+    shape, nodes, _ = MODELS["batch_1_query_key"]
+    original = self_attention(shape, nodes)
+    original.graph.input[1].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    mask = make_feeds(original, seed=0)["mask"]
+    assert set(np.unique(mask)) == {0.0, -1e4} and (mask == 0).any(axis=-1).all()
+    outcome = compare_models(original, without_mask(original))
+    assert not outcome.passed and outcome.summary()["max_abs_err"] > 1e-2
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_mask_feeds_keep_a_key_in_every_row_and_mask_some(name):
+    """Along the measured key axis: key 0 kept in every row, some keys masked; the same on the same seed."""
+    shape, nodes, key_axis = MODELS[name]
+    model = self_attention(shape, nodes)
+    mask = make_feeds(model, seed=3)["mask"]
+    keys = np.moveaxis(mask, key_axis, -1)
+    assert keys.any(axis=-1).all() and not mask.all()
+    assert np.array_equal(mask, make_feeds(model, seed=3)["mask"])
+    assert make_feeds(model, seed=3, padding=False)["mask"].all()
