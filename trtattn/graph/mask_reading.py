@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from .roles import GraphUses, InputSpec, declared_roles
+from .shapes import opset_of, tensor_types
 
 KEY, QUERY, BATCH = "key", "query", "batch"
 DROP = -1e4  # an additive mask's value at a masked key: exp of it is 0 in every float type
@@ -64,7 +65,7 @@ def _measure(model: onnx.ModelProto, specs: list[InputSpec], feeds: dict[str, np
     candidates = [s for s in mask_candidates(model, specs) if s.name in feeds]
     if not candidates:
         return {}
-    uses = GraphUses(model.graph)
+    uses = GraphUses(model.graph, opset_of(model, 13))
     main = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     meetings = {s.name: [m for m in _meetings(uses, s.name) if m[0] in main] for s in candidates}
     meetings = {n: m for n, m in meetings.items() if m}
@@ -77,7 +78,7 @@ def _measure(model: onnx.ModelProto, specs: list[InputSpec], feeds: dict[str, np
 
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
-    names = sorted({t for found in meetings.values() for t, _, _ in found})
+    names = sorted({m[0] for found in meetings.values() for m in found})
     try:
         run = evaluator(graph, [tensors[t] for t in names], model)
     except Exception:  # the cut-out does not load: no reading, the static roles stay
@@ -86,9 +87,9 @@ def _measure(model: onnx.ModelProto, specs: list[InputSpec], feeds: dict[str, np
     for spec in candidates:
         if spec.name not in meetings:
             continue
-        additive = all(kind == "additive" for _, kind, _ in meetings[spec.name]) and spec.dtype.kind == "f" \
+        additive = all(m[1] == "additive" for m in meetings[spec.name]) and spec.dtype.kind == "f" \
             and "true_at" not in spec.role
-        meeting = {t: ranks.get(logits, 4) if logits else 4 for t, _, logits in meetings[spec.name]}
+        meeting = {t: (ranks.get(logits) if logits else 4, axis) for t, _, logits, axis in meetings[spec.name]}
         try:
             axes = _read(spec, feeds, run, names, meeting, additive)
         except Exception:  # ONNX Runtime's errors have no common base class; unread, the static role stays
@@ -98,11 +99,11 @@ def _measure(model: onnx.ModelProto, specs: list[InputSpec], feeds: dict[str, np
     return readings
 
 
-def _meetings(uses: GraphUses, name: str) -> list[tuple[str, str, str | None]]:
-    """(tensor, how, logits) where the cells of input `name` meet the logits (module doc): how is "additive"
-    when the input's values reach an Add (or Attention's float mask) as they are, else "mask"; logits the
-    tensor masked (None for an Attention, whose mask broadcasts to rank 4)."""
-    found: list[tuple[str, str, str | None]] = []
+def _meetings(uses: GraphUses, name: str) -> list[tuple[str, str, str | None, int]]:
+    """(tensor, how, logits, softmax axis) where the cells of input `name` meet the logits (module doc): how is
+    "additive" when the input's values reach an Add (or Attention's float mask) as they are, else "mask"; logits
+    the tensor masked (None for an Attention, whose mask broadcasts to rank 4 and masks its last axis)."""
+    found: list[tuple[str, str, str | None, int]] = []
     seen: set[tuple[str, bool]] = set()
     frontier = [(name, True)]  # tensor, its values the input's own (no op but layout on the way)
     while frontier:
@@ -115,13 +116,15 @@ def _meetings(uses: GraphUses, name: str) -> list[tuple[str, str, str | None]]:
             others = [x for j, x in enumerate(ins) if j != i and x]
             constant = all(uses.constant(x) is not None for x in others)
             if op == "Attention" and (n.domain or "") == "" and i == 3:
-                found.append((t, "additive" if own else "mask", None))
+                found.append((t, "additive" if own else "mask", None, -1))
             elif op == "Where" and i == 0 and any(uses.is_fill(x) for x in ins[1:]):
-                if _reaches_softmax(uses, n):
-                    found.append((t, "mask", n.output[0]))
+                axis = _softmax_axis(uses, n)
+                if axis is not None:
+                    found.append((t, "mask", n.output[0], axis))
             elif op in _ARITH and not constant:
-                if _reaches_softmax(uses, n):
-                    found.append((t, "additive" if own and op == "Add" else "mask", n.output[0]))
+                axis = _softmax_axis(uses, n)
+                if axis is not None:
+                    found.append((t, "additive" if own and op == "Add" else "mask", n.output[0], axis))
                 elif op in ("Add", "Mul"):  # two masks combined: follow the sum or product
                     frontier.append((n.output[0], False))
             elif op in _ARITH or op in _CARRY and (i == 0 or op in ("And", "Or", "Concat", "Xor")):
@@ -132,27 +135,25 @@ def _meetings(uses: GraphUses, name: str) -> list[tuple[str, str, str | None]]:
 def _logits_ranks(model: onnx.ModelProto, meetings: list) -> dict[str, int]:
     """The rank of each logits tensor a mask meets (ONNX's shape inference; asked only when a mask of rank 2
     or 3 meets them there: [B, S] on [B, S] logits is a batch row's keys, on [B, N, S, S] a query's)."""
-    wanted = {logits for _, _, logits in meetings if logits}
+    wanted = {m[2] for m in meetings if m[2]}
     if not wanted:
         return {}
-    from .shapes import tensor_types
-
     return {name: len(shape) for name, (_, shape) in tensor_types(model).items() if name in wanted and shape}
 
 
-def _reaches_softmax(uses: GraphUses, node: onnx.NodeProto) -> bool:
-    """Whether `node`'s output reaches a Softmax over the last axis within _TO_SOFTMAX nodes, through ops that
-    keep the logits' cells where they are (no product, no reduction: a hidden state is no mask)."""
+def _softmax_axis(uses: GraphUses, node: onnx.NodeProto) -> int | None:
+    """The axis of the Softmax `node`'s output reaches within _TO_SOFTMAX nodes, through ops that keep the
+    logits' cells where they are (no product, no reduction: a hidden state is no mask); None if none."""
     frontier = [node]
     for _ in range(_TO_SOFTMAX):
         frontier = [r for n in frontier for o in n.output for r, _ in uses.consumers.get(o, ())
                     if r.op_type in _TO_LOGITS]
         for r in frontier:
             if r.op_type in ("Softmax", "LogSoftmax"):
-                return next((a.i for a in r.attribute if a.name == "axis"), -1) == -1
+                return next((a.i for a in r.attribute if a.name == "axis"), -1 if uses.opset >= 13 else 1)
         if not frontier:
-            return False
-    return False
+            return None
+    return None
 
 
 def keep_value(spec: InputSpec, keep: np.ndarray, additive: bool) -> np.ndarray:
@@ -162,7 +163,8 @@ def keep_value(spec: InputSpec, keep: np.ndarray, additive: bool) -> np.ndarray:
     return (~keep if spec.role.get("true_at") == "padding" else keep).astype(spec.dtype)
 
 
-def _read(spec: InputSpec, feeds: dict, run, names: list[str], meeting: dict[str, int], additive: bool) -> list | None:
+def _read(spec: InputSpec, feeds: dict, run, names: list[str], meeting: dict[str, tuple[int | None, int]],
+          additive: bool) -> list | None:
     """A label per axis of the input (module doc), None where the axis has size 1; None when unread. The cells
     toggled sit off the edges (index 1) and each axis steps both ways, so a causal mask combined in does not
     hide every toggle."""
@@ -177,15 +179,22 @@ def _read(spec: InputSpec, feeds: dict, run, names: list[str], meeting: dict[str
         return {n: v for n, v in zip(names, values) if n in meeting}
 
     base = changed(None)
+    ranks = {}  # the logits' rank where the Softmax is over their last axis (unknown: the mask's own)
+    for n, (rank, axis) in meeting.items():
+        rank = rank or max(np.ndim(base[n]), 2)
+        if axis in (-1, rank - 1):
+            ranks[n] = rank
+    base = {n: v for n, v in base.items() if n in ranks}
     origin = tuple(min(1, d - 1) for d in shape)
-    at_origin = {n: _where(base[n], v, meeting[n]) for n, v in changed(origin).items()}
+    at_origin = {n: _where(base[n], v, ranks[n]) for n, v in changed(origin).items() if n in ranks}
     labels: list = [None] * len(shape)
     for a in (a for a in range(len(shape)) if shape[a] > 1):
         found: set = set()
         for index in (origin[a] + 1, origin[a] - 1):
             if found or not 0 <= index < shape[a]:
                 continue
-            moved = {n: _where(base[n], v, meeting[n]) for n, v in changed(origin[:a] + (index,) + origin[a + 1:]).items()}
+            cell = origin[:a] + (index,) + origin[a + 1:]
+            moved = {n: _where(base[n], v, ranks[n]) for n, v in changed(cell).items() if n in ranks}
             found = {_label(at_origin[n], moved[n]) for n in base if at_origin[n] is not None and moved[n] is not None}
         if len(found) != 1 or None in found:
             return None
@@ -209,10 +218,14 @@ def _where(base: np.ndarray, toggled: np.ndarray, rank: int) -> np.ndarray | Non
 
 
 def _label(origin: np.ndarray | None, moved: np.ndarray | None) -> str | None:
-    """Which logits axis moved between the cells changed by the origin's toggle and by another's."""
+    """Which logits axis moved between the cells changed by the origin's toggle and by another's: the one axis
+    whose coordinates differ, or of several (a causal mask combined in clips the queries a key reaches) the one
+    where each toggle changed a single coordinate."""
     if origin is None or moved is None:
         return None
     axes = [k for k in range(4) if set(origin[:, k]) != set(moved[:, k])]
+    if len(axes) > 1:
+        axes = [k for k in axes if len(set(origin[:, k])) == len(set(moved[:, k])) == 1]
     if len(axes) != 1:
         return None
     return KEY if axes[0] == 3 else QUERY if axes[0] == 2 else BATCH

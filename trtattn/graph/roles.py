@@ -61,7 +61,8 @@ class GraphUses:
             "Gather", "GatherND", "GatherElements",
             "And", "Or", "Concat")
 
-    def __init__(self, graph: onnx.GraphProto):
+    def __init__(self, graph: onnx.GraphProto, opset: int = 13):
+        self.opset = opset  # the default domain's (Softmax's default axis changed at 13)
         self.consumers: dict[str, list] = {}
         self.producers: dict[str, onnx.NodeProto] = {}
         self.inits: dict[str, onnx.TensorProto] = {}
