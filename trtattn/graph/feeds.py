@@ -14,8 +14,10 @@ from .roles import InputSpec, input_specs
 
 def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, seed: int = 0,
                padding: bool = True, shapes: dict[str, list[int]] | None = None,
-               specs: list[InputSpec] | None = None) -> dict[str, np.ndarray]:
-    """One feed dict. `padding=False` gives masks without padding (used to probe what a mask means)."""
+               specs: list[InputSpec] | None = None, all_keys: bool = False) -> dict[str, np.ndarray]:
+    """One feed dict. `padding=False` gives padding masks without padding (a form's check spreads the rows'
+    lengths itself); a mask with a query axis stays random, or the check would not exercise it. `all_keys`:
+    every mask keeps every key (a probe reading the pattern the model's own mask adds)."""
     rng = np.random.default_rng(seed)
     specs = specs if specs is not None else input_specs(model)
     dims = resolve_dims(model, dims, specs=specs)
@@ -28,7 +30,8 @@ def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, se
         else:
             shape = [d if isinstance(d, int) else dim_value(d, dims) for d in spec.shape]
         measured = "key_axis" in spec.role
-        feeds[spec.name] = _mask(spec, shape, masks, padding) if measured else _value(spec, shape, rng, padding, dims)
+        feeds[spec.name] = _mask(spec, shape, masks, padding and not all_keys, all_keys) if measured else \
+            _value(spec, shape, rng, padding and not all_keys, dims)
         if spec.role.get("kind") == "flag" and "value" not in spec.role:
             # an If condition alternates with the seed, so that feeds of two seeds run both branches
             feeds[spec.name] = np.full(shape, seed % 2 == 0, dtype=spec.dtype)
@@ -52,10 +55,11 @@ def mask_specs(model: onnx.ModelProto, specs: list[InputSpec], *, dims: dict,
             for s in specs]
 
 
-def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool) -> np.ndarray:
+def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, all_keys: bool) -> np.ndarray:
     """A measured mask's values (mask_reading.measured_role): a padding mask keeps a prefix of keys per batch
     row, as _value's [B, S] one does, along its own axes; another mask keeps each key at random and key 0 in
-    every row (so that no row is all masked, with a causal mask too). `padding=False`: every key kept."""
+    every row (so that no row is all masked, with a causal mask too). `padding=False`: a padding mask keeps every
+    key; `all_keys`: every mask does."""
     key = spec.role["key_axis"]
     keep = np.ones(shape, bool)
     if padding and spec.role.get("kind") == "padding_mask":
@@ -68,7 +72,7 @@ def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: 
             flags = flags.T if spec.role["batch_axis"] > key else flags
             keep = np.broadcast_to(flags.reshape([d if a in (key, spec.role["batch_axis"]) else 1
                                                   for a, d in enumerate(shape)]), shape).copy()
-    elif padding:
+    elif spec.role.get("kind") != "padding_mask" and not all_keys:
         keep = rng.random(shape) < 0.6
         np.moveaxis(keep, key, -1)[..., 0] = True
     return keep_value(spec, keep, spec.role.get("kind") == "additive_mask")
