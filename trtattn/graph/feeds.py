@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 
 from .dim_names import dim_value, resolve_dims
-from .mask_reading import keep_value, mask_candidates, measured_role, read_masks
+from .mask_reading import DROP, keep_value, mask_candidates, measured_role, read_masks
 from .roles import InputSpec, input_specs
 
 
@@ -58,8 +58,8 @@ def mask_specs(model: onnx.ModelProto, specs: list[InputSpec], *, dims: dict,
 def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, all_keys: bool) -> np.ndarray:
     """A measured mask's values (mask_reading.measured_role): a padding mask keeps a prefix of keys per batch
     row, as _value's [B, S] one does, along its own axes; another mask keeps each key at random and key 0 in
-    every row (so that no row is all masked, with a causal mask too). `padding=False`: a padding mask keeps every
-    key; `all_keys`: every mask does."""
+    every row (so that no row is all masked, with a causal mask too); an additive one is normal where kept.
+    `padding=False`: a padding mask keeps every key; `all_keys`: every mask does."""
     key = spec.role["key_axis"]
     keep = np.ones(shape, bool)
     if padding and spec.role.get("kind") == "padding_mask":
@@ -75,7 +75,9 @@ def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: 
     elif spec.role.get("kind") != "padding_mask" and not all_keys:
         keep = rng.random(shape) < 0.6
         np.moveaxis(keep, key, -1)[..., 0] = True
-    return keep_value(spec, keep, spec.role.get("kind") == "additive_mask")
+    if spec.role.get("kind") == "additive_mask":  # a bias where kept (a scale applied to it shows), -1e4 where not
+        return np.where(keep, rng.standard_normal(shape), DROP).astype(spec.dtype)
+    return keep_value(spec, keep, False)
 
 
 def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, dims: dict) -> np.ndarray:

@@ -1,7 +1,8 @@
 """How the model reads each mask input, measured: which of its axes go to the batch, the queries and the keys
 of the logits it masks. Feeds (graph/feeds.py) then exercise the mask as the model reads it: a [batch, key]
 padding mask (in either order) keeps a prefix of keys per batch row; a mask with a query axis ([B, 1, S, S],
-[S, S]) is random with keys kept in every row; a float mask added to the logits is 0 or -1e4 alike. Read from
+[S, S]) is random with keys kept in every row; a float added to the logits is normal where kept, -1e4 where
+not (a bias given as an input too: a scale wrongly applied to it shows). Read from
 names and dtypes alone, a [B, 1, S, S] mask was fed all ones and an [S, B] one as if it were [B, S], so a
 rewrite that dropped or transposed it passed verification.
 
