@@ -38,6 +38,12 @@ def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, se
     return feeds
 
 
+def measured_specs(model: onnx.ModelProto, dims: dict | None = None) -> list[InputSpec]:
+    """The model's input specs (roles.input_specs) with the masks' roles as measured at `dims` (mask_specs)."""
+    specs = input_specs(model)
+    return mask_specs(model, specs, dims=resolve_dims(model, dims, specs=specs))
+
+
 def mask_specs(model: onnx.ModelProto, specs: list[InputSpec], *, dims: dict,
                shapes: dict[str, list[int]] | None = None) -> list[InputSpec]:
     """`specs` with the roles of the masks the model reads one way (graph/mask_reading.py) as measured;

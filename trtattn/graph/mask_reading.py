@@ -40,9 +40,9 @@ _CACHE: collections.OrderedDict = collections.OrderedDict()  # (model id, signat
 def mask_candidates(model: onnx.ModelProto, specs: list[InputSpec]) -> list[InputSpec]:
     """Inputs a mask may come in by, of rank 2 or more: bool or named a mask (what roles.py guesses is a padding
     mask), or a float the model may add to its logits. Roles the model's metadata declares stay (the zoo
-    wrote them knowing the model)."""
+    wrote them knowing the model), and so do roles already measured."""
     declared = declared_roles(model)
-    return [s for s in specs if len(s.shape) >= 2 and s.name not in declared
+    return [s for s in specs if len(s.shape) >= 2 and s.name not in declared and "key_axis" not in s.role
             and (s.role.get("kind") == "padding_mask" or s.role.get("kind") == "float" and s.dtype.kind == "f")]
 
 
