@@ -11,7 +11,7 @@ import pytest
 from onnx import helper
 from test_mask_axes import MODELS, key_flags, self_attention
 
-from trtattn.graph.feeds import make_feeds
+from trtattn.graph.feeds import make_feeds, measured_specs
 from trtattn.verify import compare_models
 
 
@@ -75,3 +75,31 @@ def test_mask_feeds_keep_a_key_in_every_row_and_mask_some(name):
     # padding=False (a form's check spreads the padding itself): a mask with a query axis stays random
     assert make_feeds(model, seed=3, padding=False)["mask"].all() == (name == "transposed_key_batch")
     assert make_feeds(model, seed=3, all_keys=True)["mask"].all()  # a probe of the model's own pattern
+
+
+def causal(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` (ending in "attn_mask") with a causal mask combined in (Trilu): a key reaches only the queries
+    after it, so a toggled key changes a clipped run of queries."""
+    *head, last = nodes
+    last = onnx.NodeProto()
+    last.CopyFrom(nodes[-1])
+    last.output[0] = "mask_rows"
+    return [*head, last, helper.make_node("Cast", ["mask_rows"], ["rows64"], to=onnx.TensorProto.INT64),
+            helper.make_node("Trilu", ["rows64"], ["lower"], upper=0),
+            helper.make_node("Cast", ["lower"], ["attn_mask"], to=onnx.TensorProto.BOOL)]
+
+
+@pytest.mark.parametrize("shape,to_mask,role", [
+    (["b", "s"], key_flags("mask"), {"kind": "padding_mask", "key_axis": 1, "batch_axis": 0}),
+    (["b", "s"], causal(key_flags("mask")), {"kind": "padding_mask", "key_axis": 1, "batch_axis": 0}),
+    (["s", "b"], MODELS["transposed_key_batch"][1], {"kind": "padding_mask", "key_axis": 0, "batch_axis": 1}),
+    (["s", "b"], causal(MODELS["transposed_key_batch"][1]), {"kind": "padding_mask", "key_axis": 0, "batch_axis": 1}),
+    (["s", "s"], causal(MODELS["query_key"][1]), {"kind": "mask", "key_axis": 1}),
+    (["b", 1, "s", "s"], MODELS["batch_1_query_key"][1], {"kind": "mask", "key_axis": 3}),
+])
+def test_a_mask_role_is_read_from_its_axes(shape, to_mask, role):
+    """Padding (its axes are the batch and the keys, in either order, with a causal mask combined in too) or
+    a mask with a query axis; the hidden states x, which reach the logits through products, stay plain floats."""
+    specs = {s.name: s.role for s in measured_specs(self_attention(shape, to_mask), {"b": 3})}
+    assert {k: v for k, v in specs["mask"].items() if k != "true_at"} == role
+    assert specs["x"] == {"kind": "float"}

@@ -29,7 +29,7 @@ from .shapes import opset_of, tensor_types
 
 KEY, QUERY, BATCH = "key", "query", "batch"
 DROP = -1e4  # an additive mask's value at a masked key: exp of it is 0 in every float type
-_CARRY = GraphUses.PASS + ("Not", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Xor")
+_CARRY = GraphUses.PASS + ("Not", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Xor", "Trilu")
 _ARITH = ("Add", "Sub", "Mul", "Div")
 _TO_LOGITS = ("Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div", "Where", "Cast", "Identity", "Reshape",
               "Transpose", "Unsqueeze", "Squeeze", "Expand", "Max", "Min", "Clip", "Tanh", "Neg")
