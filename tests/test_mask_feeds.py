@@ -12,6 +12,8 @@ from onnx import helper
 from test_mask_axes import MODELS, key_flags, self_attention
 
 from trtattn.graph.feeds import make_feeds, measured_specs
+from trtattn.graph.mask_reading import read_masks
+from trtattn.graph.roles import input_specs
 from trtattn.verify import compare_models
 
 
@@ -103,3 +105,13 @@ def test_a_mask_role_is_read_from_its_axes(shape, to_mask, role):
     specs = {s.name: s.role for s in measured_specs(self_attention(shape, to_mask), {"b": 3})}
     assert {k: v for k, v in specs["mask"].items() if k != "true_at"} == role
     assert specs["x"] == {"kind": "float"}
+
+
+def test_a_reading_is_taken_again_on_feeds_the_model_runs_on():
+    """A dims search runs the model on dims it may not run at: no reading then, and none kept."""
+    model = self_attention(*MODELS["transposed_key_batch"][:2])
+    specs = input_specs(model)
+    mask = np.ones((6, 3), bool)
+    assert read_masks(model, specs, {"x": np.zeros((3, 6, 16), np.float64), "mask": mask}) == {}  # x's type: no run
+    reading = read_masks(model, specs, {"x": np.zeros((3, 6, 16), np.float32), "mask": mask})
+    assert reading == {"mask": {"axes": ["key", "batch"], "additive": False}}

@@ -49,55 +49,68 @@ def mask_candidates(model: onnx.ModelProto, specs: list[InputSpec]) -> list[Inpu
 def read_masks(model: onnx.ModelProto, specs: list[InputSpec], feeds: dict[str, np.ndarray]) -> dict[str, dict]:
     """Input name -> its reading {"axes": [label per axis: key, query, batch, None for a unit axis],
     "additive": a float added to the logits} for each candidate the measurement reads one way. `feeds`:
-    values of every input (the masks' are replaced)."""
+    values of every input (the masks' are replaced). The session is made once per model; the readings are
+    kept once taken, and taken again on the next feeds where the model did not run on these (dims searched)."""
     signature = tuple((s.name, tuple(map(str, s.shape)), s.role.get("kind")) for s in specs)
     key = (id(model), len(model.graph.node), signature)
-    if key in _CACHE and _CACHE[key][0] is model:
-        _CACHE.move_to_end(key)
-        return _CACHE[key][1]
-    readings = _measure(model, specs, feeds)
-    _CACHE[key] = (model, readings)
-    while len(_CACHE) > 4:
-        _CACHE.popitem(last=False)
-    return readings
+    if key not in _CACHE or _CACHE[key][0] is not model:
+        _CACHE[key] = (model, _Reader(model, specs))
+        while len(_CACHE) > 4:
+            _CACHE.popitem(last=False)
+    _CACHE.move_to_end(key)
+    return _CACHE[key][1].readings(feeds)
 
 
-def _measure(model: onnx.ModelProto, specs: list[InputSpec], feeds: dict[str, np.ndarray]) -> dict[str, dict]:
-    candidates = [s for s in mask_candidates(model, specs) if s.name in feeds]
-    if not candidates:
-        return {}
-    uses = GraphUses(model.graph, opset_of(model, 13))
-    main = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
-    meetings = {s.name: [m for m in _meetings(uses, s.name) if m[0] in main] for s in candidates}
-    meetings = {n: m for n, m in meetings.items() if m}
-    if not meetings:
-        return {}
-    ranks = _logits_ranks(model, [m for found in meetings.values() for m in found])
-    import onnx_graphsurgeon as gs
+class _Reader:
+    """One model's mask candidates, where they meet the logits and a session over the nodes that takes them
+    there (module doc); the readings once the model runs on the feeds given."""
 
-    from .evaluate import evaluator
+    def __init__(self, model: onnx.ModelProto, specs: list[InputSpec]):
+        self.taken: dict[str, dict] | None = None
+        self.run = None
+        self.candidates = mask_candidates(model, specs)
+        if not self.candidates:
+            self.taken = {}
+            return
+        uses = GraphUses(model.graph, opset_of(model, 13))
+        main = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+        found = {s.name: [m for m in _meetings(uses, s.name) if m[0] in main] for s in self.candidates}
+        self.meetings = {n: m for n, m in found.items() if m}
+        if not self.meetings:
+            self.taken = {}
+            return
+        ranks = _logits_ranks(model, [m for found in self.meetings.values() for m in found])
+        self.ranks = {n: {t: (ranks.get(logits) if logits else 4, axis) for t, _, logits, axis in m}
+                      for n, m in self.meetings.items()}
+        import onnx_graphsurgeon as gs
 
-    graph = gs.import_onnx(model)
-    tensors = graph.tensors()
-    names = sorted({m[0] for found in meetings.values() for m in found})
-    try:
-        run = evaluator(graph, [tensors[t] for t in names], model)
-    except Exception:  # the cut-out does not load: no reading, the static roles stay
-        return {}
-    readings = {}
-    for spec in candidates:
-        if spec.name not in meetings:
-            continue
-        additive = all(m[1] == "additive" for m in meetings[spec.name]) and spec.dtype.kind == "f" \
-            and "true_at" not in spec.role
-        meeting = {t: (ranks.get(logits) if logits else 4, axis) for t, _, logits, axis in meetings[spec.name]}
+        from .evaluate import evaluator
+
+        graph = gs.import_onnx(model)
+        tensors = graph.tensors()
+        self.names = sorted({m[0] for found in self.meetings.values() for m in found})
         try:
-            axes = _read(spec, feeds, run, names, meeting, additive)
-        except Exception:  # ONNX Runtime's errors have no common base class; unread, the static role stays
-            axes = None
-        if axes is not None:
-            readings[spec.name] = {"axes": axes, "additive": additive}
-    return readings
+            self.run = evaluator(graph, [tensors[t] for t in self.names], model)
+        except Exception:  # the cut-out does not load: no reading, the static roles stay
+            self.taken = {}
+
+    def readings(self, feeds: dict[str, np.ndarray]) -> dict[str, dict]:
+        if self.taken is not None:
+            return self.taken
+        readings = {}
+        for spec in self.candidates:
+            if spec.name not in self.meetings or spec.name not in feeds:
+                continue
+            additive = all(m[1] == "additive" for m in self.meetings[spec.name]) and spec.dtype.kind == "f" \
+                and "true_at" not in spec.role
+            try:
+                axes = _read(spec, feeds, self.run, self.names, self.ranks[spec.name], additive)
+            except Exception:  # ONNX Runtime's errors have no common base class: the model does not run on
+                return {}  # these feeds (a dims search's); the static roles stay, read again on the next
+            if axes is not None:
+                readings[spec.name] = {"axes": axes, "additive": additive}
+        self.taken = readings
+        return readings
 
 
 def _meetings(uses: GraphUses, name: str) -> list[tuple[str, str, str | None, int]]:
