@@ -1,20 +1,23 @@
 """How the model reads each mask input, measured: which of its axes go to the batch, the queries and the keys
 of the logits it masks. Feeds (graph/feeds.py) then exercise the mask as the model reads it: a [batch, key]
 padding mask (in either order) keeps a prefix of keys per batch row; a mask with a query axis ([B, 1, S, S],
-[S, S]) is random with keys kept in every row; a float added to the logits is normal where kept, -1e4 where
-not (a bias given as an input too: a scale wrongly applied to it shows). Read from
-names and dtypes alone, a [B, 1, S, S] mask was fed all ones and an [S, B] one as if it were [B, S], so a
-rewrite that dropped or transposed it passed verification.
+[S, S]) is random with key 0 kept in every row; a float added to the logits is normal where kept, -1e4 where
+not (a bias given as an input too: a scale wrongly applied to it shows). Read from names and dtypes alone, a
+[B, 1, S, S] mask was fed all ones and an [S, B] one as if it were [B, S], so a rewrite that dropped or
+transposed it passed verification.
 
 Where the mask meets the logits: followed from the input through ops that carry its cells (layout ops, casts,
-Not, comparisons and arithmetic with constants, And/Or), the tensor an ONNX Attention takes as attn_mask, a
-Where's condition choosing a fill, or an operand of an Add, Mul or Sub with something that is not a constant,
-when that node's output reaches a Softmax over its last axis. That tensor broadcasts from the right against
-logits [..., query, key]. It is evaluated (ONNX Runtime, one session over the nodes it needs) with the input
-keeping every key, then with one cell toggled at the origin and at index 1 along each axis: the axis whose
-toggle moves the changed cells along the last axis goes to the keys, along the one before to the queries,
-along an earlier one to the batch (or heads). Every meeting must agree; an input read no way, or several,
-keeps its static role (roles.py). Cost: one session per model, cached for the model object.
+Not, comparisons and arithmetic with constants, And/Or, Trilu), the tensor an ONNX Attention takes as
+attn_mask, a Where's condition choosing a fill, or an operand of an Add, Mul or Sub with something that is not
+a constant, when that node's output reaches a Softmax over the logits' last axis through elementwise and
+layout ops only (a hidden state reaches them through products: no mask). That tensor broadcasts from the right
+against the logits (rank 4 for an Attention, else as inferred): [..., query, key]. It is evaluated (ONNX
+Runtime, one session over the nodes it needs) with the input keeping every key, then with one cell toggled at
+index 1 on every axis, then that cell moved one step along each axis: the logits axis the changed cells move
+along is the one the input's axis goes to (the last: keys; the one before, of rank 3 or more: queries; any
+other: batch or heads). Where a causal mask combined in clips the queries a key reaches, several axes move;
+the one along which each toggle changes a single coordinate is the mask's. Every meeting must agree; an input
+read no way, or several, keeps its static role (roles.py).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ _ARITH = ("Add", "Sub", "Mul", "Div")
 _TO_LOGITS = ("Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div", "Where", "Cast", "Identity", "Reshape",
               "Transpose", "Unsqueeze", "Squeeze", "Expand", "Max", "Min", "Clip", "Tanh", "Neg")
 _TO_SOFTMAX = 8  # nodes between a mask's meeting with the logits and their Softmax, at most
-_CACHE: collections.OrderedDict = collections.OrderedDict()  # (model id, signature) -> (model, readings)
+_CACHE: collections.OrderedDict = collections.OrderedDict()  # (model id, signature) -> (model, _Reader)
 
 
 def mask_candidates(model: onnx.ModelProto, specs: list[InputSpec]) -> list[InputSpec]:
