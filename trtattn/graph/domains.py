@@ -40,8 +40,14 @@ def role_domain(spec: InputSpec) -> str:
     if kind == "token_ids":
         vocab = int(spec.role.get("vocab") or 2)
         return f"ids < {vocab} (the embedding table's rows)" if vocab > 2 else "{0, 1}"
+    true_at = f" (True at the {spec.role['true_at']})" if spec.role.get("true_at") else ""
     if kind == "padding_mask":
-        return "padding mask" + (f" (True at the {spec.role['true_at']})" if spec.role.get("true_at") else "")
+        keys = spec.role.get("key_axis", 1)
+        return "padding mask" + true_at + (f", keys on axis {keys}" if keys != len(spec.shape) - 1 else "")
+    if kind == "mask":  # graph/mask_reading.py: a mask with a query axis
+        return f"mask{true_at}, random, key 0 kept in every row"
+    if kind == "additive_mask":
+        return "additive mask: normal where kept, -1e4 where not, key 0 kept in every row"
     if kind == "float" and spec.dtype.kind in "iu":
         return "{0, 1}"
     if kind == "length":  # linked to the dims (roles.LINKED_LENGTHS)

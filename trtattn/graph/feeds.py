@@ -1,5 +1,6 @@
-"""Feeds for verification that mean what the model means: token ids inside the vocabulary, padding
-masks with real padding, positions after the cache, flags; a fixed seed."""
+"""Feeds for verification that mean what the model means: token ids inside the vocabulary, masks as the
+model reads them (graph/mask_reading.py: padding masks with real padding along their measured key axis,
+other masks random with keys kept in every row), positions after the cache, flags; a fixed seed."""
 
 from __future__ import annotations
 
@@ -7,27 +8,82 @@ import numpy as np
 import onnx
 
 from .dim_names import dim_value, resolve_dims
+from .mask_reading import DROP, keep_value, mask_candidates, measured_role, read_masks
 from .roles import InputSpec, input_specs
 
 
 def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, seed: int = 0,
                padding: bool = True, shapes: dict[str, list[int]] | None = None,
-               specs: list[InputSpec] | None = None) -> dict[str, np.ndarray]:
-    """One feed dict. `padding=False` gives masks without padding (used to probe what a mask means)."""
+               specs: list[InputSpec] | None = None, all_keys: bool = False) -> dict[str, np.ndarray]:
+    """One feed dict. `padding=False` gives padding masks without padding (a form's check spreads the rows'
+    lengths itself); a mask with a query axis stays random, or the check would not exercise it. `all_keys`:
+    every mask keeps every key (a probe reading the pattern the model's own mask adds)."""
     rng = np.random.default_rng(seed)
     specs = specs if specs is not None else input_specs(model)
     dims = resolve_dims(model, dims, specs=specs)
+    specs = mask_specs(model, specs, dims=dims, shapes=shapes)
+    masks = np.random.default_rng([seed, 11])  # the masks' own draws: the other inputs' stay as they were
     feeds = {}
     for spec in specs:
         if shapes and spec.name in shapes:
             shape = list(shapes[spec.name])
         else:
             shape = [d if isinstance(d, int) else dim_value(d, dims) for d in spec.shape]
-        feeds[spec.name] = _value(spec, shape, rng, padding, dims)
+        measured = "key_axis" in spec.role
+        feeds[spec.name] = _mask(spec, shape, masks, padding and not all_keys, all_keys) if measured else \
+            _value(spec, shape, rng, padding and not all_keys, dims)
         if spec.role.get("kind") == "flag" and "value" not in spec.role:
             # an If condition alternates with the seed, so that feeds of two seeds run both branches
             feeds[spec.name] = np.full(shape, seed % 2 == 0, dtype=spec.dtype)
     return feeds
+
+
+def measured_specs(model: onnx.ModelProto, dims: dict | None = None) -> list[InputSpec]:
+    """The model's input specs (roles.input_specs) with the masks' roles as measured at `dims` (mask_specs)."""
+    specs = input_specs(model)
+    return mask_specs(model, specs, dims=resolve_dims(model, dims, specs=specs))
+
+
+def mask_specs(model: onnx.ModelProto, specs: list[InputSpec], *, dims: dict,
+               shapes: dict[str, list[int]] | None = None) -> list[InputSpec]:
+    """`specs` with the roles of the masks the model reads one way (graph/mask_reading.py) as measured;
+    the rest as they are."""
+    if not mask_candidates(model, specs):
+        return specs
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for spec in specs:
+        shape = list(shapes[spec.name]) if shapes and spec.name in shapes else \
+            [d if isinstance(d, int) else dim_value(d, dims) for d in spec.shape]
+        feeds[spec.name] = _value(spec, shape, rng, False, dims)
+    readings = read_masks(model, specs, feeds)
+    return [InputSpec(s.name, s.dtype, s.shape, measured_role(s, readings[s.name])) if s.name in readings else s
+            for s in specs]
+
+
+def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, all_keys: bool) -> np.ndarray:
+    """A measured mask's values (mask_reading.measured_role): a padding mask keeps a prefix of keys per batch
+    row, as _value's [B, S] one does, along its own axes; another mask keeps each key at random and key 0 in
+    every row (so that no row is all masked, with a causal mask too); an additive one is normal where kept.
+    `padding=False`: a padding mask keeps every key; `all_keys`: every mask does."""
+    key = spec.role["key_axis"]
+    keep = np.ones(shape, bool)
+    if padding and spec.role.get("kind") == "padding_mask":
+        rows, width = shape[spec.role["batch_axis"]], shape[key]
+        if rows >= 2 and width >= 4:
+            lengths = [width] * (rows - 1) + [width - max(1, width // 4)]
+            flags = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
+            if spec.role.get("side") == "left":
+                flags = flags[:, ::-1]
+            flags = flags.T if spec.role["batch_axis"] > key else flags
+            keep = np.broadcast_to(flags.reshape([d if a in (key, spec.role["batch_axis"]) else 1
+                                                  for a, d in enumerate(shape)]), shape).copy()
+    elif spec.role.get("kind") != "padding_mask" and not all_keys:
+        keep = rng.random(shape) < 0.6
+        np.moveaxis(keep, key, -1)[..., 0] = True
+    if spec.role.get("kind") == "additive_mask":  # a bias where kept (a scale applied to it shows), -1e4 where not
+        return np.where(keep, rng.standard_normal(shape), DROP).astype(spec.dtype)
+    return keep_value(spec, keep, False)
 
 
 def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, dims: dict) -> np.ndarray:

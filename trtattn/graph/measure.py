@@ -127,12 +127,12 @@ def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padd
             def run(feeds: dict) -> list:
                 return session.run(names, {k: v for k, v in feeds.items() if k in needed})
 
-        first = run(make_feeds(model, dims=base, padding=padding))
+        first = run(make_feeds(model, dims=base, padding=padding, all_keys=not padding))
     except Exception:
         return None
     for dims in choices:
         try:
-            return [first, run(make_feeds(model, dims=dims, padding=padding))]
+            return [first, run(make_feeds(model, dims=dims, padding=padding, all_keys=not padding))]
         except Exception:
             continue
     return None

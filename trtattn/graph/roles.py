@@ -43,6 +43,11 @@ def _metadata(model: onnx.ModelProto) -> dict:
     return {}
 
 
+def declared_roles(model: onnx.ModelProto) -> dict[str, dict]:
+    """Input name -> the role the model's metadata declares for it."""
+    return dict(_metadata(model).get("inputs", {}))
+
+
 def declared_dims(model: onnx.ModelProto) -> dict[str, int]:
     """The example dims the model's metadata declares (it was exported at them)."""
     return dict(_metadata(model).get("dims", {}))
@@ -56,7 +61,8 @@ class GraphUses:
             "Gather", "GatherND", "GatherElements",
             "And", "Or", "Concat")
 
-    def __init__(self, graph: onnx.GraphProto):
+    def __init__(self, graph: onnx.GraphProto, opset: int = 13):
+        self.opset = opset  # the default domain's (Softmax's default axis changed at 13)
         self.consumers: dict[str, list] = {}
         self.producers: dict[str, onnx.NodeProto] = {}
         self.inits: dict[str, onnx.TensorProto] = {}
@@ -238,7 +244,7 @@ def dim_name(d: onnx.TensorShapeProto.Dimension, input_name: str, axis: int):
 
 
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
-    meta = _metadata(model).get("inputs", {})
+    meta = declared_roles(model)
     inits = {i.name for i in model.graph.initializer}
     uses = None
     inputs = [vi for vi in model.graph.input if vi.name not in inits]

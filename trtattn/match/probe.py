@@ -165,7 +165,7 @@ def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None
     meanings = {}
     if result.sites:
         if feeds is None:
-            feeds = [make_feeds(model, padding=False)]
+            feeds = [make_feeds(model, all_keys=True)]
         meanings = _agree(probe_masks(graph, model, result.sites, feeds, progress))
         result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
     return graph, result, meanings
@@ -176,8 +176,8 @@ def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
     first length would look causal; the second, doubled, length tells them apart."""
     base = resolve_dims(model, dims)
     doubled = {k: (v if k.startswith("batch") else 2 * v) for k, v in base.items()}
-    return [make_feeds(model, dims=base, padding=False),
-            make_feeds(model, dims=doubled, padding=False)]
+    return [make_feeds(model, dims=base, all_keys=True),
+            make_feeds(model, dims=doubled, all_keys=True)]
 
 
 def _agree(probes: list[dict]) -> dict:

@@ -207,7 +207,7 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     elif feeds is None:
         dims = fit_dims(original, dims)
         feeds = default_feeds(original, dims=dims, seed=seed)
-        used = default_domains(original)
+        used = default_domains(original, dims)
         used.iterations = len(feeds)
     results, slices = _run_both(original, candidate, sites, feeds, progress)
     graph_outputs = {o.name for o in original.graph.output}
@@ -265,7 +265,7 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
                                           random=randoms)
         else:
             original_feeds = [adapter.original_feeds(dims, seed + i) for i in range(iterations)]
-            used = default_domains(adapter.original)
+            used = default_domains(adapter.original, dims)
             used.iterations = len(original_feeds)
     ref_runs, new_runs = _run_each(reference, candidate, adapter, original_feeds)
     graph_outputs = {o.name for o in adapter.original.graph.output}

@@ -15,16 +15,16 @@ import onnx
 from ..errors import VerificationError
 from ..graph.domains import feeds_in, ladder, node_seed, random_nodes, with_seeds
 from ..graph.evaluate import ort_session
+from ..graph.feeds import measured_specs
 from ..graph.io import attach_weights, extra_outputs, weights_aside
-from ..graph.roles import input_specs
 from ..graph.user_inputs import InputsUsed
 
 MAX_RUNS = 32  # runs of the original, at most, in a search
 
 
-def default_domains(model: onnx.ModelProto) -> InputsUsed:
-    """What make_feeds draws each input from (every input at the widest rung of its ladder)."""
-    return InputsUsed("searched", domains={s.name: ladder(s)[0] for s in input_specs(model)})
+def default_domains(model: onnx.ModelProto, dims: dict | None = None) -> InputsUsed:
+    """What make_feeds draws each input from (every input at the widest rung of its ladder; masks as measured)."""
+    return InputsUsed("searched", domains={s.name: ladder(s)[0] for s in measured_specs(model, dims)})
 
 
 def finite(values) -> bool:
@@ -95,7 +95,7 @@ def search(original: onnx.ModelProto, *, dims: dict, seed: int, iterations: int,
     """Feeds on which the original's outputs are finite (and, with `random` nodes in it, the same on a second run):
     the inputs' domain ladders climbed together until they are, then each input taken back down as far as
     it stays so. One line when no domain tried works."""
-    specs = input_specs(original)
+    specs = measured_specs(original, dims)
     ladders = {s.name: ladder(s) for s in specs}
     climbing = [n for n, rungs in ladders.items() if len(rungs) > 1]
     session = ort_session(original)

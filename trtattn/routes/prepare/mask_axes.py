@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 
 from ...graph.evaluate import evaluator
 from ...graph.feeds import make_feeds
+from ...graph.mask_reading import keep_value
 from ...graph.roles import InputSpec, input_specs
 
 MASK = 3  # ONNX Attention's attn_mask input
@@ -51,7 +52,7 @@ def _dropped(spec: InputSpec, shape: tuple[int, int], cell: tuple[int, int]) -> 
     """The mask keeping every token but the one at `cell`, in the input's convention."""
     keep = np.ones(shape, bool)
     keep[cell] = False
-    return (~keep if spec.role.get("true_at") == "padding" else keep).astype(spec.dtype)
+    return keep_value(spec, keep, additive=False)
 
 
 def _reads_flag(base: np.ndarray, changed: np.ndarray, cell: tuple[int, int], shape: tuple[int, int]) -> bool:
