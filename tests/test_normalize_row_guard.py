@@ -94,3 +94,22 @@ def test_shape_with_start_and_end_folds_to_its_slice():
     assert out.shape == (2, 3, 4) and dynamic.tolist() == [7]  # Reshape to [-1, 3, 4], not [-1, 2, 3, 4, 2, 3, 4]
     shapes = [n for n in cleaned.graph.node if n.op_type == "Shape"]
     assert [(n.input[0], {a.name: a.i for a in n.attribute}) for n in shapes] == [("y", {"end": 1})]
+
+
+def test_the_matcher_reads_a_static_dim_of_a_sliced_dynamic_shape():
+    """Gather(Shape(x, start=1), 1) of x [n, 8, 64] is 64 (x's axis 2), not 8 (onnx-graphsurgeon's reading)."""
+    import onnx_graphsurgeon as gs
+
+    from trtattn.graph.view import GraphView
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=1),
+             helper.make_node("Gather", ["s", "one"], ["d"], axis=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, 64])],
+                              [helper.make_tensor_value_info("d", TensorProto.INT64, None)],
+                              [helper.make_tensor("one", TensorProto.INT64, [], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    imported = gs.import_onnx(model)
+    assert int(GraphView(imported, model).const(imported.tensors()["d"])) == 64
+    cleaned, _ = cleanup(model)
+    assert [n.op_type for n in cleaned.graph.node] == [] and \
+        int(onnx.numpy_helper.to_array(next(i for i in cleaned.graph.initializer if i.name == "d"))) == 64
