@@ -4,6 +4,7 @@
     python benchmarks/conformance.py --ops --readme         # ... and replace that table in benchmarks/README.md
     python benchmarks/conformance.py --ops --json rows.json
     python benchmarks/conformance.py --expanded [--markdown] [--json FILE] [--only SUBSTRING]
+    python benchmarks/conformance.py --expanded --normalize [--json FILE] [--only SUBSTRING]
 
 --ops: the standard Attention node itself (trtattn/testing/op_cases.py runs each case as the command line does).
 --expanded: each case as its `_expanded` form (the op replaced by its function body, as onnx.inliner and function
@@ -14,6 +15,9 @@ reference and whether it is within the case's tolerance (FP16_ATOL for fp16), or
 are named, not counted (ONNX Runtime's CPU provider cannot run them). Then each RotaryEmbedding case's body on Q
 and K of an attention (fuse_rotation_case): fused with one RotaryEmbedding op per rotated input, the op on Q
 against onnx's reference output.
+--expanded --normalize: the same bodies through `normalize` instead (trtattn.testing.conformance.normalize_case):
+verified and written (exit 0; the written model against onnx's reference too), a site named with why (exit 1), or
+broken (a verification failure or a crash: normalize's own rewrite wrong), counted by reason.
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
-from trtattn.testing.conformance import conformance_cases, fuse_case, fuse_rotation_case  # noqa: E402
+from trtattn.testing.conformance import (  # noqa: E402
+    conformance_cases,
+    fuse_case,
+    fuse_rotation_case,
+    normalize_case,
+)
 
 OPS_HEADING = "Attention op cases through the TensorRT route and normalize"
 
@@ -141,6 +150,41 @@ def _timed_row(name: str, run, case, row_of) -> dict:
     return {"case": name, **row_of(out), "seconds": round(time.perf_counter() - t0, 2)}
 
 
+def normalized_rows(only: str | None = None) -> list[dict]:
+    """Each runnable expanded case through normalize (normalize_case): exit 0 (verified, written), 1 (named) or a
+    broken row (verification failed, a crash, or the written model off onnx's reference)."""
+    rows = []
+    for case in conformance_cases("Attention", expanded=True):
+        if (only and only not in case.name) or case.cpu_unrunnable:
+            continue
+        t0 = time.perf_counter()
+        try:
+            out = normalize_case(case)
+            broken = out.verified is False or (out.exit == 0 and not out.within)
+            row = {"case": case.name, "exit": out.exit, "broken": broken, "max_abs_err": out.max_abs_err,
+                   "reason": "; ".join(out.named) or ("verification failed" if out.verified is False else "")}
+        except Exception as e:
+            row = {"case": case.name, "exit": None, "broken": True, "max_abs_err": None,
+                   "reason": f"crash: {type(e).__name__}: {e}"}
+        rows.append({**row, "seconds": round(time.perf_counter() - t0, 2)})
+    return rows
+
+
+def normalized_summary(rows: list[dict]) -> str:
+    """One line: how many verified, how many named and why (counted by reason), how many broken."""
+    import collections
+    import re
+
+    named = [r for r in rows if r["exit"] == 1 and not r["broken"]]
+    # the body's tensor names differ per case: the reason without them
+    why = collections.Counter(re.sub(r"Attention_test_\w+?_function_\w+", "<tensor>", r["reason"]).split("; ")[0]
+                              .removeprefix("skipped: ") for r in named)
+    return (f"{sum(r['exit'] == 0 and not r['broken'] for r in rows)} of {len(rows)} runnable expanded cases "
+            f"normalized and verified (exit 0, the written model matching onnx's reference), {len(named)} named "
+            f"(exit 1: " + "; ".join(f"{n} {w}" for w, n in why.most_common()) + f"), "
+            f"{sum(r['broken'] for r in rows)} broken")
+
+
 def rotation_rows(only: str | None = None) -> list[dict]:
     """Each RotaryEmbedding body on Q and K of an attention (fuse_rotation_case): fused with one RotaryEmbedding op
     per rotated input, the op on Q against onnx's reference output."""
@@ -196,6 +240,7 @@ def main(argv=None) -> int:
     suite.add_argument("--expanded", action="store_true", help="the function bodies (expanded cases) through fuse")
     ap.add_argument("--readme", action="store_true", help="--ops: replace the suite's table in benchmarks/README.md")
     ap.add_argument("--markdown", action="store_true", help="--expanded: print the table as markdown")
+    ap.add_argument("--normalize", action="store_true", help="--expanded: the bodies through normalize, not fuse")
     ap.add_argument("--only", help="--expanded: cases whose name contains this")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--work-dir", help="--ops: where the cases' models and outputs go (default: a temporary folder)")
@@ -221,6 +266,15 @@ def main(argv=None) -> int:
 
 
 def expanded_main(args) -> int:
+    if args.normalize:
+        rows = normalized_rows(args.only)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        for r in rows:
+            err = "" if r["max_abs_err"] is None else format(r["max_abs_err"], ".2g")
+            print(f"{r['case']:<75} {'BROKEN' if r['broken'] else r['exit']!s:<6} {err:<8} {r['reason'][:200]}")
+        print(normalized_summary(rows))
+        return 1 if any(r["broken"] for r in rows) else 0
     rows = expanded_rows(args.only)
     rotations = rotation_rows(args.only)
     if args.json:

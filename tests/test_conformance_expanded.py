@@ -4,7 +4,9 @@ command runs it: exactly one Attention op replaces the body, with the op's scale
 reproduces onnx's reference outputs (the case's tolerance; FP16_ATOL for fp16). A case whose model returns its
 softmax probabilities or its logits (the op's qk_matmul_output) gets them from that op's own fourth output, in the
 case's qk_matmul_output_mode: nothing is computed beside the op.
-bf16 cases are skipped by name (ONNX Runtime's CPU provider cannot run them). The RotaryEmbedding cases have no
+Through normalize, each body is either written and verified (matching onnx's reference) or its site named with
+why: never a verification failure of normalize's own rewrite (its fully-masked-row guard moves after the second
+MatMul). bf16 cases are skipped by name (ONNX Runtime's CPU provider cannot run them). The RotaryEmbedding cases have no
 attention around them: fuse leaves them as they are (exit 0, the output is the input); put on Q and K of an
 attention, the rotation is read as the site's rope (match/rotation.py) and written back as RotaryEmbedding ops."""
 
@@ -18,7 +20,14 @@ import pytest
 
 from trtattn.graph.user_inputs import GivenInputs
 from trtattn.rewrite.fuse import fuse_model
-from trtattn.testing.conformance import conformance_cases, fuse_case, fuse_rotation_case, inside_attention, op_node
+from trtattn.testing.conformance import (
+    conformance_cases,
+    fuse_case,
+    fuse_rotation_case,
+    inside_attention,
+    normalize_case,
+    op_node,
+)
 
 ATTENTION = conformance_cases("Attention", expanded=True)
 ROPE = conformance_cases("RotaryEmbedding", expanded=True)
@@ -79,6 +88,20 @@ def test_expanded_attention_fuses_into_one_op(case):
     # the body multiplies Q and K by sqrt(scale) in their own precision: in fp16 that factor is rounded
     rtol = 2e-3 if case.inputs[op.input[0]].dtype == np.float16 else 1e-5
     assert np.isclose(out.attention["scale"], _expected_scale(case, op), rtol=rtol), out.attention
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in ATTENTION])
+def test_expanded_attention_through_normalize_is_verified_or_named(case):
+    """normalize on the body (its fully-masked-row guard included): either written and verified, matching onnx's
+    reference, or the site named with why (exit 1); never a verification failure of its own rewrite."""
+    if case.cpu_unrunnable:
+        pytest.skip(f"{case.name}: {case.cpu_unrunnable}, which ONNX Runtime's CPU provider cannot run")
+    out = normalize_case(case)
+    assert out.verified is not False, out
+    if out.exit == 0:
+        assert out.within, f"{case.name}: max abs error {out.max_abs_err} against onnx's reference"
+    else:
+        assert out.named and all(len(a) > len("skipped: ") for a in out.named), out
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in ROPE])

@@ -17,7 +17,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
-from . import external
+from . import external, shape_slices
 from .dependence import value_operands
 from .shapes import DEFAULT_OPSET, known_shapes_and_types
 
@@ -170,6 +170,7 @@ class GraphView:
             if isinstance(t, gs.Variable) and name in self._shapes:  # unk__N: named by one inference, not shared
                 t.shape = [None if isinstance(d, str) and d.startswith("unk__") else d for d in self.shape(t) or []]
         _static_shapes_as_constants(folded)
+        shape_slices.explicit(folded)  # the rest (dynamic): a Gather or Slice of their static dims folds right
         level = gs.logger.G_LOGGER.severity
         gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
         try:

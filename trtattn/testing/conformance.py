@@ -112,8 +112,6 @@ def fuse_case(case: ConformanceCase) -> FusedCase:
     be written, then run the fused model on ONNX Runtime and compare with onnx's reference outputs."""
     import collections
 
-    import onnxruntime
-
     from ..graph import validate
     from ..graph.user_inputs import GivenInputs
     from ..rewrite.fuse import fuse_model
@@ -126,7 +124,18 @@ def fuse_case(case: ConformanceCase) -> FusedCase:
     if not (result.ok and result.changed):
         return FusedCase(case.name, False, ops, None, False, reason or "nothing fused")
     validate.check(result.model, "the fused model")
-    session = onnxruntime.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    err, within = reference_error(case, result.model)
+    node = next((n for n in result.model.graph.node if n.op_type == "Attention"), None)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} if node is not None else None
+    return FusedCase(case.name, True, ops, err, within, "", attrs)
+
+
+def reference_error(case: ConformanceCase, model: onnx.ModelProto) -> tuple[float, bool]:
+    """`model` run on ONNX Runtime on the case's inputs against onnx's reference outputs: (max abs error, within
+    the case's tolerance, FP16_ATOL for fp16 outputs)."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.inputs)))
     err, within = 0.0, True
     for name, want in case.outputs.items():
@@ -139,9 +148,42 @@ def fuse_case(case: ConformanceCase) -> FusedCase:
             diff = np.where(agree, 0.0, np.abs(a - b))
         err = max(err, float(np.max(diff, initial=0.0)))
         within = within and bool(np.all(diff <= atol + case.rtol * np.where(agree, 0.0, np.abs(b))))
-    node = next((n for n in result.model.graph.node if n.op_type == "Attention"), None)
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} if node is not None else None
-    return FusedCase(case.name, True, ops, err, within, "", attrs)
+    return err, within
+
+
+@dataclass(frozen=True)
+class NormalizedCase:
+    """A case's model through trtattn's normalize (as the command runs it, verified on the case's own inputs)."""
+
+    name: str
+    exit: int  # what `trtattn normalize` exits with: 0 written and verified, 1 not (a site named, or not verified)
+    verified: bool | None  # the verification against the original (None: not run, nothing changed)
+    actions: list[str]  # per site: what normalize did, or why it skipped it
+    max_abs_err: float | None  # of the written model against onnx's reference (None: not written)
+    within: bool  # max_abs_err within the case's tolerance
+
+    @property
+    def named(self) -> list[str]:
+        """Why sites were left (exit 1 with the site named)."""
+        return [a for a in self.actions if a.startswith("skipped")]
+
+
+def normalize_case(case: ConformanceCase) -> NormalizedCase:
+    """Read the case's model as the commands read it, normalize it verified on the case's own inputs, and run
+    what would be written against onnx's reference outputs."""
+    from ..graph import validate
+    from ..graph.user_inputs import GivenInputs
+    from ..rewrite.normalize import normalize_model
+
+    validate.check_read(case.model, case.name)
+    result = normalize_model(case.model, inputs=GivenInputs(case.name, [case.inputs]))
+    actions = [r.action for r in result.sites] + [f"skipped: {s.name}: {s.reason}" for s in result.skipped]
+    verified = result.verification.get("passed")
+    if not result.ok:
+        return NormalizedCase(case.name, 1, verified, actions, None, False)
+    validate.check(result.model, "the normalized model")
+    err, within = reference_error(case, result.model)
+    return NormalizedCase(case.name, 0, verified, actions, err, within)
 
 
 def inside_attention(case: ConformanceCase) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

@@ -30,8 +30,10 @@ from . import canonical
 from .cleanup import cleanup
 from .fusability import verdict
 from .mask_form import MaskCache, masked_logits
-from .probabilities import between, move_nan_guard, not_documented
+from .probabilities import between, move_nan_guard, move_row_guard, not_documented, row_guard
 from .q_prescale import prescaled_logits
+
+ROW_GUARD_MOVED = "fully-masked-row guard moved after BMM2"
 
 
 @dataclass
@@ -160,9 +162,11 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
         try:
             if reemit:
                 guard = "IsNaN" in (probs or [])
-                row.mask_form = canonical.canonical_core(scope, tensors, site, nodes[site.softmax], guard=guard)
+                rows_guard = row_guard(scope, nodes[site.softmax])
+                row.mask_form = canonical.canonical_core(scope, tensors, site, nodes[site.softmax], guard=guard,
+                                                         row_guard=rows_guard)
                 row.scale_to, row.action = "q", "rewritten"
-                row.probabilities = "NaN guard moved after BMM2" if guard else "-"
+                row.probabilities = "NaN guard moved after BMM2" if guard else ROW_GUARD_MOVED if rows_guard else "-"
             else:
                 if not logits_normal:
                     logits, row.scale_to = prescaled_logits(scope, tensors, site, fold_weights=fold_scale_into_weights)
@@ -175,6 +179,8 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
                     row.action = "rewritten"
                 if move_nan_guard(scope, nodes[site.softmax], f"trtattn/{site.name}"):
                     row.probabilities, row.action = "NaN guard moved after BMM2", "rewritten"
+                elif move_row_guard(scope, nodes[site.softmax], f"trtattn/{site.name}"):
+                    row.probabilities, row.action = ROW_GUARD_MOVED, "rewritten"
                 elif not_documented(probs):
                     row.probabilities = f"{', '.join(probs or [])} left (not TensorRT's form)"
                     if logits_normal:

@@ -7,15 +7,18 @@ From the site's layout (match/axes.py frames), as the fuse rewrite reads it (rew
     Q, K, V -> [batch, heads, seq, dim];  MatMul(Q * scale, K^T) -> one Where/Add -> Softmax -> MatMul(., V)
             -> the output in the layout the graph had
 
-A NaN guard the original had after its Softmax goes after the second MatMul (probabilities.py).
+A NaN guard the original had after its Softmax goes after the second MatMul (probabilities.py), and so does the
+ONNX Attention op's fully-masked-row guard, testing the bias it tested as the new core adds it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from ...graph.emit import Emitter
+from ...graph.view import GraphView
 from ...match import logit_ops
 from ...site import AttentionSite, MaskKind
 from ..layout import Dims, convert
@@ -49,9 +52,11 @@ def _shape_of(emit: Emitter, dims: Dims, read: gs.Tensor, frame) -> gs.Tensor:
     return emit("Slice", [full, emit.const([lo], np.int64), emit.const([hi], np.int64)], dtype=np.int64)
 
 
-def canonical_core(graph: gs.Graph, tensors: dict, site: AttentionSite, softmax: gs.Node, *, guard: bool) -> str:
+def canonical_core(graph: gs.Graph, tensors: dict, site: AttentionSite, softmax: gs.Node, *, guard: bool,
+                   row_guard: tuple | None = None) -> str:
     """Replace the site's core by the documented pattern (module doc). Returns the mask's description;
-    raises ValueError naming what the pattern cannot hold (the caller leaves the site as it was)."""
+    raises ValueError naming what the pattern cannot hold (the caller leaves the site as it was).
+    `row_guard`: probabilities.row_guard's (Where, MatMul, bias, condition) after the site's Softmax."""
     lay = site.layout
     if lay is None:
         raise ValueError("no layout to re-emit the attention from")
@@ -59,7 +64,11 @@ def canonical_core(graph: gs.Graph, tensors: dict, site: AttentionSite, softmax:
         raise ValueError("a quantized attention (its Q/DQ would have to move with the core)")
     if tuple(lay.kv_heads) != tuple(lay.heads):
         raise ValueError("grouped K/V heads in a merged layout (they would have to be repeated)")
+    guarded_step = _guarded_step(graph, tensors, site, row_guard[2], row_guard[3]) if row_guard else None
+    fill = row_guard[0].inputs[1] if row_guard else None  # CastLike(0, P): goes with the guard it fills
     for name, _ in lay.shape_reads:
+        if fill is not None and tensors[name] is fill:
+            continue
         if not tensors[name].inputs or tensors[name].inputs[0].op != "Shape":
             raise ValueError(f"{name} reads the size of a tensor inside the attention, not through a Shape node")
     if logit_ops.softcap(site.mask_steps):
@@ -91,15 +100,49 @@ def canonical_core(graph: gs.Graph, tensors: dict, site: AttentionSite, softmax:
     if site.logits_cast is not None:
         x = emit("Cast", [x], {"to": site.logits_cast}, name="softmax_precision")
     old_name, softmax.name = softmax.name, f"{softmax.name}/replaced"  # the new Softmax keeps the site's name
-    p = gs.Variable(f"trtattn/{site.name}/core/probabilities", dtype=dtype)
+    softmax_dtype = dtype if site.logits_cast is None else onnx.helper.tensor_dtype_to_np_dtype(site.logits_cast)
+    p = gs.Variable(f"trtattn/{site.name}/core/probabilities", dtype=softmax_dtype)
     graph.nodes.append(gs.Node("Softmax", old_name, {"axis": -1}, inputs=[x], outputs=[p]))
-    y = emit("MatMul", [p, v], dtype=dtype, name="pv")
+    y = emit("MatMul", [emit.cast(p, dtype), v], dtype=dtype, name="pv")  # back in V's precision, as the original
     if guard:  # rows that attend to no key stay 0, as the original's guard made them
         y = emit("Where", [emit("IsNaN", [y], dtype=np.bool_), emit.const(0.0, dtype), y], dtype=dtype,
                  name="nan_guard")
-    shapes = [(tensors[name], _shape_of(emit, dims, tensors[name], frame)) for name, frame in lay.shape_reads]
+    if guarded_step is not None:  # rows where the bias is -inf at every key stay 0, as the op's guard made them
+        bias = convert(mask_emit, tensors[guarded_step.operand], guarded_step.frame, lay.scores, dims, broadcast=True)
+        axes = emit.const([-1], np.int64)
+        row_max = (emit("ReduceMax", [bias, axes], {"keepdims": 1}, name="bias_row_max") if int(graph.opset) >= 18
+                   else emit("ReduceMax", [bias], {"axes": [-1], "keepdims": 1}, name="bias_row_max"))
+        masked = emit("Equal", [row_max, emit.const(float("-inf"), np.dtype(tensors[guarded_step.operand].dtype
+                                                                               or dtype))], dtype=np.bool_)
+        y = emit("Where", [masked, emit.const(0.0, dtype), y], dtype=dtype, name="masked_rows")
+    shapes = [(tensors[name], _shape_of(emit, dims, tensors[name], frame)) for name, frame in lay.shape_reads
+              if fill is None or tensors[name] is not fill]
     _produce(tensors[site.output], convert(emit, y, (lay.batch, lay.heads, ("q",), ("e",)), lay.out, dims))
     for read, shape in shapes:  # Shape nodes of tensors that go away read the sizes instead
         read.inputs[0].outputs.clear()
         _produce(read, shape)
     return desc + " (core re-emitted as [batch, heads, seq, dim])"
+
+
+def _guarded_step(graph: gs.Graph, tensors: dict, site: AttentionSite, bias: gs.Tensor | None, cond: gs.Tensor):
+    """The site's mask step that adds the bias the fully-masked-row guard tests (match/core.py took the guard as the
+    op's own only so). A guard folded to a constant (a constant bias) is the step whose constant bias gives its
+    values: ReduceMax over the keys == -inf. ValueError when there is none."""
+    adds = [s for s in site.mask_steps if s.op == "add" and s.operand in tensors and s.frame is not None]
+    if bias is not None:
+        view = GraphView(graph, fold=False)
+        own = view.skip_passthrough_up(bias)
+        found = [s for s in adds if view.skip_passthrough_up(tensors[s.operand]) is own]
+    else:
+        rows = np.asarray(cond.values) if isinstance(cond, gs.Constant) else None
+        found = [s for s in adds if rows is not None and isinstance(tensors[s.operand], gs.Constant)
+                 and _all_masked(np.asarray(tensors[s.operand].values)).shape == rows.shape
+                 and np.array_equal(_all_masked(np.asarray(tensors[s.operand].values)), rows)]
+    if not found:
+        raise ValueError(f"the probabilities' rows are zeroed where {(bias or cond).name} says (the op's "
+                         "fully-masked-row guard), and no bias the logits add gives those rows")
+    return found[0]
+
+
+def _all_masked(bias: np.ndarray) -> np.ndarray:
+    return np.max(bias, axis=-1, keepdims=True) == -np.inf

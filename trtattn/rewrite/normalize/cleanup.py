@@ -1,5 +1,6 @@
 """cleanup: fold constants and infer shapes with Polygraphy, then drop nodes that do nothing at
-inference (Identity, Dropout, Cast to the same type) so attention chains are what TensorRT expects."""
+inference (Identity, Dropout, Cast to the same type) so attention chains are what TensorRT expects.
+Shape nodes with a start or an end are folded as a Slice of the whole shape (graph/shape_slices.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ...graph import shape_slices
 from ...graph.view import GraphView, ir_version_like
 
 FOLD_LIMIT = 16 << 20  # never fold a constant bigger than this (an Expand of a mask, say)
@@ -17,6 +19,9 @@ def fold(model: onnx.ModelProto) -> onnx.ModelProto:
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.ERROR
+    graph = gs.import_onnx(model)
+    if shape_slices.explicit(graph):  # folded right only in this form: merge() puts the rest back
+        model = gs.export_onnx(graph, do_type_check=False)
     return fold_constants(model, copy=True, error_ok=True, partitioning="basic", size_threshold=FOLD_LIMIT)
 
 
@@ -45,6 +50,22 @@ def remove_noops(graph: gs.Graph) -> int:
     return removed
 
 
+def name_nodes(graph: gs.Graph) -> None:
+    """A name for every node that has none or shares one (function bodies inlined leave them unnamed): sites name
+    their Softmax, and the rewrite finds it by that name."""
+    from ...match.subgraphs import subgraphs
+
+    seen: set[str] = set()
+    for node in graph.nodes:
+        if not node.name or node.name in seen:
+            out = node.outputs[0].name if node.outputs else str(len(seen))
+            node.name = next(n for n in (f"{node.op}:{out}", *(f"{node.op}:{out}:{i}" for i in range(1, 1 << 16)))
+                             if n not in seen)
+        seen.add(node.name)
+    for _, _, sub in subgraphs(graph):
+        name_nodes(sub)
+
+
 def _training(view: GraphView, node: gs.Node) -> bool:
     if len(node.inputs) < 3 or not node.inputs[2].name:
         return False
@@ -53,9 +74,12 @@ def _training(view: GraphView, node: gs.Node) -> bool:
 
 
 def cleanup(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
-    folded = fold(model)
-    graph = gs.import_onnx(folded)
+    graph = gs.import_onnx(fold(model))
+    shape_slices.merge(graph)
+    graph.cleanup()
+    folded_nodes = len(model.graph.node) - len(graph.nodes)
     removed = remove_noops(graph)
+    name_nodes(graph)
     out = gs.export_onnx(graph.toposort())
     out.ir_version = ir_version_like(model)
-    return out, {"folded_nodes": len(model.graph.node) - len(folded.graph.node), "noops_removed": removed}
+    return out, {"folded_nodes": folded_nodes, "noops_removed": removed}
