@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from test_precision_bf16 import autocast, bf16_attention, fp16_attention, needs_autocast  # noqa: F401 (a fixture)
+from test_precision_bf16 import bf16_attention, fp16_attention, needs_autocast
 
 from trtattn.cli import main
 from trtattn.graph.user_inputs import GivenInputs
