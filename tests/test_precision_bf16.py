@@ -249,3 +249,35 @@ def test_fuse_command_on_a_bf16_model_writes_it_in_bf16_saying_how_checked(tmp_p
     written = onnx.load(str(out))
     assert [v.type.tensor_type.elem_type for v in [*written.graph.input, *written.graph.output]] == [T.BFLOAT16] * 4
     assert "Attention" in {n.op_type for n in written.graph.node}
+
+
+def test_normalize_bf16_body_rewrites_it_in_bf16_checked_emulated():
+    """normalize on a bf16 model: probed widened, the scale moved onto Q in the bf16 model itself (the new constant
+    bf16), verified emulated; every kept tensor typed as before. Before: "ONNX Runtime cannot open the model"."""
+    from trtattn.graph import validate
+    from trtattn.rewrite import bf16
+    from trtattn.rewrite.normalize import normalize_model
+
+    model = bf16_body()
+    result = normalize_model(model)
+    assert result.ok and result.changed and [s.action for s in result.sites] == ["rewritten"]
+    assert result.verification["passed"] and result.verification["run_on"] == bf16.RUN_ON
+    assert result.notes == [bf16.NOTE]
+    out = result.model
+    assert validate.findings(out) == [] and bf16.type_change(model, out) is None
+    before, after = _inferred_types(model), _inferred_types(out)
+    assert all(after[name] == t for name, t in before.items() if name in after)
+    assert not any(i.data_type == T.FLOAT for i in out.graph.initializer)
+    q_scale = next(n for n in out.graph.node if n.op_type == "Mul" and "q" in n.input)
+    assert after[q_scale.output[0]] == T.BFLOAT16
+
+
+def test_normalize_command_on_a_bf16_attention_op_writes_it_unchanged(tmp_path, capsys):
+    """One bf16 ONNX Attention (already TensorRT's form): exit 0, the output is the input; before, exit 2."""
+    from trtattn.cli import main
+
+    src, out = tmp_path / "bf16.onnx", tmp_path / "normal.onnx"
+    onnx.save(bf16_attention(), str(src))
+    assert main(["-q", "normalize", str(src), "-o", str(out)]) == 0
+    assert "CPU provider cannot run it (its CUDA provider can)" in capsys.readouterr().out
+    assert out.read_bytes() == src.read_bytes()

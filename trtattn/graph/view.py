@@ -68,7 +68,7 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """onnx-graphsurgeon's import; the weights a lazily loaded model (io.load(..., load_external_data=False))
     left on disk are read from their files only if something uses their values (MappedValues)."""
     graph = gs.import_onnx(model)
-    _bf16_as_numpy(graph)
+    bf16_as_numpy(graph)
     folder = external.data_dir(model)
     if folder is not None:
         protos = {t.name: t for t in external.all_tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL}
@@ -81,7 +81,7 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     return graph
 
 
-def _bf16_as_numpy(graph: gs.Graph) -> None:
+def bf16_as_numpy(graph: gs.Graph) -> None:
     """onnx-graphsurgeon leaves a bf16 tensor's dtype the ONNX enum (it knows no numpy bf16): ml_dtypes' bfloat16,
     which onnx reads and writes, so a bf16 model is rewritten as any other."""
     bf16 = np.dtype(ml_dtypes.bfloat16)

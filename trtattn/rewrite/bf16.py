@@ -51,9 +51,7 @@ def rewritten(written: onnx.ModelProto, active: list, meanings: dict, rewrite) -
     """The sites (fuse's SiteReports) verified on the widened model rewritten by `rewrite` in the bf16 model
     `written` itself, whose tensors give the new ones their types; None when one did not rewrite there (it is not
     fused, with why)."""
-    known = types(written)
-    twins = [dataclasses.replace(r, site=r.site.replace(dtype=_dtype_name(known.get(r.site.query), r.site.dtype)))
-             for r in active]  # the site's tensors are in the bf16 model's types: so are those the rewrite makes
+    twins = [dataclasses.replace(r, site=s) for r, s in zip(active, typed_sites([r.site for r in active], written))]
     fused = rewrite(written, twins, meanings)
     lost = [(r, t) for r, t in zip(active, twins) if t.status != SiteStatus.FUSED]
     for r, t in lost:
@@ -61,6 +59,13 @@ def rewritten(written: onnx.ModelProto, active: list, meanings: dict, rewrite) -
     for r, t in zip(active, twins):
         r.attention_node = t.attention_node
     return None if lost else fused
+
+
+def typed_sites(sites: list, model: onnx.ModelProto) -> list:
+    """The sites (AttentionSites found on the widened model) in `model`'s own types: the tensors a rewrite makes for
+    a site take its dtype."""
+    known = types(model)
+    return [s.replace(dtype=_dtype_name(known.get(s.query), s.dtype)) for s in sites]
 
 
 def checked(written: onnx.ModelProto, fused: onnx.ModelProto, active: list, *, dims, seed: int, inputs,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -19,7 +18,7 @@ import onnx_graphsurgeon as gs
 from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
 from ..graph.dims import fit_dims
-from ..graph.emit import Emitter
+from ..graph.emit import Emitter, float_dtype
 from ..graph.io import default_session_refusal
 from ..graph.qdq_pairs import write_propagated_pairs
 from ..graph.shapes import symbolic_shapes, upgrade_opset
@@ -39,7 +38,6 @@ from .rope import write_rotations
 from .verdicts import blame, first_line, output_reason, site_error, summary, verify_reason
 
 ATTENTION_OPSET = 23
-FLOAT_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "bfloat16": ml_dtypes.bfloat16}
 NOT_FUSED = SiteStatus.NOT_FUSED  # the status of an attention the output keeps as it was (the reason says why)
 # A site whose softmax output the model quantizes (Q/DQ between the Softmax and the product with V) loses
 # that rounding in the fused op: each probability moves by up to half a step. Measured on the fuzzer's
@@ -134,7 +132,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
                          "a fused attention (and TensorRT's IAttention) computes them unquantized, so it would not "
                          "compute what this model computes")
     emit = Emitter(graph, f"trtattn/{site.name}")
-    dtype = np.dtype(FLOAT_DTYPES.get(site.dtype, np.float32))
+    dtype = float_dtype(site.dtype)
     dims = Dims(emit, tensors, lay.dims)
     q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
     k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ...graph.view import GraphView, ir_version_like
+from ...graph.view import GraphView, bf16_as_numpy, ir_version_like
 
 FOLD_LIMIT = 16 << 20  # never fold a constant bigger than this (an Expand of a mask, say)
 
@@ -55,6 +55,7 @@ def _training(view: GraphView, node: gs.Node) -> bool:
 def cleanup(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
     folded = fold(model)
     graph = gs.import_onnx(folded)
+    bf16_as_numpy(graph)
     removed = remove_noops(graph)
     out = gs.export_onnx(graph.toposort())
     out.ir_version = ir_version_like(model)
