@@ -78,7 +78,8 @@ def ops_suite(work: Path) -> tuple[str, list[dict], str, list[str]]:
         why = r["skipped"] or (r["why"].split(": ", 1)[-1] if r["fuse_exit"] else "")
         if r["not_run"] and r["fuse_exit"] == 0:  # bf16: the TensorRT ops checked emulated in fp32, never run in bf16
             fuse, ref = "converted, not run (bf16)", ref.replace("ok", "ok, emulated", 1)
-            why = "bf16 not run on CPU (emulated in fp32); normalize: ONNX Runtime cannot load a bf16 Attention model"
+            why = ("bf16 not run on CPU (emulated in fp32); normalize: read widened, nothing to improve, written as "
+                   "read (bf16)" if r["normalize_exit"] == 0 else "bf16 not run on CPU (emulated in fp32)")
         lines.append(f"| {r['name']} | {r['features']} | {fuse} | {r['form']} | {ref} | {_exit(r['build_exit'])} | "
                      f"{_exit(r['normalize_exit'])} | {why.replace('|', '/')[:160]} |")
     run = [r for r in rows if not r["skipped"] and not r["not_run"]]
@@ -92,7 +93,8 @@ def ops_suite(work: Path) -> tuple[str, list[dict], str, list[str]]:
                f"(ONNX Runtime through trtattn_plugins, and onnx's reference outputs), {len(limits)} named limits "
                f"(exit 1), {len(other)} other outcomes; {len(bf16_converted)} of {len(not_run)} bf16 cases converted, "
                f"not run (ONNX Runtime has no bf16 kernel: the TensorRT ops checked emulated in fp32 against onnx's "
-               f"reference, build's plan in bf16; normalize refuses them, exit 2; the other "
+               f"reference, build's plan in bf16; normalize exits "
+               f"{'/'.join(sorted({_exit(r['normalize_exit']) for r in bf16_converted}))} for them; the other "
                f"{len(not_run) - len(bf16_converted)} stop where ONNX Runtime refuses the model widened to fp32); "
                f"{len(rows) - len(run) - len(not_run)} skipped "
                f"({', '.join(sorted({r['skipped'].split(':')[0] for r in rows if r['skipped']}))}: fuse, build and "
