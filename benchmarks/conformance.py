@@ -12,9 +12,10 @@ expansion write it) through `fuse` as the command runs it (trtattn.testing.confo
 verified on the case's own inputs, check of what would be written), then the fused model on ONNX Runtime against
 onnx's reference outputs. Columns: case, fused (one Attention op replaced the body), max abs error against the
 reference and whether it is within the case's tolerance (FP16_ATOL for fp16), or why it did not fuse. bf16 cases
-are named, not counted (ONNX Runtime's CPU provider cannot run them). Then each RotaryEmbedding case's body on Q
-and K of an attention (fuse_rotation_case): fused with one RotaryEmbedding op per rotated input, the op on Q
-against onnx's reference output.
+(ONNX Runtime's CPU provider cannot run them) are fused in bf16 and checked emulated in fp32 (every bf16 tensor
+rounded, each op in fp32) against onnx's reference cast to fp32, within the bf16 rewrite tolerance. Then each
+RotaryEmbedding case's body on Q and K of an attention (fuse_rotation_case): fused with one RotaryEmbedding op
+per rotated input, the op on Q against onnx's reference output.
 --expanded --normalize: the same bodies through `normalize` instead (trtattn.testing.conformance.normalize_case):
 verified and written (exit 0; the written model against onnx's reference too), a site named with why (exit 1), or
 broken (a verification failure or a crash: normalize's own rewrite wrong), counted by reason.
@@ -86,7 +87,8 @@ def ops_suite(work: Path) -> tuple[str, list[dict], str, list[str]]:
         why = r["skipped"] or (r["why"].split(": ", 1)[-1] if r["fuse_exit"] else "")
         if r["not_run"] and r["fuse_exit"] == 0:  # bf16: the TensorRT ops checked emulated in fp32, never run in bf16
             fuse, ref = "converted, not run (bf16)", ref.replace("ok", "ok, emulated", 1)
-            why = "bf16 not run on CPU (emulated in fp32); normalize: ONNX Runtime cannot load a bf16 Attention model"
+            why = ("bf16 not run on CPU (emulated in fp32); normalize: read widened, nothing to improve, written as "
+                   "read (bf16)" if r["normalize_exit"] == 0 else "bf16 not run on CPU (emulated in fp32)")
         lines.append(f"| {r['name']} | {r['features']} | {fuse} | {r['form']} | {ref} | {_exit(r['build_exit'])} | "
                      f"{_exit(r['normalize_exit'])} | {why.replace('|', '/')[:160]} |")
     run = [r for r in rows if not r["skipped"] and not r["not_run"]]
@@ -100,7 +102,8 @@ def ops_suite(work: Path) -> tuple[str, list[dict], str, list[str]]:
                f"(ONNX Runtime through trtattn_plugins, and onnx's reference outputs), {len(limits)} named limits "
                f"(exit 1), {len(other)} other outcomes; {len(bf16_converted)} of {len(not_run)} bf16 cases converted, "
                f"not run (ONNX Runtime has no bf16 kernel: the TensorRT ops checked emulated in fp32 against onnx's "
-               f"reference, build's plan in bf16; normalize refuses them, exit 2; the other "
+               f"reference, build's plan in bf16; normalize exits "
+               f"{'/'.join(sorted({_exit(r['normalize_exit']) for r in bf16_converted}))} for them; the other "
                f"{len(not_run) - len(bf16_converted)} stop where ONNX Runtime refuses the model widened to fp32); "
                f"{len(rows) - len(run) - len(not_run)} skipped "
                f"({', '.join(sorted({r['skipped'].split(':')[0] for r in rows if r['skipped']}))}: fuse, build and "
@@ -129,13 +132,9 @@ def expanded_rows(only: str | None = None) -> list[dict]:
     for case in conformance_cases("Attention", expanded=True):
         if only and only not in case.name:
             continue
-        if case.cpu_unrunnable:
-            rows.append({"case": case.name, "fused": None, "max_abs_err": None, "within": None,
-                         "reason": f"skipped: {case.cpu_unrunnable} (ONNX Runtime's CPU provider cannot run it)"})
-            continue
         rows.append(_timed_row(case.name, fuse_case, case, lambda out: {
             "fused": out.fused and out.ops.get("Attention") == 1, "max_abs_err": out.max_abs_err,
-            "within": out.within, "reason": out.reason}))
+            "within": out.within, "reason": out.reason, "emulated": out.fused and out.run_on != "ONNX Runtime (CPU)"}))
     return rows
 
 
@@ -205,8 +204,11 @@ def _rotation_row(out) -> dict:
 def markdown(rows: list[dict], rotations: list[dict]) -> str:
     runnable = [r for r in rows if r["fused"] is not None]
     good = sum(bool(r["fused"] and r["within"]) for r in runnable)
-    lines = [f"{good} of {len(runnable)} runnable cases fused into one Attention op and matching onnx's reference "
-             f"({len(rows) - len(runnable)} bf16 cases named, not counted).", "",
+    bf16 = [r for r in runnable if "_bf16" in r["case"]]
+    emulated = sum(bool(r["fused"] and r["within"] and r.get("emulated")) for r in bf16)
+    lines = [f"{good} of {len(runnable)} cases fused into one Attention op and matching onnx's reference; of them "
+             f"{emulated} of {len(bf16)} bf16 cases fused in bf16, checked emulated in fp32 (no bf16 kernel on CPU) "
+             "within the bf16 tolerance.", "",
              "| case | fused | max abs err vs reference | reason |", "|---|---|---|---|"]
     lines += _table_rows(rows)
     if rotations:
@@ -223,7 +225,8 @@ def markdown(rows: list[dict], rotations: list[dict]) -> str:
 def _table_rows(rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
-        fused = "skipped" if r["fused"] is None else ("yes" if r["fused"] else "no")
+        fused = "skipped" if r["fused"] is None else ("no" if not r["fused"] else
+                                                       "fused, checked emulated" if r.get("emulated") else "yes")
         err = "" if r["max_abs_err"] is None else f"{r['max_abs_err']:.2g}" + ("" if r["within"] else " (over)")
         # the body's tensors are named Attention_test_<case>_function_<name>: <name> says it
         reason = r["reason"].replace(f"Attention_test_{r['case']}_function_", "").replace("|", "\\|")

@@ -6,7 +6,8 @@ softmax probabilities or its logits (the op's qk_matmul_output) gets them from t
 case's qk_matmul_output_mode: nothing is computed beside the op.
 Through normalize, each body is either written and verified (matching onnx's reference) or its site named with
 why: never a verification failure of normalize's own rewrite (its fully-masked-row guard moves after the second
-MatMul). bf16 cases are skipped by name (ONNX Runtime's CPU provider cannot run them). The RotaryEmbedding cases have no
+MatMul). bf16 cases (ONNX Runtime's CPU provider cannot run them) are fused in bf16 and run emulated in fp32
+(precision/emulate.py), compared with onnx's reference at the bf16 rewrite tolerance. The RotaryEmbedding cases have no
 attention around them: fuse leaves them as they are (exit 0, the output is the input); put on Q and K of an
 attention, the rotation is read as the site's rope (match/rotation.py) and written back as RotaryEmbedding ops."""
 
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import collections
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
 
 from trtattn.graph.user_inputs import GivenInputs
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.rewrite.precision.emulate import EMULATION
 from trtattn.testing.conformance import (
     conformance_cases,
     fuse_case,
@@ -41,7 +44,7 @@ FAST = {"attention_4d_expanded", "attention_4d_fp16_expanded", "attention_4d_gqa
         "attention_local_window_with_past_expanded", "attention_4d_softcap_neginf_mask_poison_expanded",
         "attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded",
         "attention_3d_with_past_and_present_qk_matmul_softmax_expanded", "attention_4d_with_qk_matmul_expanded",
-        "attention_3d_with_past_and_present_qk_matmul_softcap_expanded"}
+        "attention_3d_with_past_and_present_qk_matmul_softcap_expanded", "attention_4d_attn_mask_causal_bf16_expanded"}
 
 
 def _param(case):
@@ -73,11 +76,10 @@ def _expected_scale(case, op: onnx.NodeProto) -> float:
 
 @pytest.mark.parametrize("case", [_param(c) for c in ATTENTION])
 def test_expanded_attention_fuses_into_one_op(case):
-    if case.cpu_unrunnable:
-        pytest.skip(f"{case.name}: {case.cpu_unrunnable}, which ONNX Runtime's CPU provider cannot run")
     op = op_node(case)
     out = fuse_case(case)
     assert out.fused, out.reason
+    assert (out.run_on == EMULATION) == (case.cpu_unrunnable == "bf16"), out.run_on
     assert out.ops.get("Attention") == 1 and not out.ops.get("Softmax"), out.ops
     assert out.within, f"{case.name}: max abs error {out.max_abs_err} against onnx's reference"
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in op.attribute}
@@ -86,7 +88,7 @@ def test_expanded_attention_fuses_into_one_op(case):
     assert out.attention.get("qk_matmul_output_mode") == _qk_mode(op) and not out.ops.get("MatMul"), out
     assert np.isclose(out.attention.get("softcap", 0.0), attrs.get("softcap", 0.0))
     # the body multiplies Q and K by sqrt(scale) in their own precision: in fp16 that factor is rounded
-    rtol = 2e-3 if case.inputs[op.input[0]].dtype == np.float16 else 1e-5
+    rtol = {np.dtype(np.float16): 2e-3, np.dtype(ml_dtypes.bfloat16): 1e-2}.get(case.inputs[op.input[0]].dtype, 1e-5)
     assert np.isclose(out.attention["scale"], _expected_scale(case, op), rtol=rtol), out.attention
 
 

@@ -183,3 +183,101 @@ def test_bf16_model_asked_in_another_precision_is_refused_saying_why():
 
     with pytest.raises(P.PrecisionError, match="computes in bf16.*--precision bf16"):
         prepare(bf16_attention(), name="bf16_attention", precision="fp16")
+
+
+def _bf16_initializer(name: str, values: np.ndarray) -> onnx.TensorProto:
+    import ml_dtypes
+
+    bits = np.asarray(values, ml_dtypes.bfloat16).view(np.uint16)  # onnx's helper keeps bf16 as raw bits
+    return helper.make_tensor(name, T.BFLOAT16, list(values.shape), bits.tobytes(), raw=True)
+
+
+def bf16_body(batch=2, heads=2, seq=5, head=16) -> onnx.ModelProto:
+    """An attention written out in bf16 ops (softmax(Q.K^T * scale + bias) . V), its bias a bf16 initializer:
+    ONNX Runtime's CPU provider cannot open it."""
+    shape = [batch, heads, seq, head]
+    bias = np.random.default_rng(4).standard_normal((seq, seq)).astype(np.float32)
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]), helper.make_node("Mul", ["qk", "scale"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "bias"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "bf16_body", [helper.make_tensor_value_info(n, T.BFLOAT16, shape) for n in "qkv"],
+                              [helper.make_tensor_value_info("y", T.BFLOAT16, shape)],
+                              [_bf16_initializer("scale", np.array(0.25, np.float32)), _bf16_initializer("bias", bias)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def _inferred_types(model: onnx.ModelProto) -> dict[str, int]:
+    return declared_types(onnx.shape_inference.infer_shapes(model, strict_mode=True))
+
+
+def test_fuse_bf16_body_writes_a_bf16_attention_checked_emulated():
+    """Plain fuse on a bf16 model: matched and verified on it widened to fp32, rewritten in the bf16 model itself
+    (the Attention op and its mask in bf16, every kept tensor typed as before), verified emulated against the
+    original emulated. Before, fit_dims stopped: "ONNX Runtime cannot open the model"."""
+    from trtattn.graph import validate
+    from trtattn.rewrite import bf16
+    from trtattn.rewrite.fuse import fuse_model
+
+    model = bf16_body()
+    assert P.ort_support(model) is not None  # the premise: ONNX Runtime cannot open it
+    result = fuse_model(model)
+    assert result.ok and result.changed, [r.reason for r in result.reports]
+    out = result.model
+    assert [n.op_type for n in out.graph.node].count("Attention") == 1 and "Softmax" not in {
+        n.op_type for n in out.graph.node}
+    assert result.verification["run_on"] == bf16.RUN_ON and result.verification["widened_fp32"]["passed"]
+    assert 0 < result.verification["max_abs_err"] <= bf16.TOLERANCE[0]
+    onnx.checker.check_model(out, full_check=True)
+    assert validate.findings(out) == []
+    before, after = _inferred_types(model), _inferred_types(out)
+    assert all(after[name] == t for name, t in before.items() if name in after)
+    attn = next(n for n in out.graph.node if n.op_type == "Attention")
+    assert {after[t] for t in attn.input if t} == {T.BFLOAT16} and after[attn.output[0]] == T.BFLOAT16
+    assert not any(i.data_type == T.FLOAT for i in out.graph.initializer)
+
+
+def test_fuse_command_on_a_bf16_model_writes_it_in_bf16_saying_how_checked(tmp_path, capsys):
+    from trtattn.cli import main
+    from trtattn.rewrite import bf16
+
+    src, out = tmp_path / "bf16.onnx", tmp_path / "fused.onnx"
+    onnx.save(bf16_body(), str(src))
+    assert main(["-q", "fuse", str(src), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert bf16.RUN_ON in text and "CPU provider cannot run it (its CUDA provider can)" in text
+    written = onnx.load(str(out))
+    assert [v.type.tensor_type.elem_type for v in [*written.graph.input, *written.graph.output]] == [T.BFLOAT16] * 4
+    assert "Attention" in {n.op_type for n in written.graph.node}
+
+
+def test_normalize_bf16_body_rewrites_it_in_bf16_checked_emulated():
+    """normalize on a bf16 model: probed widened, the scale moved onto Q in the bf16 model itself (the new constant
+    bf16), verified emulated; every kept tensor typed as before. Before: "ONNX Runtime cannot open the model"."""
+    from trtattn.graph import validate
+    from trtattn.rewrite import bf16
+    from trtattn.rewrite.normalize import normalize_model
+
+    model = bf16_body()
+    result = normalize_model(model)
+    assert result.ok and result.changed and [s.action for s in result.sites] == ["rewritten"]
+    assert result.verification["passed"] and result.verification["run_on"] == bf16.RUN_ON
+    assert result.notes == [bf16.NOTE]
+    out = result.model
+    assert validate.findings(out) == [] and bf16.type_change(model, out) is None
+    before, after = _inferred_types(model), _inferred_types(out)
+    assert all(after[name] == t for name, t in before.items() if name in after)
+    assert not any(i.data_type == T.FLOAT for i in out.graph.initializer)
+    q_scale = next(n for n in out.graph.node if n.op_type == "Mul" and "q" in n.input)
+    assert after[q_scale.output[0]] == T.BFLOAT16
+
+
+def test_normalize_command_on_a_bf16_attention_op_writes_it_unchanged(tmp_path, capsys):
+    """One bf16 ONNX Attention (already TensorRT's form): exit 0, the output is the input; before, exit 2."""
+    from trtattn.cli import main
+
+    src, out = tmp_path / "bf16.onnx", tmp_path / "normal.onnx"
+    onnx.save(bf16_attention(), str(src))
+    assert main(["-q", "normalize", str(src), "-o", str(out)]) == 0
+    assert "CPU provider cannot run it (its CUDA provider can)" in capsys.readouterr().out
+    assert out.read_bytes() == src.read_bytes()

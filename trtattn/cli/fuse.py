@@ -56,6 +56,8 @@ def report(result, model, model_path, output, report_path, progress, allow_parti
     if rows:
         print(site_table(rows))
     print(f"{summary_line(rows, result.ignored)}; verification: {verdict(result.verification)}")
+    for note in result.notes:
+        print(f"note: {note}")
     partial = allow_partial and not result.ok and result.verification.get("passed") is not False
     written = None
     if result.ok or partial:

@@ -59,8 +59,9 @@ def run(args, progress) -> int:
     print(f"{len(rows)} attention sites, {sum(r['action'] == 'rewritten' for r in rows)} rewritten; "
           f"cleanup folded {result.cleanup['folded_nodes']} nodes and removed {result.cleanup['noops_removed']} no-ops; "
           f"verification: {verdict(result.verification)}")
-    if result.precision_choice:
-        print(f"note: {result.precision_choice}")
+    for note in [result.precision_choice, *result.notes]:
+        if note:
+            print(f"note: {note}")
     if args.quantize and result.ok:
         from ..rewrite.quantize import QUANT_COLUMNS, load_calibration, quantize_checked
 

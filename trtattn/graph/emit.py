@@ -3,6 +3,7 @@ expressions every rewrite needs (slices of a shape, the logits' shape, a mask at
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -13,6 +14,15 @@ from .view import export_graph
 def onnx_dtype(dtype) -> int:
     """numpy dtype -> ONNX TensorProto data type."""
     return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+FLOAT_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "bfloat16": ml_dtypes.bfloat16}
+
+
+def float_dtype(name: str) -> np.dtype:
+    """A site's float type (AttentionSite.dtype) as the numpy dtype its new tensors take (bf16: ml_dtypes');
+    fp32 for anything else."""
+    return np.dtype(FLOAT_DTYPES.get(name, np.float32))
 
 
 class Emitter:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import weakref
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -67,6 +68,7 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """onnx-graphsurgeon's import; the weights a lazily loaded model (io.load(..., load_external_data=False))
     left on disk are read from their files only if something uses their values (MappedValues)."""
     graph = gs.import_onnx(model)
+    bf16_as_numpy(graph)
     folder = external.data_dir(model)
     if folder is not None:
         protos = {t.name: t for t in external.all_tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL}
@@ -86,6 +88,18 @@ def mapped_constant(name: str, tensor: onnx.TensorProto, folder) -> gs.Constant:
     constant = gs.Constant(name, values)
     _MAPPED.add(constant, values)
     return constant
+
+
+def bf16_as_numpy(graph: gs.Graph) -> None:
+    """onnx-graphsurgeon leaves a bf16 tensor's dtype the ONNX enum (it knows no numpy bf16): ml_dtypes' bfloat16,
+    which onnx reads and writes, so a bf16 model is rewritten as any other."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    for g in [graph, *graph.subgraphs(recursive=True)]:
+        for t in g.tensors().values():
+            if isinstance(t, gs.Variable) and t.dtype == onnx.TensorProto.BFLOAT16:
+                t.dtype = bf16
+            elif isinstance(t, gs.Constant) and hasattr(t.values, "dtype") and t.values.dtype == onnx.TensorProto.BFLOAT16:
+                t.values.dtype = bf16  # its bytes stay in the proto until read (LazyValues)
 
 
 def export_graph(graph: gs.Graph, like: onnx.ModelProto, do_type_check: bool = True) -> onnx.ModelProto:

@@ -18,7 +18,7 @@ import onnx_graphsurgeon as gs
 from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
 from ..graph.dims import fit_dims
-from ..graph.emit import Emitter
+from ..graph.emit import Emitter, float_dtype
 from ..graph.io import default_session_refusal
 from ..graph.qdq_pairs import write_propagated_pairs
 from ..graph.shapes import symbolic_shapes, upgrade_opset
@@ -29,11 +29,13 @@ from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
 from ..verify import REWRITE_TOLERANCES, OutcomeSummary, compare_models, tolerance_for
 from ..version import __version__
+from . import bf16
 from .group_query import convert_group_query
 from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
 from .qk_output import qk_output
 from .rope import write_rotations
+from .verdicts import blame, first_line, output_reason, site_error, summary, verify_reason
 
 ATTENTION_OPSET = 23
 NOT_FUSED = SiteStatus.NOT_FUSED  # the status of an attention the output keeps as it was (the reason says why)
@@ -78,6 +80,7 @@ class FuseResult:
     changed: bool = False
     original: onnx.ModelProto | None = field(default=None, repr=False)  # the input, for the pictures
     dims: dict = field(default_factory=dict)  # the dims verification ran at, why, and those skipped for memory
+    notes: list[str] = field(default_factory=list)  # for the output: how the model was read (a bf16 model)
 
     def _repr_html_(self) -> str:
         """A notebook shows the result as the HTML report's section: every site drawn."""
@@ -129,7 +132,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
                          "a fused attention (and TensorRT's IAttention) computes them unquantized, so it would not "
                          "compute what this model computes")
     emit = Emitter(graph, f"trtattn/{site.name}")
-    dtype = np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.dtype(np.float32)
+    dtype = float_dtype(site.dtype)
     dims = Dims(emit, tensors, lay.dims)
     q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
     k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)
@@ -247,9 +250,17 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
 
         return fuse_branches(model, fuse_model, verify=verify, dims=dims, seed=seed, atol=atol, rtol=rtol,
                              progress=progress)
-    fit = fit_dims(model, dims, progress=progress, given=inputs)  # dims the original runs on (graph/dims.py)
-    result = _fuse_fitted(model, fit, verify=verify, seed=seed, atol=atol, rtol=rtol, given=given, progress=progress,
-                          inputs=inputs)
+    wide = bf16.read_widened(model)  # a bf16 model ONNX Runtime cannot open: worked on widened (rewrite/bf16.py)
+    if wide is not None:
+        progress.note(bf16.NOTE)
+        atol, rtol = tolerance_for(wide, *(v if g else None for v, g in zip((atol, rtol), given)))
+        inputs = inputs.widened(wide) if inputs is not None else None
+    fit = fit_dims(wide or model, dims, progress=progress, given=inputs)  # dims the original runs on (graph/dims.py)
+    result = _fuse_fitted(wide or model, fit, verify=verify, seed=seed, atol=atol, rtol=rtol, given=given,
+                          progress=progress, inputs=inputs, written=model if wide is not None else None)
+    if wide is not None:
+        result.notes.append(bf16.NOTE)
+        result.model = result.model if result.changed else model
     result.dims = fit_record(fit)
     note_one_key(result.reports, result.verification, fit)
     return result
@@ -281,7 +292,9 @@ def fit_record(fit) -> dict:
 
 
 def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol: float, rtol: float,
-                 given: tuple[bool, bool], progress, inputs) -> FuseResult:
+                 given: tuple[bool, bool], progress, inputs, written: onnx.ModelProto | None = None) -> FuseResult:
+    """`written`: the bf16 model `model` is the widened copy of (rewrite/bf16.py): the sites are rewritten in it
+    too, that model verified emulated and returned."""
     with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(model, ATTENTION_OPSET)
         graph, result, meanings = analyse(working, probe_feeds(working, dims), progress, dims=dims)
@@ -299,8 +312,15 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
             fused = _rewrite(working, active, meanings, None if result.canonical else graph)
         graph = None  # rewritten: a second pass starts from the model again
         active = [r for r in active if r.status == SiteStatus.FUSED]
+        fused_bf16 = fused
+        if written is not None and active:
+            rewritten = bf16.rewritten(upgrade_opset(written, ATTENTION_OPSET), active, meanings, _rewrite)
+            if rewritten is None:
+                continue
+            fused_bf16 = rewritten
         if not verify:
-            return FuseResult(fused, reports, result.ignored, {"passed": None}, bool(active))
+            return FuseResult(fused if written is None else fused_bf16, reports, result.ignored, {"passed": None},
+                              bool(active))
         if not active:
             return FuseResult(model, reports, result.ignored, {"passed": True, "note": "no site fused"}, False)
         site_atol, site_rtol, why = _precision_tolerance([r.site for r in active], atol, rtol, given)
@@ -312,34 +332,41 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
             except VerificationError:  # the inputs, not the rewrite: one line for the whole command
                 raise
             except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
-                for r in _blame(e, active):
+                for r in blame(e, active):
                     if not _retried(r):
-                        r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {_first_line(e)}"
+                        r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {first_line(e)}"
                 continue
         if outcome.passed:  # compared with ONNX Runtime's basic optimizations; loaded as the user will load it
             with progress.step("loading the rewritten model in ONNX Runtime with default session options"):
                 refusal = default_session_refusal(fused)
             if refusal is not None:
-                for r in _blame(Exception(refusal), active):
+                for r in blame(Exception(refusal), active):
                     if not _retried(r):
                         r.status, r.reason = NOT_FUSED, ("ONNX Runtime with default session options refuses the "
                                                          f"rewritten model: {refusal}")
                 continue
         for r in active:
-            r.max_abs_err = _site_error(r, outcome)
+            r.max_abs_err = site_error(r, outcome)
         bad = [r for r in active if r.max_abs_err is None
                or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, site_atol), quant_tolerance(r.site))]
         if not bad and not outcome.passed:  # each site within its bound, an output not: keep the original
             if [r for r in active if _logits_beside(r)]:  # unless it is logits the op returned: beside them, again
                 continue
             for r in active:
-                r.status, r.reason = NOT_FUSED, _output_reason(outcome)
-            return FuseResult(model, reports, result.ignored, _summary(outcome, why), False)
+                r.status, r.reason = NOT_FUSED, output_reason(outcome)
+            return FuseResult(model, reports, result.ignored, summary(outcome, why), False)
+        if not bad and written is not None:
+            checked = bf16.checked(written, fused_bf16, active, dims=dims, seed=seed, inputs=inputs,
+                                   atol=atol if given[0] else None, rtol=rtol if given[1] else None,
+                                   progress=progress, widened=summary(outcome, why))
+            if checked is None:
+                continue
+            return FuseResult(fused_bf16, reports, result.ignored, checked, True)
         if not bad:
-            return FuseResult(fused, reports, result.ignored, _summary(outcome, why), True)
+            return FuseResult(fused, reports, result.ignored, summary(outcome, why), True)
         for r in bad:  # leave the failing sites as they were and verify the others again
             if not _retried(r):
-                r.status, r.reason = NOT_FUSED, _verify_reason(r)
+                r.status, r.reason = NOT_FUSED, verify_reason(r)
 
 
 def _retried(r: SiteReport) -> bool:
@@ -389,51 +416,6 @@ def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, boo
     return out_atol, out_rtol, (f"the {loosest} tolerance: site {site.name} computes its "
                                 f"{'products' if site.products_dtype and site.dtype not in names else 'attention'} "
                                 f"in {site.products_dtype or site.dtype}")
-
-
-def _summary(outcome, why: str) -> OutcomeSummary:
-    summary = outcome.summary()
-    if why:
-        summary["tolerance_why"] = why
-    return summary
-
-
-def _site_error(r: SiteReport, outcome) -> float | None:
-    """A site's max abs error: of its output, or for a site inside a subgraph (whose tensors are not model
-    outputs) of the model's outputs, which it feeds."""
-    if r.site.graph:
-        return max(outcome.output_errors.values(), default=None)
-    return outcome.site_errors.get(r.site.output)
-
-
-def _output_reason(outcome) -> str:
-    if not outcome.output_errors:
-        return "within its own bound, but no model output could be compared: the original is kept"
-    worst = max(outcome.output_errors, key=lambda k: outcome.output_errors[k] / max(outcome.bounds.get(k, 1e-30), 1e-30))
-    err, bound = outcome.output_errors[worst], outcome.bounds.get(worst, outcome.atol)
-    nan = f"; NaN where the original has none: {', '.join(outcome.nan_mismatch)}" if outcome.nan_mismatch else ""
-    return (f"within its own bound, but the model's output '{worst}' is off by {err:.3g} (bound {bound:.3g}"
-            f"{', in ' + str(outcome.slices) + ' slices of layers' if outcome.slices else ''}{nan}): "
-            "the original is kept")
-
-
-def _blame(error: Exception, active: list[SiteReport]) -> list[SiteReport]:
-    """The sites whose nodes (named trtattn/SITE/...) an ONNX Runtime error names; all of them if none."""
-    text = str(error)
-    named = [r for r in active if f"trtattn/{r.site.name}/" in text]
-    return named or active
-
-
-def _first_line(e: Exception) -> str:
-    lines = [x for x in str(e).splitlines() if x.strip()]
-    text = lines[0] if lines else type(e).__name__
-    return text if len(text) < 300 else text[:300] + "..."
-
-
-def _verify_reason(r: SiteReport) -> str:
-    if r.max_abs_err is None:
-        return "verification could not compare this site's output"
-    return f"verification failed: max abs error {r.max_abs_err:.3g} against the original"
 
 
 def _placeholder(sk: Skipped) -> AttentionSite:

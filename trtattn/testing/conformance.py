@@ -102,9 +102,10 @@ class FusedCase:
     fused: bool  # every site fused and verified
     ops: dict[str, int]  # op types of the fused model (the original's when nothing fused)
     max_abs_err: float | None  # of the fused model's outputs against the references (None: not fused)
-    within: bool  # max_abs_err within the case's tolerance (FP16_ATOL for fp16 outputs)
+    within: bool  # max_abs_err within the case's tolerance (FP16_ATOL for fp16 outputs, the bf16 one for bf16)
     reason: str  # why a site did not fuse ('' when all did)
     attention: dict | None = None  # the fused Attention node's attributes (fuse_rotation_case: the RotaryEmbedding's)
+    run_on: str = "ONNX Runtime (CPU)"  # what ran the fused model: a bf16 one emulated in fp32
 
 
 def fuse_case(case: ConformanceCase) -> FusedCase:
@@ -124,31 +125,42 @@ def fuse_case(case: ConformanceCase) -> FusedCase:
     if not (result.ok and result.changed):
         return FusedCase(case.name, False, ops, None, False, reason or "nothing fused")
     validate.check(result.model, "the fused model")
-    err, within = reference_error(case, result.model)
+    err, within, runner = reference_error(case, result.model)
     node = next((n for n in result.model.graph.node if n.op_type == "Attention"), None)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} if node is not None else None
-    return FusedCase(case.name, True, ops, err, within, "", attrs)
+    return FusedCase(case.name, True, ops, err, within, "", attrs, runner)
 
 
-def reference_error(case: ConformanceCase, model: onnx.ModelProto) -> tuple[float, bool]:
-    """`model` run on ONNX Runtime on the case's inputs against onnx's reference outputs: (max abs error, within
-    the case's tolerance, FP16_ATOL for fp16 outputs)."""
+def reference_error(case: ConformanceCase, model: onnx.ModelProto) -> tuple[float, bool, str]:
+    """`model` run on the case's inputs against onnx's reference outputs: (max abs error, within the case's
+    tolerance (FP16_ATOL for fp16 outputs, the bf16 rewrite tolerance for bf16 cases), what ran it: ONNX Runtime,
+    or for a bf16 case ONNX Runtime emulating bf16 in fp32 (precision/emulate.py), as fuse checked it)."""
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.inputs)))
+    from ..rewrite.precision.check import cpu_runner
+    from ..verify import REWRITE_TOLERANCES
+
+    if case.cpu_unrunnable == "bf16":
+        run, runner = cpu_runner(model)
+        got = run(case.inputs)
+    else:
+        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        got, runner = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.inputs))), \
+            "ONNX Runtime (CPU)"
     err, within = 0.0, True
+    bf16_atol, bf16_rtol = REWRITE_TOLERANCES["bf16"]
     for name, want in case.outputs.items():
         have = got[name]
-        fp16 = want.dtype == np.float16
-        atol = max(case.atol, FP16_ATOL) if fp16 else case.atol
+        fp16, bf16 = want.dtype == np.float16, case.cpu_unrunnable == "bf16"
+        atol = max(case.atol, FP16_ATOL) if fp16 else max(case.atol, bf16_atol) if bf16 else case.atol
+        rtol = max(case.rtol, bf16_rtol) if bf16 else case.rtol  # bf16: the project's rewrite tolerance
         a, b = have.astype(np.float64), want.astype(np.float64)
         agree = (a == b) | (np.isnan(a) & np.isnan(b))  # equal infinities (a -inf masked logits output) agree
         with np.errstate(invalid="ignore"):
             diff = np.where(agree, 0.0, np.abs(a - b))
         err = max(err, float(np.max(diff, initial=0.0)))
-        within = within and bool(np.all(diff <= atol + case.rtol * np.where(agree, 0.0, np.abs(b))))
-    return err, within
+        within = within and bool(np.all(diff <= atol + rtol * np.where(agree, 0.0, np.abs(b))))
+    return err, within, runner
 
 
 @dataclass(frozen=True)
@@ -182,7 +194,7 @@ def normalize_case(case: ConformanceCase) -> NormalizedCase:
     if not result.ok:
         return NormalizedCase(case.name, 1, verified, actions, None, False)
     validate.check(result.model, "the normalized model")
-    err, within = reference_error(case, result.model)
+    err, within, _ = reference_error(case, result.model)
     return NormalizedCase(case.name, 0, verified, actions, err, within)
 
 

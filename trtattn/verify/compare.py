@@ -81,6 +81,7 @@ class OutcomeSummary(TypedDict, total=False):
     note_branches: str
     tolerance_why: str  # why atol/rtol are not the model's own ("the fp16 tolerance: site attn computes its products in float16")
     one_key: list[str]  # fused sites verified only where their softmax has one key (graph/dims.py): unproven
+    widened_fp32: dict  # a bf16 model fused (rewrite/bf16.py): the check of its widened copy in fp32
     run_on: str  # what ran the candidate when not the model itself (a bf16 model emulated in fp32: precision/emulate.py)
 
 

@@ -15,6 +15,7 @@ reshape them. Each kind is one unit (a LogitOp subclass in its own module) that 
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -76,7 +77,7 @@ class MaskBuilder:
         """A boolean M becomes additive: 0 where allowed, `fill` elsewhere (None: the dtype's lowest value)."""
         if self.kind == MaskKind.BOOLEAN:
             e = self.emit
-            fill = np.finfo(self.dtype).min if fill is None else fill
+            fill = float(ml_dtypes.finfo(self.dtype).min) if fill is None else fill  # np.finfo knows no bf16
             self.m = e("Where", [self.m, e.const(0.0, self.dtype), e.const(fill, self.dtype)],
                        dtype=self.dtype, name="bool_to_bias")
             self.kind = MaskKind.ADDITIVE

@@ -8,6 +8,7 @@ logit instead: masked logits vanish as before, and a fully masked row stays unif
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ...site import MaskKind, MaskStep
@@ -19,7 +20,8 @@ from .chain import reaches_matmul
 def replacing_fill(dtype) -> float:
     """A bias that swamps any logit yet is not the dtype's lowest value (which means -inf to ONNX Runtime)."""
     dtype = np.dtype(dtype)
-    return float(np.finfo(dtype).min) / 1024 if dtype.itemsize >= 4 else float(np.finfo(dtype).min) / 2
+    lowest = float(ml_dtypes.finfo(dtype).min)  # np.finfo knows no bf16
+    return lowest / 1024 if dtype.itemsize >= 4 else lowest / 2
 
 
 class Where(LogitOp):

@@ -7,6 +7,8 @@ The result keeps to ops TensorRT's ONNX parser supports, so it serves both trtat
 builder and `trtexec --onnx` (TensorRT's implicit fusion). A site already in TensorRT's form (scale on Q/K, one
 masking op before the Softmax, nothing but Q/DQ after it) is left alone; a model with nothing to improve comes
 back unchanged, and the result says so.
+A bf16 model ONNX Runtime's CPU provider cannot open is matched and probed widened to fp32 and rewritten in its own
+bf16 types, verified emulated (rewrite/bf16.py), as fuse does.
 Sites in If/Loop/Scan bodies (a merged decoder's branches, a scripted loop) are rewritten in their body,
 and checked through the model's outputs (feeds of two seeds take both branches of an If).
 """
@@ -18,14 +20,17 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from ...errors import TrtattnError
 from ...graph import external
 from ...graph.branches import branch_inputs
 from ...graph.dims import fit_dims
 from ...graph.emit import Emitter, export_like
+from ...graph.view import import_graph
 from ...match import analyse, logit_ops, probe_feeds, subgraphs
 from ...report import Progress
 from ...site import AttentionSite, MaskKind, ScalePlacement
 from ...verify import OutcomeSummary, compare_models, tolerance_for
+from .. import bf16
 from . import canonical
 from .cleanup import cleanup
 from .fusability import verdict
@@ -70,6 +75,7 @@ class NormalizeResult:
     skipped: list = field(default_factory=list)  # attentions the matcher could not take (Skipped: name, reason)
     precision: str = "fp16"  # what the verdicts are for: the one asked, else the model's (chosen_precision)
     precision_choice: str | None = None  # which precision was taken and why, when none was asked
+    notes: list[str] = field(default_factory=list)  # for the output: how the model was read (a bf16 model)
 
     @property
     def ok(self) -> bool:
@@ -125,12 +131,19 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
         return _by_branch(model, fold_scale_into_weights=fold_scale_into_weights, precision=precision, verify=verify,
                           dims=dims, seed=seed, atol=atol, rtol=rtol, progress=progress)
     atol, rtol = tolerance_for(model, atol, rtol)
-    dims = fit_dims(model, dims, progress=progress, given=inputs)  # dims the original runs on (graph/dims.py), as fuse does
+    wide = bf16.read_widened(model)  # a bf16 model ONNX Runtime cannot open: probed widened (rewrite/bf16.py)
+    if wide is not None:
+        progress.note(bf16.NOTE)
+    dims = fit_dims(wide or model, dims, progress=progress,  # dims the original runs on (graph/dims.py), as fuse does
+                    given=inputs.widened(wide) if wide is not None and inputs is not None else inputs)
     with progress.step("cleanup: constant folding, no-op removal"):
         cleaned, stats = cleanup(model)
         external.set_data_dir(cleaned, external.data_dir(model))  # weights on disk: still where they were
     with progress.step("matching attention sites and probing masks"):
-        graph, result, meanings = analyse(cleaned, probe_feeds(cleaned, dims), progress, dims=dims)
+        probed = _runnable(cleaned, wide)
+        graph, result, meanings = analyse(probed, probe_feeds(probed, dims), progress, dims=dims)
+    if probed is not cleaned:  # rewritten in the bf16 model itself: the new tensors take its types
+        graph, result.sites = import_graph(cleaned), bf16.typed_sites(result.sites, cleaned)
     scopes: dict[tuple, tuple] = {}  # a site's graph (main, or an If/Loop body) -> (graph, tensors, nodes, masks)
     rows: list[SiteNormalization] = []
     rewritten = 0
@@ -194,22 +207,34 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
         for r in rows:
             r.after = r.before
         return NormalizeResult(model, rows, False, stats, {"passed": True, "note": "nothing to improve"},
-                               result.ignored, skipped=list(result.skipped))
+                               result.ignored, skipped=list(result.skipped), notes=[bf16.NOTE] if wide else [])
     out = export_like(graph, model)
     verification: OutcomeSummary = {"passed": None}
-    if verify:
+    if wide is not None:
+        changed = bf16.type_change(model, out)
+        if changed is not None:
+            raise TrtattnError(f"normalize would not write the bf16 model as it read it: {changed}")
+    if verify and wide is not None:
+        with progress.step(f"verifying the bf16 model against the original, {bf16.RUN_ON}"):
+            outcome = bf16.verify_emulated(model, out, [r.site for r in rows if not r.site.graph], dims=dims,
+                                           seed=seed, inputs=inputs, atol=atol, rtol=rtol, progress=progress)
+    elif verify:
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
             # a body's tensors are not the graph's to output
             outcome = compare_models(model, out, [r.site for r in rows if not r.site.graph], dims=dims, seed=seed,
                                      atol=atol, rtol=rtol, given=inputs, progress=progress)
+    if verify:
         for r in rows:
             r.max_abs_err = outcome.site_errors.get(r.site.output)
         verification = outcome.summary()
+        if wide is not None:
+            verification["run_on"] = bf16.RUN_ON
         one_key = [r.site.name for r in rows if dims.one_key.get(r.site.output, (0, 0))[1] == 1]
         if one_key:  # verified only over one key, where any softmax gives 1 (graph/dims.py)
             verification["one_key"] = one_key
     # what the normalised graph offers TensorRT, site by site
-    _, after, after_meanings = analyse(out, probe_feeds(out, dims), dims=dims)
+    probed = _runnable(out, wide)
+    _, after, after_meanings = analyse(probed, probe_feeds(probed, dims), dims=dims)
     by_softmax = {s.softmax or s.output: s for s in after.sites}
     for r in rows:
         s2 = by_softmax.get(r.site.softmax or r.site.output)
@@ -217,7 +242,13 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
             r.after = verdict(s2, precision=precision, meaning=after_meanings.get(s2.name),
                               mask_ops=_mask_ops(out, s2), probs_ops=between(_graph_of(out, s2), s2.softmax)
                               if s2.softmax is not None else None).row()
-    return NormalizeResult(out, rows, True, stats, verification, result.ignored, skipped=list(result.skipped))
+    return NormalizeResult(out, rows, True, stats, verification, result.ignored, skipped=list(result.skipped),
+                           notes=[bf16.NOTE] if wide else [])
+
+
+def _runnable(model: onnx.ModelProto, wide: onnx.ModelProto | None) -> onnx.ModelProto:
+    """`model`, or for a bf16 model (`wide`: the input read widened) it widened too: what ONNX Runtime probes."""
+    return model if wide is None else bf16.read_widened(model) or model
 
 
 def _graph_of(model: onnx.ModelProto, site: AttentionSite) -> onnx.GraphProto:

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ...graph.emit import Emitter
+from ...graph.emit import Emitter, float_dtype
 from ...graph.view import GraphView
 from ...match import logit_ops
 from ...site import AttentionSite, MaskKind
@@ -73,7 +73,7 @@ def canonical_core(graph: gs.Graph, tensors: dict, site: AttentionSite, softmax:
             raise ValueError(f"{name} reads the size of a tensor inside the attention, not through a Shape node")
     if logit_ops.softcap(site.mask_steps):
         raise ValueError("soft-capped logits: TensorRT's pattern has no Tanh before the Softmax")
-    dtype = np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.dtype(np.float32)
+    dtype = float_dtype(site.dtype)
     emit = Emitter(graph, f"trtattn/{site.name}/core")
     dims = Dims(emit, tensors, lay.dims)
     q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)

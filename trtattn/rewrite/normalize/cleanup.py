@@ -9,7 +9,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ...graph import shape_slices
-from ...graph.view import GraphView, ir_version_like
+from ...graph.view import GraphView, bf16_as_numpy, ir_version_like
 
 FOLD_LIMIT = 16 << 20  # never fold a constant bigger than this (an Expand of a mask, say)
 
@@ -75,6 +75,7 @@ def _training(view: GraphView, node: gs.Node) -> bool:
 
 def cleanup(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
     graph = gs.import_onnx(fold(model))
+    bf16_as_numpy(graph)
     shape_slices.merge(graph)
     graph.cleanup()
     folded_nodes = len(model.graph.node) - len(graph.nodes)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ...graph.emit import Emitter
+from ...graph.emit import Emitter, float_dtype
 from ...match.logit_ops import fill_value, materialize
 from ...site import AttentionSite, CausalKind, MaskKind
 
@@ -20,7 +20,7 @@ NEG_INF = float("-inf")
 
 
 def _np_dtype(site: AttentionSite) -> np.dtype:
-    return np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.dtype(np.float32)
+    return float_dtype(site.dtype)
 
 
 def range_mask(graph: gs.Graph, site: AttentionSite, tensors: dict, prefix: str) -> gs.Tensor:

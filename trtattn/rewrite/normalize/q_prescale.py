@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ...graph.emit import Emitter
+from ...graph.emit import Emitter, float_dtype
 from ...match.heads import SHAPE_OPS
 from ...site import AttentionSite
 
@@ -23,7 +23,7 @@ def prescaled_logits(graph: gs.Graph, tensors: dict, site: AttentionSite, *, fol
     q = tensors[site.query]
     kt = tensors[site.key_transposed]
     scale = site.scale / site.key_transposed_scale  # K^T may keep a factor applied before its Transpose
-    dtype = np.dtype(site.dtype) if site.dtype in ("float32", "float16", "float64") else np.dtype(np.float32)
+    dtype = float_dtype(site.dtype)
     placement = "none"
     if abs(scale - 1.0) > 1e-12:
         if fold_weights and fold_into_projection(graph, q, scale):
