@@ -370,4 +370,6 @@ def test_an_attention_with_one_key_at_every_length_is_said(named):
     assert result.verification["one_key"] == [report.site.name]
     assert f"verified at one key only, which proves nothing: {report.site.name}" in verdict(result.verification)
     assert "one key: unproven" in site_table([row])
-    assert normalize_model(model).verification["one_key"] == [report.site.name]
+    normalized = normalize_model(model)  # (its cleanup names unnamed nodes: the site is named by its Softmax there)
+    assert normalized.verification["one_key"] == [r.site.name for r in normalized.sites]
+    assert [r.site.output for r in normalized.sites] == [report.site.output]

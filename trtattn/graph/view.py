@@ -68,7 +68,6 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """onnx-graphsurgeon's import; the weights a lazily loaded model (io.load(..., load_external_data=False))
     left on disk are read from their files only if something uses their values (MappedValues)."""
     graph = gs.import_onnx(model)
-    bf16_as_numpy(graph)
     folder = external.data_dir(model)
     if folder is not None:
         protos = {t.name: t for t in external.all_tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL}
@@ -76,8 +75,11 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
             proto = protos.get(constant.name) if constant.data_location == onnx.TensorProto.EXTERNAL else None
             if proto is not None:
                 values = MappedValues(proto, folder)
+                if proto.data_type == onnx.TensorProto.BFLOAT16:
+                    values.dtype = np.dtype(ml_dtypes.bfloat16)
                 constant.values = values
                 _MAPPED.add(constant, values)
+    bf16_as_numpy(graph)
     return graph
 
 
@@ -98,8 +100,8 @@ def bf16_as_numpy(graph: gs.Graph) -> None:
         for t in g.tensors().values():
             if isinstance(t, gs.Variable) and t.dtype == onnx.TensorProto.BFLOAT16:
                 t.dtype = bf16
-            elif isinstance(t, gs.Constant) and hasattr(t.values, "dtype") and t.values.dtype == onnx.TensorProto.BFLOAT16:
-                t.values.dtype = bf16  # its bytes stay in the proto until read (LazyValues)
+            elif isinstance(t, gs.Constant) and t.dtype == onnx.TensorProto.BFLOAT16:  # (dtype reads no values)
+                t.values.dtype = bf16  # a weight in the proto, read (one on disk was typed by import_graph)
 
 
 def export_graph(graph: gs.Graph, like: onnx.ModelProto, do_type_check: bool = True) -> onnx.ModelProto:
