@@ -115,3 +115,12 @@ def test_a_reading_is_taken_again_on_feeds_the_model_runs_on():
     assert read_masks(model, specs, {"x": np.zeros((3, 6, 16), np.float64), "mask": mask}) == {}  # x's type: no run
     reading = read_masks(model, specs, {"x": np.zeros((3, 6, 16), np.float32), "mask": mask})
     assert reading == {"mask": {"axes": ["key", "batch"], "additive": False}}
+
+
+def test_a_general_mask_feed_keeps_several_keys_in_a_row_and_masks_others():
+    """A [b, 1, s, s] mask (no padding axes) is random along its keys: rows keep more than key 0, and some
+    keys are masked; a feed keeping key 0 alone would not show a mask read on the wrong axis."""
+    shape, nodes, key_axis = MODELS["batch_1_query_key"]
+    mask = np.moveaxis(make_feeds(self_attention(shape, nodes), seed=3)["mask"], key_axis, -1)
+    kept = mask.sum(axis=-1)
+    assert (kept >= 2).mean() > 0.5 and not mask.all()

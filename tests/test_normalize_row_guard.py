@@ -113,3 +113,52 @@ def test_the_matcher_reads_a_static_dim_of_a_sliced_dynamic_shape():
     cleaned, _ = cleanup(model)
     assert [n.op_type for n in cleaned.graph.node] == [] and \
         int(onnx.numpy_helper.to_array(next(i for i in cleaned.graph.initializer if i.name == "d"))) == 64
+
+
+def test_nodes_inside_an_if_branch_are_named_too():
+    """name_nodes names unnamed (or same-named) nodes in control-flow bodies as in the main graph: a site inside
+    a branch names its Softmax by that name."""
+    import onnx_graphsurgeon as gs
+
+    from trtattn.rewrite.normalize.cleanup import name_nodes
+
+    def branch(op: str) -> onnx.GraphProto:  # unnamed nodes
+        nodes = [helper.make_node(op, ["x"], [f"{op}_y"]), helper.make_node("Softmax", [f"{op}_y"], [f"{op}_out"])]
+        return helper.make_graph(nodes, op, [], [helper.make_tensor_value_info(f"{op}_out", TensorProto.FLOAT, [2])])
+    if_node = helper.make_node("If", ["c"], ["y"], then_branch=branch("Relu"), else_branch=branch("Neg"))
+    graph = helper.make_graph([if_node], "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                               helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    imported = gs.import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    name_nodes(imported)
+    (if_node,) = imported.nodes
+    names = [n.name for attr in ("then_branch", "else_branch") for n in if_node.attrs[attr].nodes]
+    assert names == ["Relu:Relu_y", "Softmax:Relu_out", "Neg:Neg_y", "Softmax:Neg_out"], names
+
+
+def test_a_guard_testing_a_bias_the_logits_do_not_add_is_named_by_that_bias():
+    """Re-emitting the core, the guard is tested on the bias the logits add; one testing another tensor leaves the
+    site, named with the tensor the guard tests."""
+    model, feeds = guarded_body(3, "castlike")
+    (reduce_max,) = (n for n in model.graph.node if n.op_type == "ReduceMax")
+    reduce_max.input[0] = "guard_bias"
+    feeds["guard_bias"] = feeds["bias"].copy()
+    model.graph.input.append(helper.make_tensor_value_info("guard_bias", TensorProto.FLOAT, feeds["bias"].shape))
+    result = normalize_model(model, inputs=GivenInputs("guard on another bias", [feeds]))
+    (row,) = result.sites
+    assert not result.ok and row.action.startswith(
+        "skipped: the probabilities' rows are zeroed where guard_bias says (the op's fully-masked-row guard)"), row.action
+
+
+def test_a_size_read_after_the_guards_fill_is_still_checked():
+    """The guard's CastLike(0, P) fill goes with the guard; another reader of P's size after it (a Size, not a Shape)
+    still leaves the site named, as it would on its own."""
+    model, feeds = guarded_body(3, "castlike")  # heads merged: the core is re-emitted
+    for vi in model.graph.input:  # a symbolic sequence length: the Size is not folded away
+        vi.type.tensor_type.shape.dim[1].dim_param = "s"
+    model.graph.node.append(helper.make_node("Size", ["p"], ["n"]))  # after the fill among P's readers
+    model.graph.output.append(helper.make_tensor_value_info("n", TensorProto.INT64, []))
+    result = normalize_model(model, inputs=GivenInputs("size read after the fill", [feeds]))
+    (row,) = result.sites
+    assert not result.ok and row.action == \
+        "skipped: n reads the size of a tensor inside the attention, not through a Shape node", row.action

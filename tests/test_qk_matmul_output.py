@@ -271,3 +271,23 @@ def test_logits_masked_by_a_boolean_are_mode_2_with_their_minus_inf():
     np.testing.assert_array_equal(np.isneginf(got["logits"]), np.isneginf(want["logits"]))
     np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-6)
     assert not collections.Counter(n.op_type for n in result.model.graph.node)["MatMul"]
+
+
+def test_a_site_within_its_bound_whose_model_output_is_not_keeps_the_original_unchanged(monkeypatch):
+    """Each site within its own bound but a model output off (here: the returned probabilities made off on purpose):
+    the original is kept, the site named with the output, and the result says the model did not change."""
+    import trtattn.rewrite.fuse as fuse
+
+    compare = fuse.compare_models
+
+    def weights_off(*args, **kwargs):
+        outcome = compare(*args, **kwargs)
+        outcome.output_errors["weights"], outcome.passed = 1.0, False
+        return outcome
+
+    monkeypatch.setattr(fuse, "compare_models", weights_off)
+    model = _body()
+    result = fuse_model(model, inputs=GivenInputs("weights off", [_feeds(model)]))
+    (r,) = result.reports
+    assert r.status != "fused" and "within its own bound, but the model's output 'weights' is off" in r.reason, r
+    assert result.changed is False and result.model is model and result.verification["passed"] is False
