@@ -229,3 +229,32 @@ def test_folder_rank_set_on_gpus_generates_the_single_device_tokens(tmp_path):
         with np.load(save) as data:
             tokens.append(data["tokens"])
     assert np.array_equal(tokens[0], tokens[1])
+
+
+def test_a_sidecar_listing_fewer_engines_than_ranks_is_refused_naming_the_missing_one(tmp_path):
+    """NAME.tp.json of 2 ranks listing only rank 0's engine: every rank still gets its engine by the set's
+    naming, so the launch refuses naming rank 1's absent engine rather than launching one rank of two."""
+    plan = _rank_set(tmp_path, 2)
+    plan.write_text(json.dumps({"tensor_parallel": 2, "ranks": [{"rank": 0, "engine": "m.rank0of2.engine"}]}))
+    (tmp_path / "m.rank1of2.engine").unlink()
+    rank_set = read_rank_set(plan)
+    assert rank_set.models == [tmp_path / f"m.rank{r}of2.engine" for r in range(2)]
+    with pytest.raises(TrtattnError, match=r"rank engine \S*m\.rank1of2\.engine not found"):
+        rank_commands(rank_set, ["run", str(plan)], str(plan), port=1, command="run", env={})
+
+
+def test_nccl_missing_is_one_clear_error_naming_the_library():
+    """No libnccl on this machine: loading it says which library is missing and how to get it, not ctypes' OSError."""
+    import ctypes
+
+    from trtattn.errors import MissingDependencyError
+    from trtattn.trt import nccl
+
+    for name in nccl.LIBRARIES:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        pytest.skip(f"{name} is installed here")
+    with pytest.raises(MissingDependencyError, match=r"needs NCCL \(libnccl\.so\.2 or libnccl\.so was not found\)"):
+        nccl.load_library()

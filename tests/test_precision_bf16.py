@@ -5,6 +5,7 @@ An Attention reading its inputs in different dtypes is refused, naming the node.
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
@@ -281,3 +282,57 @@ def test_normalize_command_on_a_bf16_attention_op_writes_it_unchanged(tmp_path, 
     assert main(["-q", "normalize", str(src), "-o", str(out)]) == 0
     assert "CPU provider cannot run it (its CUDA provider can)" in capsys.readouterr().out
     assert out.read_bytes() == src.read_bytes()
+
+
+def test_an_fp16_output_read_inside_the_graph_is_put_back_with_its_readers_kept_in_fp32():
+    """narrow_io on an output `y` (Mul) that Add also reads: the Add reads the fp32 value `y/fp32`, only the
+    graph output goes through the Cast back to fp16, and ONNX Runtime runs it: y in fp16, z = x + y in fp32."""
+    from onnx.reference import ReferenceEvaluator
+
+    from trtattn.rewrite.precision.widen import narrow_io
+
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    nodes = [helper.make_node("Mul", ["x", "two"], ["y"], name="double"),
+             helper.make_node("Add", ["x", "y"], ["z"], name="sum")]
+    graph = helper.make_graph(nodes, "narrowed", [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("z", T.FLOAT, [2, 3])], [two])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    narrow_io(model, {"y": T.FLOAT16})
+    onnx.checker.check_model(model, full_check=True)
+    assert next(n for n in model.graph.node if n.name == "sum").input[:] == ["x", "y/fp32"]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5
+    y, z = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert y.dtype == np.float16 and z.dtype == np.float32
+    np.testing.assert_array_equal(y, (2 * x).astype(np.float16))
+    np.testing.assert_array_equal(z, 3 * x)
+    np.testing.assert_array_equal(ReferenceEvaluator(model).run(["z"], {"x": x})[0], 3 * x)
+
+
+def test_a_bf16_model_onnx_runtime_refuses_even_emulated_says_onnx_runtimes_reason():
+    """A bf16 model with an op no runner knows: ONNX Runtime refuses the fp32 emulation too, and the refusal
+    says so with ONNX Runtime's own reason (naming the op), then the reference evaluator's."""
+    model = _bf16_elementwise()
+    model.graph.node[2].op_type, model.graph.node[2].domain = "NoSuchRelu", "example.unknown"
+    model.opset_import.append(helper.make_opsetid("example.unknown", 1))
+    refused = r"emulated in fp32: .*NoSuchRelu.* is not a registered function/op\) and onnx.s reference evaluator failed"
+    with pytest.raises(P.NotRunnableOnCpu, match=refused):
+        P.cpu_runner(model)
+
+
+def test_bf16_types_of_a_model_strict_inference_rejects_is_one_trtattn_error():
+    """type_change on a model onnx's strict inference rejects (Add of [3] and [4]) as read and as written: the
+    same findings, so it types them, and says inference fails on the bf16 model with onnx's reason."""
+    import copy
+
+    from trtattn.errors import TrtattnError
+    from trtattn.rewrite import bf16
+
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"], name="bad_add")], "bad",
+                              [helper.make_tensor_value_info("a", T.BFLOAT16, [3]),
+                               helper.make_tensor_value_info("b", T.BFLOAT16, [4])],
+                              [helper.make_tensor_value_info("c", T.BFLOAT16, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    reason = r"onnx.s shape inference fails on the bf16 model: .*node name: bad_add.*Incompatible dimensions"
+    with pytest.raises(TrtattnError, match=reason):
+        bf16.type_change(model, copy.deepcopy(model))

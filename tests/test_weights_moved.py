@@ -165,3 +165,32 @@ def test_the_matcher_reads_weights_on_disk_from_the_models_folder(tmp_path, monk
     assert [s.name for s in result.sites] == ["model/layers.0/self_attn"] and not result.skipped
     forms = split_model(model, 2)
     assert [(s.q_per_rank, s.kv_per_rank) for s in forms.plan.sites] == [(2, 1)]
+
+
+def test_weights_left_on_disk_are_copied_file_to_file_byte_for_byte(tmp_path):
+    """A model read with its weights on disk (two 128 KB tensors, over INLINE_LIMIT, the second at an offset
+    in the shared data file) written elsewhere: each tensor's bytes are copied from its file into the new
+    data file, equal to the original's, and ONNX Runtime runs the written model."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(5)
+    arrays = {n: rng.standard_normal((128, 256)).astype(np.float32) for n in ("w0", "w1")}
+    nodes = [helper.make_node("Add", ["x", "w0"], ["s"]), helper.make_node("Mul", ["s", "w1"], ["y"])]
+    graph = helper.make_graph(nodes, "on_disk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 256])],
+                              [numpy_helper.from_array(a, n) for n, a in arrays.items()])
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src / "m.onnx",
+              save_as_external_data=True, all_tensors_to_one_file=True, location="m.onnx.data", size_threshold=0)
+    model = onnxio.load(src / "m.onnx", load_external_data=False)
+    assert all(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+    onnxio.save(model, dst / "m.onnx")
+    data = (dst / "m.onnx.data").read_bytes()
+    for t in onnx.load(dst / "m.onnx", load_external_data=False).graph.initializer:
+        info = {e.key: e.value for e in t.external_data}
+        at, length = int(info.get("offset", 0)), int(info["length"])
+        assert (info["location"], data[at:at + length]) == ("m.onnx.data", arrays[t.name].tobytes())
+    x = rng.standard_normal((128, 256)).astype(np.float32)
+    (y,) = ort.InferenceSession(str(dst / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(y, (x + arrays["w0"]) * arrays["w1"])
