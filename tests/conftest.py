@@ -12,7 +12,7 @@ from trtsim.fixtures import checked_trt, real_trt  # noqa: E402,F401  (the real 
 
 def _export_key() -> str:
     """What a zoo export depends on: the zoo's own code and the exporting packages' versions."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     import trtattn.zoo
 
@@ -20,7 +20,10 @@ def _export_key() -> str:
     for source in sorted(Path(trtattn.zoo.__file__).parent.rglob("*.py")):
         digest.update(source.read_bytes())
     for package in ("torch", "transformers", "onnx", "onnxscript"):
-        digest.update(version(package).encode())
+        try:
+            digest.update(f"{package} {version(package)}".encode())
+        except PackageNotFoundError:  # (a venv without it exports nothing that needs it)
+            digest.update(f"{package} -".encode())
     return digest.hexdigest()[:12]
 
 
