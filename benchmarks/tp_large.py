@@ -21,8 +21,9 @@ from pathlib import Path
 
 
 def peak_mb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    from trtattn.runtime.memory import peak_rss
+
+    return (peak_rss() or 0) / 2**20
 
 
 def main(argv=None) -> int:

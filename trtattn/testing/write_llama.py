@@ -316,13 +316,9 @@ def write_llama(path, *, layers: int, hidden: int, heads: int, kv_heads: int, ff
     return path
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM), in MB."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-
-
 def main(argv=None) -> int:
+    from ..runtime.memory import peak_rss
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="the .onnx file; the weights go to OUT.data beside it")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
@@ -345,7 +341,7 @@ def main(argv=None) -> int:
     size = os.path.getsize(args.out.with_name(args.out.name + ".data"))
     print(f"{args.out}: {args.preset} ({cfg['layers']} layers, {cfg['dtype']}, {args.form}), "
           f"{params:,} parameters, {size / 2**30:.2f} GiB of weights, {len(model.graph.node)} nodes, "
-          f"written in {seconds:.1f} s, peak RSS {_peak_rss_mb():.0f} MB")
+          f"written in {seconds:.1f} s, peak RSS {(peak_rss() or 0) / 2**20:.0f} MB")
     return 0
 
 
