@@ -102,7 +102,7 @@ def test_fuse_folder_writes_nothing_when_a_model_does_not_verify(llama_folder, t
 
     def failing(*args):  # the real fuse, its verification then marked failed
         result = real(*args)
-        result.verification["passed"] = False
+        result.verification.passed = False
         return result
 
     monkeypatch.setattr(folder, "_transform", failing)
@@ -341,7 +341,7 @@ def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_orig
 
     original = onnx.load(str(zoo_export("llama-merged", "torchscript")))
     result = fuse_model(original)
-    assert result.ok and set(result.verification["branches"]) == {"use_cache_branch=False", "use_cache_branch=True"}
+    assert result.ok and set(result.verification.branches) == {"use_cache_branch=False", "use_cache_branch=True"}
     names = [r.site.name for r in result.reports]
     assert len(names) == 4 and sum(n.startswith("use_cache_branch=True: ") for n in names) == 2
     assert all(r.status == "fused" and r.site.graph for r in result.reports)
@@ -380,7 +380,7 @@ def test_build_folder_verifies_each_part_on_its_own_inputs_file(llama_folder, tm
     result = prepare_folder(llama_folder, tmp_path / "out", precision="fp32", inputs=given)
     part, = result.parts
     assert part.error is None and part.prepared.inputs is not None
-    assert part.prepared.verification["inputs"] == {"source": "file", "iterations": 1,
+    assert part.prepared.verification.inputs == {"source": "file", "iterations": 1,
                                                     "path": str(given / "decoder.npz")}
     with pytest.raises(TrtattnError, match="give a folder of one inputs file per part .decoder.npz"):
         prepare_folder(llama_folder, tmp_path / "out2", inputs=given / "decoder.npz")

@@ -165,9 +165,9 @@ def test_merged_decoder_fuses_every_site_of_both_branches(exports, kind):
     path = exports(kind) / "decoder_model_merged.onnx"
     original = onnx.load(str(path))
     result = fuse_model(original)
-    branches = result.verification["branches"]
+    branches = result.verification.branches
     assert set(branches) == {"use_cache_branch=False", "use_cache_branch=True"}
-    assert all(b["passed"] for b in branches.values()) and result.ok
+    assert all(b.passed for b in branches.values()) and result.ok
     names = [r.site.name for r in result.reports]
     assert sum(n.startswith("use_cache_branch=False") for n in names) == 4  # self + cross, 2 layers
     assert sum(n.startswith("use_cache_branch=True") for n in names) == 4

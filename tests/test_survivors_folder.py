@@ -15,34 +15,45 @@ import pytest
 from tests.conftest import sha256
 from trtattn.errors import TrtattnError
 from trtattn.folder import FileResult, FolderResult, check_folders, process_folder
+from trtattn.rewrite.fuse import SiteReport
+from trtattn.rewrite.normalize import SiteNormalization
+from trtattn.site import AttentionSite, SiteKind, SiteStatus
 from trtattn.testing.graphs import attention_model
+from trtattn.verification import Verification
+
+
+def _site(name: str = "attn") -> AttentionSite:
+    return AttentionSite(name=name, kind=SiteKind.SELF, query="q", key="k", value="v", output="y")
 
 
 def test_a_files_row_counts_what_was_done_and_what_was_not():
-    sites = [{"status": "fused"}, {"status": "not fused"}, {"action": "rewritten"}, {"action": "skipped: why"},
-             {"action": "kept"}]
-    row = FileResult("m.onnx", "fused", sites, verification={"passed": True, "max_abs_err": 1.5e-6}).row()
+    sites = [SiteReport(_site()), SiteReport(_site(), SiteStatus.NOT_FUSED, "why"),
+             SiteNormalization(_site(), SiteStatus.REWRITTEN), SiteNormalization(_site(), SiteStatus.SKIPPED, "why"),
+             SiteNormalization(_site(), SiteStatus.KEPT, "already")]
+    row = FileResult("m.onnx", "fused", sites, verification=Verification(passed=True, max_abs_err=1.5e-6)).row()
     assert row == {"file": "m.onnx", "action": "fused", "sites": 5, "done": 2, "not_done": 2, "ok": True,
                    "verification": "passed (1.5e-06)"}
 
 
 @pytest.mark.parametrize("verification,verdict", [
-    ({}, "-"), ({"note": "no input"}, "no input"), ({"passed": None}, "not run"),
-    ({"passed": False, "max_abs_err": 0.25}, "FAILED (0.25)"), ({"passed": True}, "passed"),
+    (Verification.nothing(), "-"), (Verification(note="no input"), "no input"), (Verification(), "not run"),
+    (Verification(passed=False, max_abs_err=0.25), "FAILED (0.25)"), (Verification(passed=True), "passed"),
 ])
 def test_the_verdict_says_passed_failed_or_why_not_run(verification, verdict):
     assert FileResult("m.onnx", "fused", verification=verification).row()["verification"] == verdict
 
 
 def test_the_folder_report_lists_files_sites_and_ignored_by_file(tmp_path):
-    files = [FileResult("a.onnx", "fused", [{"status": "fused"}], [{"name": "n", "reason": "r"}], {"passed": True}),
+    fused, failed = SiteReport(_site("a")), SiteReport(_site("b"), SiteStatus.NOT_FUSED, "why")
+    files = [FileResult("a.onnx", "fused", [fused], [{"name": "n", "reason": "r"}], Verification(passed=True)),
              FileResult("config.json", "copied"),
-             FileResult("b.onnx", "not written", [{"status": "not fused"}], ok=False)]
+             FileResult("b.onnx", "not written", [failed], ok=False)]
     result = FolderResult(tmp_path, None, files)
     assert not result.ok and [f.path for f in result.models] == ["a.onnx", "b.onnx"]
     report = result.report()
     assert report["output"] is None and report["ok"] is False
-    assert report["sites"] == [{"file": "a.onnx", "status": "fused"}, {"file": "b.onnx", "status": "not fused"}]
+    assert report["sites"] == [{"file": "a.onnx", **fused.row()}, {"file": "b.onnx", **failed.row()}]
+    assert [(r["name"], r["status"]) for r in report["sites"]] == [("a", "fused"), ("b", "not fused")]
     assert report["ignored"] == [{"file": "a.onnx", "name": "n", "reason": "r"}]
     assert report["verification"] == {"a.onnx": {"passed": True}, "b.onnx": {}}
     assert FolderResult(tmp_path, tmp_path / "o", files[:2]).report()["ok"] is True
@@ -139,5 +150,5 @@ def test_a_folder_is_normalized_model_by_model(export, tmp_path):
     result = process_folder(export, tmp_path / "out", mode="normalize")
     actions = {f.path: f.action for f in result.files}
     assert result.ok and actions["model.onnx"] == "normalized" and actions["sub/head.onnx"] == "unchanged"
-    (row,) = next(f for f in result.files if f.path == "model.onnx").sites
-    assert row["action"] == "rewritten"  # normalize's rows (fuse's have a status)
+    (site,) = next(f for f in result.files if f.path == "model.onnx").sites
+    assert site.status == SiteStatus.REWRITTEN and site.row()["action"] == "rewritten"  # normalize's words

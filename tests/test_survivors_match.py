@@ -78,7 +78,7 @@ def test_attention_in_a_scan_body_is_fused_in_place():
     assert result.reports[0].site.graph == (("ys", "body"),)
     body = collections.Counter(n.op_type for n in result.model.graph.node[0].attribute[0].g.node)
     assert body["Attention"] == 1 and body["Softmax"] == 0
-    assert result.verification["max_abs_err"] <= 1e-4
+    assert result.verification.max_abs_err <= 1e-4
 
 
 # ------------------------------------------------------------------ logit_ops/softcap.py: cap * tanh(x / cap) only
@@ -123,7 +123,7 @@ def test_subtracted_mask_lowers_to_its_negation():
         result = fuse_model(subtracted_mask_model(style))
         assert result.ok and [s for s, _ in _statuses(result)] == ["fused"], (style, _statuses(result))
         assert result.reports[0].site.mask.value == "additive"
-        assert result.verification["max_abs_err"] <= 1e-4, (style, result.verification)
+        assert result.verification.max_abs_err <= 1e-4, (style, result.verification)
 
 
 # ------------------------------------------------------------------ trt/profiles.py: position tables with an offset

@@ -120,7 +120,7 @@ def test_a_form_that_fails_its_check_is_not_handed_on(zoo_export, monkeypatch):
     model = onnx.load(str(zoo_export("llama", "torchscript")))
     fused = fuse_model(model)
     assert fused.ok
-    assert forms.derive("padded", model, fused).verification["passed"]
+    assert forms.derive("padded", model, fused).verification.passed
     monkeypatch.setattr(forms, "verify_form", _tampering(forms.verify_form))
     with pytest.raises(TrtattnError, match="the padded form does not match the original model"):
         forms.derive("padded", model, fused)

@@ -19,6 +19,9 @@ from pathlib import Path
 from .errors import TrtattnError
 from .graph import external, validate
 from .graph import io as onnxio
+from .report import short_verdict
+from .site import SiteOutcome
+from .verification import Verification
 
 MODES = ("fuse", "normalize")
 
@@ -28,16 +31,16 @@ class FileResult:
     """One file of the folder: a model (with its sites) or a plain file copied."""
     path: str  # relative to the folder
     action: str  # fused | normalized | unchanged (a model with nothing to do) | copied | not written
-    sites: list[dict] = field(default_factory=list)  # the model's site rows, as `fuse`/`normalize` report them
+    sites: list[SiteOutcome] = field(default_factory=list)  # the model's sites, as `fuse`/`normalize` report them
     ignored: list[dict] = field(default_factory=list)
-    verification: dict = field(default_factory=dict)
+    verification: Verification = field(default_factory=Verification.nothing)
     ok: bool = True  # every attention of the model fused (normalized) and verified
 
     def row(self) -> dict:
-        fused = sum(r.get("status") == "fused" or r.get("action") == "rewritten" for r in self.sites)
-        return {"file": self.path, "action": self.action, "sites": len(self.sites), "done": fused,
-                "not_done": sum(not _site_done(r) for r in self.sites), "ok": self.ok,
-                "verification": _verdict(self.verification)}
+        return {"file": self.path, "action": self.action, "sites": len(self.sites),
+                "done": sum(r.status.changed for r in self.sites),
+                "not_done": sum(r.status.failed for r in self.sites), "ok": self.ok,
+                "verification": short_verdict(self.verification)}
 
 
 @dataclass
@@ -56,26 +59,13 @@ class FolderResult:
 
     def site_rows(self) -> list[dict]:
         """One row per site of every model, the file first."""
-        return [{"file": f.path, **r} for f in self.models for r in f.sites]
+        return [{"file": f.path, **r.row()} for f in self.models for r in f.sites]
 
     def report(self) -> dict:
         return {"input": str(self.source), "output": str(self.output) if self.output else None, "ok": self.ok,
                 "files": [f.row() for f in self.files], "sites": self.site_rows(),
                 "ignored": [{"file": f.path, **i} for f in self.models for i in f.ignored],
-                "verification": {f.path: f.verification for f in self.models}}
-
-
-def _site_done(row: dict) -> bool:
-    if "status" in row:
-        return row["status"] == "fused"
-    return not str(row.get("action", "")).startswith("skipped")
-
-
-def _verdict(v: dict) -> str:
-    if not v or v.get("passed") is None:
-        return v.get("note", "not run") if v else "-"
-    err = v.get("max_abs_err")
-    return ("passed" if v["passed"] else "FAILED") + (f" ({err:.3g})" if err is not None else "")
+                "verification": {f.path: f.verification.to_json() for f in self.models}}
 
 
 def is_folder(path) -> bool:
@@ -171,14 +161,10 @@ def _one_model(path: Path, rel: Path, dst: Path, data: dict, mode: str, allow_pa
         if note:
             progress.note(note)
     result = _transform(model, mode, progress, options)
-    verification = result.verification
-    if mode == "fuse":
-        sites = [r.row() for r in result.reports]
-    else:
-        sites = [s.row() for s in result.sites]
+    sites = result.reports if mode == "fuse" else result.sites
     ignored = [{"name": i.name, "reason": i.reason} for i in result.ignored]
-    failed = verification.get("passed") is False
-    file = FileResult(str(rel), "", sites, ignored, verification, ok=result.ok)
+    failed = result.verification.failed
+    file = FileResult(str(rel), "", list(sites), ignored, result.verification, ok=result.ok)
     dst.parent.mkdir(parents=True, exist_ok=True)
     if not result.changed or (failed and allow_partial):
         _copy_with_data(path, dst, data)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from .graph.io import atomic_write, refuse_overwrite
+from .site import SiteOutcome, SiteStatus
+from .verification import Verification
 
 
 def _fmt(v) -> str:
@@ -34,9 +37,11 @@ SITE_COLUMNS = [("name", "site"), ("kind", "kind"), ("heads", "heads q/kv"), ("h
                 ("status", "status"), ("detail", "max err / reason")]
 
 
-def site_rows(rows: list[dict]) -> list[dict]:
+def site_rows(reports: Sequence[SiteOutcome]) -> list[dict]:
+    """fuse's site rows (SiteReport.row()) with the table's columns: the mask in words, the error or the reason."""
     out = []
-    for r in rows:
+    for report in reports:
+        r = report.row()
         mask = r["mask"]
         if r.get("causal") not in (None, "none"):
             mask = f"causal({r['causal']})" + (f" window {r['window']}" if r.get("window") else "")
@@ -46,30 +51,30 @@ def site_rows(rows: list[dict]) -> list[dict]:
                 mask += "+bias"
         elif r.get("padding") and mask != "none":
             mask = f"{mask}(padding" + ("+bias)" if r.get("bias") else ")")
-        detail = r["reason"] if r["status"] != "fused" else \
+        detail = r["reason"] if report.status != SiteStatus.FUSED else \
             _fmt(r.get("max_abs_err")) + (" (one key: unproven)" if r.get("one_key") else "")
         out.append({**r, "heads": f"{_fmt(r.get('q_heads'))}/{_fmt(r.get('kv_heads'))}", "mask_desc": mask,
                     "detail": detail})
     return out
 
 
-def site_table(rows: list[dict]) -> str:
-    return table(site_rows(rows), SITE_COLUMNS)
+def site_table(reports: Sequence[SiteOutcome]) -> str:
+    return table(site_rows(reports), SITE_COLUMNS)
 
 
-def counts(rows: list[dict], ignored=()) -> dict:
+def counts(reports: Sequence[SiteOutcome], ignored=()) -> dict:
     """Attention-like softmaxes (and attention ops already in the model), fused and not, and the softmaxes
     that are not attention."""
-    fused = sum(r["status"] == "fused" for r in rows)
-    ops = sum(r.get("source", "pattern") != "pattern" for r in rows)
-    return {"sites": len(rows), "softmaxes": len(rows) - ops, "attention_ops": ops, "fused": fused,
-            "not_fused": len(rows) - fused, "not_attention": len(ignored)}
+    fused = sum(r.status == SiteStatus.FUSED for r in reports)
+    ops = sum(r.site.source.is_op for r in reports)
+    return {"sites": len(reports), "softmaxes": len(reports) - ops, "attention_ops": ops, "fused": fused,
+            "not_fused": len(reports) - fused, "not_attention": len(ignored)}
 
 
-def summary_line(rows: list[dict], ignored=()) -> str:
+def summary_line(reports: Sequence[SiteOutcome], ignored=()) -> str:
     """'3 attention-like softmaxes: 2 fused, 1 not fused' (+ attention ops, + softmaxes that are not attention)."""
-    c = counts(rows, ignored)
-    if not rows:
+    c = counts(reports, ignored)
+    if not reports:
         head = "no attention found"
     else:
         what = f"{c['softmaxes']} attention-like softmax{'es' if c['softmaxes'] != 1 else ''}"
@@ -81,9 +86,62 @@ def summary_line(rows: list[dict], ignored=()) -> str:
     return head
 
 
+# ---------------------------------------------------------------- a verification in words (the one writer of it)
+def verdict(v: Verification) -> str:
+    """A verification in one line, as the commands print it."""
+    if v.note:
+        return v.note
+    if v.error:  # a check that could not run its inputs (routes/trt_ops: a kernel's refusal)
+        return f"FAILED: {v.error}"
+    if v.passed is None:
+        return "not run"
+    err = v.max_abs_err
+    how = f", run in {v.slices} slices of layers" if v.slices else ""
+    used = f"; {inputs_phrase(v.inputs)}" if v.inputs else ""
+    used += f"; {rows_phrase(v.lengths)}" if v.lengths else ""
+    used += f"; at {v.tolerance_why}" if v.tolerance_why else ""
+    used += f"; {v.run_on}" if v.run_on else ""
+    one_key = f"; verified at one key only, which proves nothing: {', '.join(v.one_key)}" if v.one_key else ""
+    return ("passed" if v.passed else "FAILED") + (f" (max abs error {err:.3g} over {v.iterations} inputs{how}{used})"
+                                                   if err is not None else "") + one_key
+
+
+def short_verdict(v: Verification) -> str:
+    """A verification in a table cell: 'passed (0.00123)', 'FAILED (...)', the note, or '-' for none."""
+    if v.empty:
+        return "-"
+    if v.passed is None:
+        return v.note or "not run"
+    err = v.max_abs_err
+    return ("passed" if v.passed else "FAILED") + (f" ({err:.3g})" if err is not None else "")
+
+
+def rows_phrase(lengths: list[dict]) -> str:
+    """A ragged form's check: the per-row lengths of its first input set ('rows: new [3, 1], ...')."""
+    return "rows: " + ", ".join(f"{name} {rows}" for name, rows in lengths[0].items())
+
+
+def inputs_phrase(inputs: dict) -> str:
+    """Which inputs a verification ran on, from its report entry: 'inputs from FILE', or 'searched inputs
+    (name: domain, ...)', and notes (random ops)."""
+    if inputs.get("source") == "file":
+        text = f"inputs from {inputs.get('path')}"
+    else:
+        text = "searched inputs (" + ", ".join(f"{k}: {d}" for k, d in inputs.get("domains", {}).items()) + ")"
+    return "; ".join([text, *inputs.get("notes", [])])
+
+
+def _jsonable(value):
+    """Typed records as their JSON (Verification.to_json), for json.dumps."""
+    to_json = getattr(value, "to_json", None)
+    if to_json is not None:
+        return to_json()
+    return str(value)
+
+
 def write_json(data: dict, path: str | Path, protect=()) -> None:
     refuse_overwrite(path, protect)
-    atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+    atomic_write(path, json.dumps(data, indent=2, default=_jsonable) + "\n")
 
 
 class Progress:

@@ -65,11 +65,63 @@ class RopeKind(str, enum.Enum):
     INTERLEAVED = "interleaved"  # GPT-J style adjacent pairs
 
 
+class SiteSource(str, enum.Enum):
+    """What the matcher read a site from; it picks the rewriter fuse writes the site with (rewrite/fuse.py).
+    str-valued, and str() is the value: reports and messages keep the strings ("onnx:Attention")."""
+
+    PATTERN = "pattern"  # a decomposed attention (MatMul, Softmax, MatMul) found by what its axes mean
+    ONNX_ATTENTION = "onnx:Attention"  # the standard op already (opset 23)
+    # com.microsoft's attention ops (match/fused_ops.MICROSOFT_OPS): converted, or listed with why
+    MS_ATTENTION = "com.microsoft:Attention"
+    MS_QATTENTION = "com.microsoft:QAttention"
+    MS_MULTI_HEAD = "com.microsoft:MultiHeadAttention"
+    MS_GROUP_QUERY = "com.microsoft:GroupQueryAttention"
+    MS_PACKED = "com.microsoft:PackedAttention"
+    MS_PACKED_MULTI_HEAD = "com.microsoft:PackedMultiHeadAttention"
+    MS_DECODER_MASKED_MULTI_HEAD = "com.microsoft:DecoderMaskedMultiHeadAttention"
+    MS_DECODER_MASKED_SELF = "com.microsoft:DecoderMaskedSelfAttention"
+    MS_QORDERED = "com.microsoft:QOrderedAttention"
+    MS_DECODER = "com.microsoft:DecoderAttention"
+    MS_SPARSE = "com.microsoft:SparseAttention"
+    MS_PAGED = "com.microsoft:PagedAttention"
+    MS_LONGFORMER = "com.microsoft:LongformerAttention"
+
+    @classmethod
+    def contrib(cls, op: str) -> SiteSource:
+        """The source of com.microsoft's attention op `op`."""
+        return cls(f"com.microsoft:{op}")
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_contrib(self) -> bool:
+        return self.value.startswith("com.microsoft:")
+
+    @property
+    def is_op(self) -> bool:
+        """Already a fused attention op (standard or contrib), not a decomposed pattern."""
+        return self != SiteSource.PATTERN
+
+
 class SiteStatus(str, enum.Enum):
     """What became of a site in a rewrite (str-valued: reports and JSON keep the strings)."""
 
-    FUSED = "fused"  # the fused op, verified
-    NOT_FUSED = "not fused"  # left exactly as it was; the report's reason says why
+    FUSED = "fused"  # fuse: the fused op, verified
+    NOT_FUSED = "not fused"  # fuse: left exactly as it was; the report's reason says why
+    REWRITTEN = "rewritten"  # normalize: rewritten into TensorRT's form, verified
+    KEPT = "kept"  # normalize: left as it was, nothing to improve (the reason says why)
+    SKIPPED = "skipped"  # normalize: an attention it could not rewrite, left as it was (the reason says why)
+
+    @property
+    def changed(self) -> bool:
+        """The site was rewritten (fused or normalized)."""
+        return self in (SiteStatus.FUSED, SiteStatus.REWRITTEN)
+
+    @property
+    def failed(self) -> bool:
+        """An attention the rewrite wanted and could not take: the run is not ok."""
+        return self in (SiteStatus.NOT_FUSED, SiteStatus.SKIPPED)
 
 
 @dataclass(frozen=True)
@@ -200,7 +252,7 @@ class AttentionSite:
     key_transposed_scale: float = 1.0  # a scale still inside `key_transposed` (applied before a Transpose)
     logits_cast: int | None = None  # ONNX dtype of a float Cast on the logits (mixed-precision softmax)
     rank: int = 4  # rank of the MatMuls (3 for [B*N, S, H] exports)
-    source: str = "pattern"  # "pattern" | "onnx:Attention" | "com.microsoft:MultiHeadAttention" ...
+    source: SiteSource = SiteSource.PATTERN
     softmax: str | None = None  # node name of the Softmax (pattern sites)
     dtype: str = "float32"
     products_dtype: str | None = None  # fp16/bf16 when the original's products compute in it (Casts around them)
@@ -226,7 +278,7 @@ class AttentionSite:
     @property
     def op_bias(self) -> bool:
         """A contrib op's own attention_bias input (read from the op, not probed: match/fused_ops.py)."""
-        return self.source.startswith("com.microsoft") and any(s.op == "add" for s in self.mask_steps)
+        return self.source.is_contrib and any(s.op == "add" for s in self.mask_steps)
 
     @property
     def gqa(self) -> bool:
@@ -248,3 +300,22 @@ class MatchResult:
     skipped: list[Skipped] = field(default_factory=list)  # attention-like, not fused (counts as failure)
     ignored: list[Skipped] = field(default_factory=list)  # softmaxes that are not attention-like
     canonical: dict[str, str] = field(default_factory=dict)  # Softmax a canonical rule wrote in the main graph -> rule
+
+
+@dataclass
+class SiteOutcome:
+    """What a rewrite (fuse, normalize) did to one site: its status, why when it is not the one wanted, and the
+    site's max abs error against the original when verified. Each command's report row adds its own columns."""
+
+    site: AttentionSite
+    status: SiteStatus = SiteStatus.FUSED
+    reason: str = ""
+    max_abs_err: float | None = None
+
+    def refuse(self, status: SiteStatus, reason: str) -> None:
+        """The site left as it was, and why."""
+        self.status, self.reason = status, reason
+
+    def row(self) -> dict:
+        """The site as its command's report writes it (JSON): each command has its own columns."""
+        raise NotImplementedError(type(self).__name__)

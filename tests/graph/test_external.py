@@ -61,7 +61,7 @@ def test_partial_shape_inference_keeps_the_weights(monkeypatch):
                           numpy_helper.to_array(model.graph.initializer[1]))
     result = fuse_model(model)  # the rewrite reads the contrib op's shapes through it
     assert result.ok, [r.row() for r in result.reports]
-    assert result.verification["passed"] and result.verification["max_abs_err"] <= 1e-4
+    assert result.verification.passed and result.verification.max_abs_err <= 1e-4
 
 
 def test_model_past_the_protobuf_size_verifies(monkeypatch, tmp_path):
@@ -72,12 +72,12 @@ def test_model_past_the_protobuf_size_verifies(monkeypatch, tmp_path):
     monkeypatch.setattr(onnxio, "PROTOBUF_LIMIT", weights + (64 << 20) - 1024)  # is_large's margin is 64 MB
     assert onnxio.is_large(model)
     result = fuse_model(model)
-    assert result.ok and result.verification["passed"], [r.row() for r in result.reports]
+    assert result.ok and result.verification.passed, [r.row() for r in result.reports]
     onnxio.save(model, tmp_path / "m.onnx", external_data=True)
     assert os.path.exists(tmp_path / "m.onnx.data")
     lazy = onnxio.load(tmp_path / "m.onnx", load_external_data=False)
     result = fuse_model(lazy)
-    assert result.ok and result.verification["passed"], [r.row() for r in result.reports]
+    assert result.ok and result.verification.passed, [r.row() for r in result.reports]
 
 
 def _dims(model: onnx.ModelProto) -> dict:

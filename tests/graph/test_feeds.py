@@ -276,7 +276,7 @@ def test_luong_mask_true_at_padding(zoo_export, exporter):
     assert all(np.isfinite(o).all() for o in _run(model, feeds))
     result = fuse_model(model)
     assert result.ok and [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
-    assert result.verification["max_abs_err"] <= 1e-5
+    assert result.verification.max_abs_err <= 1e-5
 
 
 def test_wav2vec2_fuses_and_verifies_on_the_dims_that_fit(zoo_export, tmp_path):
@@ -345,15 +345,14 @@ def test_dims_give_every_attention_more_than_one_key():
     assert fit_dims(model, {"seq": 8})["seq"] == 8  # the user's dims are the user's
     result = fuse_model(model)
     assert result.dims["values"]["seq"] == 16 and result.ok
-    assert "one_key" not in result.verification and not result.reports[0].row()["one_key"]
+    assert result.verification.one_key is None and not result.reports[0].row()["one_key"]
 
 
 @pytest.mark.parametrize("named", [True, False])
 def test_an_attention_with_one_key_at_every_length_is_said(named):
     """Keys pooled to one position: no length gives more. The dims stay, and the site's row and the summary say
     that it was verified at one key only (by the site's output: also where the nodes have no names)."""
-    from trtattn.cli.common import verdict
-    from trtattn.report import site_table
+    from trtattn.report import site_table, verdict
     from trtattn.rewrite.fuse import fuse_model
     from trtattn.rewrite.normalize import normalize_model
 
@@ -367,9 +366,9 @@ def test_an_attention_with_one_key_at_every_length_is_said(named):
     [report] = result.reports
     row = report.row()
     assert report.status.value == "fused" and row["one_key"] and "key length of 1" in row["notes"][-1]
-    assert result.verification["one_key"] == [report.site.name]
+    assert result.verification.one_key == [report.site.name]
     assert f"verified at one key only, which proves nothing: {report.site.name}" in verdict(result.verification)
-    assert "one key: unproven" in site_table([row])
+    assert "one key: unproven" in site_table([report])
     normalized = normalize_model(model)  # (its cleanup names unnamed nodes: the site is named by its Softmax there)
-    assert normalized.verification["one_key"] == [r.site.name for r in normalized.sites]
+    assert normalized.verification.one_key == [r.site.name for r in normalized.sites]
     assert [r.site.output for r in normalized.sites] == [report.site.output]

@@ -18,7 +18,7 @@ FOREIGN = DATA / "foreign"
 
 def _fused(result, sites=1):
     assert [r.status.value for r in result.reports] == ["fused"] * sites, [r.row() for r in result.reports]
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4, result.verification
+    assert result.ok and result.verification.max_abs_err <= 1e-4, result.verification
     assert sum(n.op_type == "Attention" for n in result.model.graph.node) == sites
     return result.reports
 
@@ -213,7 +213,7 @@ def test_keras_select_of_zero_after_the_softmax_is_a_mask():
     result = fuse_model(keras_select_after_softmax(0.0))
     [report] = _fused(result)
     assert report.site.mask.value == "additive"
-    assert "padding" in result.verification["inputs"]["domains"]["mask"]
+    assert "padding" in result.verification.inputs["domains"]["mask"]
 
 
 def test_keras_select_of_another_value_is_listed():

@@ -26,7 +26,7 @@ def test_heads_split_with_a_unit_axis_and_fresh_dims_fuse(unit, seq, opset):
     [report] = result.reports
     assert report.status == "fused", report.reason
     assert (report.site.q_heads, report.site.kv_heads, report.site.head_size) == (4, 4, 8)
-    assert result.verification.get("passed") is True
+    assert result.verification.passed is True
     assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1
 
 

@@ -213,7 +213,7 @@ def test_written_softmax_in_a_loop_body_is_found_and_fused():
     assert has_candidates(model)
     result = fuse_model(model)
     (r,) = result.reports
-    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.status == "fused" and result.verification.passed, r.reason
 
 
 def test_a_written_softmax_whose_site_fails_keeps_its_original_nodes():

@@ -59,7 +59,7 @@ def test_attention_pooling_with_a_learned_probe_is_fused():
     model = export(Pooling(), (torch.randn(2, 7, 32),), ["x"], {"x": {0: "batch"}})
     result = fuse_model(model)
     assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4
+    assert result.ok and result.verification.max_abs_err <= 1e-4
     assert fused_ops(result)["Attention"] == 1 and fused_ops(result)["Softmax"] == 0
 
 
@@ -195,7 +195,7 @@ def test_probe_left_at_batch_one_is_expanded_to_the_keys_batch(heads):
     model = export(ProbeAtBatchOne(heads=heads), (torch.randn(2, 7, 32),), ["x"], {"x": {0: "batch"}})
     result = fuse_model(model)
     assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4
+    assert result.ok and result.verification.max_abs_err <= 1e-4
     assert fused_ops(result)["Attention"] == 1 and fused_ops(result)["Expand"] == 1
     assert result.reports[0].site.layout.batch_broadcast == ("q",)
     a, b = (ort.InferenceSession(m.SerializeToString()) for m in (model, result.model))

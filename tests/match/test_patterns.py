@@ -24,7 +24,7 @@ def fuse_one(**kwargs):
     assert len(result.reports) == 1, [r.row() for r in result.reports]
     report = result.reports[0]
     assert report.status == "fused", report.reason
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4
+    assert result.ok and result.verification.max_abs_err <= 1e-4
     ops = collections.Counter(n.op_type for n in result.model.graph.node)
     assert ops["Attention"] == 1 and ops["Softmax"] == 0
     return report, result

@@ -124,7 +124,7 @@ def test_expanded_rotary_embeddings_inside_an_attention_read_back_as_ops(case):
     onnx.checker.check_model(model, full_check=True)
     result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
     (r,) = result.reports
-    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.status == "fused" and result.verification.passed, r.reason
     rope = r.site.rope
     assert rope is not None and rope.op_caches, rope
     ops = collections.Counter(n.op_type for n in result.model.graph.node)
@@ -172,7 +172,7 @@ def test_expanded_rotary_embedding_on_projections_with_stored_caches_and_dynamic
     feeds = {"hidden": rng.standard_normal((b, s, n * h)).astype(np.float32), "position_ids": feeds["position_ids"]}
     result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
     (r,) = result.reports
-    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.status == "fused" and result.verification.passed, r.reason
     assert r.site.rope is not None and r.site.rope.op_caches and r.site.rope.interleaved
     rotations = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
     assert len(rotations) == 2 and all(list(n.input[1:]) == ["cos_cache", "sin_cache", "position_ids"]
@@ -190,7 +190,7 @@ def test_positions_shared_over_the_batch_are_not_read_as_the_op():
     onnx.checker.check_model(model, full_check=True)
     result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
     (r,) = result.reports
-    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.status == "fused" and result.verification.passed, r.reason
     assert r.site.rope is None
     assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
 
@@ -212,7 +212,7 @@ def test_a_rotation_that_does_not_verify_is_left_as_written(monkeypatch):
     model, feeds = inside_attention(case)
     result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
     (r,) = result.reports
-    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.status == "fused" and result.verification.passed, r.reason
     assert r.site.rope is None and any("did not verify" in n for n in r.site.notes)
     assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
 
@@ -228,7 +228,7 @@ def test_a_look_alike_that_does_not_rotate_is_not_read_as_the_op():
         n.op_type = "Add"
     result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
     (r,) = result.reports
-    assert r.status == "fused" and result.verification["passed"], r.reason
+    assert r.status == "fused" and result.verification.passed, r.reason
     assert r.site.rope is None and not any("did not verify" in n for n in r.site.notes)  # never read, not dropped
     assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
 

@@ -52,7 +52,7 @@ def test_lengths_through_casts_follow_the_token_ids_sequence():
                                                                                 "past_sequence_length"]
     result = fuse_model(model, dims={"sequence_length": 1, "past_sequence_length": 5, "batch": 3})
     assert result.ok, [r.row() for r in result.reports]
-    assert result.verification["inputs"]["domains"]["total_sequence_length"] == "sequence_length + past_sequence_length"
+    assert result.verification.inputs["domains"]["total_sequence_length"] == "sequence_length + past_sequence_length"
 
 
 def test_dims_search_with_rotary_positions_broadcast_over_the_batch():
@@ -77,7 +77,7 @@ def test_given_inputs_fix_the_dims_without_a_search(tmp_path):
     assert fit.runs == 1  # the user's inputs, once
     result = fuse_model(model, inputs=given)
     assert result.ok, [r.row() for r in result.reports]
-    assert result.verification["inputs"]["source"] == "file" and result.dims["values"]["s"] == 3
+    assert result.verification.inputs["source"] == "file" and result.dims["values"]["s"] == 3
 
 
 def test_given_inputs_the_model_does_not_run_on_are_one_line(tmp_path):
@@ -106,8 +106,8 @@ def test_contrib_attention_with_a_cache_becomes_attention_with_past_and_present(
     assert len(attention.input) == 6 and len(attention.output) == 3  # past in, present out
     # causal alone is the op's is_causal (bottom-right with a past); next to a mask, the kernel's filter value
     assert [a.i for a in attention.attribute if a.name == "is_causal"] == ([1] if unidirectional and not mask else [])
-    assert set(result.verification["outputs"]) == {o.name for o in model.graph.output}  # the present is compared
-    assert result.verification["max_abs_err"] <= 1e-5
+    assert set(result.verification.outputs) == {o.name for o in model.graph.output}  # the present is compared
+    assert result.verification.max_abs_err <= 1e-5
     # at dims of its own: a past of 4, 3 new tokens (the causal mask is aligned to the bottom right)
     rng = np.random.default_rng(1)
     if op == "Attention":
@@ -325,8 +325,8 @@ def test_multi_head_attention_with_a_cache_becomes_iattention_with_the_kv_cache_
         "TRT_Attention", "TRT_KVCacheUpdate", "TRT_KVCacheUpdate"]
     (site,) = plan.attentions
     assert site.causal == ("lower_right" if unidirectional else "none") and site.kv_lengths
-    assert {"y", "present_key", "present_value"} <= set(result.verification["outputs"])  # (+ the caches' free slots)
-    assert result.verification["passed"] and result.verification["max_abs_err"] < 1e-2  # fp16 attention
+    assert {"y", "present_key", "present_value"} <= set(result.verification.outputs)  # (+ the caches' free slots)
+    assert result.verification.passed and result.verification.max_abs_err < 1e-2  # fp16 attention
 
 
 @pytest.mark.parametrize("command", ["fuse", "build"])

@@ -50,7 +50,7 @@ def test_every_site_fuses_and_verifies(zoo_export, name, exporter):
     assert len(not_fused) == listed and all(reason in why for _, why in not_fused), not_fused
     assert result.ok == (not listed)
     if listed < expected:
-        assert result.verification["passed"] and result.verification["max_abs_err"] <= 1e-4
+        assert result.verification.passed and result.verification.max_abs_err <= 1e-4
         assert all(r["max_abs_err"] is not None and r["max_abs_err"] <= 1e-4 for r in rows if r["status"] == "fused")
     ops = _ops(result.model.graph)
     assert ops["Attention"] == (expected - listed if listed < expected else 0)

@@ -27,7 +27,7 @@ def test_ort_optimized_bert(zoo_export, tmp_path):
     result = fuse_model(optimized)
     assert result.ok and [r.status for r in result.reports] == ["fused", "fused"]
     assert ops(result.model)["Attention"] == 2 and ops(result.model)["com.microsoft:Attention"] == 0
-    assert result.verification["max_abs_err"] <= 1e-4
+    assert result.verification.max_abs_err <= 1e-4
 
 
 def _mha_model(unidirectional=0, mask=True, bias=True, attention_bias=False, heads=2, width=16, seed=0):
@@ -66,7 +66,7 @@ def test_multi_head_attention(kwargs):
     result = fuse_model(model)
     assert result.ok, [r.row() for r in result.reports]
     assert ops(result.model)["Attention"] == 1 and ops(result.model)["com.microsoft:MultiHeadAttention"] == 0
-    assert result.verification["max_abs_err"] <= 1e-4
+    assert result.verification.max_abs_err <= 1e-4
 
 
 def test_group_query_attention_is_reported_not_converted():

@@ -290,4 +290,4 @@ def test_a_site_within_its_bound_whose_model_output_is_not_keeps_the_original_un
     result = fuse_model(model, inputs=GivenInputs("weights off", [_feeds(model)]))
     (r,) = result.reports
     assert r.status != "fused" and "within its own bound, but the model's output 'weights' is off" in r.reason, r
-    assert result.changed is False and result.model is model and result.verification["passed"] is False
+    assert result.changed is False and result.model is model and result.verification.passed is False

@@ -5,6 +5,8 @@ real TensorRT bindings (trtsim's checked stand-in records every call) and, where
 recorded network on trtsim's numpy executor.
 """
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -240,6 +242,6 @@ def test_build_refuses_a_fused_model_whose_outputs_failed_verification(zoo_expor
 
     result = fuse_model(onnx.load(str(zoo_export("llama", "torchscript"))))
     assert all_fused(result) is result  # verified: taken as it is
-    result.verification = {**result.verification, "passed": False, "outputs": {"logits": 0.5}, "slices": 7}
+    result.verification = dataclasses.replace(result.verification, passed=False, outputs={"logits": 0.5}, slices=7)
     with pytest.raises(TrtattnError, match="output 'logits' is off by 0.5 .*in 7 slices of layers"):
         all_fused(result)

@@ -50,17 +50,17 @@ def test_noise_under_a_log_gets_positive_values():
     model = _tail(attention_model(), "log")
     result = fuse_model(model)
     assert result.ok, [r.row() for r in result.reports]
-    inputs = result.verification["inputs"]
+    inputs = result.verification.inputs
     assert inputs["source"] == "searched"
     assert inputs["domains"]["noise"] == "positive" and inputs["domains"]["x"] == "normal"
-    assert result.verification["max_abs_err"] <= 1e-4
+    assert result.verification.max_abs_err <= 1e-4
 
 
 def test_lengths_within_the_sequence():
     model = _tail(attention_model(), "lengths")
     result = fuse_model(model)
     assert result.ok, [r.row() for r in result.reports]
-    assert result.verification["inputs"]["domains"]["lengths"] == "lengths within the sequence"
+    assert result.verification.inputs["domains"]["lengths"] == "lengths within the sequence"
     from trtattn.graph.domains import feeds_in
 
     lengths = feeds_in(model, {"lengths": "lengths within the sequence"}, dims={"batch": 256, "seq": 6}, seed=0)["lengths"]
@@ -94,8 +94,8 @@ def test_random_op_seeded_alike_on_both_models():
 
     model = _tail(attention_model(), "random")
     result = normalize_model(model)
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4
-    assert any("draw_noise (RandomNormalLike)" in n for n in result.verification["inputs"]["notes"])
+    assert result.ok and result.verification.max_abs_err <= 1e-4
+    assert any("draw_noise (RandomNormalLike)" in n for n in result.verification.inputs["notes"])
     assert not any(a.name == "seed" for n in result.model.graph.node if n.op_type == "RandomNormalLike"
                    for a in n.attribute)  # the seed is for the comparison only: the output keeps the model's op
     renamed = onnx.ModelProto()
@@ -163,8 +163,8 @@ def test_given_inputs_are_used_exactly(tmp_path):
     assert len(given.sets) == 3 and given.sets[1]["x"].shape == (2, 5, 32)
     result = fuse_model(model, inputs=given)
     assert result.ok
-    assert result.verification["iterations"] == 3
-    assert result.verification["inputs"] == {"source": "file", "iterations": 3, "path": str(path)}
+    assert result.verification.iterations == 3
+    assert result.verification.inputs == {"source": "file", "iterations": 3, "path": str(path)}
 
 
 @pytest.mark.parametrize("change, message", [
@@ -214,7 +214,7 @@ def test_cli_inputs_on_fuse_and_verify(tmp_path, capsys, kind):
     printed = capsys.readouterr().out
     assert f"over {sets} inputs; inputs from {path}" in printed
     verification = json.loads(report.read_text())["verification"]
-    assert verification["inputs"] == {"source": "file", "iterations": sets, "path": str(path)}
+    assert verification.inputs == {"source": "file", "iterations": sets, "path": str(path)}
     assert main(["-q", "verify", str(out), "--onnx", str(src), "--inputs", str(path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["passed"] and data["iterations"] == sets and data["inputs"]["path"] == str(path)
@@ -249,7 +249,7 @@ def test_inputs_on_build(tmp_path):
     path = tmp_path / "in.npz"
     np.savez(path, **_feeds(1))
     prepared = prepare(model, name="m", precision="fp32", inputs=GivenInputs.load(path, model))
-    assert prepared.verification["inputs"] == {"source": "file", "iterations": 1, "path": str(path)}
+    assert prepared.verification.inputs == {"source": "file", "iterations": 1, "path": str(path)}
 
 
 def test_an_original_never_finite_is_compared_on_its_default_inputs_and_said_so():
@@ -257,7 +257,7 @@ def test_an_original_never_finite_is_compared_on_its_default_inputs_and_said_so(
     model.graph.node[-2].input[0] = "zero"  # Log of a constant 0: -inf whatever the inputs
     model.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), "zero"))
     result = fuse_model(model)
-    inputs = result.verification["inputs"]
+    inputs = result.verification.inputs
     assert inputs["domains"] == {"x": "normal", "noise": "normal"}  # the default inputs, kept
     assert any("not finite on any inputs tried" in n for n in inputs["notes"])
 
@@ -281,8 +281,8 @@ def test_trt_ops_check_runs_on_the_given_inputs(tmp_path):
     model = attention_model()
     result = fuse_trt(model, name="a", precision="fp32", inputs=_given(tmp_path, model, 1.0))
     assert result.ok, result.verification
-    assert result.verification["inputs"]["source"] == "file" and result.verification["iterations"] == 3
-    assert result.verification["inputs"]["path"].endswith("x1.json")
+    assert result.verification.inputs["source"] == "file" and result.verification.iterations == 3
+    assert result.verification.inputs["path"].endswith("x1.json")
 
 
 def test_fp16_check_runs_on_the_given_inputs(tmp_path):
@@ -317,9 +317,9 @@ def test_quantized_checks_run_on_the_given_inputs(tmp_path, mode):
     prepared = prepare(model, name="a", precision=mode, calib=calib, inputs=given)
     assert prepared.source_model is not model and prepared.quantization["source"] == "ModelOpt PTQ"
     assert prepared.inputs is given
-    for record in (prepared.fused.verification["inputs"], prepared.quantization["inputs"]):
+    for record in (prepared.fused.verification.inputs, prepared.quantization["inputs"]):
         assert record == {"source": "file", "iterations": 3, "path": given.path}, record
-    assert prepared.fused.verification["iterations"] == 3
-    assert prepared.fused.verification["atol"] == pytest.approx(fuse_tolerance(prepared.source_model, mode, given.sets))
+    assert prepared.fused.verification.iterations == 3
+    assert prepared.fused.verification.atol == pytest.approx(fuse_tolerance(prepared.source_model, mode, given.sets))
     generated = [make_feeds(model, seed=seed) for seed in (0, 1)]
-    assert prepared.fused.verification["atol"] > 5 * fuse_tolerance(prepared.source_model, mode, generated)
+    assert prepared.fused.verification.atol > 5 * fuse_tolerance(prepared.source_model, mode, generated)

@@ -183,7 +183,7 @@ def test_fp16_weights_count_twice_in_a_slice(written):
 def test_fuse_verifies_in_slices_when_told_to(written, monkeypatch):
     monkeypatch.setenv(slices.SLICE_ENV, "1")  # slices of at most 1 MB of weights
     result = fuse_model(io.load(written(), load_external_data=False))
-    assert result.ok and result.verification["slices"] >= 4
+    assert result.ok and result.verification.slices >= 4
     assert all(r.max_abs_err is not None and r.max_abs_err < 1e-4 for r in result.reports)
 
 
@@ -192,7 +192,7 @@ def test_fp16_models_are_verified_at_fp16_tolerance(written):
     assert model_precision(model) == "fp16"
     result = fuse_model(model)
     assert result.ok, result.verification
-    assert 0 < result.verification["max_abs_err"] <= 1e-2  # fp16 rounding, not an fp32-exact match
+    assert 0 < result.verification.max_abs_err <= 1e-2  # fp16 rounding, not an fp32-exact match
     strict = fuse_model(model, atol=1e-5, rtol=1e-5)
     assert not strict.ok and all(r.status != "fused" and "verification failed" in r.reason for r in strict.reports)
 

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import TrtattnError
 from ..graph.io import refuse_overwrite
 from .values import dims_text, memory_size, non_negative, positive, tolerance
-
-if TYPE_CHECKING:  # the commands start without importing verify/
-    from ..verify import OutcomeSummary
 
 
 def add_model_out(p) -> None:
@@ -91,37 +87,6 @@ def load_model(path, progress=None, with_weights: bool = False):
     if note:
         (progress.note if progress is not None else lambda text: print(f"[trtattn] {text}", file=sys.stderr))(note)
     return model
-
-
-def verdict(v: OutcomeSummary) -> str:
-    if v.get("note"):
-        return v["note"]
-    if v.get("passed") is None:
-        return "not run"
-    err = v.get("max_abs_err")
-    how = f", run in {v['slices']} slices of layers" if v.get("slices") else ""
-    used = f"; {inputs_phrase(v['inputs'])}" if v.get("inputs") else ""
-    used += f"; {rows_phrase(v['lengths'])}" if v.get("lengths") else ""
-    used += f"; at {v['tolerance_why']}" if v.get("tolerance_why") else ""
-    used += f"; {v['run_on']}" if v.get("run_on") else ""
-    one_key = f"; verified at one key only, which proves nothing: {', '.join(v['one_key'])}" if v.get("one_key") else ""
-    return ("passed" if v["passed"] else "FAILED") + (f" (max abs error {err:.3g} over {v.get('iterations')} inputs{how}{used})"
-                                                       if err is not None else "") + one_key
-
-
-def rows_phrase(lengths: list[dict]) -> str:
-    """A ragged form's check: the per-row lengths of its first input set ('rows: new [3, 1], ...')."""
-    return "rows: " + ", ".join(f"{name} {rows}" for name, rows in lengths[0].items())
-
-
-def inputs_phrase(inputs: dict) -> str:
-    """Which inputs a verification ran on, from its report entry: 'inputs from FILE', or 'searched inputs
-    (name: domain, ...)', and notes (random ops)."""
-    if inputs.get("source") == "file":
-        text = f"inputs from {inputs.get('path')}"
-    else:
-        text = "searched inputs (" + ", ".join(f"{k}: {d}" for k, d in inputs.get("domains", {}).items()) + ")"
-    return "; ".join([text, *inputs.get("notes", [])])
 
 
 # ---------------------------------------------------------------- run and bench: sessions, feeds, generation

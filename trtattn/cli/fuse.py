@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from ..folder import is_folder
 from ..graph import io as onnxio
-from ..report import counts, site_table, summary_line, write_json
+from ..report import counts, site_table, summary_line, verdict, write_json
 from ..version import __version__
 from . import folder, fuse_trt
-from .common import add_model_out, add_verify_opts, check_output, check_report_html, given_inputs, load_model, verdict
+from .common import add_model_out, add_verify_opts, check_output, check_report_html, given_inputs, load_model
 from .dims import parse_dims
 
 
@@ -52,13 +52,12 @@ def run(args, progress) -> int:
 def report(result, model, model_path, output, report_path, progress, allow_partial: bool = False) -> int:
     """The per-site table, the summary line, the output (only when every site fused and verified, or
     with allow_partial the verified part) and the report; the exit code."""
-    rows = [r.row() for r in result.reports]
-    if rows:
-        print(site_table(rows))
-    print(f"{summary_line(rows, result.ignored)}; verification: {verdict(result.verification)}")
+    if result.reports:
+        print(site_table(result.reports))
+    print(f"{summary_line(result.reports, result.ignored)}; verification: {verdict(result.verification)}")
     for note in result.notes:
         print(f"note: {note}")
-    partial = allow_partial and not result.ok and result.verification.get("passed") is not False
+    partial = allow_partial and not result.ok and not result.verification.failed
     written = None
     if result.ok or partial:
         if not result.changed:  # nothing fused: the output is the input, unchanged
@@ -71,8 +70,9 @@ def report(result, model, model_path, output, report_path, progress, allow_parti
         print(f"not written: {output} (every attention must fuse and verify; --allow-partial writes the sites that did)")
     if report_path:
         write_json({"trtattn_version": __version__, "input": str(model_path), "output": str(written) if written else None,
-                    "sites": rows, "ignored": [{"name": i.name, "reason": i.reason} for i in result.ignored],
+                    "sites": [r.row() for r in result.reports],
+                    "ignored": [{"name": i.name, "reason": i.reason} for i in result.ignored],
                     "verification": result.verification, "dims": result.dims,
-                    "counts": counts(rows, result.ignored)},
+                    "counts": counts(result.reports, result.ignored)},
                    report_path, protect=(model_path, output))
     return 0 if result.ok or partial else 1

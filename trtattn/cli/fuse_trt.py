@@ -9,9 +9,9 @@ from pathlib import Path
 
 from ..errors import SitesRefused, TrtattnError
 from ..graph import io as onnxio
-from ..report import table, write_json
+from ..report import table, verdict, write_json
 from ..version import __version__
-from .common import check_output, given_inputs, load_model, verdict
+from .common import check_output, given_inputs, load_model
 from .dims import parse_dims
 
 OPS = ("onnx", "trt")
@@ -74,7 +74,7 @@ def run(args, progress) -> int:
     v = result.verification
     print(f"{len(rows)} attention sites as TensorRT ops ({plan.form} form), {len(plan.ropes)} RotaryEmbedding, "
           f"{len(plan.cache_updates)} TRT_KVCacheUpdate; verification on CPU (trtattn_plugins): "
-          + (f"FAILED: {v['error']}" if v.get("error") else verdict(v)))
+          + verdict(v))
     for note in plan.notes:
         print(f"note: {note}")
     written = None

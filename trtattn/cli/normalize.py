@@ -7,10 +7,11 @@ from ..errors import TrtattnError
 from ..folder import is_folder
 from ..graph import io as onnxio
 from ..graph.feeds import make_feeds
-from ..report import table, write_json
+from ..report import table, verdict, write_json
+from ..site import SiteStatus
 from ..version import __version__
 from . import folder
-from .common import add_model_out, add_verify_opts, check_output, check_report_html, given_inputs, load_model, verdict
+from .common import add_model_out, add_verify_opts, check_output, check_report_html, given_inputs, load_model
 from .dims import parse_dims
 
 COLUMNS = [("name", "site"), ("heads", "heads q/kv"), ("head_size", "head"), ("scale", "scale"),
@@ -56,7 +57,7 @@ def run(args, progress) -> int:
         r["why"] = "; ".join(dict.fromkeys(why)) or "-"
     if rows:
         print(table(rows, COLUMNS))
-    print(f"{len(rows)} attention sites, {sum(r['action'] == 'rewritten' for r in rows)} rewritten; "
+    print(f"{len(rows)} attention sites, {sum(r.status == SiteStatus.REWRITTEN for r in result.sites)} rewritten; "
           f"cleanup folded {result.cleanup['folded_nodes']} nodes and removed {result.cleanup['noops_removed']} no-ops; "
           f"verification: {verdict(result.verification)}")
     for note in [result.precision_choice, *result.notes]:
@@ -78,7 +79,7 @@ def run(args, progress) -> int:
         result.quantization = summary
         result.model, result.changed = quantized, True
         if not passed:
-            result.verification["passed"] = False
+            result.verification.passed = False
     written = None
     if result.ok:
         if not result.changed:

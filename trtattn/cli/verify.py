@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from ..contract import is_engine_path
-from ..report import table
-from .common import add_inputs_opt, add_memory_opt, given_inputs, inputs_phrase, load_model
+from ..report import inputs_phrase, table
+from .common import add_inputs_opt, add_memory_opt, given_inputs, load_model
 from .dims import parse_dims
 from .values import dims_text, non_negative, positive
 

@@ -20,6 +20,7 @@ from ..site import (
     ScalePlacement,
     SiteLayout,
     SiteQuant,
+    SiteSource,
     Skipped,
 )
 from . import canonical, contraction, fused_ops, likeness, subgraphs
@@ -246,7 +247,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         new_value=cache.new_value.name if cache.new_value is not None else None,
         rope=rope,
         rank=rank,
-        source="pattern",
+        source=SiteSource.PATTERN,
         softmax=sm.name,
         dtype=str(view.dtype(q.tensor) or view.dtype(core.q_operand) or "float32"),
         products_dtype=_products_dtype(view, core),

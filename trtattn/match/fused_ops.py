@@ -14,17 +14,15 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
-from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, Rope, RopeKind, ScalePlacement, SiteKind
+from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, Rope, RopeKind, ScalePlacement, SiteKind, SiteSource
 from .cache import CacheRole, find_cache, site_kind
 from .errors import Unsupported
 from .heads import heads_and_size, strip_repeat
 from .logit_ops import kind_of
 from .rope import find_rope
 
-MICROSOFT_OPS = {"Attention", "QAttention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
-                 "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention",
-                 "QOrderedAttention", "DecoderAttention", "SparseAttention", "PagedAttention",
-                 "LongformerAttention"}  # every contrib attention is a site: converted, or listed with why
+# every contrib attention is a site: converted, or listed with why (site.SiteSource names each)
+MICROSOFT_OPS = {s.value.split(":", 1)[1] for s in SiteSource if s.is_contrib}
 
 
 # the inputs ONNX Runtime's contrib ops take their masks at (their schemas' names): a padding mask (mask_index,
@@ -113,7 +111,7 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         new_key=role.new_key.name if role.new_key is not None else None,
         new_value=role.new_value.name if role.new_value is not None else None,
         rope=find_rope(view, q, k, head) if rank == 4 else None,
-        rank=rank, source="onnx:Attention", dtype=str(view.dtype(q) or "float32"),
+        rank=rank, source=SiteSource.ONNX_ATTENTION, dtype=str(view.dtype(q) or "float32"),
         notes=tuple(notes), qk_output=qk, qk_mode=qk_mode(n) if qk is not None else None,
     )
 
@@ -160,7 +158,7 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         rope=_inner_rope(view, n, head),
         cache=cache,
         past_key=past_k.name if past_k is not None else None, past_value=past_v.name if past_v is not None else None,
-        source=f"com.microsoft:{n.op}", notes=(f"{n.op} from com.microsoft",) + (
+        source=SiteSource.contrib(n.op), notes=(f"{n.op} from com.microsoft",) + (
             ("present = Concat(past, new): ONNX Runtime's when each row's past fills past_key",)
             if n.op == "GroupQueryAttention" and past_k is not None else ()),
     )

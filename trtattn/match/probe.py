@@ -96,7 +96,7 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
     mark = len(graph.nodes)
     try:
         for site in sites:
-            if site.source.startswith("com.microsoft"):  # its masks are the op's inputs, laid out as its kernel
+            if site.source.is_contrib:  # its masks are the op's inputs, laid out as its kernel
                 continue  # reads them (GroupQueryAttention's bias over its compacted present), not over the logits
             steps = logit_ops.masking(site.mask_steps)
             if not steps or not all(logit_ops.unit(s).probe_ok for s in steps):

@@ -11,6 +11,7 @@ import onnx
 
 from .. import report as text_report
 from ..match import subgraphs
+from ..site import SiteStatus
 from . import draw
 from .subgraph import Region, failed_region, replaced_region, site_region
 
@@ -40,13 +41,6 @@ class ModelEntry:
     not_attention: list[tuple[str, str]] = field(default_factory=list)  # softmaxes left alone, with why
 
 
-def _field(v, key, default=None):
-    """A verification summary field, whether it travels as a dict or as a record."""
-    if v is None:
-        return default
-    return v.get(key, default) if isinstance(v, dict) else getattr(v, key, default)
-
-
 def _graph_of(model: onnx.ModelProto, path) -> onnx.GraphProto | None:
     try:
         return subgraphs.find_proto(model.graph, path) if path else model.graph
@@ -56,14 +50,14 @@ def _graph_of(model: onnx.ModelProto, path) -> onnx.GraphProto | None:
 
 def fuse_entry(title: str, original: onnx.ModelProto, result) -> ModelEntry:
     """A fuse result (rewrite.fuse.FuseResult) as a page section: the fused model is what replaced each site."""
-    rows = text_report.site_rows([r.row() for r in result.reports])
-    bounds = _field(result.verification, "bounds", {}) or {}
-    atol = _field(result.verification, "atol")
+    rows = text_report.site_rows(result.reports)
+    bounds = result.verification.bounds or {}
+    atol = result.verification.atol
     entries = []
     for r, row in zip(result.reports, rows):
-        site, status = r.site, str(getattr(r.status, "value", r.status))
+        site, status = r.site, r.status.value
         graph = _graph_of(original, site.graph)
-        fused = status == "fused"
+        fused = r.status == SiteStatus.FUSED
         facts = [("kind", row["kind"]), ("heads q/kv", row["heads"]), ("head size", _fmt(row.get("head_size"))),
                  ("scale", _fmt(row.get("scale"))), ("mask", row["mask_desc"]), ("cache", row["cache"]),
                  ("rope", row["rope"]), ("source", row.get("source", "pattern"))]
@@ -76,7 +70,7 @@ def fuse_entry(title: str, original: onnx.ModelProto, result) -> ModelEntry:
             after = replaced_region(new_graph, r.attention_node) if new_graph is not None else None
         bound = max(bounds.get(site.output, atol or 0.0) or 0.0, row.get("tolerance") or 0.0) or None
         entries.append(SiteEntry(site.name, status, fused, r.reason, facts, before, after, r.max_abs_err, bound))
-    return ModelEntry(title, entries, text_report.summary_line([r.row() for r in result.reports], result.ignored),
+    return ModelEntry(title, entries, text_report.summary_line(result.reports, result.ignored),
                       not_attention=[(i.name, i.reason) for i in result.ignored])
 
 
@@ -85,7 +79,7 @@ def normalize_entry(title: str, original: onnx.ModelProto, result) -> ModelEntry
     entries = []
     for s in result.sites:
         row, site = s.row(), s.site
-        ok = s.action == "rewritten" or s.action.startswith("kept")
+        ok = not s.status.failed
         graph, new_graph = _graph_of(original, site.graph), _graph_of(result.model, site.graph)
         before = site_region(graph, site) if graph is not None and site.output else None
         after = site_region(new_graph, site) if new_graph is not None and site.output and ok else None
@@ -93,7 +87,7 @@ def normalize_entry(title: str, original: onnx.ModelProto, result) -> ModelEntry
                  ("scale was", row["scale_before"]), ("scale to", row["scale_to"]), ("mask form", row["mask_form"]),
                  ("implicit fusion", _fmt(row["implicit"])), ("IAttention", _fmt(row["iattention"]))]
         why = "; ".join(w for w in (row.get("implicit_why"), row.get("iattention_why")) if w and w != "-")
-        status = "rewritten" if s.action == "rewritten" else s.action.split(":")[0]
+        status = s.status.value
         entries.append(SiteEntry(site.name, status, ok, why if not ok else (why or ""), facts, before, after,
                                  s.max_abs_err, None))
     return ModelEntry(title, entries, f"{len(entries)} attention sites, "

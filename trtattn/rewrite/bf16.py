@@ -19,7 +19,7 @@ from onnx import TensorProto
 from ..errors import TrtattnError
 from ..graph import validate
 from ..site import SiteStatus
-from ..verify import REWRITE_TOLERANCES, Outcome, OutcomeSummary, compare_models
+from ..verify import REWRITE_TOLERANCES, Outcome, Verification, compare_models
 from . import verdicts
 from .precision.check import bf16_read_widened
 from .precision.common import declared_types
@@ -69,7 +69,7 @@ def typed_sites(sites: list, model: onnx.ModelProto) -> list:
 
 
 def checked(written: onnx.ModelProto, fused: onnx.ModelProto, active: list, *, dims, seed: int, inputs,
-            atol: float | None, rtol: float | None, progress, widened: OutcomeSummary) -> OutcomeSummary | None:
+            atol: float | None, rtol: float | None, progress, widened: Verification) -> Verification | None:
     """The verification record of the bf16 model `fused` against `written`, both emulated, with the fp32 one of
     the widened model; None when the model is not typed as the original or a site (fuse's SiteReports) failed
     (those are not fused, with why)."""
@@ -90,8 +90,8 @@ def checked(written: onnx.ModelProto, fused: onnx.ModelProto, active: list, *, d
             r.status, r.reason = SiteStatus.NOT_FUSED, f"{why} ({RUN_ON})"
         return None
     summary = outcome.summary()
-    summary["run_on"] = RUN_ON
-    summary["widened_fp32"] = {k: widened[k] for k in ("passed", "max_abs_err", "atol", "rtol") if k in widened}
+    summary.run_on = RUN_ON
+    summary.widened_fp32 = widened.headline()
     return summary
 
 

@@ -20,7 +20,7 @@ from ..graph.branches import branch_inputs, empty_outputs, take_branch
 from ..graph.io import default_session_refusal
 from ..graph.shapes import upgrade_opset
 from ..site import SiteStatus
-from ..verify import OutcomeSummary
+from ..verify import Verification
 
 BRIDGE = "/branch"  # suffix of the Identity take_branch adds from a branch output to the If's output
 
@@ -78,18 +78,15 @@ def fuse_branches(model: onnx.ModelProto, fuse, **options):
     return FuseResult(merged or model, reports, ignored, verification(cond, results), merged is not None)
 
 
-def verification(cond: str, results: dict) -> OutcomeSummary:
+def verification(cond: str, results: dict) -> Verification:
     parts = {f"{cond}={v}": r.verification for v, r in results.items()}
-    passed = [p.get("passed") for p in parts.values()]
-    errors = [p["max_abs_err"] for p in parts.values() if p.get("max_abs_err") is not None]
-    out: OutcomeSummary = {"passed": False if False in passed else (None if None in passed else True), "branches": parts,
-           "note_branches": f"each branch verified on its own ({cond} forced False, with no past; True, with a past)"}
-    if errors:
-        out["max_abs_err"] = max(errors)
-    its = [p.get("iterations") for p in parts.values() if p.get("iterations")]
-    if its:
-        out["iterations"] = sum(its)
-    return out
+    passed = [p.passed for p in parts.values()]
+    errors = [p.max_abs_err for p in parts.values() if p.max_abs_err is not None]
+    its = [p.iterations for p in parts.values() if p.iterations]
+    return Verification(passed=False if False in passed else (None if None in passed else True), branches=parts,
+                        note_branches=f"each branch verified on its own ({cond} forced False, with no past; True, "
+                                      "with a past)",
+                        max_abs_err=max(errors) if errors else None, iterations=sum(its) if its else None)
 
 
 def _merge(model: onnx.ModelProto, cond: str, bodies: dict) -> onnx.ModelProto:

@@ -26,9 +26,9 @@ from ..graph.view import export_graph, import_graph
 from ..match import analyse, logit_ops, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
-from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
+from ..site import AttentionSite, CausalKind, SiteKind, SiteOutcome, SiteStatus, Skipped
 from ..timings import timed
-from ..verify import REWRITE_TOLERANCES, OutcomeSummary, compare_models, tolerance_for
+from ..verify import REWRITE_TOLERANCES, Verification, compare_models, tolerance_for
 from ..version import __version__
 from . import bf16
 from .group_query import convert_group_query
@@ -47,11 +47,9 @@ QUANT_STEPS = 8
 
 
 @dataclass
-class SiteReport:
-    site: AttentionSite
-    status: SiteStatus = SiteStatus.FUSED
-    reason: str = ""
-    max_abs_err: float | None = None
+class SiteReport(SiteOutcome):
+    """fuse's outcome of one site (status FUSED or NOT_FUSED)."""
+
     pattern: str = "none"  # what the probe saw in the mask
     padding: bool = False
     bias: bool = False
@@ -77,7 +75,7 @@ class FuseResult:
     model: onnx.ModelProto
     reports: list[SiteReport] = field(default_factory=list)
     ignored: list[Skipped] = field(default_factory=list)
-    verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())
+    verification: Verification = field(default_factory=Verification.nothing)
     changed: bool = False
     original: onnx.ModelProto | None = field(default=None, repr=False)  # the input, for the pictures
     dims: dict = field(default_factory=dict)  # the dims verification ran at, why, and those skipped for memory
@@ -95,11 +93,12 @@ class FuseResult:
         except MissingDependencyError as e:  # no Graphviz: the table still says everything
             from ..report import site_table
 
-            return f"<p>{e}</p><pre>{site_table([r.row() for r in self.reports])}</pre>"
+            return f"<p>{e}</p><pre>{site_table(self.reports)}</pre>"
 
     @property
     def ok(self) -> bool:
-        return all(r.status == SiteStatus.FUSED for r in self.reports) and bool(self.verification.get("passed", True))
+        verified = self.verification.empty or bool(self.verification.passed)  # not verified (verify=False): not ok
+        return all(r.status == SiteStatus.FUSED for r in self.reports) and verified
 
 
 def quant_tolerance(site: AttentionSite) -> float:
@@ -245,7 +244,7 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     given = atol is not None, rtol is not None
     atol, rtol = tolerance_for(model, atol, rtol)
     if not has_candidates(model):
-        return FuseResult(model, [], [], {"passed": True, "note": "no attention found"})
+        return FuseResult(model, [], [], Verification(passed=True, note="no attention found"))
     if branch_inputs(model):  # If branches chosen by an input (Optimum's merged decoders): each on its own
         from .branches import fuse_branches
 
@@ -275,15 +274,15 @@ def unit_length_notes(lengths: tuple | None) -> list[str]:
     return ["verified only at a query length of 1: the check proves nothing of how its mask varies across queries"]
 
 
-def note_one_key(reports: list[SiteReport], verification: OutcomeSummary, fit) -> None:
+def note_one_key(reports: list[SiteReport], verification: Verification, fit) -> None:
     """Mark the sites whose softmax the dims search left at one key or one query at every length the model runs at
     (graph/dims.py). Over one key the verification cannot fail: the summary line names those sites."""
     left = getattr(fit, "one_key", {})
     for r in reports:
         r.unit_lengths = left.get(r.site.output)
     one_key = [r.site.name for r in reports if r.status == SiteStatus.FUSED and r.unit_lengths and r.unit_lengths[1] == 1]
-    if one_key and verification.get("passed") is not None:
-        verification["one_key"] = one_key
+    if one_key and verification.passed is not None:
+        verification.one_key = one_key
 
 
 def fit_record(fit) -> dict:
@@ -300,7 +299,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
         working = upgrade_opset(model, ATTENTION_OPSET)
         graph, result, meanings = analyse(working, probe_feeds(working, dims), progress, dims=dims)
     if not result.sites and not result.skipped:
-        return FuseResult(model, [], result.ignored, {"passed": True, "note": "no attention found"})
+        return FuseResult(model, [], result.ignored, Verification(passed=True, note="no attention found"))
     reports = [SiteReport(s, pattern=getattr(meanings.get(s.name), "pattern", "none"),
                           padding=getattr(meanings.get(s.name), "padding", False),
                           bias=getattr(meanings.get(s.name), "bias", s.op_bias)) for s in result.sites]
@@ -320,10 +319,10 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                 continue
             fused_bf16 = rewritten
         if not verify:
-            return FuseResult(fused if written is None else fused_bf16, reports, result.ignored, {"passed": None},
+            return FuseResult(fused if written is None else fused_bf16, reports, result.ignored, Verification(),
                               bool(active))
         if not active:
-            return FuseResult(model, reports, result.ignored, {"passed": True, "note": "no site fused"}, False)
+            return FuseResult(model, reports, result.ignored, Verification(passed=True, note="no site fused"), False)
         site_atol, site_rtol, why = _precision_tolerance([r.site for r in active], atol, rtol, given)
         with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
             try:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from ..verify import OutcomeSummary
+from ..verify import Verification
 
 
-def summary(outcome, why: str) -> OutcomeSummary:
+def summary(outcome, why: str) -> Verification:
     summary = outcome.summary()
-    if why:
-        summary["tolerance_why"] = why
+    summary.tolerance_why = why or None
     return summary
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from ..report import verdict
+
 # element types ONNX Runtime's CPU provider cannot run the op in: such cases are named, not counted
 CPU_UNRUNNABLE = {onnx.TensorProto.BFLOAT16: "bf16"}
 
@@ -121,7 +123,7 @@ def fuse_case(case: ConformanceCase) -> FusedCase:
     result = fuse_model(case.model, inputs=GivenInputs(case.name, [case.inputs]))
     ops = dict(collections.Counter(n.op_type for n in result.model.graph.node))
     reason = "; ".join(r.reason for r in result.reports if r.status != "fused") or (
-        "" if result.ok else f"verification: {result.verification}")
+        "" if result.ok else f"verification: {verdict(result.verification)}")
     if not (result.ok and result.changed):
         return FusedCase(case.name, False, ops, None, False, reason or "nothing fused")
     validate.check(result.model, "the fused model")
@@ -190,7 +192,7 @@ def normalize_case(case: ConformanceCase) -> NormalizedCase:
     validate.check_read(case.model, case.name)
     result = normalize_model(case.model, inputs=GivenInputs(case.name, [case.inputs]))
     actions = [r.action for r in result.sites] + [f"skipped: {s.name}: {s.reason}" for s in result.skipped]
-    verified = result.verification.get("passed")
+    verified = result.verification.passed
     if not result.ok:
         return NormalizedCase(case.name, 1, verified, actions, None, False)
     validate.check(result.model, "the normalized model")
@@ -243,7 +245,7 @@ def fuse_rotation_case(case: ConformanceCase) -> FusedCase:
     result = fuse_model(model, inputs=GivenInputs(case.name, [feeds]))
     ops = dict(collections.Counter(n.op_type for n in result.model.graph.node))
     reason = "; ".join(r.reason for r in result.reports if r.status != "fused") or (
-        "" if result.ok else f"verification: {result.verification}")
+        "" if result.ok else f"verification: {verdict(result.verification)}")
     rope = result.reports[0].site.rope if result.reports else None
     on_q = next((n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"
                  and rope is not None and n.input[0] == rope.q_input), None)

@@ -2,13 +2,13 @@
 Comparator, with one runner interface (runners.py) for ONNX Runtime, ONNX Runtime with trtattn's custom
 ops, and TensorRT engines; adapters.py lines up the I/O of the forms."""
 
+from ..verification import Verification
 from .adapters import Adapter, adapter_for
-from .candidate import Verification, verify_candidate
+from .candidate import CandidateCheck, verify_candidate
 from .compare import (
                       REWRITE_TOLERANCES,
                       TOLERANCES,
                       Outcome,
-                      OutcomeSummary,
                       compare_models,
                       compare_runners,
                       default_feeds,
@@ -17,7 +17,7 @@ from .compare import (
 )
 from .runners import engine_runner, onnx_runner
 
-__all__ = ["Adapter", "adapter_for", "Verification", "verify_candidate", "TOLERANCES", "REWRITE_TOLERANCES", "Outcome",
-           "OutcomeSummary",
+__all__ = ["Adapter", "adapter_for", "CandidateCheck", "Verification", "verify_candidate", "TOLERANCES",
+           "REWRITE_TOLERANCES", "Outcome",
            "compare_models", "compare_runners", "default_feeds", "model_precision", "tolerance_for", "engine_runner",
            "onnx_runner"]

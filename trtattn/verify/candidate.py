@@ -21,7 +21,7 @@ from .runners import engine_runner, onnx_runner
 
 
 @dataclass
-class Verification:
+class CandidateCheck:
     candidate: str
     runner: str  # onnxruntime | tensorrt
     form: str
@@ -32,12 +32,12 @@ class Verification:
 
     def to_json(self) -> dict:
         return {"candidate": self.candidate, "runner": self.runner, "form": self.form, "precision": self.precision,
-                **self.outcome.summary(), "sites": self.site_errors, "notes": self.notes}
+                **self.outcome.summary().to_json(), "sites": self.site_errors, "notes": self.notes}
 
 
 def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict | None = None,
                      precision: str | None = None, dims=None, seed: int = 0, iterations: int = 2,
-                     inputs=None) -> Verification:
+                     inputs=None) -> CandidateCheck:
     """`candidate` against `original` on the user's input sets (`inputs`, a GivenInputs) or on feeds in the
     original's domain (verify/inputs.py)."""
     precision = precision or (sidecar or {}).get("precision") or "fp32"
@@ -77,4 +77,4 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
         if refusal is not None:
             outcome.passed = False
             notes.append(f"ONNX Runtime with default session options refuses the candidate: {refusal}")
-    return Verification(str(candidate), kind, adapter.form, precision, outcome, site_errors, notes)
+    return CandidateCheck(str(candidate), kind, adapter.form, precision, outcome, site_errors, notes)

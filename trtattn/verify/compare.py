@@ -12,7 +12,6 @@ import contextlib
 import io
 import math
 from dataclasses import dataclass, field
-from typing import TypedDict
 
 import numpy as np
 import onnx
@@ -23,6 +22,7 @@ from ..graph.domains import random_nodes
 from ..graph.feeds import make_feeds
 from ..graph.user_inputs import GivenInputs
 from ..timings import timed
+from ..verification import Verification
 from .adapters import Adapter
 from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
 from .runners import onnx_runner, quiet_polygraphy
@@ -61,31 +61,6 @@ def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float
     return (default_atol if atol is None else atol), (default_rtol if rtol is None else rtol)
 
 
-class OutcomeSummary(TypedDict, total=False):
-    """A verification's result as it travels (FuseResult, forms, routes) and is written to JSON reports and
-    sidecars; {} when nothing was verified."""
-
-    passed: bool | None  # None: not verified (fuse with verify=False)
-    note: str  # why there was nothing to verify ("no attention found")
-    iterations: int
-    atol: float
-    rtol: float
-    max_abs_err: float
-    outputs: dict[str, float]  # graph output -> max abs error
-    nan_mismatch: list[str]
-    bounds: dict[str, float]  # name -> the max abs error allowed
-    slices: int  # the largest model ran in this many slices of layers
-    error: str  # a check that could not run its inputs, in one line (routes/trt_ops: a kernel's refusal)
-    inputs: dict  # which inputs it ran on (graph/user_inputs.InputsUsed)
-    lengths: list[dict[str, list[int]]]  # a ragged form's check: each iteration's per-row lengths
-    branches: dict[str, OutcomeSummary]  # a merged decoder: each If branch's own (rewrite/branches.py)
-    note_branches: str
-    tolerance_why: str  # why atol/rtol are not the model's own ("the fp16 tolerance: site attn computes its products in float16")
-    one_key: list[str]  # fused sites verified only where their softmax has one key (graph/dims.py): unproven
-    widened_fp32: dict  # a bf16 model fused (rewrite/bf16.py): the check of its widened copy in fp32
-    run_on: str  # what ran the candidate when not the model itself (a bf16 model emulated in fp32: precision/emulate.py)
-
-
 @dataclass
 class Outcome:
     passed: bool
@@ -104,13 +79,12 @@ class Outcome:
         """Whether `error` (a max abs error of output or site `name`) is within its bound."""
         return error is not None and error <= self.bounds.get(name, self.atol)
 
-    def summary(self) -> OutcomeSummary:
-        return {"passed": self.passed, "iterations": self.iterations, "atol": self.atol, "rtol": self.rtol,
-                "max_abs_err": max(self.output_errors.values(), default=0.0),
-                "outputs": self.output_errors, "nan_mismatch": self.nan_mismatch,
-                "bounds": {k: v for k, v in self.bounds.items() if k in self.output_errors or k in self.site_errors},
-                **({"slices": self.slices} if self.slices else {}), **({"inputs": self.inputs} if self.inputs else {}),
-                **({"lengths": self.lengths} if self.lengths else {})}
+    def summary(self) -> Verification:
+        return Verification(passed=self.passed, iterations=self.iterations, atol=self.atol, rtol=self.rtol,
+                            max_abs_err=max(self.output_errors.values(), default=0.0), outputs=self.output_errors,
+                            nan_mismatch=self.nan_mismatch,
+                            bounds={k: v for k, v in self.bounds.items() if k in self.output_errors or k in self.site_errors},
+                            slices=self.slices or None, inputs=self.inputs or None, lengths=self.lengths or None)
 
 
 def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:

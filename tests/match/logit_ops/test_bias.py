@@ -76,6 +76,6 @@ def test_gated_bias_on_merged_heads_fuses_as_a_float_mask_and_verifies():
     result = fuse_model(model)
     (r,) = result.reports
     assert r.status == "fused" and r.max_abs_err < 1e-5, r.reason
-    assert result.verification["passed"]
+    assert result.verification.passed
     ops = {n.op_type for n in result.model.graph.node}
     assert "Attention" in ops and "Softmax" not in ops and "Sigmoid" in ops  # the gate stays: it makes the mask

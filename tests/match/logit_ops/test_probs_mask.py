@@ -59,4 +59,4 @@ def test_sew_d_xsoftmax_export_reads_the_probabilities_where():
     sites = match(model).sites
     assert len(sites) == 2 and all(s.mask_steps[-1].op == "probs_where_not" for s in sites)
     result = fuse_model(model)
-    assert [r.status for r in result.reports] == ["fused", "fused"] and result.verification["passed"]
+    assert [r.status for r in result.reports] == ["fused", "fused"] and result.verification.passed

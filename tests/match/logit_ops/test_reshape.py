@@ -63,7 +63,7 @@ def test_window_mask_after_a_batch_split_is_fused(times, computed):
     torch.manual_seed(0)
     result = fuse_model(export(WindowAttention(times, computed), computed))
     assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4
+    assert result.ok and result.verification.max_abs_err <= 1e-4
     ops = collections.Counter(n.op_type for n in result.model.graph.node)
     assert ops["Attention"] == 1 and ops["Softmax"] == 0
     # the mask matters: the fused model without it would differ (so the numbers above checked it)

@@ -88,7 +88,7 @@ def per_head_scale(op_type: str = "Mul") -> onnx.ModelProto:
 def fused(model):
     result = fuse_model(model)
     assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4
+    assert result.ok and result.verification.max_abs_err <= 1e-4
     ops = collections.Counter(n.op_type for n in result.model.graph.node)
     assert ops["Attention"] == 1 and ops["Softmax"] == 0
     return result.reports[0].site, result
@@ -121,7 +121,7 @@ def test_per_head_scale_is_kept_by_normalize(op_type):
     from trtattn.rewrite.normalize import normalize_model
 
     result = normalize_model(per_head_scale(op_type))
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4, result.verification
+    assert result.ok and result.verification.max_abs_err <= 1e-4, result.verification
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def test_zoo_follows_tensorrt_rules_after_normalize(zoo_export, name, exporter):
     assert [v for v in chain_violations(result.model) if v[0] not in listed_softmaxes] == []
     if result.changed:
         v = result.verification
-        assert v["passed"] and v["max_abs_err"] <= 1e-4
+        assert v.passed and v.max_abs_err <= 1e-4
         assert all(r.max_abs_err is not None and r.max_abs_err <= 1e-4 for r in result.sites
                    if not r.action.startswith("skipped") and not r.site.graph)  # a body's: in the outputs
     after = match(result.model)
@@ -92,7 +92,7 @@ def test_fold_scale_into_weights_leaves_no_mul_on_q():
     assert result.ok and [r.scale_to for r in result.sites] == ["q_weights"]
     (site,) = match(result.model).sites
     assert site.scale_placement == ScalePlacement.NONE  # the scale now lives in the weights
-    assert result.verification["max_abs_err"] <= 1e-4
+    assert result.verification.max_abs_err <= 1e-4
 
 
 def test_fold_refuses_a_fused_qkv_projection():

@@ -51,7 +51,7 @@ def test_nan_guard_moves_after_the_second_matmul(guarded):
     assert between(model, "attn/Softmax") == ["IsNaN", "Where"]
     guard = "a NaN guard between the Softmax and the second MatMul"
     assert documented_pattern_violations(model) == [("attn/Softmax", guard)]
-    assert result.ok and result.verification["passed"] and result.verification["max_abs_err"] <= 1e-6
+    assert result.ok and result.verification.passed and result.verification.max_abs_err <= 1e-6
     (row,) = result.sites
     assert row.action == "rewritten" and row.probabilities == "NaN guard moved after BMM2"
     assert not row.before["implicit"] and "IsNaN, Where between the Softmax" in row.before["implicit_why"]
@@ -92,7 +92,7 @@ def test_sdpa_torchscript_exports_end_in_the_documented_pattern(zoo_export, name
     model = onnx.load(str(zoo_export(name, "torchscript")))
     assert documented_pattern_violations(model)  # the export has the guard
     result = normalize_model(model)
-    assert result.ok and result.verification["passed"]
+    assert result.ok and result.verification.passed
     assert documented_pattern_violations(result.model) == []
     assert all(r.probabilities == "NaN guard moved after BMM2" and r.after["implicit"] for r in result.sites)
 
@@ -103,7 +103,7 @@ def test_heads_merged_into_the_batch_get_the_core_in_the_pattern():
     model = attention_model(rank=3, scale_style="div_after", head=16)
     assert documented_pattern_violations(model)  # Div between the first MatMul and the Softmax
     result = normalize_model(model)
-    assert result.ok and result.verification["passed"] and result.verification["max_abs_err"] <= 1e-5
+    assert result.ok and result.verification.passed and result.verification.max_abs_err <= 1e-5
     (row,) = result.sites
     assert row.action == "rewritten" and "core re-emitted" in row.mask_form and row.scale_to == "q"
     assert not row.before["implicit"] and "reshaped" in row.before["implicit_why"]

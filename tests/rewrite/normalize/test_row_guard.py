@@ -64,7 +64,7 @@ def test_the_fully_masked_row_guard_moves_after_the_second_matmul(rank, zero):
     before = run(model, feeds)
     assert np.all(before[..., 1, :] == 0) and np.isfinite(before).all()
     result = normalize_model(model, inputs=GivenInputs("guarded body", [feeds]))
-    assert result.ok and result.verification["passed"], result.verification
+    assert result.ok and result.verification.passed, result.verification
     (row,) = result.sites
     assert row.action == "rewritten" and row.probabilities == "fully-masked-row guard moved after BMM2", row.row()
     assert between(result.model, "attn/Softmax") == []  # nothing between the Softmax and BMM2 now

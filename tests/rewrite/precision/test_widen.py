@@ -148,7 +148,7 @@ def test_fuse_trt_ops_in_bf16_verified_emulated():
     from trtattn.routes.trt_ops import fuse_trt
 
     result = fuse_trt(fp16_attention(), name="fp16_attention", precision="bf16")
-    assert result.ok and result.verification["run_on"] == EMULATION
+    assert result.ok and result.verification.run_on == EMULATION
     types = declared_types(onnx.shape_inference.infer_shapes(result.prepared.form_model))
     attn = next(n for n in result.prepared.form_model.graph.node if n.op_type == "Attention")
     assert {types[t] for t in attn.input[:3]} == {T.BFLOAT16}
@@ -227,8 +227,8 @@ def test_fuse_bf16_body_writes_a_bf16_attention_checked_emulated():
     out = result.model
     assert [n.op_type for n in out.graph.node].count("Attention") == 1 and "Softmax" not in {
         n.op_type for n in out.graph.node}
-    assert result.verification["run_on"] == bf16.RUN_ON and result.verification["widened_fp32"]["passed"]
-    assert 0 < result.verification["max_abs_err"] <= bf16.TOLERANCE[0]
+    assert result.verification.run_on == bf16.RUN_ON and result.verification.widened_fp32.passed
+    assert 0 < result.verification.max_abs_err <= bf16.TOLERANCE[0]
     onnx.checker.check_model(out, full_check=True)
     assert validate.findings(out) == []
     before, after = _inferred_types(model), _inferred_types(out)
@@ -262,7 +262,7 @@ def test_normalize_bf16_body_rewrites_it_in_bf16_checked_emulated():
     model = bf16_body()
     result = normalize_model(model)
     assert result.ok and result.changed and [s.action for s in result.sites] == ["rewritten"]
-    assert result.verification["passed"] and result.verification["run_on"] == bf16.RUN_ON
+    assert result.verification.passed and result.verification.run_on == bf16.RUN_ON
     assert result.notes == [bf16.NOTE]
     out = result.model
     assert validate.findings(out) == [] and bf16.type_change(model, out) is None

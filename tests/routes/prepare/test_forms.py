@@ -50,21 +50,21 @@ def test_kv_cache_check_catches_a_length_error_in_any_row(bart_step, lengths, er
     masks, so the encoder's lengths (cross-attention) and the cache's (self-attention) read wrong in the
     form are caught, also where only a padded row's length is wrong ("longest")."""
     original, prepared = bart_step
-    assert prepared.verification["passed"]
+    assert prepared.verification.passed
     broken = _misread(prepared.form_model, lengths, error)
     outcome = verify_form("kv-cache", original, broken, [], atol=1e-4, rtol=1e-4)
-    assert outcome["passed"] is False and outcome["max_abs_err"] > 1e-2, outcome
+    assert outcome.passed is False and outcome.max_abs_err > 1e-2, outcome
 
 
 def test_kv_cache_check_says_the_rows_lengths_every_row_with_new_tokens(bart_step):
     _, prepared = bart_step
-    lengths = prepared.verification["lengths"]
+    lengths = prepared.verification.lengths
     assert len(lengths) == 2  # one record per iteration
     for rows in lengths:
         assert min(rows["new"]) >= 1 and len(set(rows["new"])) == len(rows["new"]) > 1, rows
         encoder = rows["encoder_attention_mask"]
         assert min(encoder) >= 1 and len(set(encoder)) == len(encoder), rows
-    from trtattn.cli.common import verdict
+    from trtattn.report import verdict
 
     assert f"rows: past {lengths[0]['past']}, new {lengths[0]['new']}" in verdict(prepared.verification)
 

@@ -72,7 +72,7 @@ def test_a_general_mask_goes_to_iattention_as_its_mask(name):
     shape, nodes, key_axis = MODELS[name]
     model = self_attention(shape, nodes)
     prepared = padded(model)
-    assert prepared.verification["passed"] and prepared.verification["max_abs_err"] <= 1e-5
+    assert prepared.verification.passed and prepared.verification.max_abs_err <= 1e-5
     (site,) = prepared.plan.attentions
     assert (site.kv_lengths, site.causal, site.mask_kind) == (None, "none", "boolean") and site.mask
     assert prepared.plan.right_padded == []
@@ -98,7 +98,7 @@ def test_a_query_key_mask_notes_why_and_its_profile_runs_its_dims_as_sequences()
 
 def test_a_batch_key_padding_mask_is_still_read_as_lengths():
     prepared = padded(self_attention(["b", "s"], key_flags("mask")))
-    assert prepared.verification["passed"] and prepared.verification["max_abs_err"] <= 1e-5
+    assert prepared.verification.passed and prepared.verification.max_abs_err <= 1e-5
     assert prepared.plan.right_padded == ["mask"]
     (site,) = prepared.plan.attentions
     assert (site.kv_lengths, site.mask) == ("mask/lengths", None)

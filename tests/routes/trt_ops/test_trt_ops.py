@@ -54,7 +54,7 @@ def attrs(node):
 def test_zoo_form_written_as_documented_trt_ops_and_verified(written, name, exporter, form):
     _, result = written(name, exporter, form)
     plan, out = result.prepared.plan, result.model
-    assert result.ok and result.verification["max_abs_err"] <= 1e-4, result.verification
+    assert result.ok and result.verification.max_abs_err <= 1e-4, result.verification
     assert tp.check_model(out) == []
     assert not [n for n in out.graph.node if n.op_type in ("Attention", "TensorScatter", "ScatterND")]
     assert [o.domain for o in out.opset_import if o.domain == "trt"] == ["trt"]
@@ -97,7 +97,7 @@ def test_verification_runs_the_trt_ops(written):
             if a.name == "causal_kind":
                 a.s = b"none"
     outcome = verify_trt_ops(broken, result.prepared)
-    assert not outcome["passed"] and outcome["max_abs_err"] > 1e-2
+    assert not outcome.passed and outcome.max_abs_err > 1e-2
 
 
 def test_sidecar_gives_trtexec_the_profiles(written, tmp_path):
@@ -215,7 +215,7 @@ def test_fully_masked_query_rows_stay_uniform_in_fp16(zoo_export):
     plugins'), so such rows get a zero query: the fp16 TRT-op model matches the original there too (was 0.34)."""
     model = onnx.load(str(zoo_export("deberta-v2", "torchscript")))
     result = fuse_trt(model, name="deberta-v2", form="padded", precision="fp16")
-    assert result.ok and result.verification["max_abs_err"] <= 0.01, result.verification
+    assert result.ok and result.verification.max_abs_err <= 0.01, result.verification
     producers = {o: n for n in result.model.graph.node for o in n.output}
     for node in trt_nodes(result.model, "TRT_Attention"):
         q = producers[node.input[0]]

@@ -67,7 +67,7 @@ def test_corpus_file(row):
         if r.status != "fused":
             assert r.reason and any(k in r.reason for k in INEXPRESSIBLE), f"{r.site.name}: {r.reason}"
     fused = [r for r in result.reports if r.status == "fused"]
-    assert fused and result.verification.get("passed") is True
+    assert fused and result.verification.passed is True
     assert _ops(result.model)["Attention"] >= len(fused)
     validate.check(result.model, "the fused model")  # what the commands would write must be valid ONNX
 
@@ -120,7 +120,7 @@ def test_qattention_is_written_as_onnx_runtime_computes_it():
     ops = _ops(result.model)
     assert ops["com.microsoft:QAttention"] == 0 and ops["Attention"] == 2
     assert ops["MatMulInteger"] == _ops(model)["MatMulInteger"] + 2
-    assert result.verification["max_abs_err"] <= 1e-6
+    assert result.verification.max_abs_err <= 1e-6
 
 
 @pytest.mark.parametrize("op", ["DecoderMaskedSelfAttention", "LongformerAttention", "PackedAttention",
@@ -263,5 +263,5 @@ def test_normalize_writes_low_opset_exports_as_valid_onnx(name):
     model = onnx.load(ROOT / name)
     validate.check_read(model, ROOT / name)
     result = normalize_model(model)
-    assert result.verification.get("passed") is True
+    assert result.verification.passed is True
     validate.check(result.model, "the normalized model")

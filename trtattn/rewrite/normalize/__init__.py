@@ -28,8 +28,8 @@ from ...graph.emit import Emitter, export_like
 from ...graph.view import import_graph
 from ...match import analyse, logit_ops, probe_feeds, subgraphs
 from ...report import Progress
-from ...site import AttentionSite, MaskKind, ScalePlacement
-from ...verify import OutcomeSummary, compare_models, tolerance_for
+from ...site import AttentionSite, MaskKind, ScalePlacement, SiteOutcome, SiteStatus
+from ...verify import Verification, compare_models, tolerance_for
 from .. import bf16
 from . import canonical
 from .cleanup import cleanup
@@ -42,15 +42,23 @@ ROW_GUARD_MOVED = "fully-masked-row guard moved after BMM2"
 
 
 @dataclass
-class SiteNormalization:
-    site: AttentionSite  # as matched in the input
-    action: str  # "rewritten" | "kept: ..." | "skipped: ..."
+class SiteNormalization(SiteOutcome):
+    """normalize's outcome of one site (status REWRITTEN, KEPT or SKIPPED, the reason saying why the last two)."""
+
+    status: SiteStatus = SiteStatus.KEPT
     scale_to: str = "-"
     mask_form: str = "-"
     probabilities: str = "-"  # what normalize did between the Softmax and BMM2
     before: dict = field(default_factory=dict)  # fusability verdict on the input
     after: dict = field(default_factory=dict)  # ... on the normalised graph
-    max_abs_err: float | None = None
+
+    @property
+    def action(self) -> str:
+        """The report's words: "rewritten", "kept: WHY" or "skipped: WHY"."""
+        return self.status.value if self.status == SiteStatus.REWRITTEN else f"{self.status.value}: {self.reason}"
+
+    def rewritten(self) -> None:
+        self.status, self.reason = SiteStatus.REWRITTEN, ""
 
     def row(self) -> dict:
         s = self.site
@@ -69,7 +77,7 @@ class NormalizeResult:
     sites: list[SiteNormalization]
     changed: bool
     cleanup: dict
-    verification: OutcomeSummary
+    verification: Verification
     ignored: list = field(default_factory=list)
     quantization: dict | None = None
     skipped: list = field(default_factory=list)  # attentions the matcher could not take (Skipped: name, reason)
@@ -79,8 +87,8 @@ class NormalizeResult:
 
     @property
     def ok(self) -> bool:
-        return self.verification.get("passed") is not False and not self.skipped and \
-            not any(s.action.startswith("skipped") for s in self.sites)
+        return self.verification.passed is not False and not self.skipped and \
+            not any(s.status == SiteStatus.SKIPPED for s in self.sites)
 
 
 def _by_branch(model: onnx.ModelProto, **options) -> NormalizeResult:
@@ -150,19 +158,19 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
     for site in result.sites:
         meaning = meanings.get(site.name)
         probs = between(_graph_of(cleaned, site), site.softmax) if site.softmax else None
-        row = SiteNormalization(site, "kept: already in TensorRT's form",
+        row = SiteNormalization(site, SiteStatus.KEPT, "already in TensorRT's form",
                                 before=verdict(site, precision=precision, meaning=meaning, probs_ops=probs).row())
         rows.append(row)
-        if site.source != "pattern":
-            row.action = f"kept: already a fused op ({site.source})"
+        if site.source.is_op:
+            row.reason = f"already a fused op ({site.source})"
             continue
         if site.graph not in scopes:  # an If/Loop/Scan body is rewritten in place, as the main graph is
             scope = subgraphs.find(graph, site.graph)
             scopes[site.graph] = (scope, scope.tensors(), {n.name: n for n in scope.nodes}, MaskCache())
         scope, tensors, nodes, cache = scopes[site.graph]
         if site.quant is not None and site.quant.logits is not None:
-            row.action = ("skipped: its logits are quantized (Q/DQ between the first MatMul and the Softmax), which "
-                          "TensorRT's fused attention does not compute")
+            row.refuse(SiteStatus.SKIPPED, "its logits are quantized (Q/DQ between the first MatMul and the Softmax), "
+                       "which TensorRT's fused attention does not compute")
             continue
         pure_causal = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding \
             and not meaning.bias
@@ -178,7 +186,8 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
                 rows_guard = row_guard(scope, nodes[site.softmax])
                 row.mask_form = canonical.canonical_core(scope, tensors, site, nodes[site.softmax], guard=guard,
                                                          row_guard=rows_guard)
-                row.scale_to, row.action = "q", "rewritten"
+                row.scale_to = "q"
+                row.rewritten()
                 row.probabilities = "NaN guard moved after BMM2" if guard else ROW_GUARD_MOVED if rows_guard else "-"
             else:
                 if not logits_normal:
@@ -189,27 +198,29 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
                             tensors[site.query], tensors[site.key_transposed], site.rank, site.rank - 1)
                     x, row.mask_form = masked_logits(scope, tensors, site, meaning, logits, cache, shape)
                     nodes[site.softmax].inputs[0] = x
-                    row.action = "rewritten"
+                    row.rewritten()
                 if move_nan_guard(scope, nodes[site.softmax], f"trtattn/{site.name}"):
-                    row.probabilities, row.action = "NaN guard moved after BMM2", "rewritten"
+                    row.probabilities = "NaN guard moved after BMM2"
+                    row.rewritten()
                 elif move_row_guard(scope, nodes[site.softmax], f"trtattn/{site.name}"):
-                    row.probabilities, row.action = ROW_GUARD_MOVED, "rewritten"
+                    row.probabilities = ROW_GUARD_MOVED
+                    row.rewritten()
                 elif not_documented(probs):
                     row.probabilities = f"{', '.join(probs or [])} left (not TensorRT's form)"
                     if logits_normal:
-                        row.action = f"kept: {', '.join(not_documented(probs))} between the Softmax and BMM2"
-            rewritten += row.action == "rewritten"
+                        row.reason = f"{', '.join(not_documented(probs))} between the Softmax and BMM2"
+            rewritten += row.status == SiteStatus.REWRITTEN
         except (KeyError, ValueError) as e:
             del scope.nodes[mark:]
-            row.action = f"skipped: {e}"
+            row.refuse(SiteStatus.SKIPPED, str(e))
     changed = rewritten > 0 or stats["folded_nodes"] > 0 or stats["noops_removed"] > 0
     if not changed:
         for r in rows:
             r.after = r.before
-        return NormalizeResult(model, rows, False, stats, {"passed": True, "note": "nothing to improve"},
+        return NormalizeResult(model, rows, False, stats, Verification(passed=True, note="nothing to improve"),
                                result.ignored, skipped=list(result.skipped), notes=[bf16.NOTE] if wide else [])
     out = export_like(graph, model)
-    verification: OutcomeSummary = {"passed": None}
+    verification = Verification()
     if wide is not None:
         changed = bf16.type_change(model, out)
         if changed is not None:
@@ -228,10 +239,10 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
             r.max_abs_err = outcome.site_errors.get(r.site.output)
         verification = outcome.summary()
         if wide is not None:
-            verification["run_on"] = bf16.RUN_ON
+            verification.run_on = bf16.RUN_ON
         one_key = [r.site.name for r in rows if dims.one_key.get(r.site.output, (0, 0))[1] == 1]
         if one_key:  # verified only over one key, where any softmax gives 1 (graph/dims.py)
-            verification["one_key"] = one_key
+            verification.one_key = one_key
     # what the normalised graph offers TensorRT, site by site
     probed = _runnable(out, wide)
     _, after, after_meanings = analyse(probed, probe_feeds(probed, dims), dims=dims)

@@ -69,7 +69,7 @@ def verdict(site: AttentionSite, *, precision: str = "fp16", meaning=None, max_s
     softcap = any(n.startswith("softcap") for n in site.notes)
 
     iatt = list(limits)
-    if site.source.startswith("com.microsoft"):
+    if site.source.is_contrib:
         iatt.append(f"{site.source} must first be converted to the standard Attention op")
     if softcap:
         iatt.append("IAttention has no logit soft-capping")
@@ -80,7 +80,7 @@ def verdict(site: AttentionSite, *, precision: str = "fp16", meaning=None, max_s
         iatt.append(f"{site.q_heads} query heads are not a multiple of {site.kv_heads} kv heads")
 
     implicit = list(limits)
-    if site.source != "pattern":
+    if site.source.is_op:
         implicit.append(f"already a fused op ({site.source}); TensorRT's parser maps ONNX Attention to IAttention")
     else:
         if site.scale_placement in (ScalePlacement.AFTER_BMM1, ScalePlacement.MIXED):

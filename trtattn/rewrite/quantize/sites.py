@@ -83,7 +83,7 @@ def find_cores(model: onnx.ModelProto, sites: list[AttentionSite]) -> list[CoreN
     by_name = {n.name: n for n in graph.nodes}
     out = []
     for s in sites:
-        if s.source != "pattern" or not s.softmax:
+        if s.source.is_op or not s.softmax:
             out.append(CoreNodes(None, None, None, f"a fused {s.source} op: ModelOpt places Q/DQ around "
                                                    "MatMul/Softmax attention only"))
             continue

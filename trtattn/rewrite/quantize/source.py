@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from ...errors import TrtattnError
+from ...report import verdict
 from .accuracy import REL_TOLERANCE, quantize_checked
 from .calibration import load_calibration
 from .sites import QDQ_DTYPES
@@ -67,7 +68,7 @@ def quantized_model(model: onnx.ModelProto, mode: str, calib: str | dict | None,
     normalized = normalize_model(model, dims=dims, progress=progress)
     if not normalized.ok:
         raise TrtattnError("normalising the model for quantization failed its verification: "
-                           f"{normalized.verification}")
+                           f"{verdict(normalized.verification)}")
     if feeds is None:
         feeds = [make_feeds(model, dims=dims, seed=100 + i, padding=False) for i in range(2)]
     quantized, summary, passed = quantize_checked(model, normalized.model, mode, calib, feeds, progress)

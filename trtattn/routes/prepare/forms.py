@@ -29,8 +29,8 @@ from ...errors import SitesRefused, TrtattnError
 from ...graph.emit import export_like
 from ...graph.shapes import tensor_types
 from ...report import Progress
-from ...site import MaskKind, SiteStatus
-from ...verify import OutcomeSummary, adapter_for, compare_models, compare_runners, onnx_runner
+from ...site import MaskKind, SiteSource, SiteStatus
+from ...verify import Verification, adapter_for, compare_models, compare_runners, onnx_runner
 from .implicit import REASON as IMPLICIT_REASON
 from .implicit import expand_softcapped
 from .kv_cache import kv_cache_form
@@ -45,7 +45,7 @@ from .rope import rope_to_ops
 from .rows import PackedCacheAdapter
 
 FORMS = ("padded", "packed", "kv-cache")
-GROUP_QUERY = "com.microsoft:GroupQueryAttention"
+GROUP_QUERY = SiteSource.MS_GROUP_QUERY
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Derived:
     cache_updates: list[CacheLowering] = field(default_factory=list)
     right_padded: list[str] = field(default_factory=list)  # padding masks the form reads as per-row lengths
     implicit: list = field(default_factory=list)  # (AttentionSite, node) left to TensorRT's implicit fusion
-    verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())
+    verification: Verification = field(default_factory=Verification.nothing)
     notes: list[str] = field(default_factory=list)
 
 
@@ -153,13 +153,14 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
         return derived
     with progress.step(f"verifying the {form} form against the original on ONNX Runtime"):
         # within the tolerance fuse verified with (the model's precision; a quantized softmax's rounding)
-        tolerance = {k: fused.verification[k] for k in ("atol", "rtol") if fused.verification.get(k) is not None}
+        tolerance = {k: v for k, v in (("atol", fused.verification.atol), ("rtol", fused.verification.rtol))
+                     if v is not None}
         derived.verification = verify_form(form, original, derived.model, [r.site for r in reports], dims=dims,
                                            inputs=inputs, **tolerance)
-    if not derived.verification["passed"]:
-        rows = derived.verification.get("lengths")
+    if not derived.verification.passed:
+        rows = derived.verification.lengths
         raise TrtattnError(f"the {form} form does not match the original model on ONNX Runtime "
-                           f"(max abs error {derived.verification.get('max_abs_err')}"
+                           f"(max abs error {derived.verification.max_abs_err}"
                            f"{'; rows of ' + str(rows[0]) if rows else ''}); not building it")
     return derived
 
@@ -180,7 +181,7 @@ def form_adapter(original: onnx.ModelProto, inputs: list[str], caches: list[str]
 
 
 def verify_form(form: str, original: onnx.ModelProto, derived: onnx.ModelProto, sites, *, dims=None,
-                atol: float = 1e-4, rtol: float = 1e-4, inputs=None) -> OutcomeSummary:
+                atol: float = 1e-4, rtol: float = 1e-4, inputs=None) -> Verification:
     """The form model against the original, both on ONNX Runtime through Polygraphy. A form ONNX Runtime
     cannot run is a TrtattnError naming the node, not a crash: the form does not fit this model."""
     try:

@@ -26,7 +26,7 @@ from ...site import SiteStatus
 from ...trt import profiles as profiles_mod
 from ...trt.cut import CutModel, cut
 from ...trt.plan import BuildPlan, io_contract, make_plan
-from ...verify import OutcomeSummary
+from ...verify import Verification
 from . import forms
 from .forms import FORMS
 
@@ -46,7 +46,7 @@ class Prepared:
     plan: BuildPlan
     cut: CutModel
     source: str = ""
-    verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())  # fp32 form vs the original
+    verification: Verification = field(default_factory=Verification.nothing)  # fp32 form vs the original
     precision_check: dict = field(default_factory=dict)  # the converted form against the fp32 form
     quantization: dict = field(default_factory=dict)  # fp8/int8: where the Q/DQ model came from, its accuracy
     source_model: onnx.ModelProto | None = None  # what the engine computes: the Q/DQ model when quantized
@@ -78,12 +78,12 @@ def all_fused(fused: FuseResult) -> FuseResult:
     if not fused.reports:
         raise TrtattnError("the model has no attention; nothing for trtattn to build (use trtexec for it)")
     v = fused.verification
-    if v.get("passed") is False:  # fuse marks its sites not fused then; a result made otherwise is refused too
-        worst = max(v.get("outputs", {}).items(), key=lambda kv: kv[1], default=("?", None))
-        nan = "; NaN where the original has none: " + ", ".join(v["nan_mismatch"]) if v.get("nan_mismatch") else ""
+    if v.failed:  # fuse marks its sites not fused then; a result made otherwise is refused too
+        worst = max((v.outputs or {}).items(), key=lambda kv: kv[1], default=("?", None))
+        nan = "; NaN where the original has none: " + ", ".join(v.nan_mismatch) if v.nan_mismatch else ""
         raise TrtattnError(f"the fused model does not match the original on ONNX Runtime: output '{worst[0]}' is off "
-                           f"by {worst[1]} (tolerance atol {v.get('atol')}, rtol {v.get('rtol')}"
-                           f"{', in ' + str(v['slices']) + ' slices of layers' if v.get('slices') else ''}{nan})")
+                           f"by {worst[1]} (tolerance atol {v.atol}, rtol {v.rtol}"
+                           f"{', in ' + str(v.slices) + ' slices of layers' if v.slices else ''}{nan})")
     return fused
 
 

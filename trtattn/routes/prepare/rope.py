@@ -10,13 +10,13 @@ import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
 from ...graph.emit import Emitter, export_like
-from ...site import AttentionSite, CacheKind, RopeKind
+from ...site import AttentionSite, CacheKind, RopeKind, SiteSource
 
 
 def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onnx.ModelProto, int]:
     """Rewrite rotate-half RoPE (Mul/Neg/Slice/Concat/Add), and ONNX Runtime's com.microsoft RotaryEmbedding,
     into ONNX RotaryEmbedding ops."""
-    todo = [s for s in sites if s.rope is not None and s.rope.kind == RopeKind.HALF_SPLIT and s.source == "pattern"
+    todo = [s for s in sites if s.rope is not None and s.rope.kind == RopeKind.HALF_SPLIT and s.source == SiteSource.PATTERN
             and not s.rope.op_caches]  # those fuse wrote as RotaryEmbedding ops already
     contrib = any(n.op_type == "RotaryEmbedding" and n.domain == "com.microsoft" for n in model.graph.node)
     if not todo and not contrib:

@@ -26,7 +26,7 @@ from ...graph.feeds import make_feeds
 from ...graph.shapes import tensor_types
 from ...report import Progress
 from ...site import SiteStatus
-from ...verify import TOLERANCES, OutcomeSummary
+from ...verify import TOLERANCES, Verification
 from ..prepare import QUANTIZED, VERIFY_SEEDS, Prepared, forms, prepare
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
@@ -38,11 +38,11 @@ __all__ = ["TrtOpsResult", "fuse_trt", "runnable", "shape_strings", "trtexec_com
 class TrtOpsResult:
     prepared: Prepared
     model: onnx.ModelProto  # the form with TensorRT's ops
-    verification: OutcomeSummary = field(default_factory=lambda: OutcomeSummary())
+    verification: Verification = field(default_factory=Verification.nothing)
 
     @property
     def ok(self) -> bool:
-        return bool(self.verification.get("passed"))
+        return bool(self.verification.passed)
 
     def sidecar(self, onnx_path) -> dict:
         return sidecar(self.prepared.plan, self.model, onnx_path, source=self.prepared.source,
@@ -118,7 +118,7 @@ def runnable(result: TrtOpsResult) -> onnx.ModelProto:
     return _symbolic_caches(result.model, result.prepared.form_model, caches)
 
 
-def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -> OutcomeSummary:
+def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -> Verification:
     """The written model (its trt ops on trtattn_plugins' CPU kernels) against the model it came from on ONNX
     Runtime (the original; when quantized, the Q/DQ model the engine computes), as the form is verified (on the
     user's inputs when prepare had them), within the tolerance of the plan's precision; a kernel's refusal of its
@@ -142,10 +142,10 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
         summary = forms.verify_form(prepared.plan.form, reference, model, sites, dims=dims, atol=atol, rtol=rtol,
                                     inputs=prepared.inputs)
         if emulated:
-            summary["run_on"] = EMULATION
+            summary.run_on = EMULATION
         return summary
     except TrtOpError as e:
-        return {"passed": False, "error": str(e)}
+        return Verification(passed=False, error=str(e))
 
 
 def fuse_trt(model: onnx.ModelProto, *, name: str, form: str | None = None, precision: str | None = None, calib=None,

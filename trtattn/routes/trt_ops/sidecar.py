@@ -12,7 +12,7 @@ import onnx
 from ...graph.shapes import tensor_types
 from ...trt.engine import sidecar as engine_sidecar
 from ...trt.plan import BuildPlan, describe_io
-from ...verify import OutcomeSummary
+from ...verification import Verification
 
 SHAPE_FLAGS = (("min", "--minShapes"), ("opt", "--optShapes"), ("max", "--maxShapes"))
 
@@ -40,7 +40,7 @@ def trtexec_command(onnx_path: str | Path, profiles: list[dict], engine: str | P
 
 
 def sidecar(plan: BuildPlan, model: onnx.ModelProto, onnx_path: str | Path, *, source: str = "",
-            verification: OutcomeSummary | None = None) -> dict:
+            verification: Verification | None = None) -> dict:
     """The engine sidecar of `plan` for the written `model` (its own graph I/O: caches at their static capacity)."""
     info = engine_sidecar(plan, trt_version=None, source=source, gpu=None)
     types = tensor_types(model)
@@ -52,5 +52,5 @@ def sidecar(plan: BuildPlan, model: onnx.ModelProto, onnx_path: str | Path, *, s
     info["ops"] = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain == "trt"})
     info["trtexec"] = {"shapes": shape_strings(plan.profiles),
                        "command": trtexec_command(onnx_path, plan.profiles, f"{stem}.engine", f"{stem}.layers.json")}
-    info["verification"] = verification
+    info["verification"] = verification.to_json() if verification is not None else None
     return info

@@ -27,6 +27,7 @@ import onnx_graphsurgeon as gs
 
 from trtattn import fuse as trtattn_fuse
 from trtattn.graph.emit import export_like
+from trtattn.report import verdict
 from trtattn.verify import REWRITE_TOLERANCES
 
 from . import (
@@ -284,7 +285,7 @@ def _classify(res: CaseResult, a: Analysis, mutant, outs, result) -> None:
     if listed or not result.ok:
         mine = _site_row(listed, res.site_name) or (listed[0] if listed else None)
         res.outcome = "listed"
-        res.reason = f"{mine['name']}: {mine['reason']}" if mine else f"verification: {result.verification}"
+        res.reason = f"{mine['name']}: {mine['reason']}" if mine else f"verification: {verdict(result.verification)}"
         return
     if written is None and res.sites:
         res.outcome, res.reason = "missed", "every row says fused but the model is unchanged"
