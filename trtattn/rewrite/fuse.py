@@ -20,6 +20,7 @@ from ..graph.branches import branch_inputs
 from ..graph.dims import fit_dims
 from ..graph.emit import Emitter, float_dtype
 from ..graph.io import default_session_refusal
+from ..graph.precision import low_float
 from ..graph.qdq_pairs import write_propagated_pairs
 from ..graph.shapes import symbolic_shapes, upgrade_opset
 from ..graph.view import export_graph, import_graph
@@ -402,8 +403,7 @@ def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, boo
     to that of the lowest precision a fused site computes in. An fp32 model whose products autocast or a
     converter put in fp16 computes its attention in fp16: the fused op too when it reads the fp16 tensors
     (the casts outside it), and when it reads the fp32 ones the original's products still round to fp16."""
-    names = {"float16": "fp16", "bfloat16": "bf16"}
-    low = {names[t]: s for s in sites for t in (s.dtype, s.products_dtype) if t in names}
+    low = {name: s for s in sites for t in (s.dtype, s.products_dtype) if (name := low_float(t))}
     if not low:
         return atol, rtol, ""
     loosest = max(low, key=lambda p: REWRITE_TOLERANCES[p][0])
@@ -413,8 +413,9 @@ def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, boo
     if (out_atol, out_rtol) == (atol, rtol):
         return atol, rtol, ""
     site = low[loosest]
+    products = site.products_dtype and not low_float(site.dtype)
     return out_atol, out_rtol, (f"the {loosest} tolerance: site {site.name} computes its "
-                                f"{'products' if site.products_dtype and site.dtype not in names else 'attention'} "
+                                f"{'products' if products else 'attention'} "
                                 f"in {site.products_dtype or site.dtype}")
 
 

@@ -27,12 +27,9 @@ import numpy as np
 import onnx
 
 from ..errors import SitesRefused, TrtattnError
+from ..graph.precision import elem_precision
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import tensor_types
-
-DTYPE_NAMES: dict[int, str] = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
-                               onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.FLOAT8E4M3FN: "fp8",
-                               onnx.TensorProto.INT8: "int8"}
 
 
 @dataclass
@@ -244,7 +241,7 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
             site=site.name, node=node, layer=f"trtattn/attn/{site.name}", query=site.query, key=site.key,
             value=site.value, output=site.output, q_scale=float(site.softmax_scale), mask_kind=site.mask.value,
             q_heads=site.q_heads, kv_heads=site.kv_heads, head_size=site.head_size,
-            rank=site.rank, dtype=DTYPE_NAMES.get(types.get(site.query, (onnx.TensorProto.UNDEFINED, None))[0], "fp32"),
+            rank=site.rank, dtype=elem_precision(types.get(site.query, (onnx.TensorProto.UNDEFINED, None))[0]),
             decomposable=decomposable, reason=implicit_reason, region=()))
     missing = set(by_scatter) - {c.node for c in plan.cache_updates}
     if missing:
@@ -304,7 +301,7 @@ def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
         scale = 1.0 / math.sqrt(head)
     plan = AttentionPlan(site=site, node=node.name, layer=f"trtattn/attn/{site}", query=q, key=k, value=v,
                          output=node.output[0], q_scale=float(scale), q_heads=q_heads, kv_heads=kv_heads, head_size=head,
-                         rank=rank, dtype=DTYPE_NAMES.get(q_type, "fp32"), decomposable=decomposable,
+                         rank=rank, dtype=elem_precision(q_type), decomposable=decomposable,
                          region=(node.name,))
     if a.get("softcap"):
         raise TrtattnError(f"Attention {node.name} soft-caps its logits, which IAttention cannot do; the padded form "

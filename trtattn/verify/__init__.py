@@ -12,12 +12,11 @@ from .compare import (
                       compare_models,
                       compare_runners,
                       default_feeds,
-                      model_precision,
                       tolerance_for,
 )
 from .runners import engine_runner, onnx_runner
 
 __all__ = ["Adapter", "adapter_for", "Verification", "verify_candidate", "TOLERANCES", "REWRITE_TOLERANCES", "Outcome",
            "OutcomeSummary",
-           "compare_models", "compare_runners", "default_feeds", "model_precision", "tolerance_for", "engine_runner",
+           "compare_models", "compare_runners", "default_feeds", "tolerance_for", "engine_runner",
            "onnx_runner"]

@@ -21,6 +21,7 @@ from ..errors import VerificationError
 from ..graph.dims import fit_dims
 from ..graph.domains import random_nodes
 from ..graph.feeds import make_feeds
+from ..graph.precision import Weighing, model_precision
 from ..graph.user_inputs import GivenInputs
 from .adapters import Adapter
 from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
@@ -32,31 +33,12 @@ TOLERANCES = {"fp32": (1e-4, 1e-4), "tf32": (1e-3, 1e-3), "fp16": (2e-2, 2e-2), 
 # Tolerances of a rewrite checked on ONNX Runtime against the original, by the precision the model
 # computes in: the same arithmetic in another order, rounded to the model's dtype at different points.
 REWRITE_TOLERANCES = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (6e-2, 6e-2)}
-_PRECISION_OF = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.DOUBLE: "fp32", onnx.TensorProto.FLOAT16: "fp16",
-                 onnx.TensorProto.BFLOAT16: "bf16"}
-
-
-def model_precision(model: onnx.ModelProto) -> str:
-    """The float type most of a model's weights are in (its graph outputs' when it has none):
-    fp32, fp16 or bf16."""
-    from ..graph.external import all_tensors, nbytes
-
-    weight: dict[str, int] = {}
-    for t in all_tensors(model):
-        if t.data_type in _PRECISION_OF:
-            weight[_PRECISION_OF[t.data_type]] = weight.get(_PRECISION_OF[t.data_type], 0) + nbytes(t)
-    if not weight:
-        for o in model.graph.output:
-            p = _PRECISION_OF.get(o.type.tensor_type.elem_type)
-            if p:
-                weight[p] = weight.get(p, 0) + 1
-    return max(weight, key=lambda p: weight[p]) if weight else "fp32"
 
 
 def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
     """(atol, rtol) for checking a rewrite of `model` on ONNX Runtime: the given ones, else those of the
     precision it computes in (REWRITE_TOLERANCES)."""
-    default_atol, default_rtol = REWRITE_TOLERANCES[model_precision(model)]
+    default_atol, default_rtol = REWRITE_TOLERANCES[model_precision(model, Weighing.STORED).name]
     return (default_atol if atol is None else atol), (default_rtol if rtol is None else rtol)
 
 

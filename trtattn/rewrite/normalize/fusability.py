@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...graph.precision import FUSED_PRECISIONS
 from ...match import logit_ops
 from ...site import AttentionSite, MaskKind, ScalePlacement
 from .canonical import needed as needs_reemit
 from .probabilities import not_documented
 
-FUSED_PRECISIONS = ("fp16", "bf16", "fp8", "int8")
 INT8_HEAD_SIZES = (16, 32, 64)
 INT8_MAX_SEQ = 512
 

@@ -38,10 +38,10 @@ the reverse) is widened to fp32 first (widen.py): AutoCast goes between fp32 and
 
 from .autocast import Converted, convert, load_autocast
 from .check import OutputError, compare, cpu_runner, ort_support, verify
-from .common import PRECISIONS, TOLERANCE, NotRunnableOnCpu, PrecisionError
+from .common import TOLERANCE, NotRunnableOnCpu, PrecisionError
 from .form import FormPrecision, caches_in_low_precision, convert_form
 from .work import Work, matmul_work, precision_table
 
-__all__ = ["Converted", "FormPrecision", "NotRunnableOnCpu", "OutputError", "PRECISIONS", "PrecisionError", "TOLERANCE",
+__all__ = ["Converted", "FormPrecision", "NotRunnableOnCpu", "OutputError", "PrecisionError", "TOLERANCE",
            "Work", "caches_in_low_precision", "compare", "convert", "convert_form", "cpu_runner", "load_autocast",
            "matmul_work", "ort_support", "precision_table", "verify"]

@@ -20,9 +20,10 @@ import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
 from ...graph.emit import export_like
+from ...graph.precision import LOW_FLOATS
 from .autocast import convert
 from .check import OutputError, verified
-from .common import PRECISIONS, TOLERANCE
+from .common import TOLERANCE
 
 
 @dataclass
@@ -48,8 +49,8 @@ def convert_form(form_model: onnx.ModelProto, precision: str, feeds: list[dict],
                  keep_io_types: bool = True) -> FormPrecision:
     """AutoCast `form_model` (calibrated on `feeds`, the form's own inputs), caches into the attention's
     dtype, verified against the fp32 form on the same feeds (VerificationError past the tolerance)."""
-    if precision not in PRECISIONS:
-        raise TrtattnError(f"unknown precision '{precision}'; choose one of: {', '.join(PRECISIONS)}")
+    if precision not in LOW_FLOATS:
+        raise TrtattnError(f"unknown precision '{precision}'; choose one of: {', '.join(LOW_FLOATS)}")
     converted = convert(form_model, precision, keep_io_types=keep_io_types, calibration_feeds=feeds)
     model = caches_in_low_precision(converted.model, caches, precision) if caches else converted.model
     errors, runner = verified(form_model, model, feeds, precision=precision)

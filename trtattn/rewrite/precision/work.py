@@ -12,10 +12,10 @@ import onnx
 from onnx import TensorProto
 
 from ...graph import external, io
+from ...graph.precision import ELEM_PRECISIONS
 from .check import cpu_runner
 from .common import (
     DEFAULT_DIM,
-    DTYPE_NAMES,
     MATMUL_OPS,
     ONNX_DOMAINS,
     UNCOUNTED,
@@ -155,8 +155,7 @@ def _dtype_of(tensor: str, types: dict[str, int], producer) -> str:
         p, hops = producer.get(p.input[0]), hops + 1
     if p is not None and p.op_type == "DequantizeLinear":
         tensor = p.input[0]
-    # onnx's stubs key DTYPE_NAMES by TensorProto.DataType, not the plain ints elem types are
-    return DTYPE_NAMES.get(types.get(tensor, 0), "unknown")  # type: ignore[call-overload]
+    return ELEM_PRECISIONS.get(types.get(tensor, 0), "unknown")
 
 
 

@@ -19,11 +19,11 @@ import numpy as np
 import onnx
 
 from ...errors import TrtattnError
+from ...graph.precision import numpy_precision
 from .accuracy import REL_TOLERANCE, quantize_checked
 from .calibration import load_calibration
 from .sites import QDQ_DTYPES
 
-QUANT_TYPES = {"float8e4m3fn": "fp8", "float8_e4m3fn": "fp8", "int8": "int8"}  # Q/DQ dtype -> plan dtype
 INT8_HEAD_SIZES = (16, 32, 64)
 INT8_MAX_SEQUENCE = 512
 
@@ -38,7 +38,7 @@ def qdq_types(model: onnx.ModelProto) -> set[str]:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
             elem = zero.data_type if zero is not None else attrs.get("output_dtype", onnx.TensorProto.UINT8)
             name = onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem else "uint8"
-            found.add(QUANT_TYPES.get(name, name))
+            found.add(numpy_precision(name) or name)
     return found
 
 
@@ -99,7 +99,7 @@ def normalization_quantize(reports, mode: str, *, max_sequence: int) -> tuple[di
             notes.append(f"site {r.site.name}: no Q/DQ after its softmax, so no normalization quantize: it computes "
                          "in the model's float type")
             continue
-        kind = QUANT_TYPES.get(probs.dtype)
+        kind = numpy_precision(probs.dtype)
         if kind != mode or probs.zero_point:
             notes.append(f"site {r.site.name}: its softmax is quantized to {probs.dtype} (zero point {probs.zero_point}); "
                          f"IAttention takes symmetric {mode}: it computes in the model's float type")

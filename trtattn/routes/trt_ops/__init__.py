@@ -23,11 +23,12 @@ from trtattn_plugins import TrtOpError, schema
 from ...errors import SitesRefused, TrtattnError
 from ...graph.emit import export_like
 from ...graph.feeds import make_feeds
+from ...graph.precision import QUANTIZED
 from ...graph.shapes import tensor_types
 from ...report import Progress
 from ...site import SiteStatus
 from ...verify import TOLERANCES, OutcomeSummary
-from ..prepare import QUANTIZED, VERIFY_SEEDS, Prepared, forms, prepare
+from ..prepare import VERIFY_SEEDS, Prepared, forms, prepare
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
 
