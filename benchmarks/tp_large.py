@@ -39,8 +39,8 @@ def main(argv=None) -> int:
 
     from trtattn.graph import io
     from trtattn.routes.parallel import split_model
-    from trtattn.verify.compare import tolerance_for
     from trtattn.verify.slices import resident_size, slice_budget
+    from trtattn.verify.tolerance import tolerance_for
 
     start = time.perf_counter()
 

@@ -28,7 +28,7 @@ from ..match import analyse, logit_ops, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
-from ..verify import REWRITE_TOLERANCES, OutcomeSummary, compare_models, tolerance_for
+from ..verify import Check, OutcomeSummary, Tolerance, compare_models, loosened, tolerance, tolerance_for
 from ..version import __version__
 from . import bf16
 from .group_query import convert_group_query
@@ -406,10 +406,8 @@ def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, boo
     low = {name: s for s in sites for t in (s.dtype, s.products_dtype) if (name := low_float(t))}
     if not low:
         return atol, rtol, ""
-    loosest = max(low, key=lambda p: REWRITE_TOLERANCES[p][0])
-    new_atol, new_rtol = REWRITE_TOLERANCES[loosest]
-    out_atol = atol if given[0] else max(atol, new_atol)
-    out_rtol = rtol if given[1] else max(rtol, new_rtol)
+    loosest = max(low, key=lambda p: tolerance(Check.REWRITE, p).atol)
+    out_atol, out_rtol = loosened(Tolerance(atol, rtol), loosest, given)
     if (out_atol, out_rtol) == (atol, rtol):
         return atol, rtol, ""
     site = low[loosest]

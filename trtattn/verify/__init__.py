@@ -5,18 +5,16 @@ ops, and TensorRT engines; adapters.py lines up the I/O of the forms."""
 from .adapters import Adapter, adapter_for
 from .candidate import Verification, verify_candidate
 from .compare import (
-                      REWRITE_TOLERANCES,
-                      TOLERANCES,
                       Outcome,
                       OutcomeSummary,
                       compare_models,
                       compare_runners,
                       default_feeds,
-                      tolerance_for,
 )
 from .runners import engine_runner, onnx_runner
+from .tolerance import Check, Tolerance, loosened, tolerance, tolerance_for
 
-__all__ = ["Adapter", "adapter_for", "Verification", "verify_candidate", "TOLERANCES", "REWRITE_TOLERANCES", "Outcome",
+__all__ = ["Adapter", "adapter_for", "Verification", "verify_candidate", "Check", "Tolerance", "tolerance", "loosened", "Outcome",
            "OutcomeSummary",
            "compare_models", "compare_runners", "default_feeds", "tolerance_for", "engine_runner",
            "onnx_runner"]

@@ -21,25 +21,10 @@ from ..errors import VerificationError
 from ..graph.dims import fit_dims
 from ..graph.domains import random_nodes
 from ..graph.feeds import make_feeds
-from ..graph.precision import Weighing, model_precision
 from ..graph.user_inputs import GivenInputs
 from .adapters import Adapter
 from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
 from .runners import onnx_runner, quiet_polygraphy
-
-# Tolerances by precision (absolute, relative) for engine-vs-ONNX-Runtime checks.
-TOLERANCES = {"fp32": (1e-4, 1e-4), "tf32": (1e-3, 1e-3), "fp16": (2e-2, 2e-2), "bf16": (6e-2, 6e-2),
-              "fp8": (2e-1, 2e-1), "int8": (2e-1, 2e-1)}
-# Tolerances of a rewrite checked on ONNX Runtime against the original, by the precision the model
-# computes in: the same arithmetic in another order, rounded to the model's dtype at different points.
-REWRITE_TOLERANCES = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (6e-2, 6e-2)}
-
-
-def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
-    """(atol, rtol) for checking a rewrite of `model` on ONNX Runtime: the given ones, else those of the
-    precision it computes in (REWRITE_TOLERANCES)."""
-    default_atol, default_rtol = REWRITE_TOLERANCES[model_precision(model, Weighing.STORED).name]
-    return (default_atol if atol is None else atol), (default_rtol if rtol is None else rtol)
 
 
 class OutcomeSummary(TypedDict, total=False):

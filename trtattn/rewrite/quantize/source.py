@@ -20,7 +20,8 @@ import onnx
 
 from ...errors import TrtattnError
 from ...graph.precision import numpy_precision
-from .accuracy import REL_TOLERANCE, quantize_checked
+from ...verify.tolerance import QUANTIZATION_REL_L2
+from .accuracy import quantize_checked
 from .calibration import load_calibration
 from .sites import QDQ_DTYPES
 
@@ -81,13 +82,13 @@ def quantized_model(model: onnx.ModelProto, mode: str, calib: str | dict | None,
 def fuse_tolerance(model: onnx.ModelProto, mode: str, feeds: list[dict]) -> float:
     """The absolute tolerance the fused Q/DQ model is verified within: the fused op drops the softmax's
     Q/DQ (IAttention re-applies it), which moves the outputs by up to the quantization's own accuracy bound
-    (REL_TOLERANCE of each output's largest magnitude, as quantize_checked measures it against fp32)."""
+    (QUANTIZATION_REL_L2 of each output's largest magnitude, as quantize_checked measures it against fp32)."""
     from ..precision import cpu_runner
 
     run = cpu_runner(model)[0]
     largest = max(float(np.abs(np.nan_to_num(np.asarray(v, np.float64))).max(initial=0.0))
                   for f in feeds for v in run(f).values() if np.issubdtype(np.asarray(v).dtype, np.floating))
-    return REL_TOLERANCE[mode] * max(largest, 1.0)
+    return QUANTIZATION_REL_L2[mode] * max(largest, 1.0)
 
 
 def normalization_quantize(reports, mode: str, *, max_sequence: int) -> tuple[dict, list[str]]:

@@ -27,7 +27,7 @@ from ...graph.precision import QUANTIZED
 from ...graph.shapes import tensor_types
 from ...report import Progress
 from ...site import SiteStatus
-from ...verify import TOLERANCES, OutcomeSummary
+from ...verify import Check, OutcomeSummary, tolerance
 from ..prepare import VERIFY_SEEDS, Prepared, forms, prepare
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
@@ -125,7 +125,7 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
     user's inputs when prepare had them), within the tolerance of the plan's precision; a kernel's refusal of its
     inputs is a failed verification naming the node."""
     reference, precision = prepared.source_model or prepared.model, prepared.plan.precision
-    atol, rtol = TOLERANCES[precision]
+    atol, rtol = tolerance(Check.ENGINE, precision)
     if precision in QUANTIZED:  # the bound prepare verifies the fused Q/DQ model within (rewrite/quantize/source.py)
         from ...rewrite.quantize.source import fuse_tolerance
 
