@@ -28,6 +28,7 @@ from ..match import analyse, logit_ops, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
+from ..site_names import site_scope
 from ..verify import Check, OutcomeSummary, Tolerance, compare_models, loosened, tolerance, tolerance_for
 from ..version import __version__
 from . import bf16
@@ -121,7 +122,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     if site.source.startswith("com.microsoft"):
         node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
         convert_contrib = convert_group_query if node.op == "GroupQueryAttention" else convert_microsoft
-        return convert_contrib(graph, node, f"trtattn/{site.name}")
+        return convert_contrib(graph, node, site_scope(site.name))
     if site.source == "onnx:Attention":
         return _retarget_attention(graph, tensors, site)
     lay = site.layout
@@ -132,7 +133,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         raise ValueError(f"its logits are quantized inside the attention ({logits_q.dtype}, scale {logits_q.scale:.3g}): "
                          "a fused attention (and TensorRT's IAttention) computes them unquantized, so it would not "
                          "compute what this model computes")
-    emit = Emitter(graph, f"trtattn/{site.name}")
+    emit = Emitter(graph, site_scope(site.name))
     dtype = float_dtype(site.dtype)
     dims = Dims(emit, tensors, lay.dims)
     q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
@@ -147,8 +148,8 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
                   and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps)
                   and site.qk_mode != 2)
     steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
-    mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
-    built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
+    mask_emit = Emitter(graph, site_scope(site.name, "mask_operands"))
+    built = logit_ops.build(graph, tensors, steps, site_scope(site.name, "mask"), dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
     if site.qk_mode == 2:  # the op's output holds the mask: ONNX Runtime fills a boolean one with the lowest float
         built.to_float(float("-inf"))  # where the graph's (returned.py: a -inf fill) is -inf

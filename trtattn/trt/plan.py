@@ -30,6 +30,7 @@ from ..errors import SitesRefused, TrtattnError
 from ..graph.precision import elem_precision
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import tensor_types
+from ..site_names import engine_layer, layer_metadata
 
 
 @dataclass
@@ -61,7 +62,7 @@ class AttentionPlan:
     region: tuple[str, ...] = ()  # the ONNX nodes the layer replaces
 
     def metadata(self) -> str:
-        return f"trtattn site={self.site} onnx={self.node}"
+        return layer_metadata(self.site, self.node)
 
     def reads(self) -> list[str]:
         return [t for t in (self.query, self.key, self.value, self.mask, self.q_lengths, self.kv_lengths) if t]
@@ -238,7 +239,7 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
         plan.order.append(node.name)
     for site, node in implicit:  # written out for TensorRT's own fusion (routes/prepare/implicit.py): planned, not lowered
         plan.attentions.append(AttentionPlan(
-            site=site.name, node=node, layer=f"trtattn/attn/{site.name}", query=site.query, key=site.key,
+            site=site.name, node=node, layer=engine_layer(site.name), query=site.query, key=site.key,
             value=site.value, output=site.output, q_scale=float(site.softmax_scale), mask_kind=site.mask.value,
             q_heads=site.q_heads, kv_heads=site.kv_heads, head_size=site.head_size,
             rank=site.rank, dtype=elem_precision(types.get(site.query, (onnx.TensorProto.UNDEFINED, None))[0]),
@@ -299,7 +300,7 @@ def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
         if head is None:
             raise TrtattnError(f"Attention {node.name}: the head size is unknown, so is its default scale")
         scale = 1.0 / math.sqrt(head)
-    plan = AttentionPlan(site=site, node=node.name, layer=f"trtattn/attn/{site}", query=q, key=k, value=v,
+    plan = AttentionPlan(site=site, node=node.name, layer=engine_layer(site), query=q, key=k, value=v,
                          output=node.output[0], q_scale=float(scale), q_heads=q_heads, kv_heads=kv_heads, head_size=head,
                          rank=rank, dtype=elem_precision(q_type), decomposable=decomposable,
                          region=(node.name,))
