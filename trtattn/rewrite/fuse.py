@@ -27,7 +27,7 @@ from ..graph.view import export_graph, import_graph
 from ..match import analyse, logit_ops, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
-from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
+from ..site import SOFTCAP_ATTRIBUTE, AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
 from ..site_names import site_scope
 from ..verify import Check, OutcomeSummary, Tolerance, compare_models, loosened, tolerance, tolerance_for
 from ..version import __version__
@@ -164,7 +164,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         mask = emit.full_query_rows(mask, q)
     attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
     if built.softcap:
-        attrs["softcap"] = float(built.softcap)
+        attrs[SOFTCAP_ATTRIBUTE] = float(built.softcap)
     if site.qk_output is not None:
         attrs["qk_matmul_output_mode"] = int(site.qk_mode or 0)
     y = emit("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype=dtype, name="Attention")

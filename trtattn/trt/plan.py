@@ -30,6 +30,7 @@ from ..errors import SitesRefused, TrtattnError
 from ..graph.precision import elem_precision
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import tensor_types
+from ..site import attribute_softcap
 from ..site_names import engine_layer, layer_metadata
 
 
@@ -304,7 +305,7 @@ def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
                          output=node.output[0], q_scale=float(scale), q_heads=q_heads, kv_heads=kv_heads, head_size=head,
                          rank=rank, dtype=elem_precision(q_type), decomposable=decomposable,
                          region=(node.name,))
-    if a.get("softcap"):
+    if attribute_softcap(a):
         raise TrtattnError(f"Attention {node.name} soft-caps its logits, which IAttention cannot do; the padded form "
                            "writes such sites in TensorRT's implicit form")
     if lowering is not None:  # the form's record: lengths, forms, causal kind; its mask says the same

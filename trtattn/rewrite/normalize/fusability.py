@@ -66,7 +66,7 @@ def verdict(site: AttentionSite, *, precision: str = "fp16", meaning=None, max_s
             mask_ops: set[str] | None = None, probs_ops: list[str] | None = None) -> Verdict:
     """probs_ops: the op types between the site's Softmax and its second MatMul (probabilities.between)."""
     limits = _kernel_limits(site, precision, max_seq)
-    softcap = any(n.startswith("softcap") for n in site.notes)
+    softcap = site.softcap is not None
 
     iatt = list(limits)
     if site.source.startswith("com.microsoft"):
