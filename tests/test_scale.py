@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 from conftest import sha256
 
-from trtattn.graph import external, io
+from trtattn.graph import external, io, slices
 from trtattn.graph.evaluate import ort_session
 from trtattn.graph.feeds import make_feeds
 from trtattn.graph.precision import Weighing, model_precision
@@ -26,7 +26,7 @@ from trtattn.graph.shapes import upgrade_opset
 from trtattn.match import analyse, probe_feeds
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing import write_llama
-from trtattn.verify import compare_models, slices
+from trtattn.verify import compare_models
 
 ROOT = Path(__file__).resolve().parent.parent
 

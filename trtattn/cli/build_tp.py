@@ -15,8 +15,8 @@ from pathlib import Path
 from ..errors import MissingDependencyError
 from ..graph import external
 from ..graph import io as onnxio
+from ..graph.slices import slice_budget
 from ..trt.profiles import max_positions
-from ..verify.slices import slice_budget
 from .common import exit_without_tensorrt, load_model
 from .dims import parse_dims
 

@@ -62,7 +62,7 @@ class Outcome:
     rtol: float = 0.0
     nan_mismatch: list[str] = field(default_factory=list)
     bounds: dict[str, float] = field(default_factory=dict)  # name -> the max abs error allowed (atol + rtol * max|ref|)
-    slices: int = 0  # > 0: the largest model ran in this many slices of layers (verify/slices.py)
+    slices: int = 0  # > 0: the largest model ran in this many slices of layers (graph/slices.py)
     inputs: dict = field(default_factory=dict)  # which inputs it ran on (graph/user_inputs.InputsUsed)
     lengths: list = field(default_factory=list)  # a ragged form's check: each iteration's per-row lengths
 
@@ -153,7 +153,7 @@ def _masked(values: np.ndarray, dtype) -> np.ndarray:
 
 def _prefetched(runners: list, feeds: list[dict]) -> list:
     """Runners as given; a runner over a model in slices runs every feed dict slice by slice first, so each
-    slice's session is made once (verify/slices.py)."""
+    slice's session is made once (graph/slices.py)."""
     for r in runners:
         if hasattr(r, "prefetch"):
             r.prefetch(feeds)

@@ -207,7 +207,7 @@ def infer_static(model: onnx.ModelProto, shapes: Mapping | None = None, dims: Ma
 def _run_shapes(model: onnx.ModelProto, names: list[str], feeds, weights_dir: Path | None) -> dict[str, list[int]]:
     """The shapes of `names` in a run of the model on `feeds` (from weights_dir when it has one); a model too
     large for one session (an 8B fp16 cache model) runs in slices of layers, one session at a time."""
-    from ...verify import slices
+    from ...graph import slices
 
     probe = copy.deepcopy(model)  # a lazily loaded model: no weight bytes, they stay in weights_dir
     budget = None
