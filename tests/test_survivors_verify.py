@@ -42,7 +42,7 @@ def fp16_block() -> onnx.ModelProto:
 
 
 def test_fp16_rewrite_tolerance_catches_a_projection_off_by_ten_percent():
-    """compare.py:30 (REWRITE_TOLERANCES["fp16"]): the fused fp16 block passes (0.001), the same block with its
+    """verify/tolerance.py (Check.REWRITE, fp16): the fused fp16 block passes (0.001), the same block with its
     Q projection scaled by 1.1 fails (0.09 against a bound of 0.028); x10 the tolerance, it passed."""
     model = fp16_block()
     atol, rtol = tolerance_for(model)

@@ -10,6 +10,16 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
+# Soft-capping, cap * tanh(logits / cap) before the mask: AttentionSite.softcap holds a site's cap (matched from the
+# graph by match/logit_ops/softcap.py, or read from a fused op's attribute), and this attribute of the ONNX
+# Attention op (and com.microsoft's GroupQueryAttention) carries it; IAttention has no such step.
+SOFTCAP_ATTRIBUTE = "softcap"
+
+
+def attribute_softcap(attrs) -> float | None:
+    """The cap a fused attention op's attributes set; None when absent or 0 (the spec's "no soft-cap")."""
+    return float(attrs.get(SOFTCAP_ATTRIBUTE, 0.0) or 0.0) or None
+
 
 class Layout(str, enum.Enum):
     """Layout of a 4-D attention operand; B batch, N heads, S sequence, H head size."""

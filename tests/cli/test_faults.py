@@ -24,10 +24,9 @@ from tests.conftest import ROOT, sha256
 from trtattn.cli import main
 from trtattn.errors import TrtattnError
 from trtattn.graph import io as onnxio
-from trtattn.graph import memory, validate
+from trtattn.graph import memory, slices, validate
 from trtattn.graph.dims import fit_dims
 from trtattn.testing.graphs import attention_model
-from trtattn.verify import slices
 
 
 def cli(*args):

@@ -18,14 +18,15 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import ROOT, sha256
-from trtattn.graph import external, io
+from trtattn.graph import external, io, slices
 from trtattn.graph.evaluate import ort_session
 from trtattn.graph.feeds import make_feeds
+from trtattn.graph.precision import Weighing, model_precision
 from trtattn.graph.shapes import upgrade_opset
 from trtattn.match import analyse, probe_feeds
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing import write_llama
-from trtattn.verify import compare_models, model_precision, slices
+from trtattn.verify import compare_models
 
 SMALL = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn=512, vocab=512, max_positions=64)
 
@@ -189,7 +190,7 @@ def test_fuse_verifies_in_slices_when_told_to(written, monkeypatch):
 
 def test_fp16_models_are_verified_at_fp16_tolerance(written):
     model = io.load(written("float16"), load_external_data=False)
-    assert model_precision(model) == "fp16"
+    assert model_precision(model, Weighing.STORED).name == "fp16"
     result = fuse_model(model)
     assert result.ok, result.verification
     assert 0 < result.verification.max_abs_err <= 1e-2  # fp16 rounding, not an fp32-exact match

@@ -22,7 +22,7 @@ from .values import dims_text, positive
 
 
 def add_parser(sub) -> None:
-    from ..routes.prepare import PRECISIONS
+    from ..graph.precision import COMPUTE_PRECISIONS
     from ..trt.profiles import DEFAULT_MAX_BATCH
 
     b = sub.add_parser("build", help="build a TensorRT engine in which every attention is an IAttention")
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     b.add_argument("--form", choices=["padded", "packed", "kv-cache"],
                    help="padded BHND; packed tokens with cumulative lengths; a preallocated KV cache (default: "
                         "kv-cache when an Attention op takes past_key/past_value inputs, else padded)")
-    b.add_argument("--precision", choices=list(PRECISIONS),
+    b.add_argument("--precision", choices=list(COMPUTE_PRECISIONS),
                    help="the whole model's precision (default: the model's own when its weights are bf16 or fp16, "
                         "else fp16: ModelOpt AutoCast keeps what is numerically sensitive in fp32); fp32 attention "
                         "has no fused kernel")

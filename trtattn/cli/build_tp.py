@@ -15,8 +15,8 @@ from pathlib import Path
 from ..errors import MissingDependencyError
 from ..graph import external
 from ..graph import io as onnxio
+from ..graph.slices import slice_budget
 from ..trt.profiles import max_positions
-from ..verify.slices import slice_budget
 from .common import exit_without_tensorrt, load_model
 from .dims import parse_dims
 
@@ -140,7 +140,7 @@ def _split(args, progress, prepared, form, name: str, out: Path, source: Path,
     found, verified against the form, written with each rank's build plan; engines with TensorRT."""
     from ..routes.parallel import split_model
     from ..trt import compat
-    from ..verify.compare import tolerance_for
+    from ..verify.tolerance import tolerance_for
 
     with progress.step(f"finding the split over {args.tp} ranks"):
         forms = split_model(form, args.tp, dims=parse_dims(args.dims))

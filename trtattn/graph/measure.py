@@ -108,7 +108,7 @@ def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padd
     def quiet(options):  # a choice that does not run is expected: no error chatter
         options.log_severity_level = 4
 
-    from ..verify import slices  # (here, not above: verify builds on graph)
+    from . import slices
 
     names = [t.name for t in outs]
     try:

@@ -20,15 +20,25 @@ from ..graph.branches import branch_inputs
 from ..graph.dims import fit_dims
 from ..graph.emit import Emitter, float_dtype
 from ..graph.io import default_session_refusal
+from ..graph.precision import low_float
 from ..graph.qdq_pairs import write_propagated_pairs
 from ..graph.shapes import symbolic_shapes, upgrade_opset
 from ..graph.view import export_graph, import_graph
 from ..match import analyse, logit_ops, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
-from ..site import AttentionSite, CausalKind, SiteKind, SiteOutcome, SiteStatus, Skipped
+from ..site import SOFTCAP_ATTRIBUTE, AttentionSite, CausalKind, SiteKind, SiteOutcome, SiteStatus, Skipped
+from ..site_names import site_scope
 from ..timings import timed
-from ..verify import REWRITE_TOLERANCES, Verification, compare_models, tolerance_for
+from ..verify import (
+    Check,
+    Tolerance,
+    Verification,
+    compare_models,
+    loosened,
+    tolerance,
+    tolerance_for,
+)
 from ..version import __version__
 from . import bf16
 from .group_query import convert_group_query
@@ -120,7 +130,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     if site.source.startswith("com.microsoft"):
         node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
         convert_contrib = convert_group_query if node.op == "GroupQueryAttention" else convert_microsoft
-        return convert_contrib(graph, node, f"trtattn/{site.name}")
+        return convert_contrib(graph, node, site_scope(site.name))
     if site.source == "onnx:Attention":
         return _retarget_attention(graph, tensors, site)
     lay = site.layout
@@ -131,7 +141,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         raise ValueError(f"its logits are quantized inside the attention ({logits_q.dtype}, scale {logits_q.scale:.3g}): "
                          "a fused attention (and TensorRT's IAttention) computes them unquantized, so it would not "
                          "compute what this model computes")
-    emit = Emitter(graph, f"trtattn/{site.name}")
+    emit = Emitter(graph, site_scope(site.name))
     dtype = float_dtype(site.dtype)
     dims = Dims(emit, tensors, lay.dims)
     q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
@@ -146,8 +156,8 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
                   and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps)
                   and site.qk_mode != 2)
     steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
-    mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
-    built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
+    mask_emit = Emitter(graph, site_scope(site.name, "mask_operands"))
+    built = logit_ops.build(graph, tensors, steps, site_scope(site.name, "mask"), dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
     if site.qk_mode == 2:  # the op's output holds the mask: ONNX Runtime fills a boolean one with the lowest float
         built.to_float(float("-inf"))  # where the graph's (returned.py: a -inf fill) is -inf
@@ -162,7 +172,7 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         mask = emit.full_query_rows(mask, q)
     attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
     if built.softcap:
-        attrs["softcap"] = float(built.softcap)
+        attrs[SOFTCAP_ATTRIBUTE] = float(built.softcap)
     if site.qk_output is not None:
         attrs["qk_matmul_output_mode"] = int(site.qk_mode or 0)
     y = emit("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype=dtype, name="Attention")
@@ -402,19 +412,17 @@ def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, boo
     to that of the lowest precision a fused site computes in. An fp32 model whose products autocast or a
     converter put in fp16 computes its attention in fp16: the fused op too when it reads the fp16 tensors
     (the casts outside it), and when it reads the fp32 ones the original's products still round to fp16."""
-    names = {"float16": "fp16", "bfloat16": "bf16"}
-    low = {names[t]: s for s in sites for t in (s.dtype, s.products_dtype) if t in names}
+    low = {name: s for s in sites for t in (s.dtype, s.products_dtype) if (name := low_float(t))}
     if not low:
         return atol, rtol, ""
-    loosest = max(low, key=lambda p: REWRITE_TOLERANCES[p][0])
-    new_atol, new_rtol = REWRITE_TOLERANCES[loosest]
-    out_atol = atol if given[0] else max(atol, new_atol)
-    out_rtol = rtol if given[1] else max(rtol, new_rtol)
+    loosest = max(low, key=lambda p: tolerance(Check.REWRITE, p).atol)
+    out_atol, out_rtol = loosened(Tolerance(atol, rtol), loosest, given)
     if (out_atol, out_rtol) == (atol, rtol):
         return atol, rtol, ""
     site = low[loosest]
+    products = site.products_dtype and not low_float(site.dtype)
     return out_atol, out_rtol, (f"the {loosest} tolerance: site {site.name} computes its "
-                                f"{'products' if site.products_dtype and site.dtype not in names else 'attention'} "
+                                f"{'products' if products else 'attention'} "
                                 f"in {site.products_dtype or site.dtype}")
 
 

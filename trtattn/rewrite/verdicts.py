@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..site_names import names_site
 from ..verify import Verification
 
 
@@ -33,7 +34,7 @@ def output_reason(outcome) -> str:
 def blame(error: Exception, active: list) -> list:
     """The sites whose nodes (named trtattn/SITE/...) an ONNX Runtime error names; all of them if none."""
     text = str(error)
-    named = [r for r in active if f"trtattn/{r.site.name}/" in text]
+    named = [r for r in active if names_site(text, r.site.name)]
     return named or active
 
 

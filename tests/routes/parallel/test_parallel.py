@@ -138,12 +138,12 @@ def test_small_lm_head_and_embedding_stay_whole(tiny_llama):
 
 
 def test_split_in_slices_of_layers_keeps_each_session_under_the_model(tiny_llama, monkeypatch):
-    """A model over half the memory is measured and checked in slices of layers (verify/slices.py) and its
+    """A model over half the memory is measured and checked in slices of layers (graph/slices.py) and its
     rank set one rank's wave (between collectives) at a time: forced here with a budget of a fraction of
     the tiny Llama's weights, no ONNX Runtime session the split opens holds the whole model, and the split
     and its errors are those of the unsliced run."""
+    from trtattn.graph import slices
     from trtattn.routes.parallel import collectives, facts
-    from trtattn.verify import slices
 
     whole = split_model(tiny_llama, 2)
     held = []
@@ -283,8 +283,8 @@ def test_build_tp_of_a_model_over_half_the_memory_slices_its_ranks_from_the_file
     import json
 
     from trtattn.cli import main
+    from trtattn.graph import slices
     from trtattn.trt import compat
-    from trtattn.verify import slices
 
     try:
         compat.import_tensorrt()

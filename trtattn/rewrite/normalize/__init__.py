@@ -29,6 +29,7 @@ from ...graph.view import import_graph
 from ...match import analyse, logit_ops, probe_feeds, subgraphs
 from ...report import Progress
 from ...site import AttentionSite, MaskKind, ScalePlacement, SiteOutcome, SiteStatus
+from ...site_names import site_scope
 from ...verify import Verification, compare_models, tolerance_for
 from .. import bf16
 from . import canonical
@@ -194,15 +195,15 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
                     logits, row.scale_to = prescaled_logits(scope, tensors, site, fold_weights=fold_scale_into_weights)
                     shape = None
                     if logit_ops.has_layout_change(site.mask_steps):
-                        shape = Emitter(scope, f"trtattn/{site.name}/shape").score_shape(
+                        shape = Emitter(scope, site_scope(site.name, "shape")).score_shape(
                             tensors[site.query], tensors[site.key_transposed], site.rank, site.rank - 1)
                     x, row.mask_form = masked_logits(scope, tensors, site, meaning, logits, cache, shape)
                     nodes[site.softmax].inputs[0] = x
                     row.rewritten()
-                if move_nan_guard(scope, nodes[site.softmax], f"trtattn/{site.name}"):
+                if move_nan_guard(scope, nodes[site.softmax], site_scope(site.name)):
                     row.probabilities = "NaN guard moved after BMM2"
                     row.rewritten()
-                elif move_row_guard(scope, nodes[site.softmax], f"trtattn/{site.name}"):
+                elif move_row_guard(scope, nodes[site.softmax], site_scope(site.name)):
                     row.probabilities = ROW_GUARD_MOVED
                     row.rewritten()
                 elif not_documented(probs):

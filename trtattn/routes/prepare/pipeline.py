@@ -20,6 +20,7 @@ import onnx
 
 from ...errors import SitesRefused, TrtattnError
 from ...graph.dims import fit_dims
+from ...graph.precision import COMPUTE_PRECISIONS, QUANTIZED
 from ...report import Progress, table
 from ...rewrite.fuse import FuseResult, fuse_model
 from ...site import SiteStatus
@@ -33,8 +34,6 @@ from .forms import FORMS
 if TYPE_CHECKING:
     from ...graph.user_inputs import GivenInputs
 
-PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8")
-QUANTIZED = ("fp8", "int8")
 VERIFY_SEEDS = (0, 1)  # the feeds a precision conversion is calibrated and checked on
 
 
@@ -150,8 +149,8 @@ def _check_request(work: Work) -> None:
     precision = work.precision
     if r.form is not None and r.form not in FORMS:
         raise TrtattnError(f"unknown form '{r.form}'; choose one of {', '.join(FORMS)}")
-    if precision not in PRECISIONS:
-        raise TrtattnError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
+    if precision not in COMPUTE_PRECISIONS:
+        raise TrtattnError(f"unknown precision '{precision}'; choose one of {', '.join(COMPUTE_PRECISIONS)}")
     if r.io_dtype not in (None, precision) or r.io_dtype and precision in QUANTIZED:
         raise TrtattnError(f"--io-dtype {r.io_dtype} with --precision {precision}: the IO is kept as the model has "
                            f"it, or converted to the (fp16/bf16) precision")
