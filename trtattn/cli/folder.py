@@ -35,6 +35,8 @@ def run(args, progress, mode: str) -> int:
     models = result.models
     print(f"{len(models)} models, {sum(f.ok for f in models)} with every attention "
           f"{'fused' if mode == 'fuse' else 'normalized'} and verified; {copied} other files copied")
+    for note in result.notes:
+        print(f"note: {note}")
     if result.output:
         print(f"wrote {result.output}" + ("" if result.ok else " (the sites that fused; --allow-partial)"))
     else:
