@@ -4,7 +4,7 @@ GenAI reads genai_config.json to drive its models: which file is the decoder, th
 caches, and `search.past_present_share_buffer`. With that option on, GenAI binds one buffer of the context
 length as both past and present, which only an op that writes the new keys into the past's buffer in place
 can fill: com.microsoft GroupQueryAttention. The standard ONNX Attention op's present is, by its definition,
-Concat(past, new), one step longer than the past, so a decoder whose presents come from anything but
+Concat(past, new), longer than the past by the new tokens, so a decoder whose presents come from anything but
 GroupQueryAttention cannot share the buffer: the option is turned off, and the folder's result says so.
 Everything else in the config is kept as written.
 """
@@ -118,6 +118,6 @@ def _why_not_shared(config: dict, folder: Path, rewritten: set[str]) -> str | No
         concatenated = presents_not_in_place(path, patterns)
         if concatenated:
             shown = ", ".join(concatenated[:2]) + (f" (and {len(concatenated) - 2} more)" if len(concatenated) > 2 else "")
-            return (f"the fused {name} writes its presents as Concat(past, new), one step longer than the past "
-                    f"({shown}), so past and present cannot share one buffer; GenAI passes the cache grown instead")
+            return (f"the fused {name} writes its presents as Concat(past, new), longer than the past by the "
+                    f"new tokens ({shown}), so past and present cannot share one buffer; GenAI passes the cache grown instead")
     return None
