@@ -75,14 +75,12 @@ def test_fused_folder_generates_the_original_tokens_in_genai(built, fused, famil
 def test_fused_models_with_the_config_as_read_fail_in_genai(built, fused, tmp_path):
     """Why the config is rewritten: GenAI binds one buffer of the context length as past and present, and the
     fused op's present (past + new) does not fit it at the first decode step."""
-    import onnxruntime_genai as og
-
     rc, out, _ = fused("llama", "fp32")
     assert rc == 0
     stale = tmp_path / "stale"
     shutil.copytree(out, stale)
     shutil.copy(built("llama", "fp32") / "genai_config.json", stale / "genai_config.json")
-    with pytest.raises(og.OrtException if hasattr(og, "OrtException") else Exception, match="present"):
+    with pytest.raises(RuntimeError, match="present.0.key.* has shape .* but the computed output shape"):
         genai_builds.greedy_tokens(stale, new=3)
 
 
