@@ -130,20 +130,3 @@ def test_cli_fuse_folder_prints_the_note_and_reports_it(tmp_path, capsys):
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report["notes"]) == 1 and SHARE_BUFFER in report["notes"][0]
 
-
-def test_genai_config_read_as_the_model_config_run_needs(tmp_path):
-    """`run DIR --generate` on a GenAI folder (no config.json): heads, head size and token ids from
-    genai_config.json; a config.json beside it says first."""
-    from trtattn.folder_genai import as_model_config
-    from trtattn.runtime.pipeline import generation_settings, model_config
-
-    config = _config(share=True)
-    config["model"].update(eos_token_id=[2, 7], pad_token_id=0, bos_token_id=1)
-    (tmp_path / "genai_config.json").write_text(json.dumps(config))
-    assert as_model_config(tmp_path) == {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-                                         "num_hidden_layers": 1, "eos_token_id": [2, 7], "pad_token_id": 0,
-                                         "bos_token_id": 1, "max_position_embeddings": 64}
-    assert generation_settings(tmp_path)["eos_token_id"] == [2, 7]
-    (tmp_path / "config.json").write_text(json.dumps({"head_dim": 8}))
-    assert model_config(tmp_path)["head_dim"] == 8 and model_config(tmp_path)["num_key_value_heads"] == 2
-    assert as_model_config(tmp_path / "elsewhere") == {}

@@ -7,9 +7,6 @@ can fill: com.microsoft GroupQueryAttention. The standard ONNX Attention op's pr
 Concat(past, new), longer than the past by the new tokens, so a decoder whose presents come from anything but
 GroupQueryAttention cannot share the buffer: the option is turned off, and the folder's result says so.
 Everything else in the config is kept as written.
-
-`as_model_config` reads the same file the other way: the sizes and token ids it states, under the names of a
-Hugging Face config.json, for a GenAI folder (which has none) run by trtattn itself (`run DIR --generate`).
 """
 
 from __future__ import annotations
@@ -51,26 +48,6 @@ def read_config(path: Path) -> dict:
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise TrtattnError(f"{path}: a {CONFIG} without a 'model' section")
     return config
-
-
-# genai_config.json's decoder section -> the config.json names trtattn reads
-_DECODER_KEYS = {"num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
-                 "head_size": "head_dim", "hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers"}
-_MODEL_KEYS = ("eos_token_id", "pad_token_id", "bos_token_id", "vocab_size")
-
-
-def as_model_config(folder: Path) -> dict:
-    """A GenAI folder's genai_config.json as the config.json keys it states ({} without the file)."""
-    path = folder / CONFIG
-    if not path.is_file():
-        return {}
-    model = read_config(path)["model"]
-    decoder = model.get("decoder") or {}
-    found = {ours: decoder[theirs] for theirs, ours in _DECODER_KEYS.items() if theirs in decoder}
-    found.update({k: model[k] for k in _MODEL_KEYS if k in model})
-    if "context_length" in model:
-        found["max_position_embeddings"] = model["context_length"]
-    return found
 
 
 def decoder_files(config: dict) -> list[str]:

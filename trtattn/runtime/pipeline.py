@@ -70,18 +70,9 @@ def _read_json(path: Path) -> dict:
         raise TrtattnError(f"{path}: not readable JSON ({e})") from None
 
 
-def model_config(folder: Path) -> dict:
-    """config.json, its missing keys filled from an ONNX Runtime GenAI folder's genai_config.json (heads, head
-    size, token ids), which is all such a folder has."""
-    from ..folder_genai import as_model_config
-
-    return {**as_model_config(folder), **_read_json(folder / "config.json")}
-
-
 def generation_settings(folder: Path) -> dict:
-    """eos/pad/decoder start/max length: generation_config.json over config.json (genai_config.json filling it),
-    as transformers reads them."""
-    config = model_config(folder)
+    """eos/pad/decoder start/max length: generation_config.json over config.json, as transformers reads them."""
+    config = _read_json(folder / "config.json")
     gen = _read_json(folder / "generation_config.json")
     return {k: gen.get(k, config.get(k)) for k in SETTINGS if gen.get(k, config.get(k)) is not None}
 
@@ -118,13 +109,13 @@ def load_pipeline(folder, backend: str = "auto") -> Pipeline:
         if missing:
             raise TrtattnError(f"{sidecar} names parts that are not there: {', '.join(missing)}"
                                + (" (built without TensorRT: --backend ort runs the verified forms)" if key == "file" else ""))
-        return Pipeline(folder, parts, meta.get("generation", {}), model_config(folder),
+        return Pipeline(folder, parts, meta.get("generation", {}), _read_json(folder / "config.json"),
                         {role: p.get("form") for role, p in entries.items()})
     parts = find_parts(folder)
     if "decoder" not in parts:
         raise TrtattnError(f"{folder}: no decoder to generate with (expected model.onnx, decoder_model.onnx or "
                            f"decoder_model_merged.onnx, as Optimum writes them)")
-    return Pipeline(folder, parts, generation_settings(folder), model_config(folder))
+    return Pipeline(folder, parts, generation_settings(folder), _read_json(folder / "config.json"))
 
 
 def _rank_parts(sidecar: Path, meta: dict) -> dict[str, Path]:
@@ -159,7 +150,7 @@ def _empty_past(session, name: str, batch: int, config: dict, unread: bool = Fal
         size = config.get("head_dim") or config.get("d_kv") or (hidden // heads if hidden and heads else None)
     if not heads or not size:
         raise TrtattnError(f"{session.name}: cannot tell the heads and head size of {name} (dynamic dims, and "
-                           "neither config.json nor genai_config.json says)")
+                           "config.json does not say)")
     length = shape[2] if unread and isinstance(shape[2], int) and shape[2] >= 0 else 0
     return np.zeros((batch, int(heads), length, int(size)), info.dtype)
 
