@@ -11,6 +11,7 @@ import pytest
 
 from trtattn.cli import main
 from trtattn.testing.genai_graphs import GenaiSpec, genai_decoder, genai_feeds
+from trtattn.testing.gqa_fusion_graphs import fused_rotary_gqa, rotary_gqa_feeds, unfused_rotary_gqa
 
 
 def _fuse(tmp_path, spec: GenaiSpec, *extra: str) -> tuple[int, dict, str]:
@@ -48,3 +49,18 @@ def test_fuse_at_an_empty_past_the_user_gives(tmp_path):
     code, report, _ = _fuse(tmp_path, GenaiSpec(layers=1), "--dims", "past_sequence_length=0")
     assert code == 0, report
     assert report["dims"]["values"]["past_sequence_length"] == 0 and "also_verified_at" not in report["dims"]
+
+
+@pytest.mark.parametrize("name,make", [("fused-packed", lambda: fused_rotary_gqa(packed=True)),
+                                       ("unfused", unfused_rotary_gqa)])
+def test_fuse_onnxscript_style_gqa_without_dims(tmp_path, name, make):
+    """GQA with its rotary tables as inputs, fused and unfused, as onnxscript's fusion tests write it: exit 0, the
+    written model equal to the original at a step over a past (batch 1, max_seqlen = P + S)."""
+    source, out = tmp_path / f"{name}.onnx", tmp_path / "out.onnx"
+    onnx.save(make(), source)
+    assert main(["-q", "fuse", str(source), "-o", str(out)]) == 0
+    feeds = rotary_gqa_feeds(past=5, new=3, packed=name == "fused-packed", seed=1)
+    original = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
+    fused = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(original, fused):
+        np.testing.assert_allclose(b, a, atol=1e-4)

@@ -8,6 +8,7 @@ from trtattn.errors import TrtattnError
 from trtattn.graph.dims import fit_dims
 from trtattn.graph.feeds import make_feeds
 from trtattn.testing.genai_graphs import GenaiSpec, genai_decoder
+from trtattn.testing.gqa_fusion_graphs import fused_rotary_gqa, unfused_rotary_gqa
 from trtattn.verify.compare import default_feeds
 
 
@@ -51,3 +52,11 @@ def test_a_user_batch_over_a_past_is_searched_from_and_the_head_size_is_not_gues
     fit = fit_dims(genai_decoder(GenaiSpec(layers=1)), {"batch_size": 2})
     assert fit["batch_size"] == 2 and fit["kv_cache_dim"] == 16
     assert fit["past_sequence_length"] == 0 or fit["sequence_length"] == 1, fit.reasons
+
+
+@pytest.mark.parametrize("make", [lambda: fused_rotary_gqa(), lambda: fused_rotary_gqa(packed=True),
+                                  unfused_rotary_gqa], ids=["fused", "fused-packed", "unfused"])
+def test_onnxscript_style_gqa_models_fit(make):
+    """Was: 'does not run at S=8, P=8, B=8, max_seqlen=8 (nor at 63 other dims tried)'."""
+    fit = fit_dims(make())
+    assert fit["B"] == 1 and fit["P"] > 0 and fit["max_seqlen"] >= fit["P"] + fit["S"], fit.reasons

@@ -8,6 +8,7 @@ from trtattn.errors import TrtattnError
 from trtattn.graph.op_dims import ConfigSizes, op_dims
 from trtattn.testing.contrib_graphs import cache_model, group_query_decoder
 from trtattn.testing.genai_graphs import GenaiSpec, genai_decoder
+from trtattn.testing.gqa_fusion_graphs import fused_rotary_gqa, unfused_rotary_gqa
 
 
 @pytest.mark.parametrize("heads,kv_heads,head", [(4, 2, 16), (6, 1, 8), (2, 2, 32)])
@@ -78,3 +79,13 @@ def test_static_cache_dims_fix_nothing_and_models_without_caches_say_nothing():
     assert op_dims(group_query_decoder()).pasts == {"past_sequence_length": "gqa"}
     no_cache = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
     assert not op_dims(no_cache)
+
+
+def test_rotary_tables_given_as_inputs_cover_the_past_and_the_new_tokens():
+    """onnxscript's GQA fusion tests feed cos/sin [max_seqlen, Dh / 2]: the rows must reach P + S (was: max_seqlen
+    left at the default 8 below P + S, 'cos_cache dimension 0 shall not be less than total_sequence_length')."""
+    fused, unfused = op_dims(fused_rotary_gqa()), op_dims(unfused_rotary_gqa())
+    assert [(c.rows, c.parts) for c in fused.covers] == [("max_seqlen", ("P", "S"))]
+    assert [(c.rows, c.parts) for c in unfused.covers] == [("max_seqlen", ("P", "S"))]  # every other length
+    assert fused.apply({"P": 6, "S": 8, "max_seqlen": 8})["max_seqlen"] == 14
+    assert fused.apply({"P": 6, "S": 8, "max_seqlen": 8}, {"max_seqlen": 8})["max_seqlen"] == 8  # the user's

@@ -51,6 +51,10 @@ CACHE_OPS = {
 }
 
 
+# rotary ops -> the input index of their cos cache [max positions, rotary_dim / 2]
+ROTARY_COS = {("com.microsoft", "RotaryEmbedding"): 2, ("", "RotaryEmbedding"): 1}
+
+
 @dataclass(frozen=True)
 class Fixed:
     """A dim the model's ops or configs fix: its name, value and why (one clause naming the node or file)."""
@@ -65,6 +69,15 @@ class LengthSum:
     """total = sum(parts): a dim an op reads as the past plus the new tokens."""
 
     total: str
+    parts: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Covers:
+    """rows >= sum(parts): a table of positions (a rotary cache given as an input) that must reach the total length."""
+
+    rows: str
     parts: tuple[str, ...]
     why: str
 
@@ -89,9 +102,10 @@ class OpDims:
     batches: set[str] = field(default_factory=set)  # their batch dims
     batch_one: str | None = None  # the node that takes several new tokens over a past at batch 1 only
     limits: dict[str, Fixed] = field(default_factory=dict)  # the most a dim may be
+    covers: list[Covers] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.fixed or self.sums or self.pasts)
+        return bool(self.fixed or self.sums or self.pasts or self.covers)
 
     def check_user(self, user: dict) -> None:
         """Refuse a user's dim that an op fixes to another value, naming the op."""
@@ -107,6 +121,9 @@ class OpDims:
         for s in self.sums:
             if s.total not in user and all(p in out for p in s.parts):
                 out[s.total] = sum(out[p] for p in s.parts)
+        for c in self.covers:
+            if c.rows not in user and all(p in out for p in c.parts):
+                out[c.rows] = max(out.get(c.rows, 0), sum(out[p] for p in c.parts))
         return out
 
     def within_limits(self, dims: dict) -> bool:
@@ -137,6 +154,7 @@ class OpDims:
     def reasons(self) -> list[str]:
         out = [f"{f.name}={f.value} ({f.why})" for f in self.fixed.values()]
         out += [f"{s.total} = {' + '.join(s.parts)} ({s.why})" for s in self.sums]
+        out += [f"{c.rows} >= {' + '.join(c.parts)} ({c.why})" for c in self.covers]
         return out
 
 
@@ -147,7 +165,7 @@ def op_dims(model: onnx.ModelProto, config: ConfigSizes | None = None) -> OpDims
     nodes = [(n, CACHE_OPS[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]) for n in graph.node
              if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in CACHE_OPS]
     found = OpDims()
-    if not nodes:
+    if not nodes and not any((n.domain or "", n.op_type) in ROTARY_COS for n in graph.node):
         return found
     inits = {i.name for i in graph.initializer}
     shapes = {vi.name: [dim_name(d, vi.name, a) for a, d in enumerate(vi.type.tensor_type.shape.dim)]
@@ -156,6 +174,8 @@ def op_dims(model: onnx.ModelProto, config: ConfigSizes | None = None) -> OpDims
     widths = _Widths(model, uses)
     for node, op in nodes:
         _read_node(found, node, op, shapes, uses, widths, config)
+    for node in graph.node:
+        _read_rotary(found, node, shapes, uses)
     return found
 
 
@@ -208,7 +228,7 @@ def _input(node: onnx.NodeProto, index: int | None) -> str:
 def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[str, list], uses: GraphUses,
                widths: _Widths, config: ConfigSizes | None) -> None:
     """What one op says: its cache's head size and heads, its past, new and total lengths, its batch rule."""
-    where = f"{node.op_type} '{node.name}'"
+    where = f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
     past = _graph_input(_input(node, op.past_key), shapes, uses)
     if past is None or len(shapes[past]) != 4:
         return
@@ -239,6 +259,10 @@ def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[st
     rows = _rotary_rows(node, uses)
     if rows is not None and total is not None:
         found.limits.setdefault(total, Fixed(total, rows, f"{where}'s rotary cache has {rows} positions"))
+    table = _rotary_input_rows(node, shapes, uses)
+    if table is not None and new is not None and all(c.rows != table for c in found.covers):
+        found.covers.append(Covers(table, (past_len, new), f"{where} rotates positions up to its past plus its new "
+                                                          "tokens with its cos/sin cache inputs"))
 
 
 def _fix(found: OpDims, fixed: Fixed) -> None:
@@ -334,3 +358,31 @@ def _rotary_rows(node: onnx.NodeProto, uses: GraphUses) -> int | None:
     cos = _input(node, 7)
     table = uses.inits.get(cos)
     return int(table.dims[0]) if table is not None and table.dims else None
+
+
+def _rotary_input_rows(node: onnx.NodeProto, shapes: dict, uses: GraphUses) -> str | None:
+    """The symbolic rows of GroupQueryAttention's cos cache when it is a graph input (rotary inside the op)."""
+    if node.op_type != "GroupQueryAttention" or not _attr(node, "do_rotary"):
+        return None
+    cos = _graph_input(_input(node, 7), shapes, uses)
+    rows = shapes[cos][0] if cos is not None and shapes[cos] else None
+    return rows if isinstance(rows, str) else None
+
+
+def _read_rotary(found: OpDims, node: onnx.NodeProto, shapes: dict, uses: GraphUses) -> None:
+    """A rotary op's cos cache given as a graph input with symbolic rows: the rows reach every position, so at least
+    the past plus the new tokens where a cache op names them, else every other length of the inputs together (a
+    decoder step's positions are below their sum)."""
+    index = ROTARY_COS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+    cos = _graph_input(_input(node, index), shapes, uses) if index is not None else None
+    rows = shapes[cos][0] if cos is not None and shapes[cos] else None
+    if not isinstance(rows, str) or any(c.rows == rows for c in found.covers):
+        return
+    batches = {s[0] for s in shapes.values() if s and isinstance(s[0], str)}  # axis 0 of an input: a batch
+    lengths = sorted({d for n, s in shapes.items() if n != cos for d in s[1:] if isinstance(d, str)
+                      and d != rows and d not in found.fixed and names_in(d) == [d]} - batches)
+    parts = tuple(sorted(found.pasts)) + tuple(sorted(found.news)) if found.pasts and found.news else tuple(lengths)
+    if parts:
+        where = f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
+        found.covers.append(Covers(rows, parts, f"{where} reads positions up to {' + '.join(parts)} in its cos/sin "
+                                                "cache inputs"))
