@@ -4,6 +4,7 @@ one Attention op per layer and verified (match/heads_merge.py)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
@@ -102,3 +103,17 @@ def test_the_select_mask_shared_by_layers_with_a_transposed_output_fuses():
     assert result.ok and [r.site.q_heads for r in result.reports] == [4, 4]
     assert len(_attention_nodes(result.model)) == 2
     assert _same_outputs(model, result.model) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_torch_code_looping_over_heads_fuses_one_op_per_layer(tmp_path, dynamo):
+    pytest.importorskip("torch")
+    from trtattn.testing.sha_torch import export_sha
+
+    model = onnx.load(export_sha(tmp_path / "sha.onnx", dynamo=dynamo))
+    assert sum(n.op_type == "Softmax" for n in model.graph.node) == 8
+    result = fuse_model(model)
+    assert result.ok and [r.site.q_heads for r in result.reports] == [4, 4]
+    assert len(_attention_nodes(result.model)) == 2
+    assert _same_outputs(model, result.model) < 1e-4
