@@ -81,11 +81,14 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
             if not isinstance(e, (NotAttention, Unsupported)):  # a matcher bug must not take the run down
                 e = Unsupported(f"the matcher failed on it ({type(e).__name__}: {e}; a trtattn bug, please report it)")
             where = f" (in {_where(path)})" if path else ""
-            if node.op != "Softmax" or (not isinstance(e, OverWeights) and likeness.attention_like(view, node)):
+            verdict = likeness.Likeness(True) if node.op != "Softmax" or isinstance(e, OverWeights) else \
+                likeness.likeness(view, node)
+            if node.op != "Softmax" or (not isinstance(e, OverWeights) and verdict.attention):
                 name = _site_name(node.name or node.outputs[0].name, names)
                 result.skipped.append(Skipped(name, str(e) + where, node.name))
             else:
-                result.ignored.append(Skipped(node.name, str(e) + where, node.name))
+                why = str(e) if verdict.attention else f"{verdict.reason} ({e})"
+                result.ignored.append(Skipped(node.name, why + where, node.name))
             continue
         result.sites.append(site.replace(name=_site_name(site.name or site.output, names), graph=path))
     for node, attr, sub in subgraphs.subgraphs(view.graph):
