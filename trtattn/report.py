@@ -62,7 +62,9 @@ def counts(rows: list[dict], ignored=()) -> dict:
     that are not attention."""
     fused = sum(r["status"] == "fused" for r in rows)
     ops = sum(r.get("source", "pattern") != "pattern" for r in rows)
-    return {"sites": len(rows), "softmaxes": len(rows) - ops, "attention_ops": ops, "fused": fused,
+    # a site merged from single-head ones (match/heads_merge.py) holds one softmax per head
+    softmaxes = sum(len(r.get("merged") or ()) or 1 for r in rows if r.get("source", "pattern") == "pattern")
+    return {"sites": len(rows), "softmaxes": softmaxes, "attention_ops": ops, "fused": fused,
             "not_fused": len(rows) - fused, "not_attention": len(ignored)}
 
 
@@ -73,6 +75,8 @@ def summary_line(rows: list[dict], ignored=()) -> str:
         head = "no attention found"
     else:
         what = f"{c['softmaxes']} attention-like softmax{'es' if c['softmaxes'] != 1 else ''}"
+        if c["softmaxes"] != c["sites"] - c["attention_ops"]:
+            what += f" in {c['sites'] - c['attention_ops']} sites (heads merged)"
         if c["attention_ops"]:
             what += f" and {c['attention_ops']} attention op{'s' if c['attention_ops'] != 1 else ''}"
         head = f"{what}: {c['fused']} fused, {c['not_fused']} not fused"

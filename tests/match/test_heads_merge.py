@@ -3,6 +3,8 @@ one Attention op per layer and verified (match/heads_merge.py)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -117,3 +119,15 @@ def test_torch_code_looping_over_heads_fuses_one_op_per_layer(tmp_path, dynamo):
     assert result.ok and [r.site.q_heads for r in result.reports] == [4, 4]
     assert len(_attention_nodes(result.model)) == 2
     assert _same_outputs(model, result.model) < 1e-4
+
+
+def test_fuse_command_reports_the_merged_sites(tmp_path):
+    from trtattn.cli import main
+
+    src, out, report = tmp_path / "sha.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(sha_model(unpack="gather"), str(src))
+    assert main(["--quiet", "fuse", str(src), "-o", str(out), "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert [len(s["merged"]) for s in data["sites"]] == [4, 4] and all(s["q_heads"] == 4 for s in data["sites"])
+    assert data["counts"]["softmaxes"] == 8 and data["counts"]["fused"] == 2
+    assert len(_attention_nodes(onnx.load(str(out)))) == 2
