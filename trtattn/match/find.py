@@ -26,7 +26,7 @@ from . import canonical, contraction, fused_ops, likeness, subgraphs
 from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, site_kind
 from .core import Core, find_core
-from .errors import NotAttention, OverWeights, Unsupported
+from .errors import NotAttention, Unsupported
 from .heads import (
     candidates,
     choose,
@@ -81,14 +81,12 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
             if not isinstance(e, (NotAttention, Unsupported)):  # a matcher bug must not take the run down
                 e = Unsupported(f"the matcher failed on it ({type(e).__name__}: {e}; a trtattn bug, please report it)")
             where = f" (in {_where(path)})" if path else ""
-            verdict = likeness.Likeness(True) if node.op != "Softmax" or isinstance(e, OverWeights) else \
-                likeness.likeness(view, node)
-            if node.op != "Softmax" or (not isinstance(e, OverWeights) and verdict.attention):
+            verdict = likeness.judged(view, node, e) if node.op == "Softmax" else likeness.Likeness(True)
+            if verdict.attention:
                 name = _site_name(node.name or node.outputs[0].name, names)
                 result.skipped.append(Skipped(name, str(e) + where, node.name))
             else:
-                why = str(e) if verdict.attention else f"{verdict.reason} ({e})"
-                result.ignored.append(Skipped(node.name, why + where, node.name))
+                result.ignored.append(Skipped(node.name, verdict.reason + where, node.name))
             continue
         result.sites.append(site.replace(name=_site_name(site.name or site.output, names), graph=path))
     for node, attr, sub in subgraphs.subgraphs(view.graph):

@@ -19,6 +19,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.dependence import value_operands, value_readers
 from .contraction import LINEAR, PRODUCTS, activations, attention_product, input_product
+from .errors import OverWeights
 from .normalised import over_weights
 
 UP_HOPS, DOWN_HOPS = 48, 32  # Longformer's sliding chunks put ~30 ops between product and Softmax
@@ -35,6 +36,15 @@ class Likeness:
 def likeness(view, sm: gs.Node) -> Likeness:
     """The one decision for a Softmax (module doc)."""
     return _decide(view, sm.inputs[0], sm.outputs[0], sm)
+
+
+def judged(view, sm: gs.Node, error: Exception) -> Likeness:
+    """The decision for a Softmax the matcher did not take (`error`: why): over a weight's axis as the frames
+    read it (core.py: OverWeights) it is not attention, else as `likeness` decides, with the matcher's why."""
+    if isinstance(error, OverWeights):
+        return Likeness(False, str(error))
+    verdict = likeness(view, sm)
+    return verdict if verdict.attention else Likeness(False, f"{verdict.reason} ({error})")
 
 
 def attention_like(view, sm: gs.Node) -> bool:
