@@ -131,3 +131,15 @@ def test_fuse_command_reports_the_merged_sites(tmp_path):
     assert [len(s["merged"]) for s in data["sites"]] == [4, 4] and all(s["q_heads"] == 4 for s in data["sites"])
     assert data["counts"]["softmaxes"] == 8 and data["counts"]["fused"] == 2
     assert len(_attention_nodes(onnx.load(str(out)))) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [sha_model, sha_folded_model])
+def test_sha_reaches_one_tensorrt_attention_per_layer(tmp_path, build):
+    """fuse --ops trt: one TRT_Attention (IAttention) per layer, with every head, checked on CPU through plugins/."""
+    from trtattn.cli import main
+
+    src, out = tmp_path / "sha.onnx", tmp_path / "trt.onnx"
+    onnx.save(build(), str(src))
+    assert main(["--quiet", "fuse", str(src), "-o", str(out), "--ops", "trt"]) == 0
+    assert sum(n.op_type == "TRT_Attention" for n in onnx.load(str(out)).graph.node) == 2
