@@ -5,10 +5,10 @@
     x[B,T,D] -> Q,K,V projections -> [B,T,N,H] -> one piece per head (Split + Squeeze, Gather, Slice)
     -> per head: Q.K^T + mask -> Softmax -> P.V -> packed back (Unsqueeze + Concat, or Concat) -> out
 with one additive mask made once (Equal -> Cast -> Mul) and added in every head of every layer.
-`layers_not_attention(kind)` writes softmaxes a user's model holds beside attention that are not
-attention: a MoE router, a Nystrom pseudo-inverse kernel, linear "efficient attention", and an
-integer softmax between the two products (I-BERT's quant mode), which is attention. Each model runs on
-ONNX Runtime with its default session options.
+`sha_folded_model()` folds the heads into the query axis over one KV head (the document's Gemma3 SHA);
+`select_mask_model()` is the document's Select mask shared by layers with a transposed output (V^T . P^T).
+Softmaxes that are not attention are in not_attention.py. Each model runs on ONNX Runtime with its
+default session options.
 """
 
 from __future__ import annotations
