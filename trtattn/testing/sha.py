@@ -1,5 +1,5 @@
 """Hand-built graphs of attention written one head at a time (SHA), as NPU toolchains export it
-(shared/reference/graph-transforms-mha-to-sha.txt), and of softmaxes that are not attention.
+(shared/reference/graph-transforms-mha-to-sha.txt).
 
 `sha_model(unpack=...)` writes `layers` blocks of
     x[B,T,D] -> Q,K,V projections -> [B,T,N,H] -> one piece per head (Split + Squeeze, Gather, Slice)
