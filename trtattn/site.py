@@ -276,6 +276,8 @@ class AttentionSite:
     # outputs only Y: the TensorRT route computes it beside IAttention (routes/prepare/qk_beside.py)
     qk_output: str | None = None
     qk_mode: int | None = None
+    # the single-head sites (by name, in head order) this multi-head site was merged from (match/heads_merge.py)
+    merged: tuple[str, ...] = ()
 
     def replace(self, **changes) -> AttentionSite:
         return dataclasses.replace(self, **changes)
@@ -310,6 +312,8 @@ class MatchResult:
     skipped: list[Skipped] = field(default_factory=list)  # attention-like, not fused (counts as failure)
     ignored: list[Skipped] = field(default_factory=list)  # softmaxes that are not attention-like
     canonical: dict[str, str] = field(default_factory=dict)  # Softmax a canonical rule wrote in the main graph -> rule
+    # a multi-head site merged from single-head ones (match/heads_merge.py) -> those sites, to fall back on
+    heads_merged: dict[str, list[AttentionSite]] = field(default_factory=dict)
 
 
 @dataclass

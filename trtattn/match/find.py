@@ -27,7 +27,7 @@ from . import canonical, contraction, fused_ops, likeness, subgraphs
 from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, site_kind
 from .core import Core, find_core
-from .errors import NotAttention, OverWeights, Unsupported
+from .errors import NotAttention, Unsupported
 from .heads import (
     candidates,
     choose,
@@ -82,11 +82,12 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
             if not isinstance(e, (NotAttention, Unsupported)):  # a matcher bug must not take the run down
                 e = Unsupported(f"the matcher failed on it ({type(e).__name__}: {e}; a trtattn bug, please report it)")
             where = f" (in {_where(path)})" if path else ""
-            if node.op != "Softmax" or (not isinstance(e, OverWeights) and likeness.attention_like(view, node)):
+            verdict = likeness.judged(view, node, e) if node.op == "Softmax" else likeness.Likeness(True)
+            if verdict.attention:
                 name = _site_name(node.name or node.outputs[0].name, names)
                 result.skipped.append(Skipped(name, str(e) + where, node.name))
             else:
-                result.ignored.append(Skipped(node.name, str(e) + where, node.name))
+                result.ignored.append(Skipped(node.name, verdict.reason + where, node.name))
             continue
         result.sites.append(site.replace(name=_site_name(site.name or site.output, names), graph=path))
     for node, attr, sub in subgraphs.subgraphs(view.graph):

@@ -28,6 +28,7 @@ from ..timings import timed
 from . import logit_ops
 from .errors import MASKED_FILL
 from .find import match
+from .heads_merge import merge_heads
 
 
 @dataclass
@@ -156,12 +157,14 @@ def _dtype(name: str):
 
 # ---------------------------------------------------------------- match + probe
 @timed("match and probe")
-def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None = None
+def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None = None, merge: bool = False
             ) -> tuple[gs.Graph, MatchResult, dict]:
     """Match sites and probe what their masks mean. Returns (graph, match result, meanings): the graph is
     imported once (weights left on disk stay there) and comes back unchanged, ready to be rewritten.
     `progress` (report.Progress) counts the probe runs; `dims`: the dims the model runs at (graph/dims.py),
-    where values and shapes a pattern cannot tell are measured (graph/measure.py)."""
+    where values and shapes a pattern cannot tell are measured (graph/measure.py). `merge`: single-head sites
+    proved one attention become one multi-head site (heads_merge.py; the parts in result.heads_merged), whose
+    mask means what its first head's does (the same mask steps, by the proof)."""
     graph = import_graph(model)
     view = GraphView(graph, model, dims=dims)
     result = match(graph, view)
@@ -171,6 +174,8 @@ def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None
             feeds = [make_feeds(model, all_keys=True)]
         meanings = _agree(probe_masks(graph, model, result.sites, feeds, progress))
         result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
+        if merge:
+            result.sites, result.heads_merged = merge_heads(view, result.sites)
     return graph, result, meanings
 
 

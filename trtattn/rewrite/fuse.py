@@ -76,7 +76,7 @@ class SiteReport(SiteOutcome):
             "bias": self.bias, "cache": s.cache.value, "rope": s.rope.kind.value if s.rope else "none",
             "status": self.status.value, "reason": self.reason, "max_abs_err": self.max_abs_err,
             "tolerance": quant_tolerance(s) or None, "notes": list(s.notes) + unit_length_notes(self.unit_lengths),
-            "one_key": bool(self.unit_lengths and self.unit_lengths[1] == 1),
+            "one_key": bool(self.unit_lengths and self.unit_lengths[1] == 1), "merged": list(s.merged),
         }
 
 
@@ -308,20 +308,21 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
     too, that model verified emulated and returned."""
     with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(model, ATTENTION_OPSET)
-        graph, result, meanings = analyse(working, probe_feeds(working, dims), progress, dims=dims)
+        graph, result, meanings = analyse(working, probe_feeds(working, dims), progress, dims=dims, merge=True)
     if not result.sites and not result.skipped:
         return FuseResult(model, [], result.ignored, Verification(passed=True, note="no attention found"))
-    reports = [SiteReport(s, pattern=getattr(meanings.get(s.name), "pattern", "none"),
-                          padding=getattr(meanings.get(s.name), "padding", False),
-                          bias=getattr(meanings.get(s.name), "bias", s.op_bias)) for s in result.sites]
+    reports = [_site_report(s, meanings) for s in result.sites]
     reports += [SiteReport(_placeholder(sk), status=NOT_FUSED, reason=sk.reason) for sk in result.skipped]
     while True:
+        _unmerge(reports, result.heads_merged, meanings)
         active = [r for r in reports if r.status == SiteStatus.FUSED]
         with progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
             # marks sites it cannot rewrite as skipped. A graph a canonical rule changed is not rewritten: a
             # site that fails must keep its original nodes (a written softmax, a max shift), not the rule's
             fused = _rewrite(working, active, meanings, None if result.canonical else graph)
         graph = None  # rewritten: a second pass starts from the model again
+        if _unmerge(reports, result.heads_merged, meanings):
+            continue
         active = [r for r in active if r.status == SiteStatus.FUSED]
         fused_bf16 = fused
         if written is not None and active:
@@ -378,6 +379,24 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
         for r in bad:  # leave the failing sites as they were and verify the others again
             if not _retried(r):
                 r.status, r.reason = NOT_FUSED, verify_reason(r)
+
+
+def _site_report(site: AttentionSite, meanings: dict) -> SiteReport:
+    meaning = meanings.get(site.name)
+    return SiteReport(site, pattern=getattr(meaning, "pattern", "none"), padding=getattr(meaning, "padding", False),
+                      bias=getattr(meaning, "bias", site.op_bias))
+
+
+def _unmerge(reports: list[SiteReport], parts: dict, meanings: dict) -> bool:
+    """A multi-head site merged from single-head ones (match/heads_merge.py) that did not fuse gives way to
+    those sites, each tried on its own with why (the merged one's reason). Whether any did."""
+    failed = [r for r in reports if r.status == NOT_FUSED and r.site.merged and r.site.name in parts]
+    for r in failed:
+        note = f"merged with {', '.join(r.site.merged[1:])} it did not fuse ({r.reason}): fused one head at a time"
+        at = reports.index(r)
+        reports[at:at + 1] = [_site_report(s.replace(notes=(*s.notes, note)), meanings)
+                              for s in parts.pop(r.site.name)]
+    return bool(failed)
 
 
 def _retried(r: SiteReport) -> bool:
