@@ -77,9 +77,7 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
                 site = fused_ops.site_from_node(view, node)
             else:
                 continue
-        except Exception as e:  # NotAttention, Unsupported: listed or ignored with the reason
-            if not isinstance(e, (NotAttention, Unsupported)):  # a matcher bug must not take the run down
-                e = Unsupported(f"the matcher failed on it ({type(e).__name__}: {e}; a trtattn bug, please report it)")
+        except (NotAttention, Unsupported) as e:  # listed or ignored with why; anything else is our bug: a crash
             where = f" (in {_where(path)})" if path else ""
             if node.op != "Softmax" or (not isinstance(e, OverWeights) and likeness.attention_like(view, node)):
                 name = _site_name(node.name or node.outputs[0].name, names)
