@@ -241,7 +241,7 @@ def test_bad_output_path_is_one_line(tmp_path, output, extra, expected):
     (["fuse", "M", "-o", "O", "--atol", "nan"], "--atol"),
     (["fuse", "M", "-o", "O", "--atol", "inf"], "--atol"),
     (["normalize", "M", "-o", "O", "--seed", "-1"], "--seed"),
-    (["fuse", "M", "-o", "O", "--dims", "seq=0"], "--dims"),
+    (["fuse", "M", "-o", "O", "--dims", "seq=-1"], "--dims"),
     (["fuse", "M", "-o", "O", "--dims", "seq=x"], "--dims"),
     (["fuse", "M", "-o", "O", "--dims", "seq"], "--dims"),
     (["fuse", "M", "-o", "O", "--max-memory", "12Q"], "--max-memory"),

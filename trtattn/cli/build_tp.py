@@ -82,7 +82,7 @@ def run_tp(args, progress) -> int:
     if slice_budget(model) is None:
         model = load_model(source, progress, with_weights=True)
     prepared = _prepared(args, progress, model, name, source)
-    max_cache = args.max_cache or max_positions(model)[0] or 2048
+    max_cache = args.max_cache or max_positions(model, source)[0] or 2048
     code, _ = _split(args, progress, prepared, prepared.form_model, name, Path(args.out_dir), source, max_cache)
     return code
 

@@ -21,6 +21,7 @@ from ..graph.dependence import depends_on_input_values
 from ..graph.dim_names import resolve_dims
 from ..graph.evaluate import evaluator
 from ..graph.feeds import make_feeds
+from ..graph.op_dims import op_dims
 from ..graph.view import GraphView, import_graph
 from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
 from ..timings import timed
@@ -177,7 +178,9 @@ def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
     """Inputs without padding at two sequence lengths: a band (sliding window) shorter than the
     first length would look causal; the second, doubled, length tells them apart."""
     base = resolve_dims(model, dims)
-    doubled = {k: (v if k.startswith("batch") else 2 * v) for k, v in base.items()}
+    ops = op_dims(model)  # sizes the attention ops fix stay; their totals follow the doubled lengths
+    doubled = ops.decode({k: (v if k.startswith("batch") or k in ops.fixed else 2 * v) for k, v in base.items()},
+                         dims or {})
     return [make_feeds(model, dims=base, all_keys=True),
             make_feeds(model, dims=doubled, all_keys=True)]
 

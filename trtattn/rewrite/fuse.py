@@ -290,7 +290,8 @@ def note_one_key(reports: list[SiteReport], verification: OutcomeSummary, fit) -
 def fit_record(fit) -> dict:
     """The dims a run used, why, and which candidates the memory budget ruled out (for reports)."""
     return {"values": dict(fit), "why": list(getattr(fit, "reasons", [])),
-            "skipped_for_memory": list(getattr(fit, "skipped", []))}
+            "skipped_for_memory": list(getattr(fit, "skipped", [])),
+            **({"also_verified_at": [dict(d) for d in fit.also]} if getattr(fit, "also", None) else {})}
 
 
 def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol: float, rtol: float,

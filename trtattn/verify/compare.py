@@ -118,8 +118,11 @@ class Outcome:
 
 
 def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
+    """`iterations` feed dicts at the dims the model runs on, then one at each of the fit's other dims (a prefill
+    beside a step over a past: graph/dims.py's Fit.also)."""
     dims = fit_dims(model, dims)  # dims the model runs on (graph/dims.py); nothing to do once fitted
-    return [make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)]
+    return [make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)] + \
+        [make_feeds(model, dims=other, seed=seed) for other in getattr(dims, "also", ())]
 
 
 def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outcome, dict[str, float]]:

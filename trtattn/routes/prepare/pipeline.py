@@ -20,6 +20,7 @@ import onnx
 
 from ...errors import SitesRefused, TrtattnError
 from ...graph.dims import fit_dims
+from ...graph.op_dims import op_dims
 from ...report import Progress, table
 from ...rewrite.fuse import FuseResult, fuse_model
 from ...site import SiteStatus
@@ -228,7 +229,7 @@ def _normalization_quantize(work: Work) -> None:
         return
     from ...rewrite.quantize.source import normalization_quantize
 
-    positions = work.request.limits.max_positions or max_positions_of(work.start)
+    positions = work.request.limits.max_positions or max_positions_of(work.start, work.request.source or None)
     work.normalization_quantize, notes = normalization_quantize(
         [r for r in work.fused.reports if r.status == SiteStatus.FUSED], work.precision, max_sequence=positions)
     work.notes += notes
@@ -244,7 +245,7 @@ def _convert_precision(work: Work) -> None:
 def _limits(work: Work) -> None:
     limits = work.request.limits
     positions, source = (limits.max_positions, "--max-positions") if limits.max_positions else \
-        profiles_mod.max_positions(work.start)
+        profiles_mod.max_positions(work.start, work.request.source or None)
     if positions is None:
         positions = profiles_mod.DEFAULT_MAX_POSITIONS
         work.notes.append(f"the model does not say its maximum positions: profiles run to {positions} "
@@ -274,8 +275,9 @@ def _engine_io(work: Work) -> None:
     static = {c.cache: {2: limits["max_cache"]} for c in plan.cache_updates}
     work.cut = cut(work.form_model, plan.lowered(), static)
     io_contract(work.form_model, work.cut.model, work.cut.inputs, plan)
+    fixed = {n: f.value for n, f in op_dims(work.start).fixed.items()}  # a cache's head size, say, is one value
     defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": limits["max_positions"],
-                                                           "max_batch": limits["max_batch"]})
+                                                           "max_batch": limits["max_batch"]}, fixed)
     plan.profiles = profiles_mod.apply_overrides(defaults, *work.request.shapes)
 
 
@@ -334,8 +336,8 @@ def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, prog
     return start, info, fuse_tolerance(start, mode, feeds)
 
 
-def max_positions_of(model: onnx.ModelProto) -> int:
-    positions, _ = profiles_mod.max_positions(model)
+def max_positions_of(model: onnx.ModelProto, source=None) -> int:
+    positions, _ = profiles_mod.max_positions(model, source)
     return positions or profiles_mod.DEFAULT_MAX_POSITIONS
 
 
