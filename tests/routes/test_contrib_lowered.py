@@ -45,3 +45,17 @@ def test_build_at_the_default_precision_converts_the_lowered_form(layer, tmp_pat
     assert written["precision"] == "fp16" and [s["dtype"] for s in written["sites"]] == ["fp16"]
     assert sum(written["precision_table"].values()) == pytest.approx(1.0)
     assert "ONNX Runtime's own ops lowered to standard ONNX" in capsys.readouterr().out
+
+
+def test_a_genai_builder_decoder_with_its_norm_ops_goes_to_tensorrt_ops_without_dims(tmp_path):
+    """testing/genai_graphs' decoder with the builder's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization
+    (packed QKV, rotary inside GroupQueryAttention): --ops trt --precision fp32 writes and verifies its model."""
+    from trtattn.testing.genai_graphs import GenaiSpec, genai_decoder
+
+    source, out = tmp_path / "model.onnx", tmp_path / "model.trt.onnx"
+    onnx.save(genai_decoder(GenaiSpec(norms="microsoft")), source)
+    assert any(n.op_type == "SkipSimplifiedLayerNormalization" for n in onnx.load(source).graph.node)
+    assert main(["-q", "fuse", str(source), "-o", str(out), "--ops", "trt", "--precision", "fp32"]) == 0
+    written = onnx.load(out)
+    assert sum(n.op_type == "TRT_Attention" for n in written.graph.node) == 2
+    assert not [n for n in written.graph.node if n.domain == "com.microsoft" or "Simplified" in n.op_type]
