@@ -1,4 +1,10 @@
-"""trtattn/graph/validate.py: the checks a model read or written passes, naming the graph at fault."""
+"""trtattn/graph/validate.py: the checks a model read or written passes, naming the graph at fault.
+
+graph/validate.py: a written model with TensorRT's own ops, excused a check its source fails too, is loaded
+as its verification runs it (ONNX Runtime with trtattn_plugins' kernels), never refused because plain ONNX
+Runtime has no kernel for trt ops (issue 34: "trt:TRT_KVCacheUpdate(-1) is not a registered function/op")."""
+
+from __future__ import annotations
 
 import numpy as np
 import onnx
@@ -7,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import one_node_model
 from trtattn.graph import validate
-from trtattn.graph.validate import InvalidModelError
+from trtattn.graph.validate import InvalidModelError, check_written
 
 
 # Survivors of mutating graph/validate.py (benchmarks/mutate.py, base d3efd07):
@@ -118,3 +124,34 @@ def test_a_model_under_protobufs_limit_is_checked_from_memory_not_its_file(tmp_p
     path.write_bytes(b"not a model")
     note = validate.check_read(model, path)
     assert note is not None and "ONNX Runtime loads it" in note and "LayerNormalization" in note
+
+
+def _model(cache_update: bool, op: str = "TRT_KVCacheUpdate") -> onnx.ModelProto:
+    """SimplifiedLayerNormalization in the default domain (ONNX Runtime's, not ONNX's: a check the source fails)
+    feeding the update of a [1, 2, 8, 4] cache."""
+    nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "gamma"], ["update"], epsilon=1e-5)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])]
+    out = "update"
+    opsets = [helper.make_opsetid("", 21)]
+    if cache_update:
+        inputs += [helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, 2, 8, 4]),
+                   helper.make_tensor_value_info("write_indices", TensorProto.INT32, [1])]
+        nodes.append(helper.make_node(op, ["past", "update", "write_indices"], ["present"], domain="trt",
+                                      name="cache_update"))
+        out = "present"
+        opsets.append(helper.make_opsetid("trt", 1))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones(4, np.float32), "gamma")])
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+def test_trt_ops_excused_a_check_load_through_the_plugins():
+    source = _model(False)
+    with pytest.raises(InvalidModelError):  # the check is not excused without a source failing it
+        check_written(_model(True), "not writing m.onnx", [])
+    check_written(_model(True), "not writing m.onnx", [source])  # loads with trtattn_plugins' kernels
+
+
+def test_an_undocumented_trt_op_is_still_refused():
+    with pytest.raises(InvalidModelError, match="TRT_KVCacheUpdat"):
+        check_written(_model(True, op="TRT_KVCacheUpdat"), "not writing m.onnx", [_model(False)])

@@ -78,9 +78,7 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
                 site = fused_ops.site_from_node(view, node)
             else:
                 continue
-        except Exception as e:  # NotAttention, Unsupported: listed or ignored with the reason
-            if not isinstance(e, (NotAttention, Unsupported)):  # a matcher bug must not take the run down
-                e = Unsupported(f"the matcher failed on it ({type(e).__name__}: {e}; a trtattn bug, please report it)")
+        except (NotAttention, Unsupported) as e:  # listed or ignored with why; anything else is our bug: a crash
             where = f" (in {_where(path)})" if path else ""
             verdict = likeness.judged(view, node, e) if node.op == "Softmax" else likeness.Likeness(True)
             if verdict.attention:

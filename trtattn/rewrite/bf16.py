@@ -86,7 +86,7 @@ def checked(written: onnx.ModelProto, fused: onnx.ModelProto, active: list, *, d
     if not outcome.passed:
         bad = [r for r in active if not outcome.within(r.site.output, r.max_abs_err)]
         for r in bad or active:
-            why = verdicts.verify_reason(r) if bad else verdicts.output_reason(outcome)
+            why = verdicts.verify_reason(r, outcome) if bad else verdicts.output_reason(outcome)
             r.status, r.reason = SiteStatus.NOT_FUSED, f"{why} ({RUN_ON})"
         return None
     summary = outcome.summary()

@@ -19,6 +19,7 @@ from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
 from ..graph.dims import fit_dims
 from ..graph.emit import Emitter, float_dtype
+from ..graph.evaluate import runtime_errors
 from ..graph.io import default_session_refusal
 from ..graph.precision import low_float
 from ..graph.qdq_pairs import write_propagated_pairs
@@ -343,7 +344,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
                                          rtol=site_rtol, given=inputs, progress=progress)
             except VerificationError:  # the inputs, not the rewrite: one line for the whole command
                 raise
-            except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
+            except runtime_errors() as e:  # the rewritten model does not run: the site whose node failed goes back
                 for r in blame(e, active):
                     if not _retried(r):
                         r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {first_line(e)}"
@@ -378,7 +379,7 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
             return FuseResult(fused, reports, result.ignored, summary(outcome, why), True)
         for r in bad:  # leave the failing sites as they were and verify the others again
             if not _retried(r):
-                r.status, r.reason = NOT_FUSED, verify_reason(r)
+                r.status, r.reason = NOT_FUSED, verify_reason(r, outcome)
 
 
 def _site_report(site: AttentionSite, meanings: dict) -> SiteReport:
@@ -470,11 +471,9 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
         try:
             r.attention_node = rewrite_site(scope, tensors, r.site, meanings.get(r.site.name)).name
             write_rotations(scope, tensors, r.site)  # a rotation read by value: as the RotaryEmbedding op
-        except Exception as e:  # the site stays as it was, with why
-            del scope.nodes[mark:]
-            expected = isinstance(e, (TrtattnError, KeyError, ValueError, StopIteration))
-            r.status, r.reason = NOT_FUSED, (str(e) or type(e).__name__) if expected else \
-                f"the rewrite failed ({type(e).__name__}: {e}; a trtattn bug, please report it)"
+        except (TrtattnError, KeyError, ValueError, StopIteration) as e:  # the site stays as it was, with why
+            del scope.nodes[mark:]  # (anything else is a bug of ours: a crash, never a site's reason)
+            r.status, r.reason = NOT_FUSED, str(e) or type(e).__name__
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     fused = export_graph(graph, working)
     write_propagated_pairs(fused)  # an int8 model raised to opset 23 loads in ONNX Runtime (graph/qdq_pairs.py)

@@ -151,6 +151,8 @@ class BuildPlan:
     precision_table: dict[str, float] = field(default_factory=dict)  # share of matmul work per dtype
     right_padded: list[str] = field(default_factory=list)  # padding masks read as per-row lengths
     notes: list[str] = field(default_factory=list)
+    # ONNX Runtime's ops lowered to standard ONNX before the form was made (rewrite/lower): op -> how many
+    contrib_lowered: dict[str, int] = field(default_factory=dict)
     mark_sites: bool = False  # also output each attention's result (per-site verification)
 
     @property

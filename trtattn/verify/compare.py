@@ -41,6 +41,8 @@ class Outcome:
     slices: int = 0  # > 0: the largest model ran in this many slices of layers (graph/slices.py)
     inputs: dict = field(default_factory=dict)  # which inputs it ran on (graph/user_inputs.InputsUsed)
     lengths: list = field(default_factory=list)  # a ragged form's check: each iteration's per-row lengths
+    # name -> (the original's shape, the candidate's) where they differ and cannot be compared
+    shapes_differ: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
     def within(self, name: str, error: float | None) -> bool:
         """Whether `error` (a max abs error of output or site `name`) is within its bound."""
@@ -51,7 +53,8 @@ class Outcome:
                             max_abs_err=max(self.output_errors.values(), default=0.0), outputs=self.output_errors,
                             nan_mismatch=self.nan_mismatch,
                             bounds={k: v for k, v in self.bounds.items() if k in self.output_errors or k in self.site_errors},
-                            slices=self.slices or None, inputs=self.inputs or None, lengths=self.lengths or None)
+                            slices=self.slices or None, inputs=self.inputs or None, lengths=self.lengths or None,
+                            shapes_differ=self.shapes_differ or None)
 
 
 def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
@@ -90,7 +93,12 @@ def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outco
         for runs in per_pair.values():
             for i, compared in enumerate(runs):
                 for name, result in compared.items():
-                    err, ok = float(result.max_absdiff), bool(result)
+                    if isinstance(result, bool):  # Polygraphy's False for shapes it cannot line up: no metrics
+                        ref, cand = results[0][1][i][name], results[1][1][i][name]
+                        outcome.shapes_differ[name] = (list(np.shape(ref)), list(np.shape(cand)))
+                        err, ok = max_abs_error(ref, cand), False
+                    else:
+                        err, ok = float(result.max_absdiff), bool(result)
                     if not math.isfinite(err):  # Polygraphy's inf - inf or -inf - lowest: read the arrays again
                         err = max_abs_error(results[0][1][i][name], results[1][1][i][name])
                         ok = outcome.within(name, err)

@@ -125,6 +125,7 @@ class Work:
     precision_table: dict = field(default_factory=dict)
     precision_check: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    contrib_lowered: dict[str, int] = field(default_factory=dict)  # ONNX Runtime's ops lowered: op -> count
     limits: dict = field(default_factory=dict)
     plan: BuildPlan = field(init=False)
     cut: CutModel = field(init=False)
@@ -175,6 +176,25 @@ def _read_bf16(work: Work) -> None:
 
 def _fit_dims(work: Work) -> None:
     work.dims = fit_dims(work.model, work.request.dims, progress=work.progress, given=work.request.inputs)
+
+
+def _lower_contrib(work: Work) -> None:
+    """ONNX Runtime's own ops around attention (Skip/SimplifiedLayerNormalization, MatMulNBits) as standard ONNX,
+    each checked on ONNX Runtime against the op on the values it reads (rewrite/lower): AutoCast, the precision
+    table and TensorRT's parser know standard ONNX only. Every later check runs against the lowered model."""
+    from ...graph.feeds import make_feeds
+    from ...rewrite.lower import lower_contrib, lowerable
+
+    if not lowerable(work.model):
+        return
+    inputs = work.request.inputs
+    feeds = inputs.sets if inputs is not None else [make_feeds(work.model, dims=work.dims, seed=s) for s in VERIFY_SEEDS]
+    with work.progress.step("lowering ONNX Runtime's own ops to standard ONNX and checking each on ONNX Runtime"):
+        lowered = lower_contrib(work.model, feeds)
+    if lowered is not None:
+        work.model = lowered.model
+        work.contrib_lowered = lowered.counts()
+        work.notes.append(lowered.note())
 
 
 def _quantize(work: Work) -> None:
@@ -241,7 +261,7 @@ def _plan(work: Work) -> None:
                      implicit_reason=forms.IMPLICIT_REASON)
     plan.mark_sites, plan.right_padded, plan.precision_table = r.mark_sites, list(derived.right_padded), \
         work.precision_table
-    plan.limits = work.limits
+    plan.limits, plan.contrib_lowered = work.limits, work.contrib_lowered
     plan.notes += work.notes
     if any(a.dtype == "fp32" for a in plan.native) and not r.decomposable:
         plan.notes.append("fp32 attention has no fused kernel: expect the build to fail unless --decomposable")
@@ -265,6 +285,8 @@ STEPS: tuple[Step, ...] = (
     Step("check the request (form, precision, IO types)", _check_request),
     Step("read a bf16 model widened to fp32 (ONNX Runtime's CPU provider runs no bf16)", _read_bf16),
     Step("fit the dims the original runs on", _fit_dims),
+    Step("lower ONNX Runtime's own ops (Skip/SimplifiedLayerNormalization, MatMulNBits) to standard ONNX, each "
+         "checked on ONNX Runtime", _lower_contrib),
     Step("quantize to fp8/int8 (ModelOpt PTQ, or the model's own Q/DQ)", _quantize),
     Step("fuse every site into ONNX Attention and verify it", _fuse),
     Step("derive the form (padded, packed, kv-cache) and verify it", _derive),
