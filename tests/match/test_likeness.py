@@ -245,7 +245,7 @@ def test_an_integer_softmax_between_the_products_is_listed_in_every_layer():
 
 def test_a_model_whose_only_softmaxes_are_integer_ones_is_not_said_to_have_no_attention():
     result = fuse_model(not_attention_model("integer", attention=False))
-    assert result.verification.get("note") != "no attention found"
+    assert result.verification.note != "no attention found"
     assert len(result.reports) == 2 and not result.ok
 
 
