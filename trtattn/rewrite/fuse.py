@@ -29,6 +29,7 @@ from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
 from ..site import SOFTCAP_ATTRIBUTE, AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
 from ..site_names import site_scope
+from ..timings import timed
 from ..verify import Check, OutcomeSummary, Tolerance, compare_models, loosened, tolerance, tolerance_for
 from ..version import __version__
 from . import bf16
@@ -422,6 +423,7 @@ def _placeholder(sk: Skipped) -> AttentionSite:
     return AttentionSite(name=sk.name, kind=SiteKind.SELF, query="", key="", value="", output="", softmax=sk.node)
 
 
+@timed("rewrite")
 def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict,
              graph: gs.Graph | None = None) -> onnx.ModelProto:
     """The sites rewritten in `graph` (the analysis graph, used up) or in a fresh import of `working`."""

@@ -9,8 +9,8 @@ import onnx
 
 from ..contract import form_record
 from ..errors import TrtattnError
+from ..host_memory import host_rss
 from ..session import Session, TensorInfo
-from .memory import host_rss
 
 
 def numpy_dtype(ort_type: str) -> np.dtype:
