@@ -1,4 +1,6 @@
-"""trtattn/cli/build.py: `trtattn build`, one model or an export folder."""
+"""trtattn/cli/build.py: `trtattn build`, one model or an export folder.
+
+cli/build: options that do not apply are refused before any work, in one line."""
 
 import json
 
@@ -47,3 +49,14 @@ def test_build_folder_builds_every_prepared_part_after_one_that_cannot_be(checke
     assert sidecar["built"] and "no attention" in sidecar["parts"]["encoder"]["error"]
     assert {role: part["file"] for role, part in sidecar["parts"].items() if "error" not in part} == {
         "decoder": "decoder.engine", "decoder_with_past": "decoder_with_past.engine"}
+
+
+def test_save_onnx_with_tp_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    onnx.save(attention_model(), model)
+    forms, engines = tmp_path / "forms", tmp_path / "engines"
+    code = main(["build", str(model), "--tp", "2", "--save-onnx", str(forms), "--out-dir", str(engines)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"--save-onnx {forms} does not apply with --tp" in err and str(engines) in err
+    assert not forms.exists() and not engines.exists()

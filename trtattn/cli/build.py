@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import MissingDependencyError, SitesRefused
+from ..errors import MissingDependencyError, SitesRefused, TrtattnError
 from ..graph import io as onnxio
 from .common import (
     add_inputs_opt,
@@ -72,6 +72,10 @@ def add_parser(sub) -> None:
 def run(args, progress) -> int:
     if args.tp > 1:
         from .build_tp import run_tp
+
+        if args.save_onnx:  # before any work: the rank forms would silently go elsewhere
+            raise TrtattnError(f"--save-onnx {args.save_onnx} does not apply with --tp: each rank's verified form is "
+                               f"written beside its engine in --out-dir ({args.out_dir})")
 
         return run_tp(args, progress)
     if Path(args.model).is_dir():  # an export folder: one engine per part and pipeline.json
