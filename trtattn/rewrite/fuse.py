@@ -25,6 +25,7 @@ from ..graph.shapes import symbolic_shapes, upgrade_opset
 from ..graph.view import export_graph, import_graph
 from ..match import analyse, logit_ops, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
+from ..match.partition import emit as join_blocks
 from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
 from ..verify import REWRITE_TOLERANCES, OutcomeSummary, compare_models, tolerance_for
@@ -131,6 +132,8 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
         raise ValueError(f"its logits are quantized inside the attention ({logits_q.dtype}, scale {logits_q.scale:.3g}): "
                          "a fused attention (and TensorRT's IAttention) computes them unquantized, so it would not "
                          "compute what this model computes")
+    if site.partition is not None:  # Concat(K_i), Concat(V_i): the K and V the proof joined (match/partition.py)
+        join_blocks(graph, tensors, site.partition.made)
     emit = Emitter(graph, f"trtattn/{site.name}")
     dtype = float_dtype(site.dtype)
     dims = Dims(emit, tensors, lay.dims)
@@ -308,8 +311,9 @@ def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol:
         active = [r for r in reports if r.status == SiteStatus.FUSED]
         with progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
             # marks sites it cannot rewrite as skipped. A graph a canonical rule changed is not rewritten: a
-            # site that fails must keep its original nodes (a written softmax, a max shift), not the rule's
-            fused = _rewrite(working, active, meanings, None if result.canonical else graph)
+            # site that fails must keep its original nodes (a written softmax, a max shift, pieces joined), not
+            # the rule's
+            fused = _rewrite(working, active, meanings, None if result.canonical or result.pieces else graph)
         graph = None  # rewritten: a second pass starts from the model again
         active = [r for r in active if r.status == SiteStatus.FUSED]
         fused_bf16 = fused
