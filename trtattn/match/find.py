@@ -67,9 +67,10 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
             result.skipped.append(record)
         else:
             result.ignored.append(record)
-    parts, shared, refused = partition.join_pieces(view)
-    result.pieces.update({name: "key partition" for name in parts} | {made: "shared probabilities" for made in shared})
-    if parts or shared:
+    parts, shared, refused, unfolded = partition.join_pieces(view)
+    result.pieces.update({name: "key partition" for name in parts} | {made: "shared probabilities" for made in shared}
+                         | unfolded)
+    if parts or shared or unfolded:
         view.graph.toposort()
     for node in list(view.graph.nodes):
         try:

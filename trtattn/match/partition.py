@@ -36,13 +36,14 @@ from .errors import Unsupported
 _BIG = 2 ** 31 - 1  # a Slice end at least this far: to the end of the axis
 
 
-def join_pieces(view: GraphView) -> tuple[dict[str, KeyPartition], dict[str, str], dict[str, str]]:
+def join_pieces(view: GraphView) -> tuple[dict[str, KeyPartition], dict[str, str], dict[str, str], dict[str, str]]:
     """Rewrite `view`'s graph in place (module doc). Returns the key partitions by Softmax name, the Softmaxes
-    made for shared probabilities (made -> the original), and the Softmaxes whose pieces could not be proved ->
-    why (the matcher lists them with it)."""
+    made for shared probabilities (made -> the original), the Softmaxes whose pieces could not be proved ->
+    why (the matcher lists them with it), and the products whose query rows were unfolded into heads."""
     partitions: dict[str, KeyPartition] = {}
     shared: dict[str, str] = {}
     refused: dict[str, str] = {}
+    unfolded: dict[str, str] = {}
     for sm in [n for n in view.graph.nodes if n.op == "Softmax"]:
         readers = value_readers(sm.outputs[0])
         if len(readers) < 2 or sm.outputs[0].name in view.outputs:
@@ -54,7 +55,41 @@ def join_pieces(view: GraphView) -> tuple[dict[str, KeyPartition], dict[str, str
                 shared.update({made: sm.name for made in _one_softmax_each(view, sm, readers)})
         except Unsupported as e:
             refused[sm.name] = str(e)
-    return partitions, shared, refused
+    for product in [n for n in view.graph.nodes if n.op == "MatMul"]:
+        if _unfold_query_rows(view, product):
+            unfolded[product.name] = "heads unfolded from the query rows"
+    return partitions, shared, refused, unfolded
+
+
+# ---------------------------------------------------------------- heads folded into the query rows
+def _unfold_query_rows(view: GraphView, product: gs.Node) -> bool:
+    """MatMul(Reshape(X [B, N, T, H] -> [B, 1, N*T, H]), K [B', 1, H, L]) = Reshape(MatMul(X, K) -> [B, 1, N*T, L]):
+    every row meets the same K (its axis 1 is 1), so the heads folded into the rows (one KV head for N query
+    heads, Gemma3's prefill) unfold before the product and fold after it, exactly. The product then reads the
+    heads as heads; the output keeps its name."""
+    fold, k = view.producer(product.inputs[0]), product.inputs[1]
+    if fold is None or fold.op != "Reshape" or len(product.outputs[0].outputs) == 0:
+        return False
+    x, folded = fold.inputs[0], fold.outputs[0]
+    xs, fs, ks = view.shape(x), view.shape(folded), view.shape(k)
+    if xs is None or fs is None or ks is None or len(xs) != 4 or len(fs) != 4 or len(ks) != 4:
+        return False
+    n, t, h = xs[1:]
+    if not all(isinstance(d, int) for d in (n, t, h, fs[2], fs[3])) or fs[1] != 1 or ks[1] != 1 \
+            or fs[2] != n * t or fs[3] != h or n == 1:
+        return False
+    out = product.outputs[0]
+    rows = gs.Variable(f"{out.name}/heads", dtype=out.dtype)
+    target = gs.Constant(f"{out.name}/fold_shape", np.array([0, 1, -1, 0], dtype=np.int64))
+    heads = gs.Variable(f"{out.name}/key_heads", dtype=k.dtype, shape=[ks[0], n, ks[2], ks[3]])
+    repeat = gs.Constant(f"{out.name}/key_repeat", np.array([1, n, 1, 1], dtype=np.int64))
+    view.graph.nodes.append(gs.Node("Expand", f"{product.name}/key_heads", inputs=[k, repeat], outputs=[heads]))
+    product.outputs = [rows]
+    product.inputs[0], product.inputs[1] = x, heads  # the one KV head met by every query head, as a GQA repeat
+    view.graph.nodes.append(gs.Node("Reshape", f"{product.name}/fold", inputs=[rows, target], outputs=[out]))
+    for made in (rows, target, heads, repeat):
+        view.tensors[made.name] = made
+    return True
 
 
 # ---------------------------------------------------------------- shared probabilities
@@ -103,7 +138,7 @@ def _join_blocks(view: GraphView, sm: gs.Node, slices: list[gs.Node]) -> KeyPart
     _replace(view, [concat, *[c.node for c in qk]], qk[0].node, k_index, k_all, concat.outputs[0])
     _replace(view, [*slices, *values, *adds], pv[0].node, 1 - p_index, v_all, total, p_index, p)
     return KeyPartition(sm.name, tuple(t.name for t in keys), tuple(t.name for t in vals),
-                        tuple((s, e) for s, e, _ in bounds), made_k[-1].output, made_v[-1].output,
+                        tuple((s, e) for s, e, _ in bounds), made_k[0].output, made_v[0].output,
                         tuple(made_k + made_v))
 
 
