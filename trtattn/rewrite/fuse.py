@@ -136,9 +136,10 @@ def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -
     dtype = float_dtype(site.dtype)
     dims = Dims(emit, tensors, lay.dims)
     q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
-    past = key_blocks.past_form(graph, site)  # a cache input and the new slice: the op takes its past
-    if past:
-        (k, v), pasts = key_blocks.past_operands(emit, tensors, site, dims)
+    blocks = key_blocks.past_operands(graph, emit, tensors, site, dims)  # a cache and the new slice: the op's past
+    past = blocks is not None
+    if blocks is not None:
+        (k, v), pasts = blocks
     else:
         k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)
         v = convert(emit, tensors[lay.value], lay.v, (lay.batch, lay.kv_heads, ("k",), ("e",)), dims)

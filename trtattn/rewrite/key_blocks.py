@@ -29,17 +29,22 @@ def past_form(graph: gs.Graph, site: AttentionSite) -> bool:
             and site.new_value is not None and site.qk_output is None and not any(s.op == "sink" for s in site.mask_steps))
 
 
-def past_operands(emit, tensors: dict, site: AttentionSite, dims: Dims) -> tuple[list[gs.Tensor], list[gs.Tensor]]:
-    """([K_new, V_new], [past_key, past_value]) as the op reads them (BNSH): each block has the frame of the
-    joined K or V it is a block of."""
+def past_operands(graph: gs.Graph, emit, tensors: dict, site: AttentionSite, dims: Dims
+                  ) -> tuple[list[gs.Tensor], list[gs.Tensor]] | None:
+    """([K_new, V_new], [past_key, past_value]) as the op reads them (BNSH; each block has the frame of the joined
+    K or V it is a block of), or None when the op does not take the past: the blocks are not a cache input and
+    the new slice, or a cache is not laid out as the op's past (a V cache stored transposed, [B, N, H, S]): the
+    engine would take a cache it cannot update in place, so the op reads Concat(past, new) instead."""
     lay = site.layout
-    assert lay is not None and site.new_key and site.new_value and site.past_key and site.past_value
+    if not past_form(graph, site) or lay is None or not (site.new_key and site.new_value and site.past_key
+                                                          and site.past_value):
+        return None
     k_to, v_to = (lay.batch, lay.kv_heads, ("k",), ("d",)), (lay.batch, lay.kv_heads, ("k",), ("e",))
-    laid = lambda name, src, dst: tensors[name] if _laid_out(src, dst, dims) else \
-        convert(emit, tensors[name], src, dst, dims)  # noqa: E731  (a cache input stays the input itself)
-    new = [laid(site.new_key, lay.k, k_to), laid(site.new_value, lay.v, v_to)]
-    past = [laid(site.past_key, lay.k, k_to), laid(site.past_value, lay.v, v_to)]
-    return new, past
+    if not (_laid_out(lay.k, k_to, dims) and _laid_out(lay.v, v_to, dims)):
+        return None
+    new = [convert(emit, tensors[site.new_key], lay.k, k_to, dims),
+           convert(emit, tensors[site.new_value], lay.v, v_to, dims)]
+    return new, [tensors[site.past_key], tensors[site.past_value]]
 
 
 def _laid_out(src, dst, dims: Dims) -> bool:
