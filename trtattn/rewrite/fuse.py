@@ -27,6 +27,7 @@ from ..match import analyse, logit_ops, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
 from ..site import AttentionSite, CausalKind, SiteKind, SiteStatus, Skipped
+from ..timings import timed
 from ..verify import REWRITE_TOLERANCES, OutcomeSummary, compare_models, tolerance_for
 from ..version import __version__
 from . import bf16, key_blocks
@@ -431,6 +432,7 @@ def _placeholder(sk: Skipped) -> AttentionSite:
     return AttentionSite(name=sk.name, kind=SiteKind.SELF, query="", key="", value="", output="", softmax=sk.node)
 
 
+@timed("rewrite")
 def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict,
              graph: gs.Graph | None = None) -> onnx.ModelProto:
     """The sites rewritten in `graph` (the analysis graph, used up) or in a fresh import of `working`."""
