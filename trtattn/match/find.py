@@ -23,7 +23,7 @@ from ..site import (
     SiteSource,
     Skipped,
 )
-from . import canonical, contraction, fused_ops, likeness, subgraphs
+from . import canonical, contraction, fused_ops, likeness, partition, subgraphs
 from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, site_kind
 from .core import Core, find_core
@@ -68,10 +68,17 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
             result.skipped.append(record)
         else:
             result.ignored.append(record)
+    parts, shared, refused, unfolded = partition.join_pieces(view)
+    result.pieces.update({name: "key partition" for name in parts} | {made: "shared probabilities" for made in shared}
+                         | unfolded)
+    if parts or shared or unfolded:
+        view.graph.toposort()
     for node in list(view.graph.nodes):
         try:
             if node.op == "Softmax":
-                site = _site_from_softmax(view, node)
+                if node.name in refused:
+                    raise Unsupported(refused[node.name])
+                site = _with_pieces(_site_from_softmax(view, node), parts, shared)
                 if node.name in canon.made:
                     site = site.replace(notes=site.notes + (f"softmax written as {canon.made[node.name]}",))
             elif fused_ops.is_fused_attention(node):
@@ -99,6 +106,20 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
                                               f"in {_where(inner)}, which cannot be analysed on its own: {e}", sm.name))
             continue
         _match_graph(sub_view, result, names, inner)
+
+
+def _with_pieces(site: AttentionSite, parts: dict, shared: dict[str, str]) -> AttentionSite:
+    """The site with what partition.py proved of its pieces: the key blocks it joined, or the value products
+    that share its probabilities (one attention each)."""
+    name = site.softmax or ""
+    if name in parts:
+        return site.replace(partition=parts[name], notes=site.notes + (parts[name].note(),))
+    original = shared.get(name, name)
+    if original in shared.values():
+        count = 1 + sum(1 for o in shared.values() if o == original)
+        return site.replace(notes=site.notes + (f"the probabilities of {original} feed {count} value products: one "
+                                                "attention per product",))
+    return site
 
 
 def _where(path: tuple) -> str:
