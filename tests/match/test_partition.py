@@ -52,7 +52,7 @@ def test_split_cache_fuses_verified_as_one_op_per_attention(form):
     model = split_cache_model(form=form)
     result = fuse_model(model)
     assert [r.status for r in result.reports] == [SiteStatus.FUSED] * (1 if form == "mha" else 4)
-    assert result.verification["passed"]
+    assert result.verification.passed
     ops = [n.op_type for n in result.model.graph.node]
     assert ops.count("Attention") == len(result.reports) and "Softmax" not in ops
     for got, want in zip(_runs(result.model), _runs(model)):
@@ -67,7 +67,7 @@ def test_blocks_sliced_out_of_key_order_are_still_exact():
     assert site.partition.bounds == ((0, 4), (4, None))
     assert site.partition.values[0].startswith("v_new")
     result = fuse_model(model)
-    assert result.reports[0].status == SiteStatus.FUSED and result.verification["passed"]
+    assert result.reports[0].status == SiteStatus.FUSED and result.verification.passed
 
 
 @pytest.mark.parametrize("bounds, why", [
@@ -118,5 +118,5 @@ def test_shared_probabilities_are_one_attention_per_value_product():
     assert {s.value for s in result.sites} == {"v1_heads_out", "v2_heads_out"}
     assert all("feed 2 value products" in " ".join(s.notes) for s in result.sites)
     fused = fuse_model(model)
-    assert all(r.status == SiteStatus.FUSED for r in fused.reports) and fused.verification["passed"]
+    assert all(r.status == SiteStatus.FUSED for r in fused.reports) and fused.verification.passed
     np.testing.assert_allclose(_runs(fused.model)[0], _runs(model)[0], atol=1e-5)
