@@ -51,7 +51,7 @@ def test_split_cache_sha_is_four_attentions():
 def test_split_cache_fuses_verified_as_one_op_per_attention(form):
     model = split_cache_model(form=form)
     result = fuse_model(model)
-    assert [r.status for r in result.reports] == [SiteStatus.FUSED] * (1 if form == "mha" else 4)
+    assert [r.status for r in result.reports] == [SiteStatus.FUSED]  # the SHA heads merged (next test)
     assert result.verification.passed
     ops = [n.op_type for n in result.model.graph.node]
     assert ops.count("Attention") == len(result.reports) and "Softmax" not in ops
@@ -68,6 +68,31 @@ def test_blocks_sliced_out_of_key_order_are_still_exact():
     assert site.partition.values[0].startswith("v_new")
     result = fuse_model(model)
     assert result.reports[0].status == SiteStatus.FUSED and result.verification.passed
+
+
+@pytest.mark.parametrize("v_transposed", [True, False])
+def test_split_cache_sha_fuses_as_one_multi_head_op(v_transposed):
+    """Each head's partition joins the same cache and new slice: one Concat(past, new) every head reads, so the
+    heads merge (heads_merge.py) into one op of 4 heads over one KV head, in the past/present form where the MHA
+    form gets it (a V cache stored [B, 1, H, KV_LEN] is read as the concatenation, for both forms)."""
+    model = split_cache_model(form="sha", v_transposed=v_transposed)
+    result = fuse_model(model)
+    (report,) = result.reports
+    assert report.status == SiteStatus.FUSED and result.verification.passed
+    assert (report.site.q_heads, report.site.kv_heads) == (4, 1)
+    assert report.site.merged == ("sha0", "sha1", "sha2", "sha3")
+    (attention,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    mha = [n for n in fuse_model(split_cache_model(form="mha", v_transposed=v_transposed)).model.graph.node
+           if n.op_type == "Attention"]
+    assert len(attention.output) == len(mha[0].output) == (1 if v_transposed else 3)
+    if not v_transposed:
+        assert list(attention.input[4:6]) == ["k_cache", "v_cache"]  # the op's past: the cache inputs themselves
+    probed = onnx.ModelProto()
+    probed.CopyFrom(result.model)
+    probed.graph.output.append(helper.make_empty_tensor_value_info(attention.input[0]))
+    assert _runs(probed)[-1].shape == (1, 4, 4, 8)  # Q as [B, N, S, H]: 4 query heads
+    for got, want in zip(_runs(result.model), _runs(model)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 @pytest.mark.parametrize("bounds, why", [

@@ -41,6 +41,7 @@ def join_pieces(view: GraphView) -> tuple[dict[str, KeyPartition], dict[str, str
     made for shared probabilities (made -> the original), the Softmaxes whose pieces could not be proved ->
     why (the matcher lists them with it), and the products whose query rows were unfolded into heads."""
     partitions: dict[str, KeyPartition] = {}
+    made: dict[tuple, MadeNode] = {}  # the nodes made so far, by what they compute (op, inputs, attributes)
     shared: dict[str, str] = {}
     refused: dict[str, str] = {}
     unfolded: dict[str, str] = {}
@@ -50,7 +51,7 @@ def join_pieces(view: GraphView) -> tuple[dict[str, KeyPartition], dict[str, str
             continue
         try:
             if all(r.op == "Slice" and r.inputs[0] is sm.outputs[0] for r in readers):
-                partitions[sm.name] = _join_blocks(view, sm, readers)
+                partitions[sm.name] = _join_blocks(view, sm, readers, made)
             elif all(r.op in contraction.PRODUCTS and len(r.inputs) == 2 for r in readers):
                 shared.update({made: sm.name for made in _one_softmax_each(view, sm, readers)})
         except Unsupported as e:
@@ -107,7 +108,7 @@ def _one_softmax_each(view: GraphView, sm: gs.Node, products: list[gs.Node]) -> 
 
 
 # ---------------------------------------------------------------- a partitioned key axis
-def _join_blocks(view: GraphView, sm: gs.Node, slices: list[gs.Node]) -> KeyPartition:
+def _join_blocks(view: GraphView, sm: gs.Node, slices: list[gs.Node], made: dict[tuple, MadeNode]) -> KeyPartition:
     p = sm.outputs[0]
     bounds, slices = _slice_bounds(view, sm, slices)
     values = [_only_product(view, s.outputs[0], f"the probabilities' block {s.name}") for s in slices]
@@ -133,8 +134,8 @@ def _join_blocks(view: GraphView, sm: gs.Node, slices: list[gs.Node]) -> KeyPart
     tag = f"{sm.name}/keys"
     keys = [c.operands[k_index] for c in qk]
     vals = [c.operands[1 - p_index] for c in pv]
-    made_k, k_all = _joined(view, keys, qk[0].labels[k_index].index(k_label), f"{tag}/key")
-    made_v, v_all = _joined(view, vals, v_axis, f"{tag}/value")
+    made_k, k_all = _joined(view, keys, qk[0].labels[k_index].index(k_label), f"{tag}/key", made)
+    made_v, v_all = _joined(view, vals, v_axis, f"{tag}/value", made)
     _replace(view, [concat, *[c.node for c in qk]], qk[0].node, k_index, k_all, concat.outputs[0])
     _replace(view, [*slices, *values, *adds], pv[0].node, 1 - p_index, v_all, total, p_index, p)
     return KeyPartition(sm.name, tuple(t.name for t in keys), tuple(t.name for t in vals),
@@ -266,8 +267,11 @@ def _logits_concat(view: GraphView, sm: gs.Node) -> gs.Node:
                       "from products with key blocks")
 
 
-def _joined(view: GraphView, blocks: list[gs.Tensor], axis: int, name: str) -> tuple[list[MadeNode], gs.Tensor]:
-    """Concat(blocks) along `axis`, pulled above the Transposes the blocks share, made in the graph."""
+def _joined(view: GraphView, blocks: list[gs.Tensor], axis: int, name: str, made: dict[tuple, MadeNode]
+            ) -> tuple[list[MadeNode], gs.Tensor]:
+    """Concat(blocks) along `axis`, pulled above the Transposes the blocks share, made in the graph. A node an
+    earlier partition made of the same inputs (the heads of an attention written one per head all join the
+    same cache and new slice) is that node again: the heads then read one K and one V (heads_merge.py)."""
     perms: list[list[int]] = []
     while True:
         producers = [view.producer(b) for b in blocks]
@@ -277,11 +281,17 @@ def _joined(view: GraphView, blocks: list[gs.Tensor], axis: int, name: str) -> t
         perms.append(perm[0])
         axis = perm[0][axis]
         blocks = [n.inputs[0] for n in producers if n is not None]
-    made = [MadeNode("Concat", tuple(b.name for b in blocks), f"{name}/concat", (("axis", axis),))]
+    nodes = [_once(made, MadeNode("Concat", tuple(b.name for b in blocks), f"{name}/concat", (("axis", axis),)))]
     for i, order in enumerate(reversed(perms)):
-        made.append(MadeNode("Transpose", (made[-1].output,), f"{name}/transpose_{i}", (("perm", tuple(order)),)))
-    out = emit(view.graph, view.tensors, made, shapes=view.shape, dtype=view.dtype(blocks[0]))
-    return made, out
+        nodes.append(_once(made, MadeNode("Transpose", (nodes[-1].output,), f"{name}/transpose_{i}",
+                                          (("perm", tuple(order)),))))
+    out = emit(view.graph, view.tensors, nodes, shapes=view.shape, dtype=view.dtype(blocks[0]))
+    return nodes, out
+
+
+def _once(made: dict[tuple, MadeNode], node: MadeNode) -> MadeNode:
+    """`node`, or the node made before that computes the same (same op, inputs and attributes)."""
+    return made.setdefault((node.op, node.inputs, node.attrs), node)
 
 
 def emit(graph: gs.Graph, tensors: dict, made, shapes=None, dtype=None) -> gs.Tensor:

@@ -46,9 +46,13 @@ def test_fuse_trt_of_a_transposed_value_cache_reads_the_concatenation():
 
 @pytest.mark.slow
 def test_fuse_trt_of_the_single_head_form():
+    """The heads, each joining the same cache and new slice, merge into the MHA form's one IAttention and update."""
     result = fuse_trt(split_cache_model(form="sha", v_transposed=False), name="split_sha", precision="fp32")
     assert result.ok, result.verification
-    assert len(result.prepared.plan.attentions) == 4
+    (attention,) = result.prepared.plan.attentions
+    assert (attention.q_heads, attention.kv_heads) == (4, 1)
+    assert sorted(c.cache for c in result.prepared.plan.cache_updates) == ["k_cache", "v_cache"]
+    assert len(_ops(result.model, "TRT_Attention")) == 1 and len(_ops(result.model, "TRT_KVCacheUpdate")) == 2
 
 
 def test_build_plans_iattention_and_the_cache_update(tmp_path):
