@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def peak_mb() -> float:
-    from trtattn.runtime.memory import peak_rss
+    from trtattn.host_memory import peak_rss
 
     return (peak_rss() or 0) / 2**20
 

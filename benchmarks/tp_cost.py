@@ -4,7 +4,7 @@
 
 Weights (fp16), the KV cache of one sequence at --max-cache, and per generated token the ALL_REDUCEs
 and the bytes each rank sends over a ring (routes/parallel/cost.py: the formula is checked against the
-split trtattn finds in the writer's tiny model, tests/test_parallel.py).
+split trtattn finds in the writer's tiny model, tests/routes/parallel/test_parallel.py).
 """
 
 from __future__ import annotations

@@ -6,8 +6,12 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# trtsim/ and trtsim_cases.py are importable through pytest's `pythonpath` option (pyproject.toml)
+# helpers/trtsim/ and helpers/trtsim_cases.py are importable through pytest's `pythonpath` option (pyproject.toml)
 from trtsim.fixtures import checked_trt, real_trt  # noqa: E402,F401  (the real TensorRT bindings, checked)
+
+# the test files sit at different depths under tests/ (tests/<package>/test_<module>.py): paths start here
+ROOT = Path(__file__).resolve().parent.parent  # the project's checkout
+DATA = Path(__file__).resolve().parent / "data"  # committed models and files the tests read
 
 
 def _export_key() -> str:

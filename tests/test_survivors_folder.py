@@ -1,5 +1,5 @@
 """Tests for the survivors of mutating trtattn/folder.py (benchmarks/mutate.py, base d3efd07), on small folders
-written here (test_folders.py's run on zoo exports): the report's rows and verdicts, the refusals before any
+written here (tests/test_folder.py's run on zoo exports): the report's rows and verdicts, the refusals before any
 work, and one folder fused with a model to fuse, one to copy with its data file, and plain files."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import stat
 import numpy as np
 import onnx
 import pytest
-from conftest import sha256
 
+from tests.conftest import sha256
 from trtattn.errors import TrtattnError
 from trtattn.folder import FileResult, FolderResult, check_folders, process_folder
 from trtattn.rewrite.fuse import SiteReport
@@ -122,7 +122,7 @@ def test_a_folder_is_fused_model_by_model_and_every_other_file_copied(export, tm
 
 
 def test_a_model_with_an_attention_not_fused_stops_the_folder_unless_partial(export, tmp_path):
-    from test_mul_masks import multiplied
+    from tests.match.logit_ops.test_mul_mask import multiplied
 
     unfusable = multiplied(attention_model(opset=18, mask_style="additive_input"), "mul", "attention_mask",
                            offset=False)  # a product with no offset after it: listed, not fused

@@ -5,9 +5,9 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_mul_masks import multiplied
-from test_runtime_scales import per_head_scale
 
+from tests.match.logit_ops.test_mul_mask import multiplied
+from tests.match.logit_ops.test_scale import per_head_scale
 from trtattn.match import match
 from trtattn.testing.graphs import attention_model
 
@@ -128,8 +128,7 @@ def test_a_constant_factor_that_varies_over_the_keys_is_not_a_per_head_scale():
 
 
 def test_a_sink_after_a_boolean_mask_fuses_and_a_logit_op_after_the_sink_is_listed():
-    from test_sinks import with_sinks
-
+    from tests.match.logit_ops.test_sink import with_sinks
     from trtattn.rewrite.fuse import fuse_model
 
     model = with_sinks(attention_model(opset=18, heads=4, mask_style="bool_where"), 4)
@@ -201,8 +200,7 @@ def test_a_multiplier_of_unknown_shape_from_shapes_alone_is_not_a_mask():
 def test_a_mask_on_the_probabilities_alone_is_not_already_normal(form):
     """Scale on Q and no mask but one re-applied to the probabilities: TensorRT's implicit fusion does not take
     that step, so normalize must rewrite the site (already_normal says no)."""
-    from test_masks_after_softmax import reapply
-
+    from tests.match.logit_ops.test_probs_mask import reapply
     from trtattn.rewrite.normalize import already_normal
 
     (site,) = match(reapply(attention_model(opset=18, scale_style="mul_q"), form, None)).sites

@@ -1,6 +1,6 @@
 """`fuse --ops trt` at int8 and fp8 (issue 20): the softmax Q/DQ that TRT_QuantizedAttention takes (symmetric
 only: quantize/source.py:100), and the whole command end to end on the zoo BERT calibrated as
-tests/test_build_quantized.py does it (ModelOpt PTQ on CPU: slow)."""
+tests/routes/test_build_quantized.py does it (ModelOpt PTQ on CPU: slow)."""
 
 import collections
 import json
@@ -41,7 +41,7 @@ def test_only_a_symmetric_softmax_quantize_becomes_the_normalization_quantize():
     """source.py:100 (the zero-point check): IAttention's normalization quantize is symmetric; an int8 softmax
     Q/DQ with zero point -128 leaves the site computing in float with a note saying why (without the check it
     became TRT_QuantizedAttention, "verified" at 0.469 within a bound of 0.65). The build plan decides it for
-    both routes; test_trt_ops.py checks the plan is written as TRT_QuantizedAttention."""
+    both routes; tests/routes/trt_ops/test_trt_ops.py checks the plan is written as TRT_QuantizedAttention."""
     symmetric = prepare(probs_qdq_model(0), name="sym", precision="int8").plan
     assert [(a.normalization_quantize_to_type, a.dtype) for a in symmetric.attentions] == [("int8", "int8")]
     assert symmetric.attentions[0].normalization_quantize_scale == pytest.approx(1 / 127)

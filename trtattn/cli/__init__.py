@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..graph import memory
 
         memory.set_budget(getattr(args, "max_memory", None))  # None: the default budget (graph/memory.py)
-        return COMMANDS[args.command].run(args, Progress(enabled=not args.quiet))
+        progress = Progress(enabled=not args.quiet)
+        if getattr(args, "timings", False):
+            return _timed(args, progress)
+        return COMMANDS[args.command].run(args, progress)
     except TrtattnError as e:
         print(f"trtattn: error: {e}", file=sys.stderr)
         return 2
@@ -49,3 +52,25 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"trtattn: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", file=sys.stderr)
         return 3
+
+
+def _timed(args, progress) -> int:
+    """Run the command inside a timings recording; the table goes to stderr (stdout stays the command's) and
+    into the --report JSON, which the command has written by then: the report's own write is the one step
+    its timings cannot include."""
+    import json
+    from pathlib import Path
+
+    from ..report import write_json
+    from ..timings import recording
+
+    with recording() as recorder:
+        code = COMMANDS[args.command].run(args, progress)
+    timings = recorder.timings
+    print(f"timings:\n{timings.table()}", file=sys.stderr)
+    report = getattr(args, "report", None)
+    if report and Path(report).is_file():
+        data = json.loads(Path(report).read_text())
+        data["timings"] = timings.to_json()
+        write_json(data, report, protect=tuple(p for p in (getattr(args, "model", None), getattr(args, "output", None)) if p))
+    return code

@@ -63,6 +63,9 @@ def add_memory_opt(p) -> None:
     p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
                    help="memory the probes and searches on ONNX Runtime may use for activations, e.g. 8G "
                         "(default: a quarter of the available memory, at most 1G)")
+    p.add_argument("--timings", action="store_true",
+                   help="print where the time and memory went, phase by phase (read, match and probe, fit dims, "
+                        "rewrite, verify, reload, write), on stderr, and add it to the --report JSON as 'timings'")
 
 
 def check_output(model, output, force: bool, report=None) -> None:

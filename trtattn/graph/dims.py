@@ -31,7 +31,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .. import timings
 from ..errors import TrtattnError
+from ..timings import timed
 from . import memory
 from .dim_names import BATCH, DEFAULT_DIM, SEQ, dim_classes, evaluate, names_in, resolve_dims
 from .feeds import make_feeds
@@ -63,6 +65,7 @@ class Fit(dict):
         self.one_key = dict(one_key or {})
 
 
+@timed("fit dims")
 def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = True,
              failure: BaseException | None = None, progress=None, given=None) -> Fit:
     """Dims the original `model` runs on: `dims` (the user's) completed by the defaults when the
@@ -341,6 +344,7 @@ def _trial(model: onnx.ModelProto, specs):
         model.graph.output.append(onnx.helper.make_tensor_value_info(f"trtattn_fit_shape/{i}", onnx.TensorProto.INT64, None))
     try:
         with session_source(model) as source:
+            timings.session_made()
             try:
                 session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
             except Exception as e:  # ONNX Runtime's errors have no common public base class

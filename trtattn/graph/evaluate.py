@@ -12,6 +12,7 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
+from .. import timings
 from . import external, io
 from .view import export_graph
 
@@ -55,6 +56,7 @@ def ort_session(model: onnx.ModelProto, *, level: str = "basic", providers=("CPU
     options = session_options(level, weights=weights, folder=None if large else external.data_dir(model))
     if register is not None:
         register(options)
+    timings.session_made()
     if large:
         with io.session_source(model) as path:
             return ort.InferenceSession(path, options, providers=list(providers))

@@ -28,6 +28,7 @@ import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from ..errors import ModelLoadError, TrtattnError
+from ..timings import timed
 from . import external, validate
 from .external import all_tensors, data_dir, materialize  # noqa: F401  (part of this module's API)
 
@@ -166,6 +167,7 @@ def _external_locations(model: onnx.ModelProto):
             yield tensor.name, ExternalDataInfo(tensor)
 
 
+@timed("read")
 def load(path: str | os.PathLike, load_external_data: bool = True) -> onnx.ModelProto:
     """Load an ONNX model, raising ModelLoadError with one sentence on any problem. With
     load_external_data=False the weights stay in their files (external.py): tensors up to
@@ -217,6 +219,7 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return a.resolve() == b.resolve()
 
 
+@timed("write")
 def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = (), external_data: bool | None = None,
          check: bool = True, progress=None) -> Path:
     """Write `model` atomically. Never writes over any path in `protect` (the inputs) or over a data file
@@ -292,6 +295,7 @@ def save_made(path: str | os.PathLike, make, *, protect: tuple = (), check: bool
     return model
 
 
+@timed("check written")
 def check_written(model: onnx.ModelProto, what: str, sources=()) -> None:
     """validate.check_written of `model`, made from the ONNX files among `sources` (read as trtattn reads
     them, weights left on disk), loaded in ONNX Runtime as it would be written when a check is excused."""
@@ -304,6 +308,7 @@ def check_written(model: onnx.ModelProto, what: str, sources=()) -> None:
         validate.check_written(model, what, read, source, found=found)
 
 
+@timed("reload")
 def default_session_refusal(model: onnx.ModelProto) -> str | None:
     """None when ONNX Runtime with default session options (as a user loads what trtattn writes) builds a
     session for `model` (the bytes it would be written as, its weights where they are), else its reason."""
@@ -322,6 +327,7 @@ def _materialized_copy_if_needed(model: onnx.ModelProto):
     yield materialize(whole)
 
 
+@timed("write")
 def copy_model(src: str | os.PathLike, dst: str | os.PathLike, model: onnx.ModelProto) -> Path:
     """The output of a command that changed nothing: the input itself (byte for byte, or with its external data
     in one file beside it): `model`, as read from `src`, is checked as any output is (check_written), so a model

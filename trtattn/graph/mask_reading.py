@@ -27,6 +27,7 @@ import collections
 import numpy as np
 import onnx
 
+from ..timings import timed
 from .roles import GraphUses, InputSpec, declared_roles
 from .shapes import opset_of, tensor_types
 
@@ -49,6 +50,7 @@ def mask_candidates(model: onnx.ModelProto, specs: list[InputSpec]) -> list[Inpu
             and (s.role.get("kind") == "padding_mask" or s.role.get("kind") == "float" and s.dtype.kind == "f")]
 
 
+@timed("read masks")
 def read_masks(model: onnx.ModelProto, specs: list[InputSpec], feeds: dict[str, np.ndarray]) -> dict[str, dict]:
     """Input name -> its reading {"axes": [label per axis: key, query, batch, None for a unit axis],
     "additive": a float added to the logits} for each candidate the measurement reads one way. `feeds`:

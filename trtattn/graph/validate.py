@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import onnx
 import onnx.defs
 
+from .. import timings
 from ..errors import ModelLoadError, TrtattnError
 from .dependence import node_reads
 from .external import FOLDER_OPTION, all_tensors, data_dir, nbytes
@@ -129,6 +130,7 @@ def onnx_runtime_refusal(source, folder=None) -> str | None:
     options.add_session_config_entry("session.disable_prepacking", "1")
     if folder is not None and not isinstance(source, str):
         options.add_session_config_entry(FOLDER_OPTION, str(folder))
+    timings.session_made()
     try:
         ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
                              disabled_optimizers=list(WEIGHT_COPYING_TRANSFORMERS))

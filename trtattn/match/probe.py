@@ -23,6 +23,7 @@ from ..graph.evaluate import evaluator
 from ..graph.feeds import make_feeds
 from ..graph.view import GraphView, import_graph
 from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
+from ..timings import timed
 from . import logit_ops
 from .errors import MASKED_FILL
 from .find import match
@@ -153,6 +154,7 @@ def _dtype(name: str):
 
 
 # ---------------------------------------------------------------- match + probe
+@timed("match and probe")
 def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None = None
             ) -> tuple[gs.Graph, MatchResult, dict]:
     """Match sites and probe what their masks mean. Returns (graph, match result, meanings): the graph is

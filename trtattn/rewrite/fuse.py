@@ -24,6 +24,7 @@ from ..match import analyse, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
 from ..site import AttentionSite, SiteKind, SiteOutcome, SiteSource, SiteStatus, Skipped
+from ..timings import timed
 from ..verify import REWRITE_TOLERANCES, Verification, compare_models, tolerance_for
 from ..version import __version__
 from . import bf16, driver
@@ -385,6 +386,7 @@ class _FuseRewriter(driver.SiteRewriter[tuple, SiteReport]):
                        f"the rewrite failed ({type(error).__name__}: {error}; a trtattn bug, please report it)")
 
 
+@timed("rewrite")
 def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict,
              graph: gs.Graph | None = None) -> onnx.ModelProto:
     """The sites rewritten in `graph` (the analysis graph, used up) or in a fresh import of `working`."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_rows
 from ..errors import TrtattnError
-from .memory import peak_rss, reset_peak_rss
+from ..host_memory import peak_rss, reset_peak_rss
 
 MIB = 1 << 20
 

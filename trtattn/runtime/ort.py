@@ -9,7 +9,7 @@ import onnx
 
 from ..contract import form_record
 from ..errors import TrtattnError
-from .memory import host_rss
+from ..host_memory import host_rss
 from .session import Session, TensorInfo
 
 

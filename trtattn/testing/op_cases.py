@@ -6,7 +6,7 @@ outputs, `build` (its plan; without TensorRT it stops with exit 4 after it) and 
     for case in conformance_cases("Attention", expanded=False):
         outcome = run_case(case, workdir)
 
-Used by tests/test_conformance_ops.py and benchmarks/conformance.py (--ops).
+Used by tests/routes/test_conformance_ops.py and benchmarks/conformance.py (--ops).
 """
 
 from __future__ import annotations

@@ -317,7 +317,7 @@ def write_llama(path, *, layers: int, hidden: int, heads: int, kv_heads: int, ff
 
 
 def main(argv=None) -> int:
-    from ..runtime.memory import peak_rss
+    from ..host_memory import peak_rss
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="the .onnx file; the weights go to OUT.data beside it")

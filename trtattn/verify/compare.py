@@ -21,6 +21,7 @@ from ..graph.dims import fit_dims
 from ..graph.domains import random_nodes
 from ..graph.feeds import make_feeds
 from ..graph.user_inputs import GivenInputs
+from ..timings import timed
 from ..verification import Verification
 from .adapters import Adapter
 from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
@@ -167,6 +168,7 @@ def _prefetched(runners: list, feeds: list[dict]) -> list:
     return runners
 
 
+@timed("verify")
 def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=(), *, dims=None, seed: int = 0,
                    atol: float = 1e-4, rtol: float = 1e-4, feeds: list[dict] | None = None,
                    given: GivenInputs | None = None, progress=None) -> Outcome:

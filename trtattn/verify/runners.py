@@ -16,6 +16,7 @@ from pathlib import Path
 
 import onnx
 
+from .. import timings
 from ..graph.evaluate import ort_session
 from ..graph.io import extra_outputs
 from .slices import slice_budget, sliced_runner
@@ -75,6 +76,7 @@ def plugin_runner(stack: contextlib.ExitStack, model: onnx.ModelProto, outputs=(
     from ..graph.evaluate import session_options
 
     def session():
+        timings.session_made()
         large = io.is_large(model)  # trtattn_plugins.Session takes a model over 2 GB by its path, data beside it
         options = session_options(level, weights=io.weights_size(model), folder=None if large else external.data_dir(model))
         if large:

@@ -4,7 +4,7 @@ Every entry is a model family with an attention implementation ("eager": the mod
 own MatMul/Softmax; "-sdpa": torch's scaled_dot_product_attention) and knows how many attention
 sites it has from its config. Exporters: "torchscript" (torch.onnx.export(dynamo=False)) and
 "dynamo" (torch.onnx.export(dynamo=True)). Where an exporter cannot export an entry the zoo
-records why, and tests/test_zoo.py checks the record is still true.
+records why, and tests/zoo/test_zoo.py checks the record is still true.
 
 Besides the families the matcher takes today (models.py), three groups exercise the classes of
 attention it misses (issue 10; `CLASSES`, each entry's `classes`): more transformers families
@@ -112,7 +112,7 @@ _FAMILIES = [
      lambda c: c.num_hidden_layers),
 ]
 
-# Exporter failures, recorded with the reason (tests/test_zoo.py re-checks each one).
+# Exporter failures, recorded with the reason (tests/zoo/test_zoo.py re-checks each one).
 UNSUPPORTED: dict[str, dict[str, str]] = {
     "t5-sdpa": {"dynamo": "torch.export cannot view T5's transposed SDPA output as [B, S, D] with a "
                           "dynamic sequence length (ValueError: Cannot view a tensor ...)"},
