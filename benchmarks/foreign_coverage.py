@@ -78,7 +78,7 @@ def _matches(original: Path, rewritten: Path) -> tuple[bool | None, float | None
 
     from trtattn.graph.dims import fit_dims
     from trtattn.graph.feeds import make_feeds
-    from trtattn.verify.compare import model_precision
+    from trtattn.graph.precision import Weighing, model_precision
 
     model = onnx.load(str(original))
     feeds = make_feeds(model, dims=fit_dims(model, None), seed=0)
@@ -86,7 +86,7 @@ def _matches(original: Path, rewritten: Path) -> tuple[bool | None, float | None
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     ref = ort.InferenceSession(str(original), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
     got = ort.InferenceSession(str(rewritten), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
-    tol = 1e-2 if model_precision(model) == "fp16" else 1e-3
+    tol = 1e-2 if model_precision(model, Weighing.STORED).name == "fp16" else 1e-3
     worst, ok = 0.0, True
     for a, b in zip(ref, got):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

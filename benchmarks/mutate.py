@@ -224,7 +224,8 @@ def _files(tests: list[str]) -> str:
     for t in tests:
         counts[t.split("::")[0]] = counts.get(t.split("::")[0], 0) + 1
     ranked = sorted(counts.items(), key=lambda kv: -kv[1])
-    shown = ", ".join(f"{Path(f).name} {n}" for f, n in ranked[:4])
+    # by the path under tests/: the folders mirror trtattn's packages, so two files may share a name
+    shown = ", ".join(f"{f.removeprefix('tests/')} {n}" for f, n in ranked[:4])
     return f": {shown}" + (f", {len(ranked) - 4} more files" if len(ranked) > 4 else "") if ranked else ""
 
 

@@ -8,7 +8,7 @@ Steps: load (weights left on disk unless --in-memory; the ranks' are slices of t
 slices of layers), the rank forms written to DIR one rank and one weight at a time (as `build --tp` writes
 them; default: a folder beside the model, removed at the end unless --keep), the check (the original in
 slices, the rank set read from those files one rank's wave at a time). --slice-mb forces the slice budget
-(default: verify/slices.py's, slicing a model over half the memory).
+(default: graph/slices.py's, slicing a model over half the memory).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from trtattn.graph import io
+    from trtattn.graph.slices import resident_size, slice_budget
     from trtattn.routes.parallel import split_model
-    from trtattn.verify.compare import tolerance_for
-    from trtattn.verify.slices import resident_size, slice_budget
+    from trtattn.verify.tolerance import tolerance_for
 
     start = time.perf_counter()
 

@@ -85,11 +85,11 @@ def trt_row(model: onnx.ModelProto, name: str, exporter: str, form: str, precisi
     problems = trtattn_plugins.check_model(result.model)  # every node exactly as documented (again, independently)
     row["schema"] = "ok" if not problems else f"{len(problems)} problems: {problems[0]}"
     row["rope"] = sum(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
-    row["max_abs_err"] = result.verification.get("max_abs_err")
+    row["max_abs_err"] = result.verification.max_abs_err
     if problems:
         row["outcome"] = f"FAILED schema: {row['schema']}"
     elif not result.ok:
-        row["outcome"] = f"FAILED: {result.verification.get('error') or 'mismatch'}"
+        row["outcome"] = f"FAILED: {result.verification.error or 'mismatch'}"
     else:
         row["outcome"] = "verified"
     return row
@@ -121,8 +121,8 @@ def normalize_row(model: onnx.ModelProto, name: str, exporter: str) -> dict:
     reasons += [f"{s.name}: skipped by the matcher: {s.reason}" for s in result.skipped]
     if claimed:  # normalize says these are in TensorRT's form, and they are not
         row["outcome"] = "OUTSIDE: " + "; ".join(f"{s}: {bad[s]}" for s in claimed[:2])
-    elif not result.verification.get("passed", True):
-        row["outcome"] = f"FAILED verification (max abs error {result.verification.get('max_abs_err')})"
+    elif result.verification.failed:
+        row["outcome"] = f"FAILED verification (max abs error {result.verification.max_abs_err})"
     else:
         row["outcome"] = "ok" if not reasons else "reported: " + "; ".join(reasons)[:200]
     why = sorted({r.after.get("implicit_why") for r in result.sites if not r.after.get("implicit")} - {None, "-"})

@@ -2,6 +2,8 @@ import hashlib
 import os
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -57,6 +59,65 @@ def zoo_export(zoo_dir):
 
 def sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def ort_run(model: onnx.ModelProto | str | Path, feeds: dict) -> list[np.ndarray]:
+    """The outputs of `model` (in memory, or its file) on ONNX Runtime's CPU provider with default session
+    options: the reference every model trtattn writes is held to."""
+    import onnxruntime as ort
+
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def ort_outputs(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    """ort_run's outputs by the model's output names."""
+    return dict(zip([o.name for o in model.graph.output], ort_run(model, feeds)))
+
+
+def graph_model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
+    """A model of one graph "g" at `opset` of the default domain."""
+    graph = onnx.helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+
+
+def one_node_model(op: str, inputs: list, outputs: list, opset: int = 17, inits=(), **attrs) -> onnx.ModelProto:
+    """A model of one `op` node from the value infos `inputs` to `outputs`."""
+    node = onnx.helper.make_node(op, [i.name for i in inputs], [o.name for o in outputs], **attrs)
+    return graph_model([node], inputs, outputs, inits, opset)
+
+
+def scaled_initializer(model: onnx.ModelProto, name: str, factor: float) -> onnx.ModelProto:
+    """A copy of `model` with initializer `name` multiplied by `factor` (in its own dtype)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    init = next(i for i in out.graph.initializer if i.name == name)
+    value = onnx.numpy_helper.to_array(init)
+    init.CopyFrom(onnx.numpy_helper.from_array((value.astype(np.float64) * factor).astype(value.dtype), name))
+    return out
+
+
+def largest_matrix(model: onnx.ModelProto) -> str:
+    """The name of the model's largest 2-D initializer (a projection's weight)."""
+    return max(model.graph.initializer, key=lambda i: int(np.prod(i.dims)) if len(i.dims) == 2 else 0).name
+
+
+def tampering(real):
+    """forms.verify_form that checks a copy of the derived model with its largest weight scaled by 1.5: a form
+    whose rewrite went wrong (monkeypatched over the real one)."""
+    def verify_form(form, original, derived, sites, **kwargs):
+        return real(form, original, scaled_initializer(derived, largest_matrix(derived), 1.5), sites, **kwargs)
+    return verify_form
+
+
+def site_statuses(result) -> list:
+    """(status, reason) of each site a fuse result reports."""
+    return [(r.status, r.reason) for r in result.reports]
+
+
+def mask_step_ops(result) -> list[list[str]]:
+    """The mask steps' ops of each site a match result finds."""
+    return [[s.op for s in site.mask_steps] for site in result.sites]
 
 
 # zoo-wide parametrizations run these in the fast lane (-m "not slow"); every other zoo model is marked slow

@@ -1,7 +1,9 @@
 """Export folders as one unit: every ONNX model of a folder (Optimum's model.onnx, or encoder_model.onnx,
 decoder_model.onnx, decoder_with_past_model.onnx, decoder_model_merged.onnx beside config.json,
 generation_config.json and the tokenizer files) fused or normalized with the same verification as one
-file, every other file copied unchanged.
+file, every other file copied unchanged. An ONNX Runtime GenAI folder's genai_config.json is written to match the models written
+(trtattn.folder_genai: a shared past/present buffer turned off where the fused decoder concatenates), its
+changes in the folder's notes.
 
 The output folder is written under a scratch name beside it and renamed into place at the end, so a
 failed run leaves nothing half written; the input folder is only read. A model's external data files
@@ -16,6 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import folder_genai
 from .errors import TrtattnError
 from .graph import external, validate
 from .graph import io as onnxio
@@ -24,13 +27,14 @@ from .site import SiteOutcome
 from .verification import Verification
 
 MODES = ("fuse", "normalize")
+NOT_MODELS = ("copied", "adapted")  # the actions of a folder's other files
 
 
 @dataclass
 class FileResult:
     """One file of the folder: a model (with its sites) or a plain file copied."""
     path: str  # relative to the folder
-    action: str  # fused | normalized | unchanged (a model with nothing to do) | copied | not written
+    action: str  # fused | normalized | unchanged (a model with nothing to do) | copied | adapted (a config) | not written
     sites: list[SiteOutcome] = field(default_factory=list)  # the model's sites, as `fuse`/`normalize` report them
     ignored: list[dict] = field(default_factory=list)
     verification: Verification = field(default_factory=Verification.nothing)
@@ -48,6 +52,7 @@ class FolderResult:
     source: Path
     output: Path | None  # None when nothing was written
     files: list[FileResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was changed beside the models, and why
 
     @property
     def ok(self) -> bool:
@@ -55,7 +60,7 @@ class FolderResult:
 
     @property
     def models(self) -> list[FileResult]:
-        return [f for f in self.files if f.action != "copied"]
+        return [f for f in self.files if f.action not in NOT_MODELS]
 
     def site_rows(self) -> list[dict]:
         """One row per site of every model, the file first."""
@@ -65,7 +70,7 @@ class FolderResult:
         return {"input": str(self.source), "output": str(self.output) if self.output else None, "ok": self.ok,
                 "files": [f.row() for f in self.files], "sites": self.site_rows(),
                 "ignored": [{"file": f.path, **i} for f in self.models for i in f.ignored],
-                "verification": {f.path: f.verification.to_json() for f in self.models}}
+                "verification": {f.path: f.verification.to_json() for f in self.models}, "notes": self.notes}
 
 
 def is_folder(path) -> bool:
@@ -133,14 +138,19 @@ def process_folder(source, output, *, mode: str = "fuse", force: bool = False, a
     os.chmod(scratch, 0o777 & ~_umask())  # mkdtemp's 0700 is for the scratch, not the output
     try:
         files = sorted(p for p in src.rglob("*") if p.is_file())
+        configs = [p for p in files if folder_genai.is_genai_config(p)]  # after the models they describe
         for path in progress.track(files, f"{mode} {src.name}", unit="file") if progress is not None else files:
             rel = path.relative_to(src)
+            if path in configs:
+                continue
             if path.suffix == ".onnx":
                 result.files.append(_one_model(path, rel, scratch / rel, data, mode, allow_partial, progress, options))
             elif path.resolve() not in data:
                 (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, scratch / rel)
                 result.files.append(FileResult(str(rel), "copied"))
+        for path in configs:
+            result.files.append(_genai_config(path, src, scratch, result))
         if result.ok or allow_partial:
             if out.exists():
                 shutil.rmtree(out)
@@ -175,6 +185,19 @@ def _one_model(path: Path, rel: Path, dst: Path, data: dict, mode: str, allow_pa
     else:
         file.action = "not written"
     return file
+
+
+def _genai_config(path: Path, src: Path, scratch: Path, result: FolderResult) -> FileResult:
+    """genai_config.json written to match the models written beside it (those rewritten named relative to it)."""
+    rel = path.relative_to(src)
+    here = path.parent.relative_to(src)
+    rewritten = {Path(f.path).relative_to(here).as_posix() for f in result.models
+                 if f.action in ("fused", "normalized") and Path(f.path).is_relative_to(here)}
+    changes = folder_genai.adapt_config(path, scratch / rel, rewritten)
+    result.notes += [c.note() for c in changes]
+    if not changes:
+        shutil.copy2(path, scratch / rel)  # byte for byte, as any other file
+    return FileResult(str(rel), "adapted" if changes else "copied")
 
 
 def _transform(model, mode: str, progress, options):

@@ -67,7 +67,9 @@ def counts(reports: Sequence[SiteOutcome], ignored=()) -> dict:
     that are not attention."""
     fused = sum(r.status == SiteStatus.FUSED for r in reports)
     ops = sum(r.site.source.is_op for r in reports)
-    return {"sites": len(reports), "softmaxes": len(reports) - ops, "attention_ops": ops, "fused": fused,
+    # a site merged from single-head ones (match/heads_merge.py) holds one softmax per head
+    softmaxes = sum(len(r.site.merged) or 1 for r in reports if not r.site.source.is_op)
+    return {"sites": len(reports), "softmaxes": softmaxes, "attention_ops": ops, "fused": fused,
             "not_fused": len(reports) - fused, "not_attention": len(ignored)}
 
 
@@ -78,6 +80,8 @@ def summary_line(reports: Sequence[SiteOutcome], ignored=()) -> str:
         head = "no attention found"
     else:
         what = f"{c['softmaxes']} attention-like softmax{'es' if c['softmaxes'] != 1 else ''}"
+        if c["softmaxes"] != c["sites"] - c["attention_ops"]:
+            what += f" in {c['sites'] - c['attention_ops']} sites (heads merged)"
         if c["attention_ops"]:
             what += f" and {c['attention_ops']} attention op{'s' if c['attention_ops'] != 1 else ''}"
         head = f"{what}: {c['fused']} fused, {c['not_fused']} not fused"

@@ -10,6 +10,16 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
+# Soft-capping, cap * tanh(logits / cap) before the mask: AttentionSite.softcap holds a site's cap (matched from the
+# graph by match/logit_ops/softcap.py, or read from a fused op's attribute), and this attribute of the ONNX
+# Attention op (and com.microsoft's GroupQueryAttention) carries it; IAttention has no such step.
+SOFTCAP_ATTRIBUTE = "softcap"
+
+
+def attribute_softcap(attrs) -> float | None:
+    """The cap a fused attention op's attributes set; None when absent or 0 (the spec's "no soft-cap")."""
+    return float(attrs.get(SOFTCAP_ATTRIBUTE, 0.0) or 0.0) or None
+
 
 class Layout(str, enum.Enum):
     """Layout of a 4-D attention operand; B batch, N heads, S sequence, H head size."""
@@ -217,6 +227,37 @@ class Rope:
 
 
 @dataclass(frozen=True)
+class MadeNode:
+    """A node the matcher's proof of a partitioned key axis adds (match/partition.py): the rewrite writes it
+    again, by these names, in a graph read afresh."""
+
+    op: str
+    inputs: tuple[str, ...]
+    output: str
+    attrs: tuple[tuple[str, int | tuple[int, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class KeyPartition:
+    """An attention written over blocks of its key axis (match/partition.py): logits concatenated from the
+    products with K_i, probabilities sliced back into the same blocks, each multiplied by its V_i, summed.
+    `key`/`value` name Concat(K_i)/Concat(V_i) (the nodes in `made`), which the site reads."""
+
+    softmax: str
+    keys: tuple[str, ...]  # K_i as the first products read them, in key order
+    values: tuple[str, ...]  # V_i as the second products read them
+    bounds: tuple[tuple[int, int | None], ...]  # each block's [start, end) on the key axis (None: to the end)
+    key: str
+    value: str
+    made: tuple[MadeNode, ...]
+
+    def note(self) -> str:
+        spans = ", ".join(f"{a}:{'' if b is None else b}" for a, b in self.bounds)
+        return (f"key axis written in {len(self.keys)} blocks ({spans}): one attention over Concat"
+                f"({', '.join(self.keys)}) and Concat({', '.join(self.values)})")
+
+
+@dataclass(frozen=True)
 class AttentionSite:
     name: str
     kind: SiteKind
@@ -266,6 +307,9 @@ class AttentionSite:
     # outputs only Y: the TensorRT route computes it beside IAttention (routes/prepare/qk_beside.py)
     qk_output: str | None = None
     qk_mode: int | None = None
+    # the single-head sites (by name, in head order) this multi-head site was merged from (match/heads_merge.py)
+    merged: tuple[str, ...] = ()
+    partition: KeyPartition | None = None  # K and V concatenated from the key blocks the graph multiplies apart
 
     def replace(self, **changes) -> AttentionSite:
         return dataclasses.replace(self, **changes)
@@ -300,6 +344,9 @@ class MatchResult:
     skipped: list[Skipped] = field(default_factory=list)  # attention-like, not fused (counts as failure)
     ignored: list[Skipped] = field(default_factory=list)  # softmaxes that are not attention-like
     canonical: dict[str, str] = field(default_factory=dict)  # Softmax a canonical rule wrote in the main graph -> rule
+    # a multi-head site merged from single-head ones (match/heads_merge.py) -> those sites, to fall back on
+    heads_merged: dict[str, list[AttentionSite]] = field(default_factory=dict)
+    pieces: dict[str, str] = field(default_factory=dict)  # Softmax whose pieces match/partition.py joined -> how
 
 
 @dataclass

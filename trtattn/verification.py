@@ -30,6 +30,8 @@ class Verification:
     tolerance_why: str | None = None  # why atol/rtol are not the model's own
     widened_fp32: Verification | None = None  # a bf16 model fused (rewrite/bf16.py): the check of its widened copy
     run_on: str | None = None  # what ran the candidate when not the model itself (a bf16 model emulated in fp32)
+    # output -> (the original's shape, the candidate's) where they differ and cannot be compared
+    shapes_differ: dict[str, tuple[list[int], list[int]]] | None = None
     one_key: list[str] | None = None  # sites verified only where their softmax has one key (graph/dims.py): unproven
     empty: bool = dataclasses.field(default=False, repr=False)  # nothing verified, nothing to say
 

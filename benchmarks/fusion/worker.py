@@ -57,8 +57,8 @@ def tool_worker(args) -> int:
             r = fuse_model(m, verify=(tool == "trtattn"))
             res["fuse_seconds"] = time.perf_counter() - t1
             fused = [x for x in r.reports if x.status == "fused"]
-            passed = r.verification.get("passed")
-            res["verification"] = {k: v for k, v in r.verification.items()
+            passed = r.verification.passed
+            res["verification"] = {k: v for k, v in r.verification.to_json().items()
                                    if k in ("passed", "note", "max_abs_err", "slices")}
             res["reports"] = [{"name": x.site.name, "status": x.status, "reason": x.reason,
                                "max_abs_err": x.max_abs_err} for x in r.reports]

@@ -11,10 +11,10 @@ import json
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import ort_run
 from trtattn.graph.dim_names import name_free_dims, resolve_dims
 from trtattn.graph.dims import DimsDoNotFit, fit_dims
 from trtattn.graph.feeds import make_feeds
@@ -30,11 +30,6 @@ def _model(nodes, inputs, outputs, inits=(), meta=None, opset=17):
     if meta is not None:
         model.metadata_props.add(key="trtattn.inputs", value=json.dumps(meta))
     return model
-
-
-def _run(model, feeds) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def _shapes(model, **kwargs):
@@ -57,7 +52,7 @@ def test_dims_written_minus_one_or_question_mark_are_symbolic():
     assert _shapes(model, dims={"seq": 5}) == {"ids": (2, 5), "mask": (2, 5)}
     assert _shapes(model, dims={"unk__0": 3}) == {"ids": (3, 8), "mask": (3, 8)}  # a member sets its dim
     fit = fit_dims(model)
-    assert _run(model, make_feeds(model, dims=fit))[0].shape == (2, 8)
+    assert ort_run(model, make_feeds(model, dims=fit))[0].shape == (2, 8)
     assert any("ids[0]" in r and "unk__0" in r for r in fit.reasons), fit.reasons
 
 
@@ -68,7 +63,7 @@ def test_two_symbolic_names_for_one_batch():
     assert _shapes(model, dims={"s6": 4}) == {"ids": (4, 8), "mask": (4, 8)}
     assert _shapes(model, dims={"s33": 4, "s6": 4, "s50": 6}) == {"ids": (4, 6), "mask": (4, 6)}
     fit = fit_dims(model, {"batch": 3})
-    assert _run(model, make_feeds(model, dims=fit))[0].shape == (3, 8)
+    assert ort_run(model, make_feeds(model, dims=fit))[0].shape == (3, 8)
 
 
 def test_name_free_dims_writes_the_unified_names():
@@ -88,11 +83,11 @@ def test_length_baked_into_a_reshape():
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                    [("target", np.array([2, 7, 2, 2], np.int64))])
     with pytest.raises(Exception, match="baked"):
-        _run(model, make_feeds(model))
+        ort_run(model, make_feeds(model))
     fit = fit_dims(model)
     assert fit["seq"] == 7 and fit["batch"] == 2
     assert "seq=7" in fit.reasons[-1] and "Reshape node 'baked'" in fit.reasons[-1], fit.reasons
-    assert _run(model, make_feeds(model, dims=fit))[0].shape == (2, 7, 2, 2)
+    assert ort_run(model, make_feeds(model, dims=fit))[0].shape == (2, 7, 2, 2)
     assert fit_dims(model, fit) is fit  # fitted dims are not checked again
 
 
@@ -112,7 +107,7 @@ def test_strided_convolution_grows_the_length():
     fit = fit_dims(model)
     assert fit["length"] == 256  # the first length doubled from 8 that holds one kernel
     assert "Conv node 'conv'" in fit.reasons[-1]
-    assert _run(model, make_feeds(model, dims=fit))[0].shape == (2, 2, 1)
+    assert ort_run(model, make_feeds(model, dims=fit))[0].shape == (2, 2, 1)
 
 
 def test_output_written_as_an_expression_of_the_inputs():
@@ -131,7 +126,7 @@ def test_no_dims_fit_is_one_line_naming_the_node(tmp_path):
     message = str(e.value)
     assert "\n" not in message and "Conv node 'conv'" in message and "--dims" in message and "length=N" in message
     fit = fit_dims(model, {"length": 70000})  # what the message asks for
-    assert _run(model, make_feeds(model, dims=fit))[0].shape == (2, 2, 1)
+    assert ort_run(model, make_feeds(model, dims=fit))[0].shape == (2, 2, 1)
     path = tmp_path / "conv.onnx"
     onnx.save(model, path)
     assert main(["-q", "fuse", str(path), "-o", str(tmp_path / "out.onnx")]) == 2  # not 3: not an internal error
@@ -176,7 +171,7 @@ def test_mask_polarity_from_how_the_graph_uses_it(where, true_at):
     keep = kept_tokens(role, feeds["mask"])
     assert keep[0].all() and keep[1].sum() == 6  # the last row is padded, the first is not
     if true_at:  # every row keeps its tokens: no row fully masked, no NaN
-        assert np.isfinite(_run(model, feeds)[0]).all()
+        assert np.isfinite(ort_run(model, feeds)[0]).all()
 
 
 def test_mask_polarity_from_metadata():
@@ -201,7 +196,7 @@ def test_flag_inputs():
     assert input_specs(model)[0].role == {"kind": "flag"}
     feeds = make_feeds(model)
     assert feeds["use_cache_branch"].tolist() == [True]
-    np.testing.assert_array_equal(_run(model, feeds)[0], feeds["a"])
+    np.testing.assert_array_equal(ort_run(model, feeds)[0], feeds["a"])
     meta = {"inputs": {"use_cache_branch": {"kind": "flag", "value": False}, "a": {"kind": "float"}}}
     off = _model([node], inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], meta=meta)
     assert make_feeds(off)["use_cache_branch"].tolist() == [False]
@@ -225,7 +220,7 @@ def test_token_ids_vocab_is_the_embedding_tables_rows():
     assert roles["table_ids"] == {"kind": "token_ids", "vocab": 2}  # no table: the default, not Gather's data rows
     feeds = make_feeds(model, dims={"seq": 64})
     assert feeds["input_ids"].max() >= 2 and feeds["input_ids"].max() < vocab  # spread over the table, inside it
-    np.testing.assert_array_equal(_run(model, feeds)[0], emb[feeds["input_ids"]])
+    np.testing.assert_array_equal(ort_run(model, feeds)[0], emb[feeds["input_ids"]])
 
 
 def test_token_ids_read_inside_a_branch_find_their_table():
@@ -241,7 +236,7 @@ def test_token_ids_read_inside_a_branch_find_their_table():
                    [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
                    [("emb", np.ones((vocab, 4), np.float32))])
     assert {s.name: s.role for s in input_specs(model)}["input_ids"] == {"kind": "token_ids", "vocab": vocab}
-    assert _run(model, make_feeds(model))[0].shape[-1] == 4
+    assert ort_run(model, make_feeds(model))[0].shape[-1] == 4
 
 
 # ---------------------------------------------------------------- the zoo
@@ -256,7 +251,7 @@ def test_zoo_dims_entries_get_dims_they_run_on(zoo_export, name, exporter):
     model = onnx.load(zoo_export(name, exporter))
     fit = fit_dims(model)
     for seed in (0, 1):  # the verification's inputs
-        outputs = _run(model, make_feeds(model, dims=fit, seed=seed))
+        outputs = ort_run(model, make_feeds(model, dims=fit, seed=seed))
         assert all(o.size and np.isfinite(o).all() for o in outputs if o.dtype.kind == "f")
 
 
@@ -273,7 +268,7 @@ def test_luong_mask_true_at_padding(zoo_export, exporter):
     assert next(s.role for s in input_specs(stripped) if s.name == "src_key_padding_mask")["true_at"] == "padding"
     feeds = make_feeds(model)
     assert feeds["src_key_padding_mask"][-1].any() and not feeds["src_key_padding_mask"][0].any()
-    assert all(np.isfinite(o).all() for o in _run(model, feeds))
+    assert all(np.isfinite(o).all() for o in ort_run(model, feeds))
     result = fuse_model(model)
     assert result.ok and [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
     assert result.verification.max_abs_err <= 1e-5
@@ -338,7 +333,7 @@ def test_dims_give_every_attention_more_than_one_key():
     from trtattn.rewrite.fuse import fuse_model
 
     model = _downsampled()
-    assert _run(model, make_feeds(model))[0].shape == (2, 1, 8)  # it runs at the defaults
+    assert ort_run(model, make_feeds(model))[0].shape == (2, 1, 8)  # it runs at the defaults
     fit = fit_dims(model)
     assert fit["seq"] == 16 and not fit.one_key
     assert "seq=16 (at seq=8 Softmax 'attn' has one key (query 1, key 1))" in fit.reasons, fit.reasons

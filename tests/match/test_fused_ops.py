@@ -1,8 +1,11 @@
 """ONNX's own Attention op read as a site (match/fused_ops.py)."""
 
+import numpy as np
 from onnx import TensorProto, helper
 
 from trtattn.match import match
+from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.contrib_graphs import group_query_model
 
 
 def _attention(inputs: list[str]):
@@ -28,7 +31,6 @@ def test_plain_attention_op_is_a_site():
 
 def _projected(q_from: str, kv_from: str, project_kv: bool = True):
     """A 3-D Attention op over Q = x Wq and K/V projected from `kv_from` (or read as graph inputs)."""
-    import numpy as np
     from onnx import numpy_helper
 
     d = 16
@@ -66,3 +68,15 @@ def test_unprojected_graph_inputs_say_no_kind():
     (cached,) = match(_attention(["q", "k", "v", "", "past_k", "past_v"])).sites
     assert plain.kind.value == "unknown"
     assert (cached.kind.value, cached.cache.value) == ("self", "concat")
+
+
+# Survivors of mutating match/ and testing/ (benchmarks/mutate.py, seed 20261128): each test fails when the line its
+# docstring names is mutated.
+def test_group_query_attention_softcap_is_on_the_site():
+    """match/fused_ops.py:142: the site of a GroupQueryAttention with softcap says its cap (None without one)."""
+    model = group_query_model()
+    assert fuse_model(model).reports[0].site.softcap is None
+    model.graph.node[0].attribute.append(helper.make_attribute("softcap", 2.0))
+    result = fuse_model(model)
+    assert result.ok, [r.row() for r in result.reports]
+    assert result.reports[0].site.softcap == 2.0

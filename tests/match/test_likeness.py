@@ -1,17 +1,24 @@
 """Attention decided by axes (issue 18, class 2): a learned query (attention pooling, a MAP head,
 Perceiver's latents) is attention, because the softmax runs over the input's positions and the
 probabilities weigh input values; a classifier head or an MoE router normalises over a weight's axis
-(classes, experts) and is never attention, whatever product follows it. Real torch exports."""
+(classes, experts) and is never attention, whatever product follows it. Real torch exports. Then hand-built
+graphs (issue 32): not attention stays out the same way in every layer (match/likeness.py: one decision with its
+reason), and an integer softmax between the two products is listed, not passed over."""
 
 import collections
+import re
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="the exports need torch")
 transformers = pytest.importorskip("transformers", reason="the exports need transformers")
 
+from trtattn.graph.view import GraphView, import_graph  # noqa: E402
+from trtattn.match import match  # noqa: E402
+from trtattn.match.likeness import likeness  # noqa: E402
 from trtattn.rewrite.fuse import fuse_model  # noqa: E402
 from trtattn.testing.exports import export_module as export  # noqa: E402
+from trtattn.testing.not_attention import not_attention_model  # noqa: E402
 
 
 def fused_ops(result):
@@ -202,3 +209,51 @@ def test_probe_left_at_batch_one_is_expanded_to_the_keys_batch(heads):
     for batch in (1, 3):
         x = np.random.default_rng(batch).standard_normal((batch, 7, 32)).astype(np.float32)
         np.testing.assert_allclose(b.run(None, {"x": x})[0], a.run(None, {"x": x})[0], atol=1e-5)
+
+
+def _unnamed(reason: str) -> str:
+    return re.sub(r"\b[A-Za-z]+_\d+\b", "N", reason)
+
+
+@pytest.mark.parametrize("kind,ignored,why", [
+    ("router", 1, "a classifier head or a router"),
+    ("nystrom", 1, "weigh no values of the input independent of themselves"),
+    ("linear", 2, "summed over its queries"),
+])
+def test_what_is_not_attention_is_ignored_with_its_reason_in_every_layer(kind, ignored, why):
+    result = fuse_model(not_attention_model(kind))
+    assert result.ok, [(r.site.name, r.reason) for r in result.reports]
+    assert len(result.ignored) == 2 * ignored
+    assert all(r.site.q_heads for r in result.reports)
+    per_layer = [sorted(_unnamed(i.reason) for i in result.ignored[k * ignored:(k + 1) * ignored]) for k in (0, 1)]
+    assert per_layer[0] == per_layer[1]  # identically in both layers
+    assert any(why in i.reason for i in result.ignored)
+
+
+def test_the_attention_kernels_of_nystrom_still_fuse():
+    result = fuse_model(not_attention_model("nystrom"))
+    assert sum(r.row()["status"] == "fused" for r in result.reports) == 6  # the MHA and kernels 1 and 3, twice
+
+
+def test_an_integer_softmax_between_the_products_is_listed_in_every_layer():
+    result = fuse_model(not_attention_model("integer"))
+    listed = [r for r in result.reports if r.row()["status"] == "not fused"]
+    assert not result.ok and len(listed) == 2
+    assert all("an integer softmax" in r.reason for r in listed)
+    assert _unnamed(listed[0].reason) == _unnamed(listed[1].reason)
+
+
+def test_a_model_whose_only_softmaxes_are_integer_ones_is_not_said_to_have_no_attention():
+    result = fuse_model(not_attention_model("integer", attention=False))
+    assert result.verification.note != "no attention found"
+    assert len(result.reports) == 2 and not result.ok
+
+
+def test_one_decision_gives_a_typed_verdict():
+    model = not_attention_model("linear", layers=1)
+    graph = import_graph(model)
+    view = GraphView(graph, model)
+    match(graph, view)
+    verdicts = {n.name: likeness(view, n) for n in graph.nodes if n.op == "Softmax"}
+    assert [v.attention for v in verdicts.values()] == [True, False, False]
+    assert all(v.reason for v in verdicts.values() if not v.attention)

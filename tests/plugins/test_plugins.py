@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import trtattn_plugins as tp
+from tests.conftest import ort_run
 from trtattn_plugins import schema
 
 FP32_TOL = 1e-5
@@ -53,10 +54,6 @@ def run_trt(op_type, inputs: dict, fully_masked="nan", **attrs):
     return tp.Session(model, fully_masked=fully_masked).run(None, feeds)[0]
 
 
-def _run(model, feeds):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-
-
 def ort_attention(q, k, v, mask=None, nonpad=None, is_causal=0, scale=1.0):
     """ONNX Runtime's standard Attention (opset 24) on the same inputs."""
     feeds = {"q": q, "k": k, "v": v}
@@ -69,7 +66,7 @@ def ort_attention(q, k, v, mask=None, nonpad=None, is_causal=0, scale=1.0):
     while not names[-1]:
         names.pop()
     node = helper.make_node("Attention", names, ["y"], is_causal=is_causal, scale=scale)
-    return _run(_graph_model([node], feeds, ONNX_TYPES[q.dtype], [("", 24)]), feeds)
+    return ort_run(_graph_model([node], feeds, ONNX_TYPES[q.dtype], [("", 24)]), feeds)[0]
 
 
 def lower_right(sq, skv):
@@ -201,7 +198,7 @@ def test_attention_without_normalization_matches_matmuls():
              helper.make_node("Where", ["m", "s", "zero"], ["p"]),
              helper.make_node("MatMul", ["p", "v"], ["y"])]
     feeds = {"q": q, "k": k, "v": v, "m": allowed, "zero": np.zeros((), np.float32)}
-    want = _run(_graph_model(nodes, feeds, TensorProto.FLOAT, [("", 24)]), feeds)
+    want = ort_run(_graph_model(nodes, feeds, TensorProto.FLOAT, [("", 24)]), feeds)[0]
     y = run_trt("TRT_Attention", {"Q": q, "K": k, "V": v, "attn_mask": allowed}, TRT_normalization_op="none")
     assert max_err(y, want) < FP32_TOL
 
@@ -277,7 +274,7 @@ def test_quantized_attention_attention23_layout_and_scale():
 def ort_tensor_scatter(cache, update, write_indices):
     feeds = {"c": cache, "u": update, "w": np.asarray(write_indices, np.int64)}
     node = helper.make_node("TensorScatter", ["c", "u", "w"], ["y"], axis=-2)
-    return _run(_graph_model([node], feeds, ONNX_TYPES[cache.dtype], [("", 24)]), feeds)
+    return ort_run(_graph_model([node], feeds, ONNX_TYPES[cache.dtype], [("", 24)]), feeds)[0]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

@@ -11,20 +11,15 @@ from __future__ import annotations
 import collections
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
+from tests.conftest import ort_run
 from trtattn.graph.dims import fit_dims
 from trtattn.graph.feeds import make_feeds
 from trtattn.graph.roles import input_specs
 from trtattn.graph.user_inputs import GivenInputs
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing.contrib_graphs import cache_model, group_query_feeds, group_query_model
-
-
-def _run(model, feeds):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def _ops(model):
@@ -38,7 +33,7 @@ def test_group_query_lengths_are_linked_to_the_dims():
     assert roles["seqlens_k"] == {"kind": "length", "of": ["s", "past"], "add": -1}
     feeds = make_feeds(group_query_model(), dims={"b": 1, "s": 3, "past": 5})
     assert feeds["total_sequence_length"].item() == 8 and feeds["seqlens_k"].tolist() == [7]
-    _run(group_query_model(), feeds)  # ONNX Runtime takes them
+    ort_run(group_query_model(), feeds)  # ONNX Runtime takes them
 
 
 def test_lengths_through_casts_follow_the_token_ids_sequence():
@@ -62,7 +57,7 @@ def test_dims_search_with_rotary_positions_broadcast_over_the_batch():
     fit = fit_dims(model)
     assert fit["b"] == 1 and fit.runs == 2, fit.reasons  # the defaults, then batch 1 before any length
     assert "position_ids" in fit.reasons[0]
-    _run(model, make_feeds(model, dims=fit))
+    ort_run(model, make_feeds(model, dims=fit))
 
 
 def test_given_inputs_fix_the_dims_without_a_search(tmp_path):
@@ -119,7 +114,7 @@ def test_contrib_attention_with_a_cache_becomes_attention_with_past_and_present(
     if mask:  # row 1 padded at the front of its past: the mask spans past + new keys
         feeds["mask"] = np.ones((2, 7), np.int32)
         feeds["mask"][1, :2] = 0
-    for want, got in zip(_run(model, feeds), _run(result.model, feeds)):
+    for want, got in zip(ort_run(model, feeds), ort_run(result.model, feeds)):
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
@@ -138,7 +133,7 @@ def test_group_query_attention_becomes_attention_with_past_and_present(rows, new
                                                                                                  "present_value"]
     assert [a.i for a in attention.attribute if a.name == "is_causal"] == [1]  # causal + a padding mask
     feeds = group_query_feeds(rows, new, past, seqlens, packed=packed)
-    for want, got in zip(_run(model, feeds), _run(result.model, feeds)):
+    for want, got in zip(ort_run(model, feeds), ort_run(result.model, feeds)):
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
@@ -149,7 +144,7 @@ def test_group_query_attention_ragged_past_keeps_the_outputs_and_says_the_presen
     result = fuse_model(model)
     assert any("present = Concat(past, new)" in n for n in result.reports[0].site.notes)
     feeds = group_query_feeds(3, 1, 4, seqlens=[4, 2, 3])
-    want, got = _run(model, feeds), _run(result.model, feeds)
+    want, got = ort_run(model, feeds), ort_run(result.model, feeds)
     np.testing.assert_allclose(got[0], want[0], atol=1e-5)
     assert not np.allclose(got[1], want[1])
 
@@ -166,9 +161,9 @@ def test_group_query_attention_softcap_becomes_the_standard_ops_softcap():
     assert [a.f for a in attention.attribute if a.name == "softcap"] == [2.0]
     feeds = group_query_feeds(3, 5, 0, seqlens=[4, 2, 0])
     feeds["query"] *= 3
-    want, got = _run(model, feeds), _run(result.model, feeds)
+    want, got = ort_run(model, feeds), ort_run(result.model, feeds)
     np.testing.assert_allclose(got[0], want[0], atol=1e-5)
-    assert not np.allclose(_run(group_query_model(), feeds)[0], want[0], atol=1e-2)
+    assert not np.allclose(ort_run(group_query_model(), feeds)[0], want[0], atol=1e-2)
 
 
 @pytest.mark.parametrize("window", [1, 3])
@@ -183,9 +178,9 @@ def test_group_query_attention_sliding_window_is_part_of_the_mask(window):
     assert result.ok and result.reports[0].site.window == window, [r.row() for r in result.reports]
     for case in [(2, 5, 0, None), (3, 5, 0, [4, 2, 0]), (1, 3, 4, None), (3, 1, 4, [4, 2, 3])]:
         feeds = group_query_feeds(*case)
-        want, got = _run(model, feeds), _run(result.model, feeds)
+        want, got = ort_run(model, feeds), ort_run(result.model, feeds)
         np.testing.assert_allclose(got[0], want[0], atol=1e-5, err_msg=str(case))
-        assert not np.allclose(_run(group_query_model(), feeds)[0], want[0], atol=1e-3)  # the window matters
+        assert not np.allclose(ort_run(group_query_model(), feeds)[0], want[0], atol=1e-3)  # the window matters
 
 
 @pytest.mark.parametrize("interleaved", [0, 1])
@@ -216,7 +211,7 @@ def test_group_query_attention_rotary_inside_becomes_rotary_embedding(head, rota
         feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
         feeds["seqlens_k"] = np.asarray(seqlens or [past + new - 1] * rows, np.int32)
         feeds["total_sequence_length"] = np.array(past + new, np.int32)
-        np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], atol=1e-5)
+        np.testing.assert_allclose(ort_run(result.model, feeds)[0], ort_run(model, feeds)[0], atol=1e-5)
 
 
 @pytest.mark.parametrize("bias_shape", [["b", 1, "s", "past+s"], [1, 4, "s", "past+s"]])
@@ -235,7 +230,7 @@ def test_group_query_attention_bias_is_read_at_the_kernels_columns(bias_shape):
         feeds = group_query_feeds(rows, new, past, seqlens)
         feeds["bias"] = rng.standard_normal([rows if d == "b" else new if d == "s" else past + new if d == "past+s"
                                              else d for d in bias_shape]).astype(np.float32)
-        np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], atol=1e-5)
+        np.testing.assert_allclose(ort_run(result.model, feeds)[0], ort_run(model, feeds)[0], atol=1e-5)
 
 
 def test_group_query_attention_bias_is_reported_as_an_additive_mask():
@@ -303,7 +298,7 @@ def test_multi_head_attention_with_keys_and_values_in_heads_is_a_static_cross_at
              "v": rng.standard_normal((2, 2, 5, 8))}
     feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
     feeds["mask"] = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int32)
-    np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], atol=1e-5)
+    np.testing.assert_allclose(ort_run(result.model, feeds)[0], ort_run(model, feeds)[0], atol=1e-5)
     model.graph.node[0].input[3] = "bias"
     model.graph.initializer.append(helper.make_tensor("bias", TensorProto.FLOAT, [48], np.zeros(48, np.float32)))
     listed = fuse_model(model)
@@ -379,7 +374,7 @@ def test_group_query_attention_with_a_cache_becomes_iattention_writing_at_each_r
     assert site.causal == "lower_right" and site.kv_lengths and not site.mask
     pasts = [4, 2, 3]  # each row's own past, the rest of past_key unused
     feeds = group_query_feeds(3, 1, 4, seqlens=pasts, packed=packed)  # seqlens_k: past + 1 new - 1
-    want = dict(zip(["y", "present_key", "present_value"], _run(model, feeds)))
+    want = dict(zip(["y", "present_key", "present_value"], ort_run(model, feeds)))
     (past_input,) = [i for i in result.model.graph.input if i.name == "past_key"]
     capacity = past_input.type.tensor_type.shape.dim[2].dim_value  # the engine's static capacity
     form_feeds = {**feeds, "cache_write_index": np.asarray(pasts, np.int64)}

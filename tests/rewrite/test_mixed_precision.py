@@ -12,7 +12,7 @@ import pytest
 
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing.exports import export_module
-from trtattn.verify import REWRITE_TOLERANCES
+from trtattn.verify import Check, tolerance
 
 torch = pytest.importorskip("torch", reason="the exports need torch")
 
@@ -46,7 +46,7 @@ def export(module) -> onnx.ModelProto:
 def check_fp16_site(result, casts_at_the_products: bool):
     assert [r.status for r in result.reports] == ["fused"], [r.row() for r in result.reports]
     assert result.ok and result.reports[0].site.dtype == "float16"
-    assert result.verification.atol == REWRITE_TOLERANCES["fp16"][0]  # the precision the site computes in
+    assert result.verification.atol == tolerance(Check.REWRITE, "fp16").atol  # the precision the site computes in
     x = np.random.default_rng(0).standard_normal((3, 5, 32)).astype(np.float32)
     (y,) = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x})
@@ -111,8 +111,8 @@ def test_products_in_fp16_between_casts_are_verified_at_fp16s_tolerance_and_say_
     assert result.ok, [r.row() for r in result.reports]
     (report,) = result.reports
     assert report.site.products_dtype == "float16"
-    assert result.verification.atol == REWRITE_TOLERANCES["fp16"][0]
-    assert 1e-4 < result.verification.max_abs_err < REWRITE_TOLERANCES["fp16"][0]  # fp16's rounding, not fp32's
+    assert result.verification.atol == tolerance(Check.REWRITE, "fp16").atol
+    assert 1e-4 < result.verification.max_abs_err < tolerance(Check.REWRITE, "fp16").atol  # fp16's rounding, not fp32's
     assert "the fp16 tolerance: site attn computes its attention in float16" in verdict(result.verification)
 
 
@@ -123,7 +123,7 @@ def test_fuzz_fp16_products_kind_fuses_at_fp16s_tolerance():
 
     result = oracle.run_case("hand.plain/0/fp16_products/both")
     assert result.outcome == "fused", result.reason
-    assert result.atol == REWRITE_TOLERANCES["fp16"][0] and 1e-4 < result.max_err < result.atol
+    assert result.atol == tolerance(Check.REWRITE, "fp16").atol and 1e-4 < result.max_err < result.atol
 
 
 def _converted(path) -> onnx.ModelProto:
@@ -141,7 +141,7 @@ def test_gpt2_fp16_conversion_with_fp32_io(zoo_export):
     ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     result = fuse_model(model)
     assert result.ok and [r.site.dtype for r in result.reports] == ["float16", "float16"]
-    assert result.verification.atol == REWRITE_TOLERANCES["fp16"][0]
+    assert result.verification.atol == tolerance(Check.REWRITE, "fp16").atol
     assert [o.type.tensor_type.elem_type for o in result.model.graph.output] == [onnx.TensorProto.FLOAT]
 
 

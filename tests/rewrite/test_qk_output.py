@@ -13,6 +13,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from tests.conftest import ort_outputs
 from trtattn.cli import main
 from trtattn.graph import validate
 from trtattn.graph.user_inputs import GivenInputs
@@ -64,11 +65,6 @@ def _feeds(model) -> dict:
     return feeds
 
 
-def _run(model, feeds) -> dict:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-
-
 def _fused_into_one_op(model):
     feeds = _feeds(model)
     result = fuse_model(model, inputs=GivenInputs("weights", [feeds]))
@@ -81,7 +77,7 @@ def _fused_into_one_op(model):
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["qk_matmul_output_mode"] == 3 and len(node.output) == 4 and node.output[3] and not node.output[1]
     validate.check(result.model, "the fused model")  # strict ONNX inference: as valid as it was read
-    want, got = _run(model, feeds), _run(result.model, feeds)
+    want, got = ort_outputs(model, feeds), ort_outputs(result.model, feeds)
     for name in ("y", "weights"):
         np.testing.assert_allclose(got[name], want[name], atol=1e-6, rtol=1e-6, err_msg=name)
     assert not np.any(got["weights"][..., 1, :])  # the fully masked row: zeros, as the guard wrote
@@ -165,7 +161,7 @@ def _fused_logits(model):
     (r,) = result.reports
     assert r.status == "fused" and result.ok, r.reason
     validate.check(result.model, "the fused model")
-    want, got = _run(model, feeds), _run(result.model, feeds)
+    want, got = ort_outputs(model, feeds), ort_outputs(result.model, feeds)
     for name in ("y", "logits"):
         np.testing.assert_allclose(got[name], want[name], atol=1e-6, rtol=1e-6, err_msg=name)
     (node,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
@@ -237,7 +233,7 @@ def test_fp16_probabilities_returned_in_the_softmax_precision():
     (r,) = result.reports
     assert r.status == "fused" and result.ok and r.site.qk_mode == 3, r.reason
     validate.check(result.model, "the fused model")
-    want, got = _run(model, feeds), _run(result.model, feeds)
+    want, got = ort_outputs(model, feeds), ort_outputs(result.model, feeds)
     assert got["weights"].dtype == np.float32
     np.testing.assert_allclose(got["weights"], want["weights"], atol=1e-3)
     assert collections.Counter(n.op_type for n in result.model.graph.node)["Attention"] == 1
@@ -267,7 +263,7 @@ def test_logits_masked_by_a_boolean_are_mode_2_with_their_minus_inf():
     result = fuse_model(model, inputs=GivenInputs("bool", [feeds]))
     (r,) = result.reports
     assert r.status == "fused" and result.ok and r.site.qk_mode == 2, (r.reason, r.site.notes)
-    want, got = _run(model, feeds), _run(result.model, feeds)
+    want, got = ort_outputs(model, feeds), ort_outputs(result.model, feeds)
     np.testing.assert_array_equal(np.isneginf(got["logits"]), np.isneginf(want["logits"]))
     np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-6)
     assert not collections.Counter(n.op_type for n in result.model.graph.node)["MatMul"]

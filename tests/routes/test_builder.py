@@ -16,12 +16,13 @@ import onnx
 import pytest
 
 from trtattn import zoo
-from trtattn.rewrite.precision import TOLERANCE, cpu_runner
+from trtattn.rewrite.precision import cpu_runner
 from trtattn.routes.builder import build
 from trtattn.routes.prepare import Limits, form_adapter, prepare
 from trtattn.testing.conformance import conformance_cases, inside_attention
 from trtattn.testing.graphs import attention_model
 from trtattn.trt.network import build_network
+from trtattn.verify.tolerance import CONVERSION_BOUNDS
 
 CASES = [  # (zoo model, exporter, form): every site kind the zoo has
     ("bart", "torchscript", "padded"),  # self, causal self, cross; padding masks -> lengths
@@ -190,7 +191,7 @@ def test_fp16_and_bf16_networks_match_the_fp32_original(checked_trt, zoo_export,
     original, prepared = _prepared(zoo_export, name, exporter, form, precision)
     errors = reference_errors(checked_trt, prepared, original)
     worst = max(r for _, r in errors.values())
-    assert errors and worst <= TOLERANCE[precision]["rel"], errors
+    assert errors and worst <= CONVERSION_BOUNDS[precision]["rel"], errors
 
 
 @pytest.mark.reference

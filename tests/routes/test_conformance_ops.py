@@ -123,7 +123,7 @@ def test_cases_cover_every_configuration():
 def test_op_case_networks_in_fp16_and_bf16(checked_trt, name, precision, tmp_path):
     """The fp32 cases as fp16/bf16 engines (IAttention and the cache updates in fp16/bf16) against the fp32
     original, within the precision's tolerance of each output's largest value."""
-    from trtattn.rewrite.precision import TOLERANCE
+    from trtattn.verify.tolerance import CONVERSION_BOUNDS
 
     errors = _reference(checked_trt, CASES[name], tmp_path, precision)
-    assert errors and max(r for _, r in errors.values()) <= TOLERANCE[precision]["rel"], errors
+    assert errors and max(r for _, r in errors.values()) <= CONVERSION_BOUNDS[precision]["rel"], errors

@@ -23,7 +23,7 @@ ATOL = {"float32": 2e-4, "float16": 3e-2}
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory):
+def tiny_llama_path(tmp_path_factory):
     """The tiny model in each form and dtype, written once per module."""
     out = tmp_path_factory.mktemp("write_llama")
     cache = {}
@@ -84,8 +84,8 @@ def _transformers_logits(path: Path, ids, mask, positions) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("form", ["padded", "cache"])
-def test_written_model_is_valid_and_streamed(written, form, dtype):
-    path = written(form, dtype)
+def test_written_model_is_valid_and_streamed(tiny_llama_path, form, dtype):
+    path = tiny_llama_path(form, dtype)
     onnx.checker.check_model(str(path), full_check=True)  # by path: the external data is checked too
     model = onnx.load(path, load_external_data=False)
     data = path.with_name(path.name + ".data")
@@ -113,8 +113,8 @@ def test_written_model_is_valid_and_streamed(written, form, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_padded_logits_equal_transformers(written, dtype):
-    path = written("padded", dtype)
+def test_padded_logits_equal_transformers(tiny_llama_path, dtype):
+    path = tiny_llama_path("padded", dtype)
     ids, mask, positions = _tokens_and_mask()
     (logits,) = _session(path).run(["logits"], {"input_ids": ids, "attention_mask": mask, "position_ids": positions})
     assert logits.dtype == np.dtype(dtype) and logits.shape == (BATCH, SEQ, TINY["vocab"])
@@ -140,12 +140,12 @@ def test_llama3_head_shape_equals_transformers(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_cache_steps_equal_padded(written, dtype):
+def test_cache_steps_equal_padded(tiny_llama_path, dtype):
     """Prefill 4 tokens on an empty cache, then 2, then 1 (decode): the padded form's logits."""
     ids, mask, positions = _tokens_and_mask(1)
     feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-    (full,) = _session(written("padded", dtype)).run(["logits"], feeds)
-    step = _session(written("cache", dtype))
+    (full,) = _session(tiny_llama_path("padded", dtype)).run(["logits"], feeds)
+    step = _session(tiny_llama_path("cache", dtype))
     outputs = [o.name for o in step.get_outputs()]
     past, start = _empty_past(dtype), 0
     for end in (4, 6, 7):
@@ -160,10 +160,10 @@ def test_cache_steps_equal_padded(written, dtype):
 
 
 @pytest.mark.parametrize("form", ["padded", "cache"])
-def test_trtattn_finds_every_attention(written, form):
+def test_trtattn_finds_every_attention(tiny_llama_path, form):
     from trtattn.match import match
 
-    result = match(onnx.load(written(form, "float16")))
+    result = match(onnx.load(tiny_llama_path(form, "float16")))
     assert len(result.sites) == TINY["layers"] and not result.skipped
     for i, site in enumerate(result.sites):
         assert (site.q_heads, site.kv_heads, site.head_size) == (TINY["heads"], TINY["kv_heads"], HEAD)
@@ -179,7 +179,7 @@ SITE_FIELDS = ("kind", "q_layout", "k_layout", "v_layout", "output_layout", "q_h
 
 
 @pytest.mark.parametrize("form, zoo_name", [("padded", "llama"), ("cache", "llama-cache")])
-def test_sites_are_those_of_the_real_export(written, zoo_export, form, zoo_name):
+def test_sites_are_those_of_the_real_export(tiny_llama_path, zoo_export, form, zoo_name):
     """The zoo's TorchScript export of the same shapes (LlamaModel: the head does not matter to attention)
     gives the same site records, field for field, tensor names aside."""
     from trtattn.match import match
@@ -189,7 +189,7 @@ def test_sites_are_those_of_the_real_export(written, zoo_export, form, zoo_name)
         return [({f: getattr(s, f) for f in SITE_FIELDS}, s.rope and (s.rope.kind, s.rope.rotary_dim),
                  [m.op for m in s.mask_steps]) for s in sites]
 
-    mine, real = records(written(form, "float32")), records(zoo_export(zoo_name, "torchscript"))
+    mine, real = records(tiny_llama_path(form, "float32")), records(zoo_export(zoo_name, "torchscript"))
     assert len(mine) == TINY["layers"] and mine == real
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from trtattn.graph.feeds import make_feeds
 from trtattn.rewrite.precision import precision_table
+from trtattn.trt.plan import AttentionPlan
 
 SITE_KEYS = {"name", "dtype", "causal_kind", "mask", "kv_lengths", "normalization_quantize_to_type", "reason"}
 
@@ -81,3 +82,14 @@ def test_bad_build_settings_are_one_line(zoo_export, tmp_path, args, message):
     proc = _build(zoo_export("bert", "torchscript"), "--out-dir", tmp_path, *args)
     err = [line for line in proc.stderr.splitlines() if not line.startswith("[trtattn]")]
     assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr
+
+
+# Survivors of issue 20's mutation run (benchmarks/mutate.py):
+# each test fails when the line its docstring names is mutated.
+def test_plan_row_carries_the_normalization_quantize_type():
+    """plan.py:75 (row()): `build --plan-json` says which sites IAttention quantizes after the softmax."""
+    site = AttentionPlan("site", "attn", "layer", "q", "k", "v", "y", 0.25, dtype="int8",
+                         normalization_quantize_to_type="int8", normalization_quantize_scale=1 / 127)
+    assert site.row()["normalization_quantize_to_type"] == "int8"
+    assert AttentionPlan("site", "attn", "layer", "q", "k", "v", "y", 0.25).row()["normalization_quantize_to_type"] \
+        is None

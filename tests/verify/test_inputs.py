@@ -214,7 +214,7 @@ def test_cli_inputs_on_fuse_and_verify(tmp_path, capsys, kind):
     printed = capsys.readouterr().out
     assert f"over {sets} inputs; inputs from {path}" in printed
     verification = json.loads(report.read_text())["verification"]
-    assert verification.inputs == {"source": "file", "iterations": sets, "path": str(path)}
+    assert verification["inputs"] == {"source": "file", "iterations": sets, "path": str(path)}
     assert main(["-q", "verify", str(out), "--onnx", str(src), "--inputs", str(path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["passed"] and data["iterations"] == sets and data["inputs"]["path"] == str(path)

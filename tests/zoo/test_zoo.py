@@ -9,7 +9,7 @@ import time
 import onnx
 import pytest
 
-from tests.conftest import class_cases, zoo_cases
+from tests.conftest import class_cases, ort_run, zoo_cases
 from trtattn import zoo
 from trtattn.cli import main
 from trtattn.zoo.torch_export import ExportError
@@ -295,13 +295,6 @@ def _feeds(model: onnx.ModelProto, entry, **kwargs) -> dict:
     return make_feeds(model, shapes=entry.user_shapes or None, **kwargs)
 
 
-def _run(path, feeds) -> list:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
 @pytest.mark.parametrize("name,exporter", MISSED)
 def test_entry_runs_on_onnx_runtime(zoo_export, name, exporter):
     """With the inputs its metadata describes (or, for "dims" entries, the shapes a user gives)."""
@@ -309,7 +302,7 @@ def test_entry_runs_on_onnx_runtime(zoo_export, name, exporter):
 
     path = zoo_export(name, exporter)
     model = _load(path)
-    outputs = _run(path, _feeds(model, zoo.get(name)))
+    outputs = ort_run(path, _feeds(model, zoo.get(name)))
     assert outputs and all(np.isfinite(o).all() for o in outputs if o.dtype.kind == "f")
 
 
@@ -323,7 +316,7 @@ def test_dims_entries_fail_off_their_sizes(zoo_export, name, exporter, shapes):
 
     path = zoo_export(name, exporter)
     with pytest.raises(Exception, match="Reshape|Conv|[Ss]hape|dimension"):
-        _run(path, make_feeds(_load(path), shapes=shapes))
+        ort_run(path, make_feeds(_load(path), shapes=shapes))
 
 
 @pytest.mark.parametrize("name,exporter", [(n, x) for n in ("bert-opset12", "bert-int8", "bert-external", "bert-foreign-dims")
@@ -335,8 +328,8 @@ def test_derived_bert_computes_what_bert_does(zoo_export, name, exporter):
 
     base = zoo_export("bert", exporter)
     feeds = _feeds(_load(base), zoo.get("bert"))
-    want = _run(base, feeds)[0]
-    got = _run(zoo_export(name, exporter), feeds)[0]
+    want = ort_run(base, feeds)[0]
+    got = ort_run(zoo_export(name, exporter), feeds)[0]
     scale = np.abs(want).max()
     assert np.abs(got - want).max() <= (0.4 if name == "bert-int8" else 1e-5) * scale
     if name == "bert-int8":
@@ -353,8 +346,8 @@ def test_merged_decoder_branches_agree(zoo_export, exporter):
     model = _load(path)
     feeds = _feeds(model, zoo.get("llama-merged"), dims={"past": 0, "attention_mask_sequence_length": 7})
     assert feeds["use_cache_branch"].tolist() == [True] and feeds["past_key_values.0.key"].shape[2] == 0
-    with_cache = _run(path, feeds)
-    without = _run(path, {**feeds, "use_cache_branch": np.array([False])})
+    with_cache = ort_run(path, feeds)
+    without = ort_run(path, {**feeds, "use_cache_branch": np.array([False])})
     for a, b in zip(with_cache, without):
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
     # the weights live once, in the outer graph, under optimum's NAME_merged_K names

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import MissingDependencyError, SitesRefused
+from ..errors import MissingDependencyError, SitesRefused, TrtattnError
 from ..graph import io as onnxio
 from .common import (
     add_inputs_opt,
@@ -22,7 +22,7 @@ from .values import dims_text, positive
 
 
 def add_parser(sub) -> None:
-    from ..routes.prepare import PRECISIONS
+    from ..graph.precision import COMPUTE_PRECISIONS
     from ..trt.profiles import DEFAULT_MAX_BATCH
 
     b = sub.add_parser("build", help="build a TensorRT engine in which every attention is an IAttention")
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     b.add_argument("--form", choices=["padded", "packed", "kv-cache"],
                    help="padded BHND; packed tokens with cumulative lengths; a preallocated KV cache (default: "
                         "kv-cache when an Attention op takes past_key/past_value inputs, else padded)")
-    b.add_argument("--precision", choices=list(PRECISIONS),
+    b.add_argument("--precision", choices=list(COMPUTE_PRECISIONS),
                    help="the whole model's precision (default: the model's own when its weights are bf16 or fp16, "
                         "else fp16: ModelOpt AutoCast keeps what is numerically sensitive in fp32); fp32 attention "
                         "has no fused kernel")
@@ -72,6 +72,10 @@ def add_parser(sub) -> None:
 def run(args, progress) -> int:
     if args.tp > 1:
         from .build_tp import run_tp
+
+        if args.save_onnx:  # before any work: the rank forms would silently go elsewhere
+            raise TrtattnError(f"--save-onnx {args.save_onnx} does not apply with --tp: each rank's verified form is "
+                               f"written beside its engine in --out-dir ({args.out_dir})")
 
         return run_tp(args, progress)
     if Path(args.model).is_dir():  # an export folder: one engine per part and pipeline.json

@@ -15,8 +15,8 @@ from pathlib import Path
 from ..errors import MissingDependencyError
 from ..graph import external
 from ..graph import io as onnxio
+from ..graph.slices import slice_budget
 from ..trt.profiles import max_positions
-from ..verify.slices import slice_budget
 from .common import exit_without_tensorrt, load_model
 from .dims import parse_dims
 
@@ -82,7 +82,7 @@ def run_tp(args, progress) -> int:
     if slice_budget(model) is None:
         model = load_model(source, progress, with_weights=True)
     prepared = _prepared(args, progress, model, name, source)
-    max_cache = args.max_cache or max_positions(model)[0] or 2048
+    max_cache = args.max_cache or max_positions(model, source)[0] or 2048
     code, _ = _split(args, progress, prepared, prepared.form_model, name, Path(args.out_dir), source, max_cache)
     return code
 
@@ -140,7 +140,7 @@ def _split(args, progress, prepared, form, name: str, out: Path, source: Path,
     found, verified against the form, written with each rank's build plan; engines with TensorRT."""
     from ..routes.parallel import split_model
     from ..trt import compat
-    from ..verify.compare import tolerance_for
+    from ..verify.tolerance import tolerance_for
 
     with progress.step(f"finding the split over {args.tp} ranks"):
         forms = split_model(form, args.tp, dims=parse_dims(args.dims))

@@ -18,6 +18,6 @@ def parse_dims(text: str | None) -> dict[str, int]:
             out[k.strip()] = int(v)
         except ValueError:
             raise TrtattnError(f"bad --dims entry '{part}': {v!r} is not an integer") from None
-        if out[k.strip()] < 1:
-            raise TrtattnError(f"bad --dims entry '{part}': a dim is at least 1")
+        if out[k.strip()] < 0:
+            raise TrtattnError(f"bad --dims entry '{part}': a dim is at least 0 (0: an empty past)")
     return out

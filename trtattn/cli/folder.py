@@ -26,7 +26,7 @@ def run(args, progress, mode: str) -> int:
         options.update(fold_scale_into_weights=args.fold_scale_into_weights, precision=args.precision)
     result = process_folder(args.model, args.output, mode=mode, force=args.force,
                             allow_partial=getattr(args, "allow_partial", False), progress=progress, **options)
-    print(table([f.row() for f in result.files if f.action != "copied"], FILE_COLUMNS))
+    print(table([f.row() for f in result.models], FILE_COLUMNS))
     sites = result.site_rows()
     if sites:
         used = [c for c in SITE_COLUMNS if any(c[0] in r for r in sites)]
@@ -35,6 +35,8 @@ def run(args, progress, mode: str) -> int:
     models = result.models
     print(f"{len(models)} models, {sum(f.ok for f in models)} with every attention "
           f"{'fused' if mode == 'fuse' else 'normalized'} and verified; {copied} other files copied")
+    for note in result.notes:
+        print(f"note: {note}")
     if result.output:
         print(f"wrote {result.output}" + ("" if result.ok else " (the sites that fused; --allow-partial)"))
     else:

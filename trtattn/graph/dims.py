@@ -35,9 +35,10 @@ from .. import timings
 from ..errors import TrtattnError
 from ..timings import timed
 from . import memory
-from .dim_names import BATCH, DEFAULT_DIM, SEQ, dim_classes, evaluate, names_in, resolve_dims
+from .dim_names import BATCH, DEFAULT_DIM, DEFAULT_DIMS, SEQ, dim_classes, evaluate, names_in, resolve_dims
 from .feeds import make_feeds
 from .io import session_source
+from .op_dims import OpDims, op_dims
 from .roles import declared_dims, input_specs
 
 BOUND = 1 << 16  # the longest sequence tried
@@ -55,8 +56,10 @@ class Fit(dict):
     sentence each); passing a Fit back to fit_dims returns it as it is."""
 
     def __init__(self, dims: dict, reasons: list[str] | None = None, skipped: list[str] | None = None, runs: int = 0,
-                 one_key: dict[str, tuple] | None = None):
+                 one_key: dict[str, tuple] | None = None, also: list[dict] | None = None):
         super().__init__(dims)
+        # other dims verification runs at too: a prefill (every cache empty) beside a step over a past
+        self.also = list(also or [])
         self.reasons = list(reasons or [])
         self.skipped = list(skipped or [])  # candidate dims not tried because their run would pass the memory budget
         self.runs = runs  # runs of the model it took to find them
@@ -68,8 +71,10 @@ class Fit(dict):
 @timed("fit dims")
 def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = True,
              failure: BaseException | None = None, progress=None, given=None) -> Fit:
-    """Dims the original `model` runs on: `dims` (the user's) completed by the defaults when the
-    model runs on them, else the first candidate that does. Raises DimsDoNotFit.
+    """Dims the original `model` runs on: `dims` (the user's) completed by what its attention ops fix
+    (graph/op_dims.py: head sizes, total = past + new, batch 1 over a past) and the defaults when the model
+    runs on them, else the first candidate that does. Raises DimsDoNotFit. A site reading a cache is also
+    checked at a prefill (every cache empty): `Fit.also`.
 
     `check=False` trusts the defaults without a run (a flow that runs the original anyway can then
     call again with `failure=`, the error that run gave, to search from there). `given` (the user's
@@ -81,62 +86,101 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
     specs = input_specs(model)
     if given is not None:
         return _done(_given_fit(model, specs, user, given), progress)
+    ops = op_dims(model)
+    ops.check_user(user)
     classes = dim_classes(specs)
-    guess = resolve_dims(model, user, specs=specs)
-    notes = _unified(classes, guess)
+
+    def resolve(over: dict) -> dict:
+        """resolve_dims with what the ops fix set, where `over` (the user's and a candidate's) does not set it."""
+        base = resolve_dims(model, over, specs=specs)
+        changed = {k: v for k, v in ops.decode(base, over).items() if base.get(k) != v}
+        return resolve_dims(model, {**over, **changed}, specs=specs) if changed else base
+
+    guess = resolve(user)
+    notes = _unified(classes, guess) + ops.reasons() + ops.batch_note(guess, user)
     _within_budget(model, guess, user)
     if failure is None and (not check or declared_dims(model)):
         return _done(Fit(guess, notes), progress)  # trusted, or the model says it is dynamic in its dims
-    variables = _variables(specs, classes, user)
+    variables = _variables(specs, classes, {**user, **ops.fixed})
     lengths = [n for n, batch in variables.items() if not batch]
 
     def longer(base: dict, at: dict) -> list[tuple[dict, dict]]:
         """(change, dims) for each length doubled, up to 4 times, alone then all together, from `at` (which the
         user's and search's dims `base` give)."""
         groups = [[n] for n in lengths] + ([lengths] if len(lengths) > 1 else [])
-        changes = [{n: at.get(n, DEFAULT_DIM) << k for n in names} for k in range(1, 5) for names in groups]
-        return [(c, resolve_dims(model, {**base, **c}, specs=specs)) for c in changes]
+        changes = [{n: max(at.get(n, DEFAULT_DIM), 1) << k for n in names} for k in range(1, 5) for names in groups]
+        return [(c, resolve({**base, **c})) for c in changes]
 
     with _trial(model, specs) as run:
         first, short = (_problem(failure), {}) if failure is not None else run(guess)
         if first is None:
             fit = Fit(guess, notes, runs=1)
-            return _done(_attended(run, model, fit, short, lambda: longer(user, guess), progress), progress)
-        hints = _hints(model)
-        tried, skipped, limit = 1, [], memory.budget()
-        candidates = list(_candidates(variables, guess, classes, hints, _broadcast_batch(specs)))
-        found = None
-        with contextlib.closing(iter(progress.count(candidates, "searching dims the model runs on", unit="dims")
-                                     if progress is not None else (c for c in candidates))) as counted:  # the bar ends here
-            for change in counted:
-                candidate = resolve_dims(model, {**user, **change}, specs=specs)
-                if _empty_output(model, candidate):
-                    continue
-                need = memory.activation_bytes(model, candidate)
-                if need > limit:
-                    skipped.append(f"{_show(change, change)} (~{memory.show(need)})")
-                    continue
-                tried += 1
-                problem, short = run(candidate)
-                if problem is None:
-                    found = change, candidate
-                    break
-                if tried >= MAX_TRIALS:
-                    break
+            fit = _attended(run, model, fit, short, lambda: longer(user, guess), progress)
+            return _done(_with_prefill(run, fit, ops, user, resolve), progress)
+        found, tried, skipped, limit = _search(run, model, variables, guess, classes, specs, ops, user, resolve,
+                                               progress)
         if found is not None:
-            change, candidate = found
+            change, candidate, short = found
             shown = ", ".join(f"{k}={v}" for k, v in change.items())
             was = ", ".join(f"{k}={guess.get(k, DEFAULT_DIM)}" for k in change)
             fit = Fit(candidate, notes + [f"{shown} (the model does not run at {was}: {first})"]
                       + _skipped_note(skipped, limit), skipped, tried)
-            return _done(_attended(run, model, fit, short, lambda: longer({**user, **change}, candidate), progress),
-                         progress)
+            fit = _attended(run, model, fit, short, lambda: longer({**user, **change}, candidate), progress)
+            return _done(_with_prefill(run, fit, ops, user, resolve), progress)
     names = list(dict.fromkeys([*user, *variables]))
     if not names:
         raise DimsDoNotFit(f"the model does not run on ONNX Runtime at its static shapes: {first}")
     raise DimsDoNotFit(f"the model does not run at {_show(guess, names)} (nor at {tried - 1} other dims tried"
                        f"{f'; {len(skipped)} skipped for memory, over {memory.show(limit)}' if skipped else ''}): "
                        f"{first}; give sizes it runs on with --dims {','.join(f'{n}=N' for n in names)}")
+
+
+def _search(run, model: onnx.ModelProto, variables: dict[str, bool], guess: dict, classes: dict, specs, ops: OpDims,
+            user: dict, resolve, progress) -> tuple[tuple[dict, dict, dict] | None, int, list[str], int]:
+    """The first candidate change the model runs at, as (change, dims, its softmaxes at one key) (None: none), with
+    the runs tried, the candidates skipped for memory and the memory budget."""
+    hints = _hints(model)
+    tried, skipped, limit = 1, [], memory.budget()
+    candidates = list(_candidates(variables, guess, classes, hints, _broadcast_batch(specs), set(ops.pasts)))
+    with contextlib.closing(iter(progress.count(candidates, "searching dims the model runs on", unit="dims")
+                                 if progress is not None else (c for c in candidates))) as counted:  # the bar ends here
+        for change in counted:
+            candidate = resolve({**user, **change})
+            if _empty_output(model, candidate) or not ops.within_limits(candidate):
+                continue
+            need = memory.activation_bytes(model, candidate)
+            if need > limit:
+                skipped.append(f"{_show(change, change)} (~{memory.show(need)})")
+                continue
+            tried += 1
+            problem, short = run(candidate)
+            if problem is None:
+                return (change, candidate, short), tried, skipped, limit
+            if tried >= MAX_TRIALS:
+                break
+    return None, tried, skipped, limit
+
+
+def _with_prefill(run, fit: Fit, ops: OpDims, user: dict, resolve) -> Fit:
+    """`fit` with, where an op reads a cache and the user gave no past length, the same dims at a prefill (every
+    cache empty) in `fit.also` when the model runs there (at the default batch, else at the fit's): verification
+    then covers an empty and a non-empty cache. Said in the reasons either way; not counted in `fit.runs` (the
+    runs that found the dims)."""
+    problem, prefill, changed = None, {}, {}
+    for batch in ({b: DEFAULT_DIMS.get(b, DEFAULT_DIMS[BATCH]) for b in ops.batches}, {b: fit[b] for b in ops.batches
+                                                                                       if b in fit}):
+        empty = ops.prefill(fit, user, batch)
+        if empty is None or all(fit.get(p) == 0 for p in ops.pasts):
+            return fit
+        prefill = resolve({**user, **{k: v for k, v in empty.items() if fit.get(k) != v}})
+        changed = {k: v for k, v in prefill.items() if fit.get(k) != v}
+        problem, _ = run(prefill)
+        if problem is None:
+            fit.also.append(prefill)
+            fit.reasons.append(f"also verified at a prefill (empty cache): {_show(prefill, changed)}")
+            return fit
+    fit.reasons.append(f"not verified at a prefill (empty cache) too: at {_show(prefill, changed)} {problem}")
+    return fit
 
 
 def _given_fit(model: onnx.ModelProto, specs, user: dict, given) -> Fit:
@@ -178,7 +222,7 @@ def _attended(run, model: onnx.ModelProto, fit: Fit, short: dict, longer, progre
                 return Fit(candidate, fit.reasons + [f"{_show(change, change)} (at {was} {_one_key(short)})"], fit.skipped,
                            fit.runs + tried)
     return Fit(fit, fit.reasons + [f"{_one_key(short)} at every length tried: verified at a length of 1 only"],
-               fit.skipped, fit.runs + tried, _by_output(short))
+               fit.skipped, fit.runs + tried, _by_output(short), fit.also)
 
 
 def _one_key(short: dict) -> str:
@@ -253,11 +297,14 @@ def _broadcast_batch(specs) -> bool:
 
 
 def _candidates(variables: dict[str, bool], guess: dict, classes: dict[str, str], hints: list[int],
-                broadcast: bool = False):
-    """Changes to try, cheapest first: the batch at 1 when an input broadcasts over it, then one dim at
-    a time, then every length together, then the members of each unified dim apart."""
+                broadcast: bool = False, pasts: frozenset | set = frozenset()):
+    """Changes to try, cheapest first: the batch at 1 when an input broadcasts over it, every cache empty (an op's
+    past length at 0: a prefill), then one dim at a time, then every length together, then the members of each
+    unified dim apart."""
     if broadcast and any(variables.values()):
         yield {name: 1 for name, batch in variables.items() if batch}
+    if any(p in variables for p in pasts):
+        yield {p: 0 for p in pasts if p in variables}
     for name, batch in variables.items():
         for value in _values(guess.get(name, DEFAULT_DIM), hints, batch):
             yield {name: value}
@@ -278,6 +325,8 @@ def _values(start: int, hints: list[int], batch: bool) -> list[int]:
     start (baked lengths), the lengths next to it, then doubling up to BOUND."""
     if batch:
         out = [1] + [h for h in hints if h <= 16]
+    elif start < 1:  # an empty cache: the lengths from the default up
+        out = [DEFAULT_DIM << k for k in range(64) if DEFAULT_DIM << k <= BOUND]
     else:
         near = sorted(hints, key=lambda h: abs(math.log2(h / start)))[:_NEAR]
         around = [x for k in range(1, _NEAR + 1) for x in (start - k, start + k) if x >= 1]

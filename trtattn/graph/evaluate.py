@@ -115,3 +115,19 @@ def evaluator(graph: gs.Graph, outputs, like: onnx.ModelProto, level: str = "bas
         return session.run(names, {k: v for k, v in feeds.items() if k in needed})
 
     return run
+
+
+def runtime_errors() -> tuple[type[Exception], ...]:
+    """The exceptions a model that does not load or run raises through a session or Polygraphy's runners:
+    ONNX Runtime's own (its Python binding's classes, which share no base but Exception), Polygraphy's
+    refusal, and ours (a kernel of plugins/ raises one naming its node). Anything else is a bug of ours and
+    must surface as a crash, never as a site's reason."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+    from polygraphy.exception import PolygraphyException
+
+    from trtattn_plugins import TrtOpError
+
+    from ..errors import TrtattnError
+
+    ort = tuple(c for c in vars(ort_state).values() if isinstance(c, type) and issubclass(c, Exception))
+    return (*ort, PolygraphyException, TrtOpError, TrtattnError)

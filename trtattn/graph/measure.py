@@ -29,6 +29,7 @@ import onnx_graphsurgeon as gs
 from .dim_names import dim_classes, resolve_dims
 from .evaluate import cut_out, ort_session
 from .feeds import make_feeds
+from .op_dims import op_dims
 from .roles import input_specs
 
 PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29)
@@ -53,7 +54,8 @@ def probe_dims(model: onnx.ModelProto, dims: dict | None = None) -> tuple[dict[s
     specs = input_specs(model)
     base = resolve_dims(model, dims, specs=specs)
     classes = dim_classes(specs)
-    names = sorted({d for s in specs for d in s.shape if isinstance(d, str) and d in base})
+    ops = op_dims(model)  # sizes the attention ops fix are not scaled; their totals are the scaled parts' sum
+    names = sorted({d for s in specs for d in s.shape if isinstance(d, str) and d in base and d not in ops.fixed})
     labels = sorted({classes.get(n, n) for n in names})
     if len(labels) > len(PRIMES):
         raise ValueError("too many independent input dims to measure")
@@ -67,7 +69,7 @@ def probe_dims(model: onnx.ModelProto, dims: dict | None = None) -> tuple[dict[s
         for label, p in prime.items():
             if label in base:
                 scaled[label] = base[label] * p
-        choices.append(scaled)
+        choices.append(ops.decode(scaled, {}) if ops else scaled)
     return base, choices
 
 
@@ -108,7 +110,7 @@ def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padd
     def quiet(options):  # a choice that does not run is expected: no error chatter
         options.log_severity_level = 4
 
-    from ..verify import slices  # (here, not above: verify builds on graph)
+    from . import slices
 
     names = [t.name for t in outs]
     try:

@@ -27,24 +27,33 @@ def opset_of(model: onnx.ModelProto | onnx.GraphProto, default: int = 0) -> int:
 
 
 def upgrade_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
-    """ONNX's version converter; onnxscript's where ONNX's cannot infer types (contrib ops)."""
+    """ONNX's version converter; where it refuses the model (ONNX Runtime's own ops in the default domain, such as
+    its LayerNormalization below opset 17, which it has no schema for; contrib ops it cannot infer types through),
+    node by node with ONNX's own adapters (graph/upgrade.py); onnxscript's converter last (it keeps attributes an
+    op moved to inputs, such as ReduceMean's axes at 18, so its result is not taken first)."""
     if opset_of(model) >= version:
         return model
     try:
         with weights_aside(model) as weights:  # the converter serializes the model: convert its structure
             converted = version_converter.convert_version(model, version)
         attach_weights(converted, weights)
-    except Exception as first:
-        try:
-            import onnx_ir as ir
-            from onnxscript import version_converter as ir_converter
+    except Exception:  # the converters' errors share no base class
+        from .upgrade import upgrade_by_node
 
-            ir_model = ir.from_proto(model)
-            ir_converter.convert_version(ir_model, version, fallback=False)
-            converted = ir.to_proto(ir_model)
-        except Exception:
-            raise TrtattnError(f"cannot convert the model from opset {opset_of(model)} to {version}: "
-                               f"{str(first).splitlines()[0]}") from None
+        try:
+            with weights_aside(model) as weights:
+                converted = upgrade_by_node(model, opset_of(model), version)
+            attach_weights(converted, weights)
+        except TrtattnError as by_node:
+            try:
+                import onnx_ir as ir
+                from onnxscript import version_converter as ir_converter
+
+                ir_model = ir.from_proto(model)
+                ir_converter.convert_version(ir_model, version, fallback=False)
+                converted = ir.to_proto(ir_model)
+            except Exception:
+                raise by_node from None
     # the converters keep the IR version: an IR 3 model (opset 7) at opset 23 would be invalid, and under
     # IR 3 an initializer that is not also a graph input has no type
     needed = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", version)])

@@ -36,6 +36,7 @@ from .external import FOLDER_OPTION, all_tensors, data_dir, nbytes
 
 FULL_CHECK_LIMIT = 512 << 20  # bytes of weights in the proto up to which onnx.checker's full check runs
 # the domains onnx.defs defines: an op in them must be known to it
+TRT_DOMAIN = "trt"  # TensorRT's own ONNX ops (trtattn_plugins.schema.DOMAIN)
 _ONNX_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview"}
 
 
@@ -107,7 +108,10 @@ def check_written(model: onnx.ModelProto, what: str, sources: list[onnx.ModelPro
     new = [f for f in found if (f.check, f.subject) not in excused]
     if new:
         raise InvalidModelError(f"{what}: {new[0].text}")
-    refusal = onnx_runtime_refusal(model.SerializeToString() if source is None else source, data_dir(model))
+    if any(n.domain == TRT_DOMAIN for n in model.graph.node):  # TensorRT's own ops: ONNX Runtime runs them
+        refusal = trt_ops_refusal(model)  # through trtattn_plugins' kernels only (plugins/), never without
+    else:
+        refusal = onnx_runtime_refusal(model.SerializeToString() if source is None else source, data_dir(model))
     if refusal is not None:
         raise InvalidModelError(f"{what}: {found[0].text}, and ONNX Runtime refuses it: {refusal}")
 
@@ -136,6 +140,29 @@ def onnx_runtime_refusal(source, folder=None) -> str | None:
                              disabled_optimizers=list(WEIGHT_COPYING_TRANSFORMERS))
     except Exception as e:
         return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    return None
+
+
+def trt_ops_refusal(model: onnx.ModelProto) -> str | None:
+    """onnx_runtime_refusal of a model with TensorRT's own ONNX ops (`fuse --ops trt`), loaded as verification
+    runs it: ONNX Runtime (CPU, default session options) with trtattn_plugins' kernels of those ops registered.
+    A model with an op the plugins do not document is refused with the plugins' reason."""
+    import onnxruntime as ort
+
+    import trtattn_plugins
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    folder = data_dir(model)
+    if folder is not None:
+        options.add_session_config_entry(FOLDER_OPTION, str(folder))
+    try:
+        trtattn_plugins.Session(model, options=options)
+    except Exception as e:  # ONNX Runtime's errors share no base; the plugins' TrtOpError lists a line per node
+        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        return text if len(text) < 300 else text[:300] + "..."
+
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..site_names import PREFIX
 from .precision import dtype_of
 
 # `_gemm_mha_v2_myl0_17`, TacticName `_gemm_mha_v2_0x957a...`, `fmha_v2_flash_attention_fp16_...`,
@@ -160,7 +161,7 @@ def _names_from_layer_name(name: str) -> tuple[list[str], list[tuple[str, str]]]
     out = []
     for n in names:
         n = strip_myelin_suffix(n)
-        if not n or n.startswith(("__my", "__tran", "(Unnamed Layer", "PWN(", "trtattn/")) or _KERNEL_RE.search(n):
+        if not n or n.startswith(("__my", "__tran", "(Unnamed Layer", "PWN(", f"{PREFIX}/")) or _KERNEL_RE.search(n):
             continue
         out.append(n)
     return out, ranges

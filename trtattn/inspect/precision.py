@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from ..graph.precision import QUANTIZED
+
 # the word of a Format/Datatype that names its type (the first one that does)
 _TYPE_WORDS = {"fp32": "fp32", "float": "fp32", "float32": "fp32", "fp16": "fp16", "half": "fp16",
                "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16", "fp8": "fp8", "e4m3": "fp8", "int8": "int8",
@@ -19,7 +21,6 @@ _TYPE_WORDS = {"fp32": "fp32", "float": "fp32", "float32": "fp32", "fp16": "fp16
                "uint8": "uint8", "bool": "bool"}
 # the types an attention computes in, narrowest first (integer indices, lengths and booleans are not)
 _COMPUTE_RANK = {"fp4": 0, "int4": 0, "fp8": 1, "int8": 1, "fp16": 2, "bf16": 2, "fp32": 3, "fp64": 4}
-QUANTIZED = ("fp8", "int8")
 
 
 def dtype_of(fmt: str | None) -> str | None:

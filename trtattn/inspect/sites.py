@@ -12,14 +12,11 @@ classify.py's question).
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ..site_names import engine_layer, engine_layer_sites, metadata_sites
 from .layers import LayerInfo, is_matmul_op, is_softmax_op, norm, scope_of, strip_myelin_suffix
-
-_TRTATTN_RE = re.compile(r"trtattn/attn/([^\s\[\]{}()+,;|\x1e\x1f]+)")  # IAttention + its support layers
-_SITE_META_RE = re.compile(r"trtattn site=([^\s\[\]\x1e\x1f]+)")  # the IAttention's metadata (plan.metadata())
 
 WINDOW = 4  # layers searched on each side of a softmax when the layer info has no tensor names
 HOPS = 4  # layers followed through tensors from a softmax to the MatMuls around it
@@ -52,7 +49,7 @@ def find_sites(info: LayerInfo, sidecar_sites: list[dict] | None = None) -> Foun
 
 def _trtattn_sites(text: str) -> list[str]:
     text = text.replace("...", " ")  # {ForeignNode[trtattn/attn/a/q_heads...trtattn/attn/a]}
-    return [strip_myelin_suffix(m.group(1)) for m in _TRTATTN_RE.finditer(text)]
+    return [strip_myelin_suffix(found) for found in engine_layer_sites(text)]
 
 
 def _mentions(text: str, keys) -> set[str]:
@@ -199,12 +196,12 @@ class _Finder:
             site = self.site(name, float("inf"))
             site.record = s
             site.name = name
-            for mention in (name, f"trtattn/attn/{name}", s.get("layer"), s.get("layer_name")):
+            for mention in (name, engine_layer(name), s.get("layer"), s.get("layer_name")):
                 if isinstance(mention, str) and mention:
                     keys[norm(mention)] = name
         known = {norm(s["name"]): s["name"] for s in sidecar_sites}
         for layer in self.layers:
-            for found in _SITE_META_RE.findall(layer.note):
+            for found in metadata_sites(layer.note):
                 known.setdefault(norm(found), found)
         named = {norm(f): f for layer in self.layers for f in _trtattn_sites(f"{layer.name} {layer.note}")}
 
@@ -221,7 +218,7 @@ class _Finder:
         for layer in self.layers:
             text = f"{strip_myelin_suffix(layer.name)} {layer.note}"
             hits = {keys[k] for k in _mentions(text, keys)}
-            hits |= {known[norm(f)] for f in _SITE_META_RE.findall(layer.note)}
+            hits |= {known[norm(f)] for f in metadata_sites(layer.note)}
             hits |= {resolve(f) for f in _trtattn_sites(text)}
             for name in hits:
                 self.site(name, layer.index).core.add(layer.index)

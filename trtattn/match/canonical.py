@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 _NEG_SHIFTS = ("ReduceMax",)  # x - ReduceMax(x) over the softmax axis: the "safe softmax" shift
@@ -317,7 +318,7 @@ def canonicalize(graph: gs.Graph, opset: int, rank_of=lambda t: None) -> Canonic
             _remove_dead(graph, old, keep=made.inputs[0])
             out.counts[rule.name] = out.counts.get(rule.name, 0) + 1
             break
-    out.unproven += _stray_normalisations(graph, claimed)
+    out.unproven += _stray_normalisations(graph, claimed) + _integer_normalisations(graph)
     return out
 
 
@@ -364,6 +365,58 @@ def _stray_normalisations(graph: gs.Graph, claimed: set[int]) -> list[Unproven]:
                                   f"proven one: Exp {exp.name} is normalised by {users[0].op} {users[0].name}, "
                                   "not by the sum of the same exponentials over one axis"))
     return found
+
+
+_INTEGER_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32,
+                  onnx.TensorProto.INT64}
+
+
+def _integer_normalisations(graph: gs.Graph) -> list[Unproven]:
+    """Values divided by their own sum in integers (I-BERT's quant mode: an integer polynomial in place of
+    Exp, normalised by an integer division): probabilities no Softmax computes, for the matcher to list where
+    they are attention-like. Integers: a Cast to an integer type above the sum, within a few ops."""
+    found = []
+    for div in graph.nodes:
+        if div.op != "Div" or len(div.inputs) != 2:
+            continue
+        total = _producer(div.inputs[1])
+        while total is not None and total.op in ("Unsqueeze", "Cast", "Identity"):
+            total = _producer(total.inputs[0])
+        if total is None or total.op != "ReduceSum" or not _derived(div.inputs[0], total.inputs[0]):
+            continue
+        cast = _integer_cast_above(total.inputs[0])
+        if cast is not None:
+            found.append(Unproven(div, total.inputs[0], f"an integer softmax (Cast {cast.name} to integers, then an "
+                                  f"integer exponential normalised by Div {div.name}, as I-BERT's quant mode "
+                                  "computes it): a fused attention computes its softmax in floats, so it stays "
+                                  "as written"))
+    return found
+
+
+def _derived(t: gs.Tensor, source: gs.Tensor, hops: int = 3) -> bool:
+    """`t` is `source`, or made from it by a few elementwise ops with constants (a scale before the division)."""
+    for _ in range(hops + 1):
+        if t is source:
+            return True
+        n = _producer(t)
+        if n is None or n.op not in ("Mul", "Cast", "Identity") or not n.inputs:
+            return False
+        t = next((i for i in n.inputs if not isinstance(i, gs.Constant)), n.inputs[0])
+    return False
+
+
+def _integer_cast_above(t: gs.Tensor, hops: int = 12) -> gs.Node | None:
+    frontier, seen = [(t, 0)], set()
+    while frontier:
+        x, depth = frontier.pop()
+        n = _producer(x)
+        if n is None or id(n) in seen or depth > hops:
+            continue
+        seen.add(id(n))
+        if n.op == "Cast" and n.attrs.get("to") in _INTEGER_TYPES:
+            return n
+        frontier.extend((i, depth + 1) for i in n.inputs if isinstance(i, gs.Variable))
+    return None
 
 
 __all__ = ["RULES", "Canonical", "Unproven", "canonicalize"]

@@ -253,16 +253,20 @@ def _second_product(bmm2: contraction.Contraction, p: int, frame: Frame, atoms: 
     if len(summed) != 1 or real(of[summed[0]]) != real((key,)):
         got = "*".join(a for s in summed for a in of[s]) or "nothing"
         raise Unsupported(f"{node.op} {node.name} contracts the probabilities over {got}, not the key positions")
-    if len(p_free) != 1 or real(of[p_free[0]]) != real((query,)):
+    rows = real(of[p_free[0]]) if len(p_free) == 1 else []
+    # heads folded into the query rows ([B, 1, N*T, ...] over one KV head: partition.py unfolds them for the
+    # first product only): batch atoms before the query on its axis, which V does not hold
+    folded = rows[:-1] if rows[-1:] == real((query,)) and all(a.startswith("x") for a in rows[:-1]) else None
+    if folded is None:
         raise Unsupported(f"{node.op} {node.name} does not keep the query positions of the probabilities")
     if len(v_free) != 1 or bmm2.summed():
         raise Unsupported(f"{node.op} {node.name}: V does not have one head-dim axis")
     seen = sorted(a for lab in bmm2.batch for a in real(of[lab]))
-    want = sorted(a for g in frame for a in real(g) if a not in (query, key))
+    want = sorted(a for g in frame for a in real(g) if a not in (query, key, *folded))
     if seen != want:
         raise Unsupported(f"{node.op} {node.name} batches over {seen}, the probabilities over {want}")
     atoms.new("e")
-    to = {lab: of[lab] for lab in bmm2.batch} | {summed[0]: (key,), p_free[0]: (query,), v_free[0]: ("e",)}
+    to = {lab: of[lab] for lab in bmm2.batch} | {summed[0]: (key,), p_free[0]: (*folded, query), v_free[0]: ("e",)}
     return tuple(to[x] for x in bmm2.labels[1 - p]), tuple(to[x] for x in bmm2.out)
 
 

@@ -23,11 +23,11 @@ from ..site import (
     SiteSource,
     Skipped,
 )
-from . import canonical, contraction, fused_ops, likeness, subgraphs
+from . import canonical, contraction, fused_ops, likeness, partition, subgraphs
 from .axes import Atoms, Unfollowable, atoms_of
 from .cache import find_cache, site_kind
 from .core import Core, find_core
-from .errors import NotAttention, OverWeights, Unsupported
+from .errors import NotAttention, Unsupported
 from .heads import (
     candidates,
     choose,
@@ -68,25 +68,31 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
             result.skipped.append(record)
         else:
             result.ignored.append(record)
+    parts, shared, refused, unfolded = partition.join_pieces(view)
+    result.pieces.update({name: "key partition" for name in parts} | {made: "shared probabilities" for made in shared}
+                         | unfolded)
+    if parts or shared or unfolded:
+        view.graph.toposort()
     for node in list(view.graph.nodes):
         try:
             if node.op == "Softmax":
-                site = _site_from_softmax(view, node)
+                if node.name in refused:
+                    raise Unsupported(refused[node.name])
+                site = _with_pieces(_site_from_softmax(view, node), parts, shared)
                 if node.name in canon.made:
                     site = site.replace(notes=site.notes + (f"softmax written as {canon.made[node.name]}",))
             elif fused_ops.is_fused_attention(node):
                 site = fused_ops.site_from_node(view, node)
             else:
                 continue
-        except Exception as e:  # NotAttention, Unsupported: listed or ignored with the reason
-            if not isinstance(e, (NotAttention, Unsupported)):  # a matcher bug must not take the run down
-                e = Unsupported(f"the matcher failed on it ({type(e).__name__}: {e}; a trtattn bug, please report it)")
+        except (NotAttention, Unsupported) as e:  # listed or ignored with why; anything else is our bug: a crash
             where = f" (in {_where(path)})" if path else ""
-            if node.op != "Softmax" or (not isinstance(e, OverWeights) and likeness.attention_like(view, node)):
+            verdict = likeness.judged(view, node, e) if node.op == "Softmax" else likeness.Likeness(True)
+            if verdict.attention:
                 name = _site_name(node.name or node.outputs[0].name, names)
                 result.skipped.append(Skipped(name, str(e) + where, node.name))
             else:
-                result.ignored.append(Skipped(node.name, str(e) + where, node.name))
+                result.ignored.append(Skipped(node.name, verdict.reason + where, node.name))
             continue
         result.sites.append(site.replace(name=_site_name(site.name or site.output, names), graph=path))
     for node, attr, sub in subgraphs.subgraphs(view.graph):
@@ -100,6 +106,20 @@ def _match_graph(view: GraphView, result: MatchResult, names: dict[str, int], pa
                                               f"in {_where(inner)}, which cannot be analysed on its own: {e}", sm.name))
             continue
         _match_graph(sub_view, result, names, inner)
+
+
+def _with_pieces(site: AttentionSite, parts: dict, shared: dict[str, str]) -> AttentionSite:
+    """The site with what partition.py proved of its pieces: the key blocks it joined, or the value products
+    that share its probabilities (one attention each)."""
+    name = site.softmax or ""
+    if name in parts:
+        return site.replace(partition=parts[name], notes=site.notes + (parts[name].note(),))
+    original = shared.get(name, name)
+    if original in shared.values():
+        count = 1 + sum(1 for o in shared.values() if o == original)
+        return site.replace(notes=site.notes + (f"the probabilities of {original} feed {count} value products: one "
+                                                "attention per product",))
+    return site
 
 
 def _where(path: tuple) -> str:

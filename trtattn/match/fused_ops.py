@@ -14,7 +14,19 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
-from ..site import AttentionSite, CacheKind, CausalKind, MaskKind, MaskStep, Rope, RopeKind, ScalePlacement, SiteKind, SiteSource
+from ..site import (
+    AttentionSite,
+    CacheKind,
+    CausalKind,
+    MaskKind,
+    MaskStep,
+    Rope,
+    RopeKind,
+    ScalePlacement,
+    SiteKind,
+    SiteSource,
+    attribute_softcap,
+)
 from .cache import CacheRole, find_cache, site_kind
 from .errors import Unsupported
 from .heads import heads_and_size, strip_repeat
@@ -80,7 +92,7 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         is_bool = view.dtype(mask) is not None and np.dtype(view.dtype(mask)) == np.bool_
         steps.append(MaskStep("where", operand=mask.name, value=float("-inf"), node=n.name) if is_bool
                      else MaskStep("add", operand=mask.name, node=n.name))
-    softcap = float(n.attrs.get("softcap", 0.0) or 0.0)
+    softcap = attribute_softcap(n.attrs)
     notes = [f"GQA head repeat x{repeat} dropped"] if repeat > 1 else []
     qk = n.outputs[3].name if len(n.outputs) > 3 and n.outputs[3].name else None  # whatever the mode
     if qk is not None:
@@ -112,7 +124,7 @@ def _onnx_attention_site(view: GraphView, n: gs.Node) -> AttentionSite:
         new_value=role.new_value.name if role.new_value is not None else None,
         rope=find_rope(view, q, k, head) if rank == 4 else None,
         rank=rank, source=SiteSource.ONNX_ATTENTION, dtype=str(view.dtype(q) or "float32"),
-        notes=tuple(notes), qk_output=qk, qk_mode=qk_mode(n) if qk is not None else None,
+        softcap=softcap, notes=tuple(notes), qk_output=qk, qk_mode=qk_mode(n) if qk is not None else None,
     )
 
 
@@ -153,7 +165,7 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         mask=MaskKind.ADDITIVE if padding is not None or bias is not None else MaskKind.NONE,
         # the bias as the op reads it (not over the logits: GroupQueryAttention's columns are its kernel's)
         mask_steps=(MaskStep("add", operand=bias.name, node=n.name),) if bias is not None else (),
-        softcap=float(n.attrs.get("softcap", 0.0)) or None,
+        softcap=attribute_softcap(n.attrs),
         window=int(n.attrs.get("local_window_size", -1)) if int(n.attrs.get("local_window_size", -1)) > 0 else None,
         rope=_inner_rope(view, n, head),
         cache=cache,

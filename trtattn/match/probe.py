@@ -21,12 +21,14 @@ from ..graph.dependence import depends_on_input_values
 from ..graph.dim_names import resolve_dims
 from ..graph.evaluate import evaluator
 from ..graph.feeds import make_feeds
+from ..graph.op_dims import op_dims
 from ..graph.view import GraphView, import_graph
 from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
 from ..timings import timed
 from . import logit_ops
 from .errors import MASKED_FILL
 from .find import match
+from .heads_merge import merge_heads
 
 
 @dataclass
@@ -155,12 +157,14 @@ def _dtype(name: str):
 
 # ---------------------------------------------------------------- match + probe
 @timed("match and probe")
-def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None = None
+def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None = None, merge: bool = False
             ) -> tuple[gs.Graph, MatchResult, dict]:
     """Match sites and probe what their masks mean. Returns (graph, match result, meanings): the graph is
     imported once (weights left on disk stay there) and comes back unchanged, ready to be rewritten.
     `progress` (report.Progress) counts the probe runs; `dims`: the dims the model runs at (graph/dims.py),
-    where values and shapes a pattern cannot tell are measured (graph/measure.py)."""
+    where values and shapes a pattern cannot tell are measured (graph/measure.py). `merge`: single-head sites
+    proved one attention become one multi-head site (heads_merge.py; the parts in result.heads_merged), whose
+    mask means what its first head's does (the same mask steps, by the proof)."""
     graph = import_graph(model)
     view = GraphView(graph, model, dims=dims)
     result = match(graph, view)
@@ -170,6 +174,8 @@ def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None
             feeds = [make_feeds(model, all_keys=True)]
         meanings = _agree(probe_masks(graph, model, result.sites, feeds, progress))
         result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
+        if merge:
+            result.sites, result.heads_merged = merge_heads(view, result.sites)
     return graph, result, meanings
 
 
@@ -177,7 +183,9 @@ def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
     """Inputs without padding at two sequence lengths: a band (sliding window) shorter than the
     first length would look causal; the second, doubled, length tells them apart."""
     base = resolve_dims(model, dims)
-    doubled = {k: (v if k.startswith("batch") else 2 * v) for k, v in base.items()}
+    ops = op_dims(model)  # sizes the attention ops fix stay; their totals follow the doubled lengths
+    doubled = ops.decode({k: (v if k.startswith("batch") or k in ops.fixed else 2 * v) for k, v in base.items()},
+                         dims or {})
     return [make_feeds(model, dims=base, all_keys=True),
             make_feeds(model, dims=doubled, all_keys=True)]
 

@@ -34,9 +34,11 @@ WRITTEN_SOFTMAX = {"ReduceSum", "ReduceLogSumExp", "LogSoftmax"}
 
 
 def has_softmax(nodes) -> bool:
-    """Do these NodeProtos hold a Softmax, an ONNX Attention or an Exp normalised as a softmax may be?"""
+    """Do these NodeProtos hold a Softmax, an ONNX Attention, an Exp normalised as a softmax may be, or an
+    integer normalisation between products (canonical.py: an integer softmax, I-BERT's quant mode)?"""
     ops = {n.op_type for n in nodes}
-    return bool(ops & {"Softmax", "Attention"}) or ("Exp" in ops and bool(ops & WRITTEN_SOFTMAX))
+    integer = {"Cast", "Div", "ReduceSum"} <= ops and bool(ops & {"MatMul", "MatMulInteger", "Einsum"})
+    return bool(ops & {"Softmax", "Attention"}) or ("Exp" in ops and bool(ops & WRITTEN_SOFTMAX)) or integer
 
 
 def has_subgraph_softmax(graph: onnx.GraphProto) -> bool:

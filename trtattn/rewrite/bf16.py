@@ -19,7 +19,7 @@ from onnx import TensorProto
 from ..errors import TrtattnError
 from ..graph import validate
 from ..site import SiteStatus
-from ..verify import REWRITE_TOLERANCES, Outcome, Verification, compare_models
+from ..verify import Outcome, Tolerance, Verification, compare_models, loosened
 from . import verdicts
 from .precision.check import bf16_read_widened
 from .precision.common import declared_types
@@ -28,7 +28,6 @@ from .precision.emulate import bf16_emulated
 RUN_ON = "emulated in fp32 (no bf16 kernel on CPU)"
 NOTE = ("the model is bf16: ONNX Runtime's CPU provider cannot run it (its CUDA provider can); matched and verified "
         "on it widened to fp32 (exact), written in its own bf16 types, checked emulated against the original")
-TOLERANCE = REWRITE_TOLERANCES["bf16"]  # (atol, rtol): a rewrite of a bf16 model
 
 
 def read_widened(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -43,8 +42,9 @@ def verify_emulated(original: onnx.ModelProto, written: onnx.ModelProto, sites, 
     user's atol/rtol when looser); `inputs` (GivenInputs, or None) as given for the original."""
     reference, candidate = bf16_emulated(original), bf16_emulated(written)
     given = inputs.widened(reference) if inputs is not None else None
-    return compare_models(reference, candidate, sites, dims=dims, seed=seed, atol=max(atol or 0.0, TOLERANCE[0]),
-                          rtol=max(rtol or 0.0, TOLERANCE[1]), given=given, progress=progress)
+    bound = loosened(Tolerance(atol or 0.0, rtol or 0.0), "bf16")
+    return compare_models(reference, candidate, sites, dims=dims, seed=seed, atol=bound.atol, rtol=bound.rtol,
+                          given=given, progress=progress)
 
 
 def rewritten(written: onnx.ModelProto, active: list, meanings: dict, rewrite) -> onnx.ModelProto | None:
@@ -86,7 +86,7 @@ def checked(written: onnx.ModelProto, fused: onnx.ModelProto, active: list, *, d
     if not outcome.passed:
         bad = [r for r in active if not outcome.within(r.site.output, r.max_abs_err)]
         for r in bad or active:
-            why = verdicts.verify_reason(r) if bad else verdicts.output_reason(outcome)
+            why = verdicts.verify_reason(r, outcome) if bad else verdicts.output_reason(outcome)
             r.status, r.reason = SiteStatus.NOT_FUSED, f"{why} ({RUN_ON})"
         return None
     summary = outcome.summary()

@@ -16,16 +16,19 @@ import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
+from ..graph.evaluate import runtime_errors
 from ..graph.io import default_session_refusal
+from ..graph.precision import low_float
 from ..graph.qdq_pairs import write_propagated_pairs
 from ..graph.shapes import upgrade_opset
 from ..graph.view import export_graph, import_graph
 from ..match import analyse, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
-from ..site import AttentionSite, SiteKind, SiteOutcome, SiteSource, SiteStatus, Skipped
+from ..site import AttentionSite, MatchResult, SiteKind, SiteOutcome, SiteSource, SiteStatus, Skipped
+from ..site_names import site_scope
 from ..timings import timed
-from ..verify import REWRITE_TOLERANCES, Verification, compare_models, tolerance_for
+from ..verify import Check, Tolerance, Verification, compare_models, loosened, tolerance, tolerance_for
 from ..version import __version__
 from . import bf16, driver
 from .group_query import convert_group_query
@@ -63,7 +66,7 @@ class SiteReport(SiteOutcome):
             "bias": self.bias, "cache": s.cache.value, "rope": s.rope.kind.value if s.rope else "none",
             "status": self.status.value, "reason": self.reason, "max_abs_err": self.max_abs_err,
             "tolerance": quant_tolerance(s) or None, "notes": list(s.notes) + unit_length_notes(self.unit_lengths),
-            "one_key": bool(self.unit_lengths and self.unit_lengths[1] == 1),
+            "one_key": bool(self.unit_lengths and self.unit_lengths[1] == 1), "merged": list(s.merged),
         }
 
 
@@ -126,7 +129,7 @@ def _converted_contrib(graph: gs.Graph, site: AttentionSite) -> gs.Node:
     """A com.microsoft attention op as the standard one (GroupQueryAttention has its own converter)."""
     node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
     convert_contrib = convert_group_query if site.source == SiteSource.MS_GROUP_QUERY else convert_microsoft
-    return convert_contrib(graph, node, f"trtattn/{site.name}")
+    return convert_contrib(graph, node, site_scope(site.name))
 
 
 def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
@@ -189,7 +192,8 @@ def note_one_key(reports: list[SiteReport], verification: Verification, fit) -> 
 def fit_record(fit) -> dict:
     """The dims a run used, why, and which candidates the memory budget ruled out (for reports)."""
     return {"values": dict(fit), "why": list(getattr(fit, "reasons", [])),
-            "skipped_for_memory": list(getattr(fit, "skipped", []))}
+            "skipped_for_memory": list(getattr(fit, "skipped", [])),
+            **({"also_verified_at": [dict(d) for d in fit.also]} if getattr(fit, "also", None) else {})}
 
 
 @dataclass
@@ -230,7 +234,7 @@ class Decision:
     """What one attempt decided, as values: the sites to try again with less written as ops or to keep as they were
     (applied first), and the result when this attempt is the last."""
 
-    fallbacks: tuple[Fallback, ...] = ()
+    fallbacks: tuple[Fallback | Unmerged, ...] = ()
     result: FuseResult | None = None
 
 
@@ -239,18 +243,19 @@ def _fuse_fitted(run: _Run) -> FuseResult:
     with run.progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
         working = upgrade_opset(run.model, ATTENTION_OPSET)
         graph, result, meanings = analyse(working, probe_feeds(working, run.reading.dims), run.progress,
-                                          dims=run.reading.dims)
+                                          dims=run.reading.dims, merge=True)
     if not result.sites and not result.skipped:
         return FuseResult(run.model, [], result.ignored, Verification(passed=True, note="no attention found"))
-    reports = [SiteReport(s, pattern=getattr(meanings.get(s.name), "pattern", "none"),
-                          padding=getattr(meanings.get(s.name), "padding", False),
-                          bias=getattr(meanings.get(s.name), "bias", s.op_bias)) for s in result.sites]
+    reports = [_site_report(s, meanings) for s in result.sites]
     reports += [SiteReport(_placeholder(sk), status=NOT_FUSED, reason=sk.reason) for sk in result.skipped]
     # A graph a canonical rule changed is not rewritten: a site that fails must keep its original nodes (a
-    # written softmax, a max shift), not the rule's. After the first pass each starts from the model again.
-    first: gs.Graph | None = None if result.canonical else graph
+    # written softmax, a max shift, pieces joined), not the rule's. After the first pass each starts from the model
+    # again.
+    first: gs.Graph | None = None if result.canonical or result.pieces else graph
     while True:
-        decision = _attempted(run, working, reports, meanings, result.ignored, first)
+        for split in _unmerged(reports, result.heads_merged, meanings):  # merged sites a fallback kept as they were
+            split.apply()
+        decision = _attempted(run, working, reports, meanings, result, first)
         first = None
         for back in decision.fallbacks:
             back.apply()
@@ -258,12 +263,49 @@ def _fuse_fitted(run: _Run) -> FuseResult:
             return decision.result
 
 
-def _attempted(run: _Run, working: onnx.ModelProto, reports: list[SiteReport], meanings: dict, ignored: list,
-               graph: gs.Graph | None) -> Decision:
-    """Rewrite the sites still fused (the rewrite marks those it cannot take), verify, and decide."""
+def _site_report(site: AttentionSite, meanings: dict) -> SiteReport:
+    meaning = meanings.get(site.name)
+    return SiteReport(site, pattern=getattr(meaning, "pattern", "none"), padding=getattr(meaning, "padding", False),
+                      bias=getattr(meaning, "bias", site.op_bias))
+
+
+@dataclass(frozen=True)
+class Unmerged:
+    """A decision about a multi-head site merged from single-head ones (match/heads_merge.py) that did not fuse: it
+    gives way to those sites, each tried on its own with why (the merged one's reason)."""
+
+    reports: list[SiteReport]  # the run's, where `merged` stands
+    merged: SiteReport
+    parts: tuple[SiteReport, ...]
+
+    def apply(self) -> None:
+        at = self.reports.index(self.merged)
+        self.reports[at:at + 1] = list(self.parts)
+
+
+def _unmerged(reports: list[SiteReport], parts: dict, meanings: dict) -> tuple[Unmerged, ...]:
+    """The merged sites that did not fuse, each as the single-head sites it was merged from (taken from `parts`:
+    a merged site gives way once: it leaves `reports`)."""
+    decisions = []
+    for r in reports:
+        if r.status == NOT_FUSED and r.site.merged and r.site.name in parts:
+            note = f"merged with {', '.join(r.site.merged[1:])} it did not fuse ({r.reason}): fused one head at a time"
+            decisions.append(Unmerged(reports, r, tuple(_site_report(s.replace(notes=(*s.notes, note)), meanings)
+                                                        for s in parts[r.site.name])))
+    return tuple(decisions)
+
+
+def _attempted(run: _Run, working: onnx.ModelProto, reports: list[SiteReport], meanings: dict,
+               result: MatchResult, graph: gs.Graph | None) -> Decision:
+    """Rewrite the sites still fused (the rewrite marks those it cannot take), verify, and decide. A merged site
+    the rewrite could not take gives way to its single-head sites, and the attempt repeats."""
+    ignored = result.ignored
     active = [r for r in reports if r.status == SiteStatus.FUSED]
     with run.progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
         fused = _rewrite(working, active, meanings, graph)
+    split = _unmerged(reports, result.heads_merged, meanings)
+    if split:
+        return Decision(split)
     active = [r for r in active if r.status == SiteStatus.FUSED]
     fused_bf16 = fused
     if run.written is not None and active:
@@ -294,7 +336,7 @@ def _verified(run: _Run, attempt: _Attempt) -> Decision:
                                      rtol=site_rtol, given=run.reading.wide_inputs, progress=run.progress)
         except VerificationError:  # the inputs, not the rewrite: one line for the whole command
             raise
-        except Exception as e:  # the rewritten model does not run: the site whose node failed goes back
+        except runtime_errors() as e:  # the rewritten model does not run: the site whose node failed goes back
             reason = f"the rewritten model does not run: {first_line(e)}"
             return Decision(tuple(fallback(r, reason) for r in blame(e, active)))
     if outcome.passed:  # compared with ONNX Runtime's basic optimizations; loaded as the user will load it
@@ -315,7 +357,7 @@ def _judged(run: _Run, attempt: _Attempt, outcome, site_atol: float, why: str) -
     bad = [r for r in active if r.max_abs_err is None
            or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, site_atol), quant_tolerance(r.site))]
     if bad:  # leave the failing sites as they were and verify the others again
-        return Decision(tuple(fallback(r, verify_reason(r)) for r in bad))
+        return Decision(tuple(fallback(r, verify_reason(r, outcome)) for r in bad))
     if not outcome.passed:
         besides = tuple(Fallback(r, site) for r in active if (site := logits_beside(r.site)) is not None)
         if besides:  # unless it is logits the op returned: beside them, again
@@ -339,19 +381,17 @@ def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, boo
     to that of the lowest precision a fused site computes in. An fp32 model whose products autocast or a
     converter put in fp16 computes its attention in fp16: the fused op too when it reads the fp16 tensors
     (the casts outside it), and when it reads the fp32 ones the original's products still round to fp16."""
-    names = {"float16": "fp16", "bfloat16": "bf16"}
-    low = {names[t]: s for s in sites for t in (s.dtype, s.products_dtype) if t in names}
+    low = {name: s for s in sites for t in (s.dtype, s.products_dtype) if (name := low_float(t))}
     if not low:
         return atol, rtol, ""
-    loosest = max(low, key=lambda p: REWRITE_TOLERANCES[p][0])
-    new_atol, new_rtol = REWRITE_TOLERANCES[loosest]
-    out_atol = atol if given[0] else max(atol, new_atol)
-    out_rtol = rtol if given[1] else max(rtol, new_rtol)
+    loosest = max(low, key=lambda p: tolerance(Check.REWRITE, p).atol)
+    out_atol, out_rtol = loosened(Tolerance(atol, rtol), loosest, given)
     if (out_atol, out_rtol) == (atol, rtol):
         return atol, rtol, ""
     site = low[loosest]
+    products = site.products_dtype and not low_float(site.dtype)
     return out_atol, out_rtol, (f"the {loosest} tolerance: site {site.name} computes its "
-                                f"{'products' if site.products_dtype and site.dtype not in names else 'attention'} "
+                                f"{'products' if products else 'attention'} "
                                 f"in {site.products_dtype or site.dtype}")
 
 
@@ -361,9 +401,9 @@ def _placeholder(sk: Skipped) -> AttentionSite:
 
 class _FuseRewriter(driver.SiteRewriter[tuple, SiteReport]):
     """fuse's rewrite of one site: the ONNX Attention op (rewrite_site), and a rotation read by value as the
-    RotaryEmbedding op. Any failure leaves the site as it was, with why."""
+    RotaryEmbedding op. A failure it expects leaves the site as it was, with why; anything else is a crash."""
 
-    catches = (Exception,)
+    catches = (TrtattnError, KeyError, ValueError, StopIteration)  # anything else is a bug of ours: a crash
 
     def __init__(self, meanings: dict):
         self.meanings = meanings
@@ -381,9 +421,7 @@ class _FuseRewriter(driver.SiteRewriter[tuple, SiteReport]):
         write_rotations(graph, tensors, outcome.site)
 
     def failed(self, outcome: SiteReport, error: BaseException) -> None:
-        expected = isinstance(error, (TrtattnError, KeyError, ValueError, StopIteration))
-        outcome.refuse(NOT_FUSED, (str(error) or type(error).__name__) if expected else
-                       f"the rewrite failed ({type(error).__name__}: {error}; a trtattn bug, please report it)")
+        outcome.refuse(NOT_FUSED, str(error) or type(error).__name__)
 
 
 @timed("rewrite")

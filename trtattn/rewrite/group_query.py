@@ -26,6 +26,7 @@ import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
 from ..graph.emit import Emitter
+from ..site import SOFTCAP_ATTRIBUTE, attribute_softcap
 from .microsoft import causal_keep, is_read, optional_input, output_merged, split_heads
 
 _NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax"}
@@ -82,8 +83,8 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
                     for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
     y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
     attrs = {"scale": float(scale), **({"is_causal": 1} if window is None else {})}
-    if node.attrs.get("softcap", 0.0):  # capped before the mask, as the kernel and the standard op both do
-        attrs["softcap"] = float(node.attrs["softcap"])
+    if cap := attribute_softcap(node.attrs):  # capped before the mask, as the kernel and the standard op both do
+        attrs[SOFTCAP_ATTRIBUTE] = cap
     attention = gs.Node("Attention", f"{prefix}/Attention", attrs, inputs=inputs, outputs=[y, *presents])
     graph.nodes.append(attention)
     if past_k is None and any(is_read(graph, o) for o in node.outputs[1:3]):  # no past: the present is the new K/V

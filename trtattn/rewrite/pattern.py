@@ -10,7 +10,9 @@ import onnx_graphsurgeon as gs
 
 from ..graph.emit import Emitter, float_dtype
 from ..match import logit_ops
-from ..site import AttentionSite, CausalKind
+from ..site import SOFTCAP_ATTRIBUTE, AttentionSite, CausalKind
+from ..site_names import site_scope
+from . import key_blocks
 from .layout import Dims, convert
 from .qk_output import qk_output
 
@@ -25,23 +27,29 @@ def pattern_attention(graph: gs.Graph, tensors: dict, site: AttentionSite, meani
         raise ValueError(f"its logits are quantized inside the attention ({logits_q.dtype}, scale {logits_q.scale:.3g}): "
                          "a fused attention (and TensorRT's IAttention) computes them unquantized, so it would not "
                          "compute what this model computes")
-    emit = Emitter(graph, f"trtattn/{site.name}")
+    key_blocks.prepare(graph, tensors, site)  # Concat(K_i), Concat(V_i) of a key axis written in blocks
+    emit = Emitter(graph, site_scope(site.name))
     dtype = float_dtype(site.dtype)
     dims = Dims(emit, tensors, lay.dims)
     q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
-    k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)
-    v = convert(emit, tensors[lay.value], lay.v, (lay.batch, lay.kv_heads, ("k",), ("e",)), dims)
+    blocks = key_blocks.past_operands(graph, emit, tensors, site, dims)  # a cache and the new slice: the op's past
+    past = blocks is not None
+    if blocks is not None:
+        (k, v), pasts = blocks
+    else:
+        k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)
+        v = convert(emit, tensors[lay.value], lay.v, (lay.batch, lay.kv_heads, ("k",), ("e",)), dims)
     if lay.batch_broadcast:  # a learned probe [1, ...] the products broadcast: the op takes one batch for all
         batch = emit("Concat", [dims.of(lay.batch), emit.const([1, 1, 1], np.int64)], {"axis": 0}, dtype=np.int64)
         q, k, v = (emit("Expand", [t, batch], dtype=dtype, name=f"{x}_over_batch") if x in lay.batch_broadcast else t
                    for x, t in zip("qkv", (q, k, v)))
     # a mode-2 qk output holds the mask: ONNX Runtime fills is_causal's with the lowest float, the graph's is -inf
-    use_causal = (meaning is not None and site.causal == CausalKind.UPPER_LEFT and meaning.pattern == "causal"
-                  and not meaning.padding and not meaning.bias and not any(s.op == "sink" for s in site.mask_steps)
-                  and site.qk_mode != 2)
+    use_causal = (not past and meaning is not None and site.causal == CausalKind.UPPER_LEFT
+                  and meaning.pattern == "causal" and not meaning.padding and not meaning.bias
+                  and not any(s.op == "sink" for s in site.mask_steps) and site.qk_mode != 2)
     steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
-    mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
-    built = logit_ops.build(graph, tensors, steps, f"trtattn/{site.name}/mask", dtype,
+    mask_emit = Emitter(graph, site_scope(site.name, "mask_operands"))
+    built = logit_ops.build(graph, tensors, steps, site_scope(site.name, "mask"), dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
     if site.qk_mode == 2:  # the op's output holds the mask: ONNX Runtime fills a boolean one with the lowest float
         built.to_float(float("-inf"))  # where the graph's (returned.py: a -inf fill) is -inf
@@ -56,11 +64,13 @@ def pattern_attention(graph: gs.Graph, tensors: dict, site: AttentionSite, meani
         mask = emit.full_query_rows(mask, q)
     attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
     if built.softcap:
-        attrs["softcap"] = float(built.softcap)
+        attrs[SOFTCAP_ATTRIBUTE] = float(built.softcap)
     if site.qk_output is not None:
         attrs["qk_matmul_output_mode"] = int(site.qk_mode or 0)
     y = emit("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype=dtype, name="Attention")
     attention = graph.nodes[-1]
+    if past:
+        key_blocks.with_presents(attention, pasts)
     out = convert(emit, y, (lay.batch, lay.heads, ("q",), ("e",)), lay.out, dims)
     qk = qk_output(emit, attention, tensors, site, dims, dtype)
     shapes = [(tensors[name], _shape_read(emit, dims, tensors[name], frame)) for name, frame in lay.shape_reads]

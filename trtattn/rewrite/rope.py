@@ -6,6 +6,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..site import AttentionSite
+from ..site_names import site_scope
 
 
 def write_rotations(graph: gs.Graph, tensors: dict, site: AttentionSite) -> int:
@@ -24,7 +25,7 @@ def write_rotations(graph: gs.Graph, tensors: dict, site: AttentionSite) -> int:
         if out.inputs and out.inputs[0].op == "RotaryEmbedding":  # already written (a rotation two sites share)
             continue
         out.inputs.clear()
-        graph.nodes.append(gs.Node("RotaryEmbedding", f"trtattn/{site.name}/rope/{side}", dict(attrs),
+        graph.nodes.append(gs.Node("RotaryEmbedding", site_scope(site.name, "rope", side), dict(attrs),
                                    inputs=[x, *tables], outputs=[out]))
         count += 1
     return count

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..site import AttentionSite, SiteOutcome, SiteStatus
+from ..site_names import names_site
 from ..verify import Verification
 
 
@@ -25,6 +26,10 @@ def site_error(r, outcome) -> float | None:
 def output_reason(outcome) -> str:
     if not outcome.output_errors:
         return "within its own bound, but no model output could be compared: the original is kept"
+    if outcome.shapes_differ:
+        name, (was, now) = next(iter(outcome.shapes_differ.items()))
+        return (f"within its own bound, but the model's output '{name}' has shape {now} where the original's is "
+                f"{was}: the original is kept")
     worst = max(outcome.output_errors, key=lambda k: outcome.output_errors[k] / max(outcome.bounds.get(k, 1e-30), 1e-30))
     err, bound = outcome.output_errors[worst], outcome.bounds.get(worst, outcome.atol)
     nan = f"; NaN where the original has none: {', '.join(outcome.nan_mismatch)}" if outcome.nan_mismatch else ""
@@ -36,7 +41,7 @@ def output_reason(outcome) -> str:
 def blame(error: Exception, active: list) -> list:
     """The sites whose nodes (named trtattn/SITE/...) an ONNX Runtime error names; all of them if none."""
     text = str(error)
-    named = [r for r in active if f"trtattn/{r.site.name}/" in text]
+    named = [r for r in active if names_site(text, r.site.name)]
     return named or active
 
 
@@ -46,7 +51,10 @@ def first_line(e: Exception) -> str:
     return text if len(text) < 300 else text[:300] + "..."
 
 
-def verify_reason(r) -> str:
+def verify_reason(r, outcome=None) -> str:
+    differ = outcome.shapes_differ.get(r.site.output) if outcome is not None else None
+    if differ is not None:
+        return f"verification failed: its output has shape {differ[1]} where the original's is {differ[0]}"
     if r.max_abs_err is None:
         return "verification could not compare this site's output"
     return f"verification failed: max abs error {r.max_abs_err:.3g} against the original"

@@ -9,12 +9,12 @@ benchmarks.
 tensorrt and cuda-python are imported only when a TensorRT session is opened (runtime/backends.py).
 """
 
+from ..session import Session, TensorInfo
 from .backends import open_session
 from .bench import BenchResult, bench, bench_callable, markdown_table, synthesize_feeds
 from .cache import ConcatCache, KVCache, StaticCache, make_cache
 from .generate import Generation, generate, generate_encoder_decoder, pack_requests, run_packed, unpack
 from .ort import OrtSession
-from .session import Session, TensorInfo
 
 __all__ = [
     "BenchResult", "ConcatCache", "Generation", "KVCache", "OrtSession", "Session", "StaticCache", "TensorInfo",

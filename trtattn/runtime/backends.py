@@ -4,14 +4,16 @@
     open_session("engines/llama.engine")    # TensorRT through cuda-python: trt/session.py
 
 Both back ends are imported only when chosen, so `import trtattn.runtime` imports neither tensorrt
-nor cuda-python. Nothing the back ends import imports this module (no import cycle).
+nor cuda-python. This registry is where runtime reaches down to trt (by name, on first use); the back ends
+implement trtattn/session.py's interface, which sits below both, so nothing in trt imports runtime (no arrow back up,
+no import cycle).
 """
 
 from __future__ import annotations
 
 from ..contract import is_engine_path
 from ..errors import TrtattnError
-from .session import Session
+from ..session import Session
 
 
 def _ort():

@@ -10,7 +10,7 @@ import onnx
 from ..contract import form_record
 from ..errors import TrtattnError
 from ..host_memory import host_rss
-from .session import Session, TensorInfo
+from ..session import Session, TensorInfo
 
 
 def numpy_dtype(ort_type: str) -> np.dtype:

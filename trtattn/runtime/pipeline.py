@@ -13,7 +13,10 @@ empty cross-attention K/V, by design) keeps the value it had. A folder of engine
 decoder with past is the kv-cache form: the first decoder step (padded form) runs as above, then its
 presents seed the form's static cache and its cross-attention K/V are set once (runtime.generate).
 
-Generation settings come from generation_config.json (else config.json): eos_token_id, pad_token_id,
+A folder ONNX Runtime GenAI's builder wrote has genai_config.json (runtime/genai_config.py): its decoder file,
+heads and head size, context length and special tokens are read from it.
+
+Generation settings come from generation_config.json (else config.json, else genai_config.json): eos_token_id, pad_token_id,
 decoder_start_token_id, max_length. Greedy = argmax of the last position's logits, one request at a time
 (a batch of 1, as a request with no padding: what Optimum's generate does for one prompt).
 """
@@ -28,6 +31,7 @@ import numpy as np
 
 from ..contract import PIPELINE_JSON
 from ..errors import TrtattnError
+from .genai_config import read_genai_config
 
 PAST, PRESENT = "past_key_values.", "present."
 # part role -> Optimum's file stems, in the order they are preferred
@@ -111,11 +115,17 @@ def load_pipeline(folder, backend: str = "auto") -> Pipeline:
                                + (" (built without TensorRT: --backend ort runs the verified forms)" if key == "file" else ""))
         return Pipeline(folder, parts, meta.get("generation", {}), _read_json(folder / "config.json"),
                         {role: p.get("form") for role, p in entries.items()})
-    parts = find_parts(folder)
+    parts, genai = find_parts(folder), read_genai_config(folder)
+    if genai is not None and genai.filename and (folder / genai.filename).is_file() and "encoder" not in parts:
+        parts["decoder"] = folder / genai.filename  # the decoder GenAI's config names
     if "decoder" not in parts:
         raise TrtattnError(f"{folder}: no decoder to generate with (expected model.onnx, decoder_model.onnx or "
-                           f"decoder_model_merged.onnx, as Optimum writes them)")
-    return Pipeline(folder, parts, generation_settings(folder), _read_json(folder / "config.json"))
+                           f"decoder_model_merged.onnx, as Optimum writes them, or genai_config.json's decoder)")
+    config, settings = _read_json(folder / "config.json"), generation_settings(folder)
+    if genai is not None:  # what ONNX Runtime GenAI's config says of the model beside it
+        config = {**config, **genai.as_hf_config()}
+        settings = {**genai.settings(), **settings}
+    return Pipeline(folder, parts, settings, config)
 
 
 def _rank_parts(sidecar: Path, meta: dict) -> dict[str, Path]:
@@ -134,9 +144,9 @@ def _rank_parts(sidecar: Path, meta: dict) -> dict[str, Path]:
 # ---------------------------------------------------------------- one decoder step
 def _empty_past(session, name: str, batch: int, config: dict, unread: bool = False) -> np.ndarray:
     """A past of length 0, [batch, kv heads, 0, head size]: heads and head size from the input's static
-    dims, else from config.json. unread (a merged decoder's first step, whose branch does not read the
-    past): a static length is kept, as the input's shape demands (cross-attention K/V over a fixed
-    encoder length)."""
+    dims, else from config.json (or genai_config.json: load_pipeline). unread (a merged decoder's first step,
+    whose branch does not read the past): a static length is kept, as the input's shape demands (cross-attention
+    K/V over a fixed encoder length)."""
     info = session.input(name)
     shape = list(info.shape)
     if len(shape) != 4:
@@ -150,7 +160,7 @@ def _empty_past(session, name: str, batch: int, config: dict, unread: bool = Fal
         size = config.get("head_dim") or config.get("d_kv") or (hidden // heads if hidden and heads else None)
     if not heads or not size:
         raise TrtattnError(f"{session.name}: cannot tell the heads and head size of {name} (dynamic dims, and "
-                           "config.json does not say)")
+                           "neither config.json nor genai_config.json says)")
     length = shape[2] if unread and isinstance(shape[2], int) and shape[2] >= 0 else 0
     return np.zeros((batch, int(heads), length, int(size)), info.dtype)
 

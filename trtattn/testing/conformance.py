@@ -140,7 +140,7 @@ def reference_error(case: ConformanceCase, model: onnx.ModelProto) -> tuple[floa
     import onnxruntime
 
     from ..rewrite.precision.check import cpu_runner
-    from ..verify import REWRITE_TOLERANCES
+    from ..verify import Check, tolerance
 
     if case.cpu_unrunnable == "bf16":
         run, runner = cpu_runner(model)
@@ -150,7 +150,7 @@ def reference_error(case: ConformanceCase, model: onnx.ModelProto) -> tuple[floa
         got, runner = dict(zip([o.name for o in session.get_outputs()], session.run(None, case.inputs))), \
             "ONNX Runtime (CPU)"
     err, within = 0.0, True
-    bf16_atol, bf16_rtol = REWRITE_TOLERANCES["bf16"]
+    bf16_atol, bf16_rtol = tolerance(Check.REWRITE, "bf16")
     for name, want in case.outputs.items():
         have = got[name]
         fp16, bf16 = want.dtype == np.float16, case.cpu_unrunnable == "bf16"

@@ -35,8 +35,9 @@ def rotary_tables(head: int, positions: int = 64) -> list[onnx.TensorProto]:
             numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin_cache")]
 
 
-def group_query_model(*, heads=4, kv_heads=2, head=8, rotary=False, packed=False) -> onnx.ModelProto:
-    """`packed`: Q, K and V in one input [B, S, (N + 2 Nkv) H] (the key and value inputs left out)."""
+def group_query_model(*, heads=4, kv_heads=2, head=8, rotary=False, packed=False, **attributes) -> onnx.ModelProto:
+    """`packed`: Q, K and V in one input [B, S, (N + 2 Nkv) H] (the key and value inputs left out).
+    `attributes`: more of the op's own (Gemma 2's local_window_size=8, softcap=50.0)."""
     if packed:
         qkv = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["b", "s", (heads + 2 * kv_heads) * head])]
     else:
@@ -58,7 +59,7 @@ def group_query_model(*, heads=4, kv_heads=2, head=8, rotary=False, packed=False
     k, value = ("", "") if packed else (k, "value")
     nodes.append(helper.make_node("GroupQueryAttention", [q, k, value, "past_key", "past_value", "seqlens_k",
                                                           "total_sequence_length"], ["y", "present_key", "present_value"],
-                                  domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, name="gqa"))
+                                  domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, name="gqa", **attributes))
     return _model(nodes, inputs, ["y", "present_key", "present_value"], inits)
 
 

@@ -130,7 +130,7 @@ def reference_check(case: ConformanceCase, outcome: CaseOutcome, given, precisio
     from ..rewrite.precision.emulate import bf16_emulated
     from ..routes.prepare import form_adapter
     from ..routes.trt_ops import fuse_trt, runnable
-    from ..verify import TOLERANCES
+    from ..verify import Check, tolerance
     from ..verify.compare import max_abs_error
 
     result = fuse_trt(case.model, name="case", inputs=given, precision=precision)
@@ -145,7 +145,7 @@ def reference_check(case: ConformanceCase, outcome: CaseOutcome, given, precisio
     names = [o.name for o in session.get_outputs()]
     got = dict(zip(names, session.run(names, feeds)))
     ref, out = adapter.line_up(inputs, dict(case.outputs), got)
-    atol, rtol = TOLERANCES[result.prepared.plan.precision]
+    atol, rtol = tolerance(Check.ENGINE, result.prepared.plan.precision)
     for name, want in ref.items():  # (a logit masked with -inf agrees with one masked so: qk_matmul_output)
         error = max_abs_error(want, out[name])
         outcome.reference_error[name] = math.inf if math.isnan(error) else error

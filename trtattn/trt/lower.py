@@ -16,10 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TrtattnError
+from ..graph.precision import NUMPY_NAMES
 from . import compat
 from .plan import AttentionPlan, CacheUpdatePlan, CollectivePlan, RopePlan
-
-FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def _out(layer, name: str):
@@ -73,7 +72,7 @@ def lower_attention(trt, net, p: AttentionPlan, get):
     base = p.layer
     q, k, v = get(p.query), get(p.key), get(p.value)
     # the dtype the form's Attention computes in; a quantized site computes in its dequantized inputs' type
-    compute = q.dtype if p.normalization_quantize_to_type else compat.datatype(trt, FLOAT_DTYPES[p.dtype])
+    compute = q.dtype if p.normalization_quantize_to_type else compat.datatype(trt, NUMPY_NAMES[p.dtype])
     if p.normalization_quantize_to_type and (k.dtype != compute or v.dtype != compute):
         raise TrtattnError(f"{p.site}: quantized query {q.dtype}, key {k.dtype} and value {v.dtype} must share one "
                            "dtype (IAttention computes in its query's)")

@@ -27,12 +27,11 @@ import numpy as np
 import onnx
 
 from ..errors import SitesRefused, TrtattnError
+from ..graph.precision import elem_precision
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import tensor_types
-
-DTYPE_NAMES: dict[int, str] = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16",
-                               onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.FLOAT8E4M3FN: "fp8",
-                               onnx.TensorProto.INT8: "int8"}
+from ..site import attribute_softcap
+from ..site_names import engine_layer, layer_metadata
 
 
 @dataclass
@@ -64,7 +63,7 @@ class AttentionPlan:
     region: tuple[str, ...] = ()  # the ONNX nodes the layer replaces
 
     def metadata(self) -> str:
-        return f"trtattn site={self.site} onnx={self.node}"
+        return layer_metadata(self.site, self.node)
 
     def reads(self) -> list[str]:
         return [t for t in (self.query, self.key, self.value, self.mask, self.q_lengths, self.kv_lengths) if t]
@@ -152,6 +151,8 @@ class BuildPlan:
     precision_table: dict[str, float] = field(default_factory=dict)  # share of matmul work per dtype
     right_padded: list[str] = field(default_factory=list)  # padding masks read as per-row lengths
     notes: list[str] = field(default_factory=list)
+    # ONNX Runtime's ops lowered to standard ONNX before the form was made (rewrite/lower): op -> how many
+    contrib_lowered: dict[str, int] = field(default_factory=dict)
     mark_sites: bool = False  # also output each attention's result (per-site verification)
 
     @property
@@ -241,10 +242,10 @@ def make_plan(form_model: onnx.ModelProto, *, name: str, form: str, precision: s
         plan.order.append(node.name)
     for site, node in implicit:  # written out for TensorRT's own fusion (routes/prepare/implicit.py): planned, not lowered
         plan.attentions.append(AttentionPlan(
-            site=site.name, node=node, layer=f"trtattn/attn/{site.name}", query=site.query, key=site.key,
+            site=site.name, node=node, layer=engine_layer(site.name), query=site.query, key=site.key,
             value=site.value, output=site.output, q_scale=float(site.softmax_scale), mask_kind=site.mask.value,
             q_heads=site.q_heads, kv_heads=site.kv_heads, head_size=site.head_size,
-            rank=site.rank, dtype=DTYPE_NAMES.get(types.get(site.query, (onnx.TensorProto.UNDEFINED, None))[0], "fp32"),
+            rank=site.rank, dtype=elem_precision(types.get(site.query, (onnx.TensorProto.UNDEFINED, None))[0]),
             decomposable=decomposable, reason=implicit_reason, region=()))
     missing = set(by_scatter) - {c.node for c in plan.cache_updates}
     if missing:
@@ -302,11 +303,11 @@ def _attention(node, types, sites, lowering, decomposable) -> AttentionPlan:
         if head is None:
             raise TrtattnError(f"Attention {node.name}: the head size is unknown, so is its default scale")
         scale = 1.0 / math.sqrt(head)
-    plan = AttentionPlan(site=site, node=node.name, layer=f"trtattn/attn/{site}", query=q, key=k, value=v,
+    plan = AttentionPlan(site=site, node=node.name, layer=engine_layer(site), query=q, key=k, value=v,
                          output=node.output[0], q_scale=float(scale), q_heads=q_heads, kv_heads=kv_heads, head_size=head,
-                         rank=rank, dtype=DTYPE_NAMES.get(q_type, "fp32"), decomposable=decomposable,
+                         rank=rank, dtype=elem_precision(q_type), decomposable=decomposable,
                          region=(node.name,))
-    if a.get("softcap"):
+    if attribute_softcap(a):
         raise TrtattnError(f"Attention {node.name} soft-caps its logits, which IAttention cannot do; the padded form "
                            "writes such sites in TensorRT's implicit form")
     if lowering is not None:  # the form's record: lengths, forms, causal kind; its mask says the same

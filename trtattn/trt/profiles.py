@@ -4,8 +4,9 @@ The defaults come from what the model can run, never from the dims it was verifi
 - every symbolic dim at axis 0 of an input, and at no other axis, is a batch: 1 .. DEFAULT_MAX_BATCH;
 - packed tokens (`total_tokens`) run to max batch x max positions;
 - every other symbolic dim (a sequence, a past, an image side or audio length a user left dynamic) runs
-  to the model's maximum positions: the `max_positions` the export recorded (metadata), else the rows of
-  its learned position table, else DEFAULT_MAX_POSITIONS (the plan says which);
+  to the model's maximum positions: the `max_positions` the export recorded (metadata), else the context
+  length of the genai_config.json beside it, else the rows of its learned position table or of its
+  attention ops' rotary cache, else DEFAULT_MAX_POSITIONS (the plan says which);
 - a preallocated cache's capacity is static: --max-cache, by default the maximum positions.
 opt is half of max (at least 1). Expressions of dims ("past+seq", "batch+1") are evaluated from their
 parts, so every input of one profile agrees. Profiles are [{input: {"min", "opt", "max"}}], one dict
@@ -46,8 +47,10 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def max_positions(model: onnx.ModelProto) -> tuple[int | None, str]:
-    """The longest sequence the model takes, and where that came from."""
+def max_positions(model: onnx.ModelProto, source=None) -> tuple[int | None, str]:
+    """The longest sequence the model takes, and where that came from: the export's metadata, the context length of
+    the genai_config.json beside `source` (the model's file or folder: ONNX Runtime GenAI's builder writes it), the
+    rows of a learned position table, the rows of the rotary cache an attention op rotates with."""
     for p in model.metadata_props:
         if p.key in ("trtattn.inputs", "trtattn.zoo"):
             try:
@@ -56,10 +59,30 @@ def max_positions(model: onnx.ModelProto) -> tuple[int | None, str]:
                 value = None
             if isinstance(value, int) and value > 0:
                 return value, "the export's metadata (max_positions)"
+    from ..runtime.genai_config import read_genai_config  # (a JSON reader: no runtime session)
+
+    genai = read_genai_config(source)
+    if genai is not None and genai.context_length:
+        return genai.context_length, f"{genai.path.name} (context_length)"
     rows = _position_tables(model)
     if rows:
         return min(rows), "its learned position table"
+    rotary = _rotary_rows(model)
+    if rotary:
+        return min(rotary), "the rows of its attention ops' rotary cache (cos_cache)"
     return None, "nothing in the model"
+
+
+def _rotary_rows(model: onnx.ModelProto) -> list[int]:
+    """Rows of the cos caches com.microsoft GroupQueryAttention rotates with inside the op (do_rotary, input 7):
+    positions past them have no rotation."""
+    inits = {i.name: i for i in model.graph.initializer}
+    rows = []
+    for n in model.graph.node:
+        rotary = any(a.name == "do_rotary" and a.i for a in n.attribute)
+        if n.op_type == "GroupQueryAttention" and rotary and len(n.input) > 7 and n.input[7] in inits:
+            rows.append(int(inits[n.input[7]].dims[0]))
+    return rows
 
 
 def _position_tables(model: onnx.ModelProto) -> list[int]:
@@ -153,12 +176,16 @@ def _symbols(inputs: list[dict]) -> tuple[set[str], set[str]]:
     return first - later, names
 
 
-def default_profiles(inputs: list[dict], limits: dict) -> list[dict]:
-    """One profile over the inputs' dynamic dims (see module doc); static inputs have none."""
+def default_profiles(inputs: list[dict], limits: dict, fixed: dict[str, int] | None = None) -> list[dict]:
+    """One profile over the inputs' dynamic dims (see module doc); static inputs have none. `fixed`: symbolic dims
+    the model's ops fix (graph/op_dims.py: a cache's head size written kv_cache_dim) at their one value."""
     batch, names = _symbols(inputs)
     positions, max_batch = limits["max_positions"], limits["max_batch"]
+    fixed = {n: v for n, v in (fixed or {}).items() if n in names}
     high = {n: max_batch if n in batch else max_batch * positions if n == TOKENS else positions for n in names}
     values = {"min": {n: 1 for n in names}, "opt": {n: max(1, v // 2) for n, v in high.items()}, "max": high}
+    for row in values.values():
+        row.update(fixed)
     profile = {}
     for io in inputs:
         if all(isinstance(d, int) for d in io["shape"]):

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..contract import load_sidecar
 from ..errors import TrtattnError
-from ..runtime.session import Session, TensorInfo
+from ..session import Session, TensorInfo
 from . import compat
 from .cuda import Cuda, CudaError, DeviceBuffer
 

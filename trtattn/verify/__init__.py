@@ -6,18 +6,15 @@ from ..verification import Verification
 from .adapters import Adapter, adapter_for
 from .candidate import CandidateCheck, verify_candidate
 from .compare import (
-                      REWRITE_TOLERANCES,
-                      TOLERANCES,
                       Outcome,
                       compare_models,
                       compare_runners,
                       default_feeds,
-                      model_precision,
-                      tolerance_for,
 )
 from .runners import engine_runner, onnx_runner
+from .tolerance import Check, Tolerance, loosened, tolerance, tolerance_for
 
-__all__ = ["Adapter", "adapter_for", "CandidateCheck", "Verification", "verify_candidate", "TOLERANCES",
-           "REWRITE_TOLERANCES", "Outcome",
-           "compare_models", "compare_runners", "default_feeds", "model_precision", "tolerance_for", "engine_runner",
+__all__ = ["Adapter", "adapter_for", "CandidateCheck", "Verification", "verify_candidate", "Check", "Tolerance",
+           "tolerance", "loosened", "Outcome",
+           "compare_models", "compare_runners", "default_feeds", "tolerance_for", "engine_runner",
            "onnx_runner"]

@@ -10,14 +10,14 @@ from pathlib import Path
 import onnx
 
 from ..contract import cache_inputs
-from ..errors import TrtattnError
 from ..graph import io as onnxio
 from ..graph.dims import fit_dims
 from ..graph.view import GraphView, import_graph
 from ..match import match
 from .adapters import adapter_for
-from .compare import TOLERANCES, Outcome, compare_runners
+from .compare import Outcome, compare_runners
 from .runners import engine_runner, onnx_runner
+from .tolerance import Check, tolerance
 
 
 @dataclass
@@ -41,9 +41,7 @@ def verify_candidate(candidate: str, original: onnx.ModelProto, *, sidecar: dict
     """`candidate` against `original` on the user's input sets (`inputs`, a GivenInputs) or on feeds in the
     original's domain (verify/inputs.py)."""
     precision = precision or (sidecar or {}).get("precision") or "fp32"
-    if precision not in TOLERANCES:
-        raise TrtattnError(f"unknown precision '{precision}'; one of {', '.join(TOLERANCES)}")
-    atol, rtol = TOLERANCES[precision]
+    atol, rtol = tolerance(Check.ENGINE, precision)
     dims = fit_dims(original, dims, given=inputs)  # the dims the original runs at: the match measures there, as fuse does
     graph = import_graph(original)  # weights left on disk stay there
     site_names = {s.output: s.name for s in match(graph, GraphView(graph, original, dims=dims)).sites if s.output}

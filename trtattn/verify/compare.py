@@ -27,39 +27,6 @@ from .adapters import Adapter
 from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
 from .runners import onnx_runner, quiet_polygraphy
 
-# Tolerances by precision (absolute, relative) for engine-vs-ONNX-Runtime checks.
-TOLERANCES = {"fp32": (1e-4, 1e-4), "tf32": (1e-3, 1e-3), "fp16": (2e-2, 2e-2), "bf16": (6e-2, 6e-2),
-              "fp8": (2e-1, 2e-1), "int8": (2e-1, 2e-1)}
-# Tolerances of a rewrite checked on ONNX Runtime against the original, by the precision the model
-# computes in: the same arithmetic in another order, rounded to the model's dtype at different points.
-REWRITE_TOLERANCES = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (6e-2, 6e-2)}
-_PRECISION_OF = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.DOUBLE: "fp32", onnx.TensorProto.FLOAT16: "fp16",
-                 onnx.TensorProto.BFLOAT16: "bf16"}
-
-
-def model_precision(model: onnx.ModelProto) -> str:
-    """The float type most of a model's weights are in (its graph outputs' when it has none):
-    fp32, fp16 or bf16."""
-    from ..graph.external import all_tensors, nbytes
-
-    weight: dict[str, int] = {}
-    for t in all_tensors(model):
-        if t.data_type in _PRECISION_OF:
-            weight[_PRECISION_OF[t.data_type]] = weight.get(_PRECISION_OF[t.data_type], 0) + nbytes(t)
-    if not weight:
-        for o in model.graph.output:
-            p = _PRECISION_OF.get(o.type.tensor_type.elem_type)
-            if p:
-                weight[p] = weight.get(p, 0) + 1
-    return max(weight, key=lambda p: weight[p]) if weight else "fp32"
-
-
-def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
-    """(atol, rtol) for checking a rewrite of `model` on ONNX Runtime: the given ones, else those of the
-    precision it computes in (REWRITE_TOLERANCES)."""
-    default_atol, default_rtol = REWRITE_TOLERANCES[model_precision(model)]
-    return (default_atol if atol is None else atol), (default_rtol if rtol is None else rtol)
-
 
 @dataclass
 class Outcome:
@@ -71,9 +38,11 @@ class Outcome:
     rtol: float = 0.0
     nan_mismatch: list[str] = field(default_factory=list)
     bounds: dict[str, float] = field(default_factory=dict)  # name -> the max abs error allowed (atol + rtol * max|ref|)
-    slices: int = 0  # > 0: the largest model ran in this many slices of layers (verify/slices.py)
+    slices: int = 0  # > 0: the largest model ran in this many slices of layers (graph/slices.py)
     inputs: dict = field(default_factory=dict)  # which inputs it ran on (graph/user_inputs.InputsUsed)
     lengths: list = field(default_factory=list)  # a ragged form's check: each iteration's per-row lengths
+    # name -> (the original's shape, the candidate's) where they differ and cannot be compared
+    shapes_differ: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
     def within(self, name: str, error: float | None) -> bool:
         """Whether `error` (a max abs error of output or site `name`) is within its bound."""
@@ -84,12 +53,16 @@ class Outcome:
                             max_abs_err=max(self.output_errors.values(), default=0.0), outputs=self.output_errors,
                             nan_mismatch=self.nan_mismatch,
                             bounds={k: v for k, v in self.bounds.items() if k in self.output_errors or k in self.site_errors},
-                            slices=self.slices or None, inputs=self.inputs or None, lengths=self.lengths or None)
+                            slices=self.slices or None, inputs=self.inputs or None, lengths=self.lengths or None,
+                            shapes_differ=self.shapes_differ or None)
 
 
 def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
+    """`iterations` feed dicts at the dims the model runs on, then one at each of the fit's other dims (a prefill
+    beside a step over a past: graph/dims.py's Fit.also)."""
     dims = fit_dims(model, dims)  # dims the model runs on (graph/dims.py); nothing to do once fitted
-    return [make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)]
+    return [make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)] + \
+        [make_feeds(model, dims=other, seed=seed) for other in getattr(dims, "also", ())]
 
 
 def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outcome, dict[str, float]]:
@@ -120,7 +93,12 @@ def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outco
         for runs in per_pair.values():
             for i, compared in enumerate(runs):
                 for name, result in compared.items():
-                    err, ok = float(result.max_absdiff), bool(result)
+                    if isinstance(result, bool):  # Polygraphy's False for shapes it cannot line up: no metrics
+                        ref, cand = results[0][1][i][name], results[1][1][i][name]
+                        outcome.shapes_differ[name] = (list(np.shape(ref)), list(np.shape(cand)))
+                        err, ok = max_abs_error(ref, cand), False
+                    else:
+                        err, ok = float(result.max_absdiff), bool(result)
                     if not math.isfinite(err):  # Polygraphy's inf - inf or -inf - lowest: read the arrays again
                         err = max_abs_error(results[0][1][i][name], results[1][1][i][name])
                         ok = outcome.within(name, err)
@@ -161,7 +139,7 @@ def _masked(values: np.ndarray, dtype) -> np.ndarray:
 
 def _prefetched(runners: list, feeds: list[dict]) -> list:
     """Runners as given; a runner over a model in slices runs every feed dict slice by slice first, so each
-    slice's session is made once (verify/slices.py)."""
+    slice's session is made once (graph/slices.py)."""
     for r in runners:
         if hasattr(r, "prefetch"):
             r.prefetch(feeds)

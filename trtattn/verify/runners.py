@@ -19,7 +19,7 @@ import onnx
 from .. import timings
 from ..graph.evaluate import ort_session
 from ..graph.io import extra_outputs
-from .slices import slice_budget, sliced_runner
+from ..graph.slices import slice_budget, sliced_runner
 
 # Polygraphy asks of every run's outputs whether they are torch tensors unless arrays may be swapped to disk
 # (its documented POLYGRAPHY_ARRAY_SWAP_THRESHOLD_MB); asking imports torch (4-6 s here). A threshold no

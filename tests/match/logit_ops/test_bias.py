@@ -6,10 +6,13 @@ the batch), where the head split B*N -> B, N shares its static dim with the head
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import site_statuses
 from trtattn.match import match
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.testing.graphs import attention_model
 
 HEADS, HEAD = 2, 16
 WIDTH = HEADS * HEAD
@@ -79,3 +82,31 @@ def test_gated_bias_on_merged_heads_fuses_as_a_float_mask_and_verifies():
     assert result.verification.passed
     ops = {n.op_type for n in result.model.graph.node}
     assert "Attention" in ops and "Softmax" not in ops and "Sigmoid" in ops  # the gate stays: it makes the mask
+
+
+# Survivors of issue 20's mutation run (benchmarks/mutate.py):
+# each test fails when the line its docstring names is mutated.
+def subtracted_mask_model(style: str):
+    """The additive padding mask written as logits - (1 - mask) * 10000 (Sub instead of Add of -10000):
+    alone ("additive_input": the first mask step, lowered as Neg) or after a gathered bias ("bias_and_mask":
+    Sub of the running mask)."""
+    g = gs.import_onnx(attention_model(mask_style=style))
+    mul = next(n for n in g.nodes if n.op == "Mul" and isinstance(n.inputs[1], gs.Constant)
+               and float(n.inputs[1].values) == -10000.0)
+    mul.inputs[1] = gs.Constant("plus_10000", np.asarray(10000.0, np.float32))
+    add = mul.outputs[0].outputs[0]
+    assert add.op == "Add"
+    add.op = "Sub"
+    if add.inputs[0] is mul.outputs[0]:
+        add.inputs = add.inputs[::-1]
+    return gs.export_onnx(g)
+
+
+def test_subtracted_mask_lowers_to_its_negation():
+    """bias.py:45 (Neg of the first subtracted tensor) and :48 (Sub from the running mask): verified against
+    the model on feeds that pad (a wrong sign attends to padding)."""
+    for style in ("additive_input", "bias_and_mask"):
+        result = fuse_model(subtracted_mask_model(style))
+        assert result.ok and [s for s, _ in site_statuses(result)] == ["fused"], (style, site_statuses(result))
+        assert result.reports[0].site.mask.value == "additive"
+        assert result.verification.max_abs_err <= 1e-4, (style, result.verification)

@@ -4,6 +4,7 @@ that changes the result outside fully masked rows is listed, never silent."""
 
 import onnx
 import pytest
+from onnx import helper
 
 from tests.conftest import DATA
 from trtattn.match import match
@@ -60,3 +61,37 @@ def test_sew_d_xsoftmax_export_reads_the_probabilities_where():
     assert len(sites) == 2 and all(s.mask_steps[-1].op == "probs_where_not" for s in sites)
     result = fuse_model(model)
     assert [r.status for r in result.reports] == ["fused", "fused"] and result.verification.passed
+
+
+# Survivors of mutating match/logit_ops/probs_mask.py (benchmarks/mutate.py, base d3efd07):
+# each test pins an outcome the fast lane left open.
+def test_a_reshape_of_the_probabilities_is_not_a_mask_reapplied():
+    """Flatten -> Softmax -> Reshape(Shape(logits)) (the opset-12 form): the Reshape reads the probabilities
+    and another tensor, as P * m does, but re-applies no mask."""
+    (site,) = match(attention_model(softmax_style="flatten")).sites
+    assert not [s.op for s in site.mask_steps if s.op.startswith("probs")]
+
+
+def test_probabilities_squared_are_not_a_mask_reapplied():
+    model = attention_model(opset=18)
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    probs = softmax.output[0]
+    for n in model.graph.node:
+        n.input[:] = ["squared" if i == probs else i for i in n.input]
+    model.graph.node.insert(list(model.graph.node).index(softmax) + 1,
+                            helper.make_node("Mul", [probs, probs], ["squared"], name="square/Mul"))
+    result = match(model)
+    assert not any(s.op.startswith("probs") for site in result.sites for s in site.mask_steps)
+    assert not result.sites and result.skipped
+
+
+@pytest.mark.parametrize("form", ["mul", "where", "where_not"])
+def test_a_mask_on_the_probabilities_alone_is_not_already_normal(form):
+    """Scale on Q and no mask but one re-applied to the probabilities: TensorRT's implicit fusion does not take
+    that step, so normalize must rewrite the site (already_normal says no)."""
+    from trtattn.rewrite.normalize import already_normal
+
+    (site,) = match(reapply(attention_model(opset=18, scale_style="mul_q"), form, None)).sites
+    assert [s.op for s in site.mask_steps] == [{"mul": "probs_mul", "where": "probs_where",
+                                                "where_not": "probs_where_not"}[form]]
+    assert not already_normal(site)

@@ -9,6 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import mask_step_ops
+from trtattn.match import match
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing.graphs import attention_model
 
@@ -169,3 +171,54 @@ def test_per_head_scale_of_unknown_shape_is_unsupported():
     step = MaskStep("head_scale", operand="s", node="scale/Mul", frame=(("x0",),))
     with pytest.raises(Unsupported, match="scale/Mul multiplies the logits by s, whose shape is not known"):
         _per_head(GraphView(graph, fold=False), step, Atoms())
+
+
+# Survivors of mutating match/logit_ops/scale.py (benchmarks/mutate.py, base d3efd07):
+# each test pins an outcome the fast lane left open.
+def test_a_per_head_factor_computed_at_run_time_is_a_scale_not_a_mask():
+    """logits * f, f [heads, 1, 1] from a graph input (not foldable): constant along the keys, so scale.py
+    reads it (and refuses it as not a scalar), not mul_mask.py (which would say 'no offset')."""
+    model = per_head_scale("Mul")
+    init = next(i for i in model.graph.initializer if i.name == "logit_scale")
+    model.graph.initializer.remove(init)
+    model.graph.input.append(helper.make_tensor_value_info("logit_scale", TensorProto.FLOAT, [4, 1, 1]))
+    result = match(model)
+    assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
+
+
+def test_a_multiplier_of_one_number_computed_at_run_time_is_a_scale_not_a_mask():
+    """logits * f, f of shape [1, 1, 1, 1] from a graph input: one number, a scale."""
+    model = per_head_scale("Mul")
+    init = next(i for i in model.graph.initializer if i.name == "logit_scale")
+    model.graph.initializer.remove(init)
+    model.graph.input.append(helper.make_tensor_value_info("logit_scale", TensorProto.FLOAT, [1, 1, 1, 1]))
+    result = match(model)
+    assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
+
+
+def test_a_constant_factor_that_varies_over_the_keys_is_not_a_per_head_scale():
+    """logits * w, w a constant [1, 1, 6] (one weight per key): not constant along the keys, so not a head
+    scale (which goes on Q); refused as a tensor that is not a scalar."""
+    model = per_head_scale("Mul")
+    init = next(i for i in model.graph.initializer if i.name == "logit_scale")
+    init.CopyFrom(numpy_helper.from_array(np.linspace(0.5, 1.5, 6).astype(np.float32).reshape(1, 1, 6), "logit_scale"))
+    result = match(model)
+    assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
+    model = per_head_scale("Mul")  # the same factor per head, [4, 1, 1]: a head scale
+    assert any("head_scale" in steps for steps in mask_step_ops(match(model)))
+
+
+def test_a_factor_that_varies_over_the_queries_is_not_a_per_head_scale():
+    model = per_head_scale("Mul")
+    init = next(i for i in model.graph.initializer if i.name == "logit_scale")
+    init.CopyFrom(numpy_helper.from_array(np.linspace(0.5, 1.5, 24).astype(np.float32).reshape(4, 6, 1), "logit_scale"))
+    result = match(model)
+    assert not result.sites and "multiplies the logits by a tensor, not a scalar" in result.skipped[0].reason
+
+
+def test_a_division_by_the_logits_is_refused():
+    model = attention_model(scale_style="div_after")
+    div = next(n for n in model.graph.node if n.op_type == "Div")
+    div.input[:] = [div.input[1], div.input[0]]  # sqrt(d) / logits
+    result = match(model)
+    assert not result.sites and f"Div {div.name} divides by the logits" in result.skipped[0].reason

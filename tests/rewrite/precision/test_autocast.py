@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 import trtattn
 from trtattn.errors import TrtattnError, VerificationError
 from trtattn.rewrite import precision as P
+from trtattn.verify.tolerance import CONVERSION_BOUNDS
 
 try:
     from trtattn.graph.feeds import make_feeds
@@ -120,7 +121,7 @@ def test_verify_fails_on_a_wrong_number_and_on_a_nan():
     feeds = [{"x": np.array([1.0, -2.0, 3.0, 4.0], np.float32)}]
     original, close = _pair(np.array([1.0, -2.0, 3.0, 4.001]))
     errors = P.verify(original, close, feeds, precision="fp16")
-    assert errors["y"].nonfinite == 0 and errors["y"].rel < P.TOLERANCE["fp16"]["rel"]
+    assert errors["y"].nonfinite == 0 and errors["y"].rel < CONVERSION_BOUNDS["fp16"]["rel"]
     _, wrong = _pair(np.array([1.0, -2.0, 3.0, 4.5]))
     with pytest.raises(VerificationError, match="output 'y' is off by 0.5"):
         P.verify(original, wrong, feeds, precision="fp16")
@@ -166,7 +167,7 @@ def test_fp16_fused_model(zoo_export, name):
     assert any("out of range" in why for why in result.kept_fp32.values())
     clamps = [n for n in result.model.graph.node if n.name.endswith("/fp16_mask_clamp")]
     assert len(clamps) == 2 and all("clamps an attention mask" in result.kept_fp32[n.name] for n in clamps)
-    errors = P.verify(original, result.model, _check_feeds(original))  # raises past P.TOLERANCE["fp16"]
+    errors = P.verify(original, result.model, _check_feeds(original))  # raises past CONVERSION_BOUNDS["fp16"]
     assert set(errors) == {o.name for o in original.graph.output}
 
 
@@ -209,7 +210,7 @@ def test_bf16_matches_fp32_on_cpu(zoo_export, name):
     (P.compare says which)."""
     original, result = converted(zoo_export, name, "bf16")
     try:
-        errors = P.verify(original, result.model, _check_feeds(original))  # raises past P.TOLERANCE["bf16"]
+        errors = P.verify(original, result.model, _check_feeds(original))  # raises past CONVERSION_BOUNDS["bf16"]
     except P.NotRunnableOnCpu as e:
         pytest.skip(str(e))
     assert set(errors) == {o.name for o in original.graph.output}

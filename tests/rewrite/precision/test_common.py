@@ -11,16 +11,18 @@ import pytest
 
 from tests.rewrite.precision.test_widen import bf16_attention, fp16_attention, needs_autocast
 from trtattn.cli import main
+from trtattn.graph.precision import ModelPrecision, Weighing, model_precision
 from trtattn.graph.user_inputs import GivenInputs
-from trtattn.rewrite.precision.common import PrecisionError, chosen_precision, model_precision
+from trtattn.rewrite.precision.common import PrecisionError, chosen_precision
 from trtattn.routes.prepare import prepare
 from trtattn.testing.graphs import attention_model
 
 
 def test_the_models_own_precision_is_read_from_its_weights_else_its_io():
-    assert model_precision(fp16_attention()) == ("fp16", "weights")
-    assert model_precision(bf16_attention()) == ("bf16", "inputs and outputs")  # no weights: its IO says
-    assert model_precision(attention_model()) is None
+    assert model_precision(fp16_attention(), Weighing.COMPUTED) == ModelPrecision("fp16", "weights")
+    # no weights: its IO says
+    assert model_precision(bf16_attention(), Weighing.COMPUTED) == ModelPrecision("bf16", "inputs and outputs")
+    assert model_precision(attention_model(), Weighing.COMPUTED).name == "fp32"
     assert chosen_precision(bf16_attention(), None) == ("bf16", "precision bf16, from the model's inputs and "
                                                                 "outputs (no --precision given)")
     assert chosen_precision(attention_model(), None)[0] == "fp16"  # fp32: the route's default

@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 from trtattn.rewrite import precision as P
 from trtattn.rewrite.precision.autocast import check_attention_types
 from trtattn.rewrite.precision.common import declared_types
+from trtattn.verify.tolerance import CONVERSION_BOUNDS, Check, tolerance
 
 needs_autocast = pytest.mark.usefixtures("autocast")
 
@@ -56,7 +57,7 @@ def test_fp16_model_converts_to_bf16_keeping_its_fp16_io():
     assert converted.table.get("bf16", 0) > 0.95
     assert not any(i.data_type == T.FLOAT16 for i in out.graph.initializer)  # weights widened, then cast to bf16
     errors = P.verify(model, out, _feeds(model), precision="bf16")
-    assert errors["y"].rel < P.TOLERANCE["bf16"]["rel"]
+    assert errors["y"].rel < CONVERSION_BOUNDS["bf16"]["rel"]
 
 
 @needs_autocast
@@ -228,7 +229,7 @@ def test_fuse_bf16_body_writes_a_bf16_attention_checked_emulated():
     assert [n.op_type for n in out.graph.node].count("Attention") == 1 and "Softmax" not in {
         n.op_type for n in out.graph.node}
     assert result.verification.run_on == bf16.RUN_ON and result.verification.widened_fp32.passed
-    assert 0 < result.verification.max_abs_err <= bf16.TOLERANCE[0]
+    assert 0 < result.verification.max_abs_err <= tolerance(Check.REWRITE, "bf16").atol
     onnx.checker.check_model(out, full_check=True)
     assert validate.findings(out) == []
     before, after = _inferred_types(model), _inferred_types(out)

@@ -19,6 +19,7 @@ from trtattn.errors import MissingDependencyError, TrtattnError
 from trtattn.graph.feeds import make_feeds
 from trtattn.rewrite import quantize as Q
 from trtattn.testing.graphs import attention_model
+from trtattn.verify.tolerance import QUANTIZATION_REL_L2
 
 SEQ = 32  # ModelOpt skips attention MatMuls whose K or N is < 16 at the calibration shapes
 DIMS = {"seq": SEQ, "dec_seq": SEQ}
@@ -194,7 +195,7 @@ def test_runs_on_onnxruntime_cpu_within_tolerance(zoo_export, name, mode):
     feeds = [make_feeds(model, seed=100 + i, dims=DIMS, padding=False) for i in range(2)]
     errors = Q.compare(model, result.model, feeds)
     rel = max(e["rel"] for e in errors.values())
-    assert 1e-4 < rel <= Q.REL_TOLERANCE[mode], errors  # quantized for real, and close to fp32
+    assert 1e-4 < rel <= QUANTIZATION_REL_L2[mode], errors  # quantized for real, and close to fp32
 
 
 @needs_modelopt
@@ -236,7 +237,7 @@ def test_modelopt_default_placement_leaves_add_masked_attention_unquantized():
     gemm = Q.quantize(model, "fp8", calib)
     assert gemm.ok and gemm.settings["selection"] == "gemm"
     feeds = [make_feeds(model, seed=9, dims=DIMS)]
-    assert max(e["rel"] for e in Q.compare(model, gemm.model, feeds).values()) <= Q.REL_TOLERANCE["fp8"]
+    assert max(e["rel"] for e in Q.compare(model, gemm.model, feeds).values()) <= QUANTIZATION_REL_L2["fp8"]
 
 
 @needs_modelopt

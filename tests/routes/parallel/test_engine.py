@@ -172,3 +172,23 @@ def test_rank_networks_of_the_build_form_keep_iattention(checked_trt, zoo_export
         for r, out in enumerate(outs):  # each rank's cache: its KV heads (a replicated head on each holder)
             want = slice_array(np.asarray(value), shard, ranks, r) if shard else value
             np.testing.assert_allclose(out[name_], want, rtol=1e-4, atol=1e-5, err_msg=name_)
+
+
+# Survivors of mutating routes/parallel (benchmarks/mutate.py): each test pins an outcome the fast lane left open.
+def test_mqa_rank_plan_keeps_its_one_whole_kv_head():
+    """One KV head over 2 ranks stays whole on every rank: each rank's IAttention has half the query heads
+    and the one KV head. A plan whose KV heads shape inference left unknown (None) keeps them unknown."""
+    from trtattn.routes.parallel.engine import rank_plan_from_prepared
+    from trtattn.routes.prepare import prepare
+    from trtattn.testing.graphs import attention_model
+
+    prepared = prepare(attention_model(heads=4, kv_heads=1), name="attn", precision="fp32")
+    forms = split_model(prepared.form_model, 2)
+    (site,) = forms.plan.sites
+    assert (site.q_per_rank, site.kv_per_rank) == (2, None)
+    for r in range(2):
+        plan, _ = rank_plan_from_prepared(prepared, forms, r)
+        assert [(a.q_heads, a.kv_heads) for a in plan.attentions] == [(2, 1)]
+    prepared.plan.attentions[0].kv_heads = None  # as plan.py records a 4-D Attention's K of unknown heads
+    plan, _ = rank_plan_from_prepared(prepared, forms, 0)
+    assert [(a.q_heads, a.kv_heads) for a in plan.attentions] == [(2, None)]

@@ -7,9 +7,12 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
 
+from tests.conftest import graph_model
 from trtattn.graph import external, io, validate
 from trtattn.routes.parallel import DOMAIN, collective, split_model
+from trtattn.routes.parallel.cost import llama_costs
 from trtattn.testing import write_llama
 from trtattn.testing.graphs import attention_model
 
@@ -138,12 +141,12 @@ def test_small_lm_head_and_embedding_stay_whole(tiny_llama):
 
 
 def test_split_in_slices_of_layers_keeps_each_session_under_the_model(tiny_llama, monkeypatch):
-    """A model over half the memory is measured and checked in slices of layers (verify/slices.py) and its
+    """A model over half the memory is measured and checked in slices of layers (graph/slices.py) and its
     rank set one rank's wave (between collectives) at a time: forced here with a budget of a fraction of
     the tiny Llama's weights, no ONNX Runtime session the split opens holds the whole model, and the split
     and its errors are those of the unsliced run."""
+    from trtattn.graph import slices
     from trtattn.routes.parallel import collectives, facts
-    from trtattn.verify import slices
 
     whole = split_model(tiny_llama, 2)
     held = []
@@ -283,8 +286,8 @@ def test_build_tp_of_a_model_over_half_the_memory_slices_its_ranks_from_the_file
     import json
 
     from trtattn.cli import main
+    from trtattn.graph import slices
     from trtattn.trt import compat
-    from trtattn.verify import slices
 
     try:
         compat.import_tensorrt()
@@ -355,7 +358,7 @@ def test_build_tp_kv_cache_form_keeps_each_rank_its_own_cache(tiny_llama, tmp_pa
 def test_rank_costs_match_the_llama_formula(tiny_llama):
     """The README's 8B/70B figures come from llama_costs; on the tiny preset it must give what the split
     of the written model holds (N=4: only the K/V slices' few index constants differ)."""
-    from trtattn.routes.parallel.cost import llama_costs, rank_costs
+    from trtattn.routes.parallel.cost import rank_costs
 
     tiny = write_llama.PRESETS["tiny"]
     for ranks in (2, 4):
@@ -453,3 +456,46 @@ def test_an_attention_the_matcher_did_not_read_is_named_not_split_silently():
     model = gs.export_onnx(g)
     with pytest.raises(TrtattnError, match="did not read: .*cannot be proven"):
         split_model(model, 2)
+
+
+# Survivors of mutating routes/parallel (benchmarks/mutate.py): each test pins an outcome the fast lane left open.
+def _weights(*specs):
+    rng = np.random.default_rng(0)
+    return [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in specs]
+
+
+def test_gemm_bias_of_one_row_splits_with_its_columns():
+    """A column-split Gemm's bias of shape [1, N] is sliced by its last axis like the weight's columns."""
+    inits = _weights(("w1", (16, 32)), ("b1", (1, 32)), ("w2", (32, 16)))
+    model = graph_model([helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="up"),
+                    helper.make_node("Relu", ["h"], ["r"]), helper.make_node("Gemm", ["r", "w2"], ["y"], name="down")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], inits)
+    forms = split_model(model, 2)
+    biases = [[list(t.dims) for t in m.graph.initializer if t.name.startswith("b1")] for m in forms.models]
+    assert biases == [[[1, 16]], [[1, 16]]]
+    check = forms.verify()
+    assert check.passed, check.errors
+
+
+def test_split_along_an_unsharded_axis_keeps_the_shard():
+    """Heads sharded on axis 2, then a rotate-half Split of each head's axis 3: both halves stay sharded by
+    heads, and the ranks' outputs match the original."""
+    inits = _weights(("w1", (16, 16)), ("w2", (16, 16))) + [
+        onnx.numpy_helper.from_array(np.array([0, 0, 4, 4], np.int64), "heads"),
+        onnx.numpy_helper.from_array(np.array([0, 0, 16], np.int64), "flat"),
+        onnx.numpy_helper.from_array(np.array([2, 2], np.int64), "halves")]
+    model = graph_model([helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+                    helper.make_node("Reshape", ["h", "heads"], ["hh"], name="to_heads"),
+                    helper.make_node("Split", ["hh", "halves"], ["a", "b"], axis=3, name="halve"),
+                    helper.make_node("Neg", ["b"], ["nb"]),
+                    helper.make_node("Concat", ["nb", "a"], ["rot"], axis=3, name="rotate"),
+                    helper.make_node("Reshape", ["rot", "flat"], ["f"], name="from_heads"),
+                    helper.make_node("MatMul", ["f", "w2"], ["y"], name="down")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 16])], inits)
+    forms = split_model(model, 2)
+    assert not forms.plan.replicated, forms.plan.replicated
+    assert all(any(n.op_type == "AllReduce" for n in m.graph.node) for m in forms.models)
+    check = forms.verify()
+    assert check.passed, check.errors

@@ -7,8 +7,11 @@ import onnx
 import onnx_graphsurgeon as gs
 import pytest
 
+from tests.conftest import tampering
 from trtattn import contract
-from trtattn.routes.prepare import form_adapter, prepare
+from trtattn.errors import TrtattnError
+from trtattn.rewrite.fuse import fuse_model
+from trtattn.routes.prepare import form_adapter, forms, prepare
 from trtattn.routes.prepare.forms import verify_form
 
 
@@ -80,3 +83,17 @@ def test_kv_cache_feeds_spread_new_tokens_over_one_to_seq(bart_step):
     rows = adapter.row_lengths(adapter.original_feeds(dims, 0))
     assert rows["new"] == [3, 2, 1] and rows["past"] == [6, 6, 6], rows
     assert rows["encoder_attention_mask"] == [7, 4, 1], rows
+
+
+# Survivors of issue 20's mutation run (benchmarks/mutate.py):
+# each test fails when the line its docstring names is mutated.
+def test_a_form_that_fails_its_check_is_not_handed_on(zoo_export, monkeypatch):
+    """forms/__init__.py:102 (the guard after verify_form): Llama's padded form (its RoPE lowered) that does not
+    match the original raises, naming the form, instead of going on to the build (issue 20: 2.22 off)."""
+    model = onnx.load(str(zoo_export("llama", "torchscript")))
+    fused = fuse_model(model)
+    assert fused.ok
+    assert forms.derive("padded", model, fused).verification.passed
+    monkeypatch.setattr(forms, "verify_form", tampering(forms.verify_form))
+    with pytest.raises(TrtattnError, match="the padded form does not match the original model"):
+        forms.derive("padded", model, fused)

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from trtattn import contract as forms
 from trtattn.errors import TrtattnError
@@ -270,8 +271,6 @@ def test_a_padding_mask_whose_meaning_is_guessed_from_the_graph_is_read_as_lengt
     tokens (Where(mask, logits, fill), as Hugging Face writes it) may be read as lengths; True at the padding
     may not. (The check once compared with a word the guess never gives: no guessed mask qualified, and a
     BART decoder step fell back from the kv-cache form.)"""
-    from onnx import TensorProto, helper
-
     from trtattn.graph.roles import input_specs
     from trtattn.routes.prepare.padded import right_padded_masks
 
@@ -287,3 +286,23 @@ def test_a_padding_mask_whose_meaning_is_guessed_from_the_graph_is_read_as_lengt
     role = next(s.role for s in input_specs(model) if s.name == "attention_mask")
     assert role == {"kind": "padding_mask", "true_at": "tokens" if keeps_where_true else "padding"}
     assert (right_padded_masks(model) == {"attention_mask"}) == read_as_lengths
+
+
+# Survivors of issue 20's mutation run (benchmarks/mutate.py):
+# each test fails when the line its docstring names is mutated.
+def test_max_cache_sets_the_cache_capacity_the_user_asked_for(zoo_export):
+    """build.py:165 (limits.max_cache): the caches of the engine's I/O and its profiles are 24 long, the number
+    passed, not the 64 maximum positions (asserted against 24, not plan.limits, the value under test)."""
+    from trtattn.routes.prepare import Limits, prepare
+
+    model = onnx.load(str(zoo_export("llama-cache", "torchscript")))
+    prepared = prepare(model, name="llama-cache", form="kv-cache", precision="fp32",
+                       limits=Limits(max_batch=2, max_positions=64, max_cache=24))
+    caches = list(prepared.plan.aliases.values())
+    assert caches
+    inputs = {i["name"]: i for i in prepared.plan.inputs}
+    assert all(inputs[c]["shape"][2] == 24 for c in caches), {c: inputs[c]["shape"] for c in caches}
+    cut_inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim]
+                  for i in prepared.cut.model.graph.input}
+    assert all(cut_inputs[c][2] == 24 for c in caches), cut_inputs
+    assert all(row["max"][2] == 24 for p in prepared.plan.profiles for name, row in p.items() if name in caches)

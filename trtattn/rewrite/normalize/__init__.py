@@ -29,6 +29,7 @@ from ...graph.view import import_graph
 from ...match import analyse, logit_ops, probe_feeds, subgraphs
 from ...report import Progress
 from ...site import AttentionSite, MaskKind, ScalePlacement, SiteOutcome, SiteStatus
+from ...site_names import site_scope
 from ...verify import Verification
 from .. import bf16, driver
 from . import canonical
@@ -244,7 +245,7 @@ class _NormalizeRewriter(driver.SiteRewriter[_Scope, SiteNormalization]):
         logits, row.scale_to = prescaled_logits(scope.graph, scope.tensors, site, fold_weights=self.fold)
         shape = None
         if logit_ops.has_layout_change(site.mask_steps):
-            shape = Emitter(scope.graph, f"trtattn/{site.name}/shape").score_shape(
+            shape = Emitter(scope.graph, site_scope(site.name, "shape")).score_shape(
                 scope.tensors[site.query], scope.tensors[site.key_transposed], site.rank, site.rank - 1)
         x, row.mask_form = masked_logits(scope.graph, scope.tensors, site, meaning, logits, scope.masks, shape)
         scope.nodes[site.softmax].inputs[0] = x
@@ -253,7 +254,7 @@ class _NormalizeRewriter(driver.SiteRewriter[_Scope, SiteNormalization]):
     @staticmethod
     def _probabilities(scope: _Scope, row: SiteNormalization, probs, logits_normal: bool) -> None:
         """What stands between the Softmax and BMM2: a NaN or fully-masked-row guard moved after BMM2, or named."""
-        softmax, prefix = scope.nodes[row.site.softmax], f"trtattn/{row.site.name}"
+        softmax, prefix = scope.nodes[row.site.softmax], site_scope(row.site.name)
         if move_nan_guard(scope.graph, softmax, prefix):
             row.probabilities = "NaN guard moved after BMM2"
             row.rewritten()

@@ -21,6 +21,7 @@ from ...graph.emit import Emitter, float_dtype
 from ...graph.view import GraphView
 from ...match import logit_ops
 from ...site import AttentionSite, MaskKind
+from ...site_names import site_scope
 from ..layout import Dims, convert
 
 
@@ -74,15 +75,15 @@ def canonical_core(graph: gs.Graph, tensors: dict, site: AttentionSite, softmax:
     if logit_ops.softcap(site.mask_steps):
         raise ValueError("soft-capped logits: TensorRT's pattern has no Tanh before the Softmax")
     dtype = float_dtype(site.dtype)
-    emit = Emitter(graph, f"trtattn/{site.name}/core")
+    emit = Emitter(graph, site_scope(site.name, "core"))
     dims = Dims(emit, tensors, lay.dims)
     q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
     k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)
     v = convert(emit, tensors[lay.value], lay.v, (lay.batch, lay.kv_heads, ("k",), ("e",)), dims)
     if abs(lay.scale - 1.0) > 1e-12:
         q = emit("Mul", [q, emit.const(lay.scale, dtype)], dtype=dtype, name="q_scale")
-    mask_emit = Emitter(graph, f"trtattn/{site.name}/mask_operands")
-    built = logit_ops.build(graph, tensors, list(site.mask_steps), f"trtattn/{site.name}/mask", dtype,
+    mask_emit = Emitter(graph, site_scope(site.name, "mask_operands"))
+    built = logit_ops.build(graph, tensors, list(site.mask_steps), site_scope(site.name, "mask"), dtype,
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
     for factor in built.q_scales:  # a per-head logit scale (Swin-v2): [.., heads, 1, 1] on Q, as fuse puts it
         q = emit("Mul", [q, factor], dtype=dtype, name="q_head_scale")
@@ -101,7 +102,7 @@ def canonical_core(graph: gs.Graph, tensors: dict, site: AttentionSite, softmax:
         x = emit("Cast", [x], {"to": site.logits_cast}, name="softmax_precision")
     old_name, softmax.name = softmax.name, f"{softmax.name}/replaced"  # the new Softmax keeps the site's name
     softmax_dtype = dtype if site.logits_cast is None else onnx.helper.tensor_dtype_to_np_dtype(site.logits_cast)
-    p = gs.Variable(f"trtattn/{site.name}/core/probabilities", dtype=softmax_dtype)
+    p = gs.Variable(site_scope(site.name, "core", "probabilities"), dtype=softmax_dtype)
     graph.nodes.append(gs.Node("Softmax", old_name, {"axis": -1}, inputs=[x], outputs=[p]))
     y = emit("MatMul", [emit.cast(p, dtype), v], dtype=dtype, name="pv")  # back in V's precision, as the original
     if guard:  # rows that attend to no key stay 0, as the original's guard made them

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...graph.precision import FUSED_PRECISIONS
 from ...match import logit_ops
 from ...site import AttentionSite, MaskKind, ScalePlacement
 from .canonical import needed as needs_reemit
 from .probabilities import not_documented
 
-FUSED_PRECISIONS = ("fp16", "bf16", "fp8", "int8")
 INT8_HEAD_SIZES = (16, 32, 64)
 INT8_MAX_SEQ = 512
 
@@ -66,7 +66,7 @@ def verdict(site: AttentionSite, *, precision: str = "fp16", meaning=None, max_s
             mask_ops: set[str] | None = None, probs_ops: list[str] | None = None) -> Verdict:
     """probs_ops: the op types between the site's Softmax and its second MatMul (probabilities.between)."""
     limits = _kernel_limits(site, precision, max_seq)
-    softcap = any(n.startswith("softcap") for n in site.notes)
+    softcap = site.softcap is not None
 
     iatt = list(limits)
     if site.source.is_contrib:

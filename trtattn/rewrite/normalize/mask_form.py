@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 from ...graph.emit import Emitter, float_dtype
 from ...match.logit_ops import fill_value, materialize
 from ...site import AttentionSite, CausalKind, MaskKind
+from ...site_names import site_scope
 
 NEG_INF = float("-inf")
 
@@ -53,7 +54,7 @@ class MaskCache:
 def masked_logits(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning, logits: gs.Tensor,
                   cache: MaskCache, score_shape: gs.Tensor | None = None) -> tuple[gs.Tensor, str]:
     """logits -> (one Where or Add) -> [Cast]: returns (softmax input, description)."""
-    emit = Emitter(graph, f"trtattn/{site.name}/mask_form")
+    emit = Emitter(graph, site_scope(site.name, "mask_form"))
     dtype = _np_dtype(site)
     pure = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding and not meaning.bias
     if pure and site.causal != CausalKind.NONE:

@@ -15,11 +15,12 @@ import onnx_graphsurgeon as gs
 from ...graph.emit import Emitter, float_dtype
 from ...match.heads import SHAPE_OPS
 from ...site import AttentionSite
+from ...site_names import site_scope
 
 
 def prescaled_logits(graph: gs.Graph, tensors: dict, site: AttentionSite, *, fold_weights: bool = False) -> tuple[gs.Tensor, str]:
     """Emit MatMul(Q * s, K^T) for `site`. Returns (logits tensor, where the scale went)."""
-    emit = Emitter(graph, f"trtattn/{site.name}/prescale")
+    emit = Emitter(graph, site_scope(site.name, "prescale"))
     q = tensors[site.query]
     kt = tensors[site.key_transposed]
     scale = site.scale / site.key_transposed_scale  # K^T may keep a factor applied before its Transpose

@@ -3,7 +3,7 @@
     converted = convert(model, "fp16", calibration_feeds=[feeds])
     converted.model, converted.kept_fp32    # the mixed model; {node: why it computes in fp32}
     converted.table                         # share of matmul work per dtype: {"fp16": 0.99, "fp32": 0.01}
-    verify(model, converted.model, [feeds]) # VerificationError past TOLERANCE or on a NaN
+    verify(model, converted.model, [feeds]) # VerificationError past verify.tolerance.CONVERSION_BOUNDS or on a NaN
 
 TensorRT >= 11 networks are strongly typed: the ONNX dtypes are the engine's. AutoCast converts the
 model and its classifier keeps in fp32 what is numerically sensitive (I/O beyond 512 in magnitude on
@@ -38,10 +38,10 @@ the reverse) is widened to fp32 first (widen.py): AutoCast goes between fp32 and
 
 from .autocast import Converted, convert, load_autocast
 from .check import OutputError, compare, cpu_runner, ort_support, verify
-from .common import PRECISIONS, TOLERANCE, NotRunnableOnCpu, PrecisionError
+from .common import NotRunnableOnCpu, PrecisionError
 from .form import FormPrecision, caches_in_low_precision, convert_form
 from .work import Work, matmul_work, precision_table
 
-__all__ = ["Converted", "FormPrecision", "NotRunnableOnCpu", "OutputError", "PRECISIONS", "PrecisionError", "TOLERANCE",
+__all__ = ["Converted", "FormPrecision", "NotRunnableOnCpu", "OutputError", "PrecisionError",
            "Work", "caches_in_low_precision", "compare", "convert", "convert_form", "cpu_runner", "load_autocast",
            "matmul_work", "ort_support", "precision_table", "verify"]

@@ -21,14 +21,12 @@ from onnx import TensorProto
 from ...errors import MissingDependencyError, TrtattnError, require
 from ...graph.external import data_dir
 from ...graph.io import scratch_dir
+from ...graph.precision import ELEM_PRECISIONS, FLOAT_ELEMS, LOW_FLOATS
 from .common import (
-    DTYPE_NAMES,
-    FLOATS,
     INSTALL,
     LARGE,
     NO_MATH,
     ONNX_DOMAINS,
-    PRECISIONS,
     PrecisionError,
     declared_types,
 )
@@ -51,8 +49,8 @@ def convert(model: onnx.ModelProto | str | os.PathLike, precision: str, *, keep_
     keep_fp32: node names that stay fp32. calibration_feeds: a feed dict or a list of them, AutoCast's
     classifier reads every tensor's range on them (None: AutoCast's own uniform [-1, 1] inputs with
     dynamic dims 1, which say little about masks); the table is counted at the first one's shapes."""
-    if precision not in PRECISIONS:
-        raise TrtattnError(f"unknown precision '{precision}'; choose one of: {', '.join(PRECISIONS)}")
+    if precision not in LOW_FLOATS:
+        raise TrtattnError(f"unknown precision '{precision}'; choose one of: {', '.join(LOW_FLOATS)}")
     autocast = load_autocast()
     feeds = [calibration_feeds] if isinstance(calibration_feeds, Mapping) else list(calibration_feeds or [])
     with contextlib.ExitStack() as stack:
@@ -122,9 +120,9 @@ def check_attention_types(model: onnx.ModelProto) -> None:
     for n in model.graph.node:
         if n.op_type != "Attention" or n.domain not in ONNX_DOMAINS:
             continue
-        read = {t: types.get(t) for i, t in enumerate(n.input[:6]) if t and (i != 3 or types.get(t) in FLOATS)}
+        read = {t: types.get(t) for i, t in enumerate(n.input[:6]) if t and (i != 3 or types.get(t) in FLOAT_ELEMS)}
         if len({d for d in read.values() if d is not None}) > 1:
-            said = ", ".join(f"{t} {DTYPE_NAMES.get(d, d)}" for t, d in read.items())  # type: ignore[call-overload]
+            said = ", ".join(f"{t} {ELEM_PRECISIONS.get(d or 0) or d}" for t, d in read.items())
             raise PrecisionError(f"Attention node {n.name} reads its inputs in different dtypes ({said}): IAttention "
                                  "takes Q, K, V, a float mask and the caches in one dtype")
 
@@ -277,7 +275,7 @@ def _position_arithmetic(model: onnx.ModelProto, types: dict[str, int]) -> dict[
     a Sin/Cos (rotary angles: fp16/bf16 cannot hold position x frequency) or a Cast to an integer (an
     index computed in float, as DeBERTa's log-bucketed relative positions). A Sin/Cos of an activation is
     left to AutoCast."""
-    derived = {i.name for i in model.graph.initializer} | {t for t, ty in types.items() if ty not in FLOATS}
+    derived = {i.name for i in model.graph.initializer} | {t for t, ty in types.items() if ty not in FLOAT_ELEMS}
     for n in model.graph.node:  # topological order
         if all(t in derived for t in n.input if t):
             derived.update(n.output)
@@ -288,15 +286,15 @@ def _position_arithmetic(model: onnx.ModelProto, types: dict[str, int]) -> dict[
     frontier = [(n, why["Sin"]) for n in model.graph.node if n.op_type in ("Sin", "Cos") and n.output[0] in derived]
     frontier += [(producer[n.input[0]], why["Cast"]) for n in model.graph.node
                  if n.op_type == "Cast" and n.input[0] in producer and n.input[0] in derived
-                 and types.get(n.input[0]) in FLOATS and onnx.helper.get_attribute_value(n.attribute[0]) in INTEGERS]
+                 and types.get(n.input[0]) in FLOAT_ELEMS and onnx.helper.get_attribute_value(n.attribute[0]) in INTEGERS]
     while frontier:
         node, reason = frontier.pop()
         if node.name in keep:
             continue
-        if any(types.get(t) in FLOATS for t in node.output):
+        if any(types.get(t) in FLOAT_ELEMS for t in node.output):
             keep[node.name] = reason
         frontier += [(producer[t], reason) for t in node.input
-                     if t in producer and t in derived and types.get(t) in FLOATS]
+                     if t in producer and t in derived and types.get(t) in FLOAT_ELEMS]
     return keep
 
 

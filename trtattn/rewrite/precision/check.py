@@ -14,7 +14,8 @@ from onnx import TensorProto
 
 from ...errors import TrtattnError, VerificationError
 from ...graph.external import set_session_folder
-from .common import LARGE, TOLERANCE, NotRunnableOnCpu, PrecisionError, declared_types
+from ...verify.tolerance import CONVERSION_BOUNDS
+from .common import LARGE, NotRunnableOnCpu, PrecisionError, declared_types
 from .emulate import EMULATION, bf16_emulated
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -55,7 +56,7 @@ def verify(original: onnx.ModelProto | str | os.PathLike, converted: onnx.ModelP
            feeds: Sequence[Mapping[str, np.ndarray]], *, precision: str | None = None,
            tolerance: Mapping[str, float] | None = None) -> dict[str, OutputError]:
     """compare(), then a VerificationError naming the output with a NaN/inf where the original has a
-    number (or the reverse), or the worst output past TOLERANCE[precision] (updated by `tolerance`)."""
+    number (or the reverse), or the worst output past CONVERSION_BOUNDS[precision] (updated by `tolerance`)."""
     return verified(original, converted, feeds, precision=precision, tolerance=tolerance)[0]
 
 
@@ -66,7 +67,7 @@ def verified(original: onnx.ModelProto | str | os.PathLike, converted: onnx.Mode
     if precision is None:
         types = {i.data_type for i in converted.graph.initializer}
         precision = "bf16" if TensorProto.BFLOAT16 in types | set(declared_types(converted).values()) else "fp16"
-    limit = {**TOLERANCE[precision], **(tolerance or {})}
+    limit = {**CONVERSION_BOUNDS[precision], **(tolerance or {})}
     errors, runner = compare(original, converted, feeds)
     for name, e in sorted(errors.items(), key=lambda kv: (-kv[1].nonfinite, -kv[1].rel)):
         if e.nonfinite:

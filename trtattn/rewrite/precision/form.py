@@ -7,7 +7,7 @@ The form's IO types are kept (AutoCast's keep_io_types) unless `keep_io_types=Fa
 a preallocated cache is updated in place, so it cannot change dtype on the way: caches live in the
 attention's dtype (AutoCast would cast them on the way in and out, which breaks the in-place update and
 copies the whole cache every step). The check runs the fp32 form, which was verified against the original
-model to 1e-4, and the converted one on the same feeds; TOLERANCE[precision] bounds every output.
+model to 1e-4, and the converted one on the same feeds; CONVERSION_BOUNDS[precision] bounds every output.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
 from ...graph.emit import export_like
+from ...graph.precision import LOW_FLOATS
+from ...verify.tolerance import CONVERSION_BOUNDS
 from .autocast import convert
 from .check import OutputError, verified
-from .common import PRECISIONS, TOLERANCE
 
 
 @dataclass
@@ -48,8 +49,8 @@ def convert_form(form_model: onnx.ModelProto, precision: str, feeds: list[dict],
                  keep_io_types: bool = True) -> FormPrecision:
     """AutoCast `form_model` (calibrated on `feeds`, the form's own inputs), caches into the attention's
     dtype, verified against the fp32 form on the same feeds (VerificationError past the tolerance)."""
-    if precision not in PRECISIONS:
-        raise TrtattnError(f"unknown precision '{precision}'; choose one of: {', '.join(PRECISIONS)}")
+    if precision not in LOW_FLOATS:
+        raise TrtattnError(f"unknown precision '{precision}'; choose one of: {', '.join(LOW_FLOATS)}")
     converted = convert(form_model, precision, keep_io_types=keep_io_types, calibration_feeds=feeds)
     model = caches_in_low_precision(converted.model, caches, precision) if caches else converted.model
     errors, runner = verified(form_model, model, feeds, precision=precision)
@@ -57,7 +58,7 @@ def convert_form(form_model: onnx.ModelProto, precision: str, feeds: list[dict],
              f"the {precision} form checked against the fp32 form on {runner}"]
     if caches:
         notes.append(f"the KV caches are {precision}: updated in place, they take the attention's dtype")
-    return FormPrecision(model, precision, converted.table, converted.kept_fp32, errors, dict(TOLERANCE[precision]),
+    return FormPrecision(model, precision, converted.table, converted.kept_fp32, errors, dict(CONVERSION_BOUNDS[precision]),
                          notes, runner)
 
 

@@ -12,10 +12,10 @@ import onnx
 from onnx import TensorProto
 
 from ...graph import external, io
+from ...graph.precision import ELEM_PRECISIONS
 from .check import cpu_runner
 from .common import (
     DEFAULT_DIM,
-    DTYPE_NAMES,
     MATMUL_OPS,
     ONNX_DOMAINS,
     UNCOUNTED,
@@ -155,8 +155,7 @@ def _dtype_of(tensor: str, types: dict[str, int], producer) -> str:
         p, hops = producer.get(p.input[0]), hops + 1
     if p is not None and p.op_type == "DequantizeLinear":
         tensor = p.input[0]
-    # onnx's stubs key DTYPE_NAMES by TensorProto.DataType, not the plain ints elem types are
-    return DTYPE_NAMES.get(types.get(tensor, 0), "unknown")  # type: ignore[call-overload]
+    return ELEM_PRECISIONS.get(types.get(tensor, 0), "unknown")
 
 
 
@@ -208,7 +207,7 @@ def infer_static(model: onnx.ModelProto, shapes: Mapping | None = None, dims: Ma
 def _run_shapes(model: onnx.ModelProto, names: list[str], feeds, weights_dir: Path | None) -> dict[str, list[int]]:
     """The shapes of `names` in a run of the model on `feeds` (from weights_dir when it has one); a model too
     large for one session (an 8B fp16 cache model) runs in slices of layers, one session at a time."""
-    from ...verify import slices
+    from ...graph import slices
 
     probe = copy.deepcopy(model)  # a lazily loaded model: no weight bytes, they stay in weights_dir
     budget = None

@@ -11,12 +11,12 @@ reasons.py      why ModelOpt placed none, from its debug log (the one reader of 
 accuracy.py     the quantized model against the fp32 original through Polygraphy's Comparator
 """
 
-from .accuracy import REL_TOLERANCE, compare, quantize_checked
+from .accuracy import compare, quantize_checked
 from .calibration import CalibrationError, check_calibration, load_calibration, stack_feeds
 from .ptq import HIGH_PRECISION, SELECTIONS, QuantizationError, QuantizeResult, quantize
 from .ptq import _modelopt as _modelopt  # not public: the tests ask it whether ModelOpt's ONNX quantization imports
 from .sites import MODES, QDQ_DTYPES, QUANT_COLUMNS, SiteQuant
 
 __all__ = ["quantize", "quantize_checked", "compare", "load_calibration", "check_calibration", "stack_feeds",
-           "QuantizeResult", "SiteQuant", "CalibrationError", "QuantizationError", "QUANT_COLUMNS", "REL_TOLERANCE",
+           "QuantizeResult", "SiteQuant", "CalibrationError", "QuantizationError", "QUANT_COLUMNS",
            "MODES", "QDQ_DTYPES", "HIGH_PRECISION", "SELECTIONS"]

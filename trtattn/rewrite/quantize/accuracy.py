@@ -18,13 +18,8 @@ from ...errors import VerificationError
 from ...graph.io import session_source
 from ...report import Progress
 from ...verify.runners import quiet_polygraphy
+from ...verify.tolerance import QUANTIZATION_REL_L2
 from .ptq import quantize
-
-# Tolerance of a quantized model against the fp32 original on ONNX Runtime CPU: the relative L2
-# error of every output, ||q - ref|| / ||ref|| (max abs errors scale with each model's activations).
-# Measured on the 22 TorchScript zoo exports (4 max-calibrated samples at seq 32, fp16 elsewhere,
-# inputs without padding): INT8 0.022-0.085, FP8 (3 mantissa bits) 0.059-0.145, T5 up to 0.26.
-REL_TOLERANCE = {"int8": 0.15, "fp8": 0.3}
 
 
 def compare(original: onnx.ModelProto, quantized: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict:
@@ -99,6 +94,6 @@ def quantize_checked(original: onnx.ModelProto, model: onnx.ModelProto, mode: st
     with progress.step(f"comparing the {mode} model with the fp32 original on ONNX Runtime"):
         errors = compare(original, quantized.model, feeds)
     worst = max((e["rel"] for e in errors.values()), default=float("inf"))
-    bound = REL_TOLERANCE[mode]
+    bound = QUANTIZATION_REL_L2[mode]
     summary["accuracy"] = {"outputs": errors, "worst_relative": worst, "tolerance": bound, "passed": worst <= bound}
     return quantized.model, summary, worst <= bound

@@ -14,14 +14,15 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ...graph.precision import QUANTIZED
 from ...graph.view import GraphView
 from ...match.core import find_core
 from ...match.errors import NotAttention, Unsupported
 from ...site import AttentionSite
 from .reasons import why_not
 
-MODES = ("fp8", "int8")
-QDQ_DTYPES = {"fp8": "float8e4m3fn", "int8": "int8"}
+MODES = QUANTIZED
+QDQ_DTYPES = {"fp8": "float8e4m3fn", "int8": "int8"}  # ModelOpt's names of the Q/DQ types
 
 # Columns for trtattn.report.table(result.summary()["sites"], QUANT_COLUMNS).
 QUANT_COLUMNS = [("name", "site"), ("placed", "Q/DQ"), ("qdq_dtype", "type"), ("q_scale", "q scale"),

@@ -19,12 +19,13 @@ import numpy as np
 import onnx
 
 from ...errors import TrtattnError
+from ...graph.precision import numpy_precision
 from ...report import verdict
-from .accuracy import REL_TOLERANCE, quantize_checked
+from ...verify.tolerance import QUANTIZATION_REL_L2
+from .accuracy import quantize_checked
 from .calibration import load_calibration
 from .sites import QDQ_DTYPES
 
-QUANT_TYPES = {"float8e4m3fn": "fp8", "float8_e4m3fn": "fp8", "int8": "int8"}  # Q/DQ dtype -> plan dtype
 INT8_HEAD_SIZES = (16, 32, 64)
 INT8_MAX_SEQUENCE = 512
 
@@ -39,7 +40,7 @@ def qdq_types(model: onnx.ModelProto) -> set[str]:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
             elem = zero.data_type if zero is not None else attrs.get("output_dtype", onnx.TensorProto.UINT8)
             name = onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem else "uint8"
-            found.add(QUANT_TYPES.get(name, name))
+            found.add(numpy_precision(name) or name)
     return found
 
 
@@ -82,13 +83,13 @@ def quantized_model(model: onnx.ModelProto, mode: str, calib: str | dict | None,
 def fuse_tolerance(model: onnx.ModelProto, mode: str, feeds: list[dict]) -> float:
     """The absolute tolerance the fused Q/DQ model is verified within: the fused op drops the softmax's
     Q/DQ (IAttention re-applies it), which moves the outputs by up to the quantization's own accuracy bound
-    (REL_TOLERANCE of each output's largest magnitude, as quantize_checked measures it against fp32)."""
+    (QUANTIZATION_REL_L2 of each output's largest magnitude, as quantize_checked measures it against fp32)."""
     from ..precision import cpu_runner
 
     run = cpu_runner(model)[0]
     largest = max(float(np.abs(np.nan_to_num(np.asarray(v, np.float64))).max(initial=0.0))
                   for f in feeds for v in run(f).values() if np.issubdtype(np.asarray(v).dtype, np.floating))
-    return REL_TOLERANCE[mode] * max(largest, 1.0)
+    return QUANTIZATION_REL_L2[mode] * max(largest, 1.0)
 
 
 def normalization_quantize(reports, mode: str, *, max_sequence: int) -> tuple[dict, list[str]]:
@@ -100,7 +101,7 @@ def normalization_quantize(reports, mode: str, *, max_sequence: int) -> tuple[di
             notes.append(f"site {r.site.name}: no Q/DQ after its softmax, so no normalization quantize: it computes "
                          "in the model's float type")
             continue
-        kind = QUANT_TYPES.get(probs.dtype)
+        kind = numpy_precision(probs.dtype)
         if kind != mode or probs.zero_point:
             notes.append(f"site {r.site.name}: its softmax is quantized to {probs.dtype} (zero point {probs.zero_point}); "
                          f"IAttention takes symmetric {mode}: it computes in the model's float type")

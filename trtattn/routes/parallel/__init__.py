@@ -68,11 +68,11 @@ def split_model(model: onnx.ModelProto, ranks: int, *, feeds: list[dict] | None 
     """The rank forms of `model` over `ranks` devices. `feeds` (default: two sets in the model's domain at
     dims it runs on, and one at other dims) are what the split is verified with, the first what it is
     measured on; `sites` default to the matcher's. `budget`: resident bytes of weights per slice of layers
-    the original is run in (default: verify/slices.py's choice, whole unless its weights are over half
+    the original is run in (default: graph/slices.py's choice, whole unless its weights are over half
     the memory); the rank set is always run one rank's wave (between collectives) at a time."""
+    from ...graph.slices import slice_budget
     from ...match import match
     from ...verify.compare import default_feeds
-    from ...verify.slices import slice_budget
 
     if budget is None:
         budget = slice_budget(model)
@@ -92,10 +92,10 @@ def _other_dims(model: onnx.ModelProto, budget: int | None = None) -> list[dict]
     """One more feed set at other dims (each input dim times its own prime, as graph/measure.py probes),
     where the original runs on them (in slices of layers with a `budget`): the split is measured at the
     first dims and must hold at these."""
+    from ...graph import slices
     from ...graph.evaluate import ort_session
     from ...graph.feeds import make_feeds
     from ...graph.measure import probe_dims
-    from ...verify import slices
 
     names = [o.name for o in model.graph.output]
     wanted = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}

@@ -156,7 +156,7 @@ def check_ranks(original: onnx.ModelProto, models: list[onnx.ModelProto], input_
     wanted = {i.name for i in original.graph.input} - {t.name for t in original.graph.initializer}
     feeds_list = [{k: v for k, v in feeds.items() if k in wanted} for feeds in feeds_list]
     if budget:
-        from ...verify import slices
+        from ...graph import slices
 
         references = [dict(r) for r in slices.run(original, slices.plan(original, names, budget), feeds_list, names)]
     else:

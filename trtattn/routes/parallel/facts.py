@@ -29,11 +29,11 @@ class Facts:
 
 def measure_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray], budget: int | None = None) -> Facts:
     """Run `model` (main graph only) on ONNX Runtime with every node output fetched; in slices of layers of
-    at most `budget` resident bytes of weights each (verify/slices.py) when given, one session at a time."""
+    at most `budget` resident bytes of weights each (graph/slices.py) when given, one session at a time."""
     names = [o for n in model.graph.node for o in n.output if o]
     addresses = {n.input[1] for n in model.graph.node if n.op_type == "ScatterND"}  # read by value: any size
     if budget:
-        from ...verify import slices
+        from ...graph import slices
 
         wanted = {i.name for i in model.graph.input}
         (values,) = slices.run(model, slices.plan(model, names, budget), [{k: v for k, v in feeds.items() if k in

@@ -5,8 +5,6 @@ lowering and cuts the model for TensorRT's parser, as named steps (STEPS, printe
 
 from .forms import FORMS, derive, form_adapter, verify_form
 from .pipeline import (
-    PRECISIONS,
-    QUANTIZED,
     STEPS,
     VERIFY_SEEDS,
     Limits,
@@ -18,5 +16,5 @@ from .pipeline import (
     prepare,
 )
 
-__all__ = ["FORMS", "PRECISIONS", "QUANTIZED", "STEPS", "VERIFY_SEEDS", "Limits", "Prepared", "Step", "all_fused",
+__all__ = ["FORMS", "STEPS", "VERIFY_SEEDS", "Limits", "Prepared", "Step", "all_fused",
            "derive", "describe", "describe_steps", "form_adapter", "prepare", "verify_form"]

@@ -17,6 +17,7 @@ import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
 from ...graph.emit import Emitter
+from ...site import attribute_softcap
 from .op_fit import OpShape, guard_empty_rows, one_mask, to_bhnd
 
 REASON = ("its logits are soft-capped (tanh), which IAttention cannot do: kept in TensorRT's implicit form "
@@ -24,7 +25,7 @@ REASON = ("its logits are soft-capped (tanh), which IAttention cannot do: kept i
 
 
 def softcapped(graph: gs.Graph) -> list[gs.Node]:
-    return [n for n in graph.nodes if n.op == "Attention" and n.attrs.get("softcap")]
+    return [n for n in graph.nodes if n.op == "Attention" and attribute_softcap(n.attrs)]
 
 
 def expand_softcapped(graph: gs.Graph, sites: dict) -> list[tuple[str, str]]:
@@ -55,7 +56,7 @@ def _expand(graph: gs.Graph, node: gs.Node, site) -> None:
     mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3].name else None
     dtype = node.outputs[0].dtype or np.float32
     scale = node.attrs.get("scale") or 1.0 / math.sqrt(site.head_size)
-    cap = float(node.attrs["softcap"])
+    cap = attribute_softcap(node.attrs)
     if site.q_heads != site.kv_heads:
         k, v = (_repeat_heads(emit, t, site.q_heads // site.kv_heads, dtype) for t in (k, v))
     scaled = emit("Mul", [q, emit.const(scale, dtype)], dtype=dtype, name="q_scale")

@@ -20,6 +20,8 @@ import onnx
 
 from ...errors import SitesRefused, TrtattnError
 from ...graph.dims import fit_dims
+from ...graph.op_dims import op_dims
+from ...graph.precision import COMPUTE_PRECISIONS, QUANTIZED
 from ...report import Progress, table
 from ...rewrite.fuse import FuseResult, fuse_model
 from ...site import SiteStatus
@@ -33,8 +35,6 @@ from .forms import FORMS
 if TYPE_CHECKING:
     from ...graph.user_inputs import GivenInputs
 
-PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8")
-QUANTIZED = ("fp8", "int8")
 VERIFY_SEEDS = (0, 1)  # the feeds a precision conversion is calibrated and checked on
 
 
@@ -125,6 +125,7 @@ class Work:
     precision_table: dict = field(default_factory=dict)
     precision_check: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    contrib_lowered: dict[str, int] = field(default_factory=dict)  # ONNX Runtime's ops lowered: op -> count
     limits: dict = field(default_factory=dict)
     plan: BuildPlan = field(init=False)
     cut: CutModel = field(init=False)
@@ -150,8 +151,8 @@ def _check_request(work: Work) -> None:
     precision = work.precision
     if r.form is not None and r.form not in FORMS:
         raise TrtattnError(f"unknown form '{r.form}'; choose one of {', '.join(FORMS)}")
-    if precision not in PRECISIONS:
-        raise TrtattnError(f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}")
+    if precision not in COMPUTE_PRECISIONS:
+        raise TrtattnError(f"unknown precision '{precision}'; choose one of {', '.join(COMPUTE_PRECISIONS)}")
     if r.io_dtype not in (None, precision) or r.io_dtype and precision in QUANTIZED:
         raise TrtattnError(f"--io-dtype {r.io_dtype} with --precision {precision}: the IO is kept as the model has "
                            f"it, or converted to the (fp16/bf16) precision")
@@ -175,6 +176,25 @@ def _read_bf16(work: Work) -> None:
 
 def _fit_dims(work: Work) -> None:
     work.dims = fit_dims(work.model, work.request.dims, progress=work.progress, given=work.request.inputs)
+
+
+def _lower_contrib(work: Work) -> None:
+    """ONNX Runtime's own ops around attention (Skip/SimplifiedLayerNormalization, MatMulNBits) as standard ONNX,
+    each checked on ONNX Runtime against the op on the values it reads (rewrite/lower): AutoCast, the precision
+    table and TensorRT's parser know standard ONNX only. Every later check runs against the lowered model."""
+    from ...graph.feeds import make_feeds
+    from ...rewrite.lower import lower_contrib, lowerable
+
+    if not lowerable(work.model):
+        return
+    inputs = work.request.inputs
+    feeds = inputs.sets if inputs is not None else [make_feeds(work.model, dims=work.dims, seed=s) for s in VERIFY_SEEDS]
+    with work.progress.step("lowering ONNX Runtime's own ops to standard ONNX and checking each on ONNX Runtime"):
+        lowered = lower_contrib(work.model, feeds)
+    if lowered is not None:
+        work.model = lowered.model
+        work.contrib_lowered = lowered.counts()
+        work.notes.append(lowered.note())
 
 
 def _quantize(work: Work) -> None:
@@ -208,7 +228,7 @@ def _normalization_quantize(work: Work) -> None:
         return
     from ...rewrite.quantize.source import normalization_quantize
 
-    positions = work.request.limits.max_positions or max_positions_of(work.start)
+    positions = work.request.limits.max_positions or max_positions_of(work.start, work.request.source or None)
     work.normalization_quantize, notes = normalization_quantize(
         [r for r in work.fused.reports if r.status == SiteStatus.FUSED], work.precision, max_sequence=positions)
     work.notes += notes
@@ -224,7 +244,7 @@ def _convert_precision(work: Work) -> None:
 def _limits(work: Work) -> None:
     limits = work.request.limits
     positions, source = (limits.max_positions, "--max-positions") if limits.max_positions else \
-        profiles_mod.max_positions(work.start)
+        profiles_mod.max_positions(work.start, work.request.source or None)
     if positions is None:
         positions = profiles_mod.DEFAULT_MAX_POSITIONS
         work.notes.append(f"the model does not say its maximum positions: profiles run to {positions} "
@@ -241,7 +261,7 @@ def _plan(work: Work) -> None:
                      implicit_reason=forms.IMPLICIT_REASON)
     plan.mark_sites, plan.right_padded, plan.precision_table = r.mark_sites, list(derived.right_padded), \
         work.precision_table
-    plan.limits = work.limits
+    plan.limits, plan.contrib_lowered = work.limits, work.contrib_lowered
     plan.notes += work.notes
     if any(a.dtype == "fp32" for a in plan.native) and not r.decomposable:
         plan.notes.append("fp32 attention has no fused kernel: expect the build to fail unless --decomposable")
@@ -254,8 +274,9 @@ def _engine_io(work: Work) -> None:
     static = {c.cache: {2: limits["max_cache"]} for c in plan.cache_updates}
     work.cut = cut(work.form_model, plan.lowered(), static)
     io_contract(work.form_model, work.cut.model, work.cut.inputs, plan)
+    fixed = {n: f.value for n, f in op_dims(work.start).fixed.items()}  # a cache's head size, say, is one value
     defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": limits["max_positions"],
-                                                           "max_batch": limits["max_batch"]})
+                                                           "max_batch": limits["max_batch"]}, fixed)
     plan.profiles = profiles_mod.apply_overrides(defaults, *work.request.shapes)
 
 
@@ -264,6 +285,8 @@ STEPS: tuple[Step, ...] = (
     Step("check the request (form, precision, IO types)", _check_request),
     Step("read a bf16 model widened to fp32 (ONNX Runtime's CPU provider runs no bf16)", _read_bf16),
     Step("fit the dims the original runs on", _fit_dims),
+    Step("lower ONNX Runtime's own ops (Skip/SimplifiedLayerNormalization, MatMulNBits) to standard ONNX, each "
+         "checked on ONNX Runtime", _lower_contrib),
     Step("quantize to fp8/int8 (ModelOpt PTQ, or the model's own Q/DQ)", _quantize),
     Step("fuse every site into ONNX Attention and verify it", _fuse),
     Step("derive the form (padded, packed, kv-cache) and verify it", _derive),
@@ -312,8 +335,8 @@ def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, prog
     return start, info, fuse_tolerance(start, mode, feeds)
 
 
-def max_positions_of(model: onnx.ModelProto) -> int:
-    positions, _ = profiles_mod.max_positions(model)
+def max_positions_of(model: onnx.ModelProto, source=None) -> int:
+    positions, _ = profiles_mod.max_positions(model, source)
     return positions or profiles_mod.DEFAULT_MAX_POSITIONS
 
 

@@ -23,11 +23,12 @@ from trtattn_plugins import TrtOpError, schema
 from ...errors import SitesRefused, TrtattnError
 from ...graph.emit import export_like
 from ...graph.feeds import make_feeds
+from ...graph.precision import QUANTIZED
 from ...graph.shapes import tensor_types
 from ...report import Progress
 from ...site import SiteStatus
-from ...verify import TOLERANCES, Verification
-from ..prepare import QUANTIZED, VERIFY_SEEDS, Prepared, forms, prepare
+from ...verify import Check, Verification, tolerance
+from ..prepare import VERIFY_SEEDS, Prepared, forms, prepare
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
 
@@ -124,7 +125,7 @@ def verify_trt_ops(written: onnx.ModelProto, prepared: Prepared, *, dims=None) -
     user's inputs when prepare had them), within the tolerance of the plan's precision; a kernel's refusal of its
     inputs is a failed verification naming the node."""
     reference, precision = prepared.source_model or prepared.model, prepared.plan.precision
-    atol, rtol = TOLERANCES[precision]
+    atol, rtol = tolerance(Check.ENGINE, precision)
     if precision in QUANTIZED:  # the bound prepare verifies the fused Q/DQ model within (rewrite/quantize/source.py)
         from ...rewrite.quantize.source import fuse_tolerance
 

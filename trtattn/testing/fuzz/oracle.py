@@ -28,7 +28,7 @@ import onnx_graphsurgeon as gs
 from trtattn import fuse as trtattn_fuse
 from trtattn.graph.emit import export_like
 from trtattn.report import verdict
-from trtattn.verify import REWRITE_TOLERANCES
+from trtattn.verify import Check, tolerance
 
 from . import (
     changing,  # noqa: F401
@@ -39,10 +39,9 @@ from .graphops import KINDS, Ctx, NotApplicable
 from .sites import Facts, count_attention, facts, locate
 from .sources import difference, feed_sets, load_source, metadata, run, session
 
-ATOL, RTOL = 1e-4, 1e-3  # fused vs decomposed fp32 differ by ~1e-6; wrong answers by far more
-# A kind whose mutant computes its products in fp16 (graphops.Kind.precision) changes the outputs by fp16's
-# rounding, and so does its fused model: both held to the tolerance trtattn verifies fp16 attention at.
-PRECISION_TOLERANCES = {"fp32": (ATOL, RTOL), "fp16": REWRITE_TOLERANCES["fp16"]}
+# fused vs decomposed fp32 differ by ~1e-6, wrong answers by far more; a kind whose mutant computes its products
+# in fp16 (graphops.Kind.precision) is held to the tolerance trtattn verifies fp16 attention at (verify/tolerance.py)
+ATOL, RTOL = tolerance(Check.FUZZ, "fp32")
 QUANT_ATOL = 8 / 255  # at most 8 steps of uint8 probabilities, where the fused op drops their Q/DQ
 OUTCOMES = ("fused", "listed", "missed", "crashed", "wrong", "invalid", "no_effect", "n/a")
 
@@ -192,7 +191,7 @@ def _judge(res: CaseResult, a: Analysis, cli: bool, save: Path | None, fuse: boo
     except Exception as e:
         res.outcome, res.reason = "invalid", f"the mutant does not load or run: {_first_line(e)}"
         return
-    atol, rtol = PRECISION_TOLERANCES[KINDS[res.kind].precision]
+    atol, rtol = tolerance(Check.FUZZ, KINDS[res.kind].precision)
     changed = [difference(o, ref, atol, rtol) for o, ref in zip(outs, a.outputs)]
     if res.preserving and not all(c[0] for c in changed):
         worst = max(changed, key=lambda c: c[1])
@@ -233,10 +232,10 @@ def _site_row(rows: list[dict], site_name: str) -> dict | None:
 
 
 def _tolerance(mutant: onnx.ModelProto, rows: list[dict], kind: str) -> tuple[float, float]:
-    """(atol, rtol): the kind's precision's (PRECISION_TOLERANCES), or the atol a fused row states for a
+    """(atol, rtol): the kind's precision's (Check.FUZZ), or the atol a fused row states for a
     quantized site (the fused op drops the rounding of Q/DQ on the probabilities), checked here: honoured
     only in a model that has Q/DQ, and never above QUANT_ATOL."""
-    atol, rtol = PRECISION_TOLERANCES[KINDS[kind].precision]
+    atol, rtol = tolerance(Check.FUZZ, KINDS[kind].precision)
     stated = max([0.0] + [r.get("tolerance") or 0.0 for r in rows if r["status"] == "fused"])
     if stated and any(n.op_type == "QuantizeLinear" for n in mutant.graph.node):
         return max(atol, min(stated, QUANT_ATOL)), rtol

@@ -1,48 +1,18 @@
-"""Tests for the survivors of mutating trtattn/cli/values.py (benchmarks/mutate.py, base d3efd07): each range's
-boundary is accepted and the value just past it refused, a value that is not a number says so, and a bad
-value exits 2 (argparse's usage error) on one line. And of issue 27's sample: `build DIR` with TensorRT builds
-every part that was prepared, past one that was not (cli/build.py)."""
+"""trtattn/cli/build.py: `trtattn build`, one model or an export folder.
 
-import argparse
+cli/build: options that do not apply are refused before any work, in one line."""
+
 import json
 
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from trtattn.cli import main, values
+from trtattn.cli import main
 from trtattn.testing.graphs import attention_model
 
 
-@pytest.mark.parametrize("kind,edge,value,inside,past", [
-    (values.tolerance, "0", 0.0, ("0.5", 0.5), "-1e-9"),
-    (values.non_negative, "0", 0, ("3", 3), "-1"),
-    (values.positive, "1", 1, ("2", 2), "0"),
-    (values.memory_size, "1M", 1 << 20, ("1.5G", 3 << 29), "1023K"),
-])
-def test_each_range_takes_its_edge_and_refuses_past_it(kind, edge, value, inside, past):
-    assert kind(edge) == value and kind(inside[0]) == inside[1]
-    with pytest.raises(argparse.ArgumentTypeError, match=repr(past)):
-        kind(past)
-
-
-@pytest.mark.parametrize("kind,word", [(values.tolerance, "number"), (values.non_negative, "integer"),
-                                       (values.positive, "integer"), (values.memory_size, "memory size")])
-def test_a_value_that_is_not_a_number_says_what_was_expected(kind, word):
-    with pytest.raises(argparse.ArgumentTypeError, match=f"'x1' is not an? {word}"):
-        kind("x1")
-
-
-def test_a_bad_value_exits_2_with_one_line(capsys):
-    parser = values.OneLineParser(prog="trtattn fuse")
-    parser.add_argument("--atol", type=values.tolerance)
-    with pytest.raises(SystemExit) as e:
-        parser.parse_args(["--atol", "-1"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("trtattn fuse: error: argument --atol: '-1'"), err
-
-
+# A survivor of issue 27's mutation sample (benchmarks/mutate.py): `build DIR` goes on past a part it cannot prepare.
 @pytest.mark.conformance
 def test_build_folder_builds_every_prepared_part_after_one_that_cannot_be(checked_trt, tmp_path, monkeypatch, capsys):
     """An encoder with no attention cannot be prepared; the two decoders after it are still built (on trtsim's
@@ -79,3 +49,14 @@ def test_build_folder_builds_every_prepared_part_after_one_that_cannot_be(checke
     assert sidecar["built"] and "no attention" in sidecar["parts"]["encoder"]["error"]
     assert {role: part["file"] for role, part in sidecar["parts"].items() if "error" not in part} == {
         "decoder": "decoder.engine", "decoder_with_past": "decoder_with_past.engine"}
+
+
+def test_save_onnx_with_tp_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    onnx.save(attention_model(), model)
+    forms, engines = tmp_path / "forms", tmp_path / "engines"
+    code = main(["build", str(model), "--tp", "2", "--save-onnx", str(forms), "--out-dir", str(engines)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"--save-onnx {forms} does not apply with --tp" in err and str(engines) in err
+    assert not forms.exists() and not engines.exists()

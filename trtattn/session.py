@@ -1,5 +1,6 @@
 """One inference interface over ONNX Runtime (CPU) and TensorRT engines: the base the back ends
-(runtime/ort.py, trt/session.py) implement; runtime/backends.py chooses between them.
+(runtime/ort.py, trt/session.py) implement; runtime/backends.py chooses between them. It sits below both
+(it imports nothing of trtattn but its errors), so the TensorRT back end implements it without importing runtime.
 
     with open_session("engines/llama.engine") as s:      # or an .onnx file / ModelProto (ONNX Runtime)
         out = s.run({"input_ids": ids, ...})              # {output name: numpy array}
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import TrtattnError
+from .errors import TrtattnError
 
 
 @dataclass(frozen=True)

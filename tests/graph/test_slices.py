@@ -18,20 +18,22 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import ROOT, sha256
-from trtattn.graph import external, io
+from trtattn.graph import external, io, slices
 from trtattn.graph.evaluate import ort_session
 from trtattn.graph.feeds import make_feeds
+from trtattn.graph.precision import Weighing, model_precision
 from trtattn.graph.shapes import upgrade_opset
 from trtattn.match import analyse, probe_feeds
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing import write_llama
-from trtattn.verify import compare_models, model_precision, slices
+from trtattn.verify import compare_models
 
 SMALL = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn=512, vocab=512, max_positions=64)
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory):
+def small_llama_path(tmp_path_factory):
+    """The Llama writer's SMALL preset, in each dtype and form, written once per module."""
     out = tmp_path_factory.mktemp("scale")
     cache = {}
 
@@ -56,8 +58,8 @@ def _site_records(result) -> list:
              s.cache.value, s.query, s.key, s.value, s.output) for s in result.sites]
 
 
-def test_lazy_load_leaves_the_weights_in_their_file(written):
-    path = written()
+def test_lazy_load_leaves_the_weights_in_their_file(small_llama_path):
+    path = small_llama_path()
     model = io.load(path, load_external_data=False)
     data = path.with_name(path.name + ".data")
     assert io.data_dir(model) == path.parent.resolve()
@@ -66,10 +68,10 @@ def test_lazy_load_leaves_the_weights_in_their_file(written):
     assert model.ByteSize() < 200_000
 
 
-def test_analysis_never_reads_the_weights(written, tmp_path):
+def test_analysis_never_reads_the_weights(small_llama_path, tmp_path):
     """The data file is replaced by NaNs of the same size after the load: what the analysis finds and
     what the masks mean must not change, and the rewritten model still names the bytes on disk."""
-    path = _copy(written(), tmp_path)
+    path = _copy(small_llama_path(), tmp_path)
     model = upgrade_opset(io.load(path, load_external_data=False), 23)
     _, clean, clean_meanings = analyse(model, probe_feeds(model))
     data = path.with_name(path.name + ".data")
@@ -86,8 +88,8 @@ def test_analysis_never_reads_the_weights(written, tmp_path):
     assert external.source_files(fused.model) == {data.resolve()}
 
 
-def test_fuse_verifies_and_writes_external_data_without_touching_the_input(written, tmp_path):
-    path = _copy(written(), tmp_path / "in")
+def test_fuse_verifies_and_writes_external_data_without_touching_the_input(small_llama_path, tmp_path):
+    path = _copy(small_llama_path(), tmp_path / "in")
     before = {p.name: sha256(p) for p in path.parent.iterdir()}
     out = tmp_path / "out" / "fused.onnx"
     proc = subprocess.run([sys.executable, "-m", "trtattn", "fuse", str(path), "-o", str(out)], capture_output=True,
@@ -112,8 +114,8 @@ def test_fuse_verifies_and_writes_external_data_without_touching_the_input(writt
                for t in lazy.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
 
 
-def test_outputs_never_replace_the_weights_of_an_input(written, tmp_path):
-    path = _copy(written(), tmp_path)
+def test_outputs_never_replace_the_weights_of_an_input(small_llama_path, tmp_path):
+    path = _copy(small_llama_path(), tmp_path)
     model = io.load(path, load_external_data=False)
     data = path.with_name(path.name + ".data")
     before = sha256(data)
@@ -139,8 +141,8 @@ def test_a_model_without_attention_keeps_its_external_data(tmp_path):
                           onnx.numpy_helper.to_array(w))
 
 
-def test_a_sliced_run_computes_what_the_whole_model_computes(written):
-    model = io.load(written(form="cache"), load_external_data=False)
+def test_a_sliced_run_computes_what_the_whole_model_computes(small_llama_path):
+    model = io.load(small_llama_path(form="cache"), load_external_data=False)
     names = [o.name for o in model.graph.output]
     pieces = slices.plan(model, names, budget=1 << 20)
     assert len(pieces) >= 4 and all(p.weights <= 1 << 20 or len(p.nodes) == 1 for p in pieces)
@@ -151,25 +153,25 @@ def test_a_sliced_run_computes_what_the_whole_model_computes(written):
             np.testing.assert_array_equal(sliced[name], value)
 
 
-def test_the_matcher_measures_a_model_too_large_for_one_session_in_slices(written, monkeypatch):
+def test_the_matcher_measures_a_model_too_large_for_one_session_in_slices(small_llama_path, monkeypatch):
     """The matcher measures the shapes inference cannot name by running the model (graph/measure.py): a model
     over half the memory runs there in slices of layers too (whole, the 8B's measurement held 21 GB), and
     the sites found are the same."""
     from trtattn.match import match
 
-    whole = _site_records(match(io.load(written(), load_external_data=False)))
+    whole = _site_records(match(io.load(small_llama_path(), load_external_data=False)))
     sessions = []
     real = slices.run
     monkeypatch.setattr(slices, "run", lambda *a, **k: sessions.append(len(a[1])) or real(*a, **k))
     monkeypatch.setenv(slices.SLICE_ENV, "1")  # slices of at most 1 MB of weights
-    assert _site_records(match(io.load(written(), load_external_data=False))) == whole and len(whole) == 2
+    assert _site_records(match(io.load(small_llama_path(), load_external_data=False))) == whole and len(whole) == 2
     assert sessions and sessions[0] >= 4  # it ran, in slices
 
 
-def test_fp16_weights_count_twice_in_a_slice(written):
+def test_fp16_weights_count_twice_in_a_slice(small_llama_path):
     """ONNX Runtime's CPU provider holds an fp32 copy of each fp16 MatMul weight: a slice's budget counts
     them at twice their size, so an fp16 model is cut into slices of half the bytes."""
-    model = io.load(written("float16"), load_external_data=False)
+    model = io.load(small_llama_path("float16"), load_external_data=False)
     inits = {t.name: t for t in model.graph.initializer}
     pieces = slices.plan(model, [o.name for o in model.graph.output], budget=1 << 20)
     for p in pieces:
@@ -180,16 +182,16 @@ def test_fp16_weights_count_twice_in_a_slice(written):
                                                      if t.data_type == onnx.TensorProto.FLOAT16)
 
 
-def test_fuse_verifies_in_slices_when_told_to(written, monkeypatch):
+def test_fuse_verifies_in_slices_when_told_to(small_llama_path, monkeypatch):
     monkeypatch.setenv(slices.SLICE_ENV, "1")  # slices of at most 1 MB of weights
-    result = fuse_model(io.load(written(), load_external_data=False))
+    result = fuse_model(io.load(small_llama_path(), load_external_data=False))
     assert result.ok and result.verification.slices >= 4
     assert all(r.max_abs_err is not None and r.max_abs_err < 1e-4 for r in result.reports)
 
 
-def test_fp16_models_are_verified_at_fp16_tolerance(written):
-    model = io.load(written("float16"), load_external_data=False)
-    assert model_precision(model) == "fp16"
+def test_fp16_models_are_verified_at_fp16_tolerance(small_llama_path):
+    model = io.load(small_llama_path("float16"), load_external_data=False)
+    assert model_precision(model, Weighing.STORED).name == "fp16"
     result = fuse_model(model)
     assert result.ok, result.verification
     assert 0 < result.verification.max_abs_err <= 1e-2  # fp16 rounding, not an fp32-exact match
@@ -197,10 +199,10 @@ def test_fp16_models_are_verified_at_fp16_tolerance(written):
     assert not strict.ok and all(r.status != "fused" and "verification failed" in r.reason for r in strict.reports)
 
 
-def test_a_wrong_candidate_fails_at_any_tolerance(written):
+def test_a_wrong_candidate_fails_at_any_tolerance(small_llama_path):
     """The looser fp16 bound still catches a real difference: the same model with one weight changed."""
-    model = io.load(written("float16"), load_external_data=False)
-    changed = io.load(written("float16"))
+    model = io.load(small_llama_path("float16"), load_external_data=False)
+    changed = io.load(small_llama_path("float16"))
     w = next(t for t in changed.graph.initializer if "layers.1.self_attn.v_proj" in t.name)
     array = onnx.numpy_helper.to_array(w).copy()
     array[:, :8] *= -1
@@ -228,8 +230,8 @@ def test_an_elements_error_is_judged_against_its_outputs_scale(error, passes):
     assert outcome.passed == passes and outcome.bounds["y"] == pytest.approx(0.06)
 
 
-def test_session_source_links_the_weights_for_tools_that_open_a_path(written):
-    model = io.load(written(), load_external_data=False)
+def test_session_source_links_the_weights_for_tools_that_open_a_path(small_llama_path):
+    model = io.load(small_llama_path(), load_external_data=False)
     with io.session_source(model) as source:
         assert isinstance(source, str) and os.path.exists(source)
         session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
@@ -237,25 +239,25 @@ def test_session_source_links_the_weights_for_tools_that_open_a_path(written):
         np.testing.assert_allclose(session.run(None, feeds)[0], ort_session(model).run(None, feeds)[0], atol=1e-5)
 
 
-def test_kv_cache_form_of_a_lazily_loaded_model_counts_its_precision(written):
+def test_kv_cache_form_of_a_lazily_loaded_model_counts_its_precision(small_llama_path):
     """build's kv-cache form of a model loaded without its weights: its precision table runs the form where
     ONNX's inference loses a dim, reading the weights where the model records them (it failed: ONNX Runtime
     refuses external data for a model given as bytes)."""
     from trtattn.routes.prepare import prepare
 
-    model = io.load(written(form="cache"), load_external_data=False)
+    model = io.load(small_llama_path(form="cache"), load_external_data=False)
     prepared = prepare(model, name="llama", form="kv-cache", precision="fp32")
     assert prepared.plan.precision_table == {"fp32": 1.0}
 
 
-def test_the_work_count_runs_a_model_too_large_for_one_session_in_slices(written, monkeypatch):
+def test_the_work_count_runs_a_model_too_large_for_one_session_in_slices(small_llama_path, monkeypatch):
     """precision's work count needs a run where ONNX's inference leaves shapes open (the kv-cache form); a model
     too large for one session (the 8B fp16 cache model's form: killed at 24 GB) runs in slices, counting the same."""
     from trtattn.contract import cache_inputs
     from trtattn.rewrite.precision import work
     from trtattn.routes.prepare import forms, prepare
 
-    path = written("float16", form="cache")
+    path = small_llama_path("float16", form="cache")
     original = io.load(path, load_external_data=False)
     before = sorted(path.parent.iterdir())
     form = prepare(original, name="llama", form="kv-cache", precision="fp32").form_model

@@ -23,10 +23,10 @@ import onnx
 from onnx import helper
 
 from ..errors import TrtattnError
-from ..graph import external
-from ..graph.dependence import node_reads
-from ..graph.evaluate import ort_session
-from ..graph.memory import available_memory  # noqa: F401  (part of this module's API)
+from . import external
+from .dependence import node_reads
+from .evaluate import ort_session
+from .memory import available_memory  # noqa: F401  (part of this module's API)
 
 SLICE_ENV = "TRTATTN_SLICE_MB"
 MIN_BUDGET = 256 << 20
@@ -185,7 +185,7 @@ def _runner_class():
     from polygraphy.datatype import DataType
 
     class SlicedOnnxrtRunner(BaseRunner):
-        """ONNX Runtime over a model cut in slices (verify/slices.py), through Polygraphy's runner interface."""
+        """ONNX Runtime over a model cut in slices (graph/slices.py), through Polygraphy's runner interface."""
 
         def __init__(self, model, slices, outputs, level, name=None, progress=None):
             super().__init__(name=name, prefix="onnxrt-sliced-runner")

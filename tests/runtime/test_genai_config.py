@@ -1,0 +1,76 @@
+"""runtime/genai_config.py and `run DIR --generate` on a folder ONNX Runtime GenAI's builder wrote: the cache's heads
+and head size, the decoder's file and the stop tokens come from genai_config.json."""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from trtattn.cli import main
+from trtattn.errors import TrtattnError
+from trtattn.runtime.genai_config import read_genai_config
+from trtattn.runtime.pipeline import load_pipeline
+from trtattn.testing.genai_graphs import GenaiSpec, genai_decoder, write_genai_config, write_genai_folder
+
+PROMPT = [5, 6, 7, 8]
+
+
+def _greedy(spec: GenaiSpec, prompt: list[int], n: int, eos: int) -> list[int]:
+    """Greedy tokens by hand: a prefill with empty caches, then one token a step over the presents."""
+    session = ort.InferenceSession(genai_decoder(spec).SerializeToString(), providers=["CPUExecutionProvider"])
+    empty = np.zeros((1, spec.kv_heads, 0, spec.head_size), spec.np_dtype)
+    past = {f"past_key_values.{i}.{k}": empty for i in range(spec.layers) for k in ("key", "value")}
+    ids, tokens = np.asarray([prompt], np.int64), []
+    for _ in range(n):
+        total = next(iter(past.values())).shape[2] + ids.shape[1]
+        out = session.run(None, {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64), **past})
+        past = dict(zip(past, out[1:]))
+        tokens.append(int(out[0][0, -1].argmax()))
+        if tokens[-1] == eos:
+            break
+        ids = np.asarray([[tokens[-1]]], np.int64)
+    return tokens
+
+
+def test_reads_what_the_builder_writes(tmp_path):
+    spec = GenaiSpec(head_size=8, kv_heads=1, context_length=64)
+    config = read_genai_config(write_genai_folder(tmp_path, spec))
+    assert (config.head_size, config.kv_heads, config.heads, config.context_length) == (8, 1, 4, 64)
+    assert config.filename == "model.onnx" and config.eos_token_id == 2 and not config.share_buffer
+    assert read_genai_config(tmp_path / "model.onnx") == config  # beside a model file too
+    assert config.as_hf_config()["head_dim"] == 8 and config.settings()["max_length"] == 64
+    (tmp_path / "elsewhere").mkdir()
+    assert read_genai_config(tmp_path / "elsewhere") is None and read_genai_config(tmp_path / "elsewhere" / "m.onnx") is None
+
+
+def test_unreadable_config_is_one_line_naming_it(tmp_path):
+    (tmp_path / "genai_config.json").write_text("{not json")
+    with pytest.raises(TrtattnError, match="genai_config.json: not readable JSON"):
+        read_genai_config(tmp_path)
+
+
+def test_pipeline_takes_the_decoder_file_the_config_names(tmp_path):
+    spec = GenaiSpec(layers=1)
+    write_genai_folder(tmp_path, spec)
+    (tmp_path / "model.onnx").rename(tmp_path / "decoder-int4.onnx")
+    write_genai_config(tmp_path, spec, filename="decoder-int4.onnx")
+    pipeline = load_pipeline(tmp_path)
+    assert pipeline.parts["decoder"].name == "decoder-int4.onnx"
+    assert pipeline.config["num_key_value_heads"] == spec.kv_heads and pipeline.settings["eos_token_id"] == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_generate_on_a_genai_folder_gives_the_greedy_tokens(tmp_path, capsys, dtype):
+    """Was: "cannot tell the heads and head size of past_key_values.0.key (dynamic dims, and config.json does not
+    say)". The config's eos is set to a token the model does not pick first, so all 8 steps run."""
+    spec = GenaiSpec(dtype=dtype)
+    expected_any = _greedy(spec, PROMPT, 8, eos=-1)
+    folder = write_genai_folder(tmp_path / "m", spec)
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["eos_token_id"] = expected_any[-1]  # stops there, or earlier where it comes up before
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    expected = _greedy(spec, PROMPT, 8, eos=expected_any[-1])
+    assert main(["-q", "run", str(folder), "--generate", "8", "--prompt", ",".join(map(str, PROMPT)), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["tokens"] for r in out["requests"]] == [expected], out

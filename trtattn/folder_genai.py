@@ -1,0 +1,123 @@
+"""ONNX Runtime GenAI folders (the model builder's output): genai_config.json made to match the models written.
+
+GenAI reads genai_config.json to drive its models: which file is the decoder, the names of the past and present
+caches, and `search.past_present_share_buffer`. With that option on, GenAI binds one buffer of the context
+length as both past and present, which only an op that writes the new keys into the past's buffer in place
+can fill: com.microsoft GroupQueryAttention. The standard ONNX Attention op's present is, by its definition,
+Concat(past, new), longer than the past by the new tokens, so a decoder whose presents come from anything but
+GroupQueryAttention cannot share the buffer: the option is turned off, and the folder's result says so.
+Everything else in the config is kept as written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TrtattnError
+
+CONFIG = "genai_config.json"
+SHARE_BUFFER = "past_present_share_buffer"
+# the op that writes its present into the past's buffer (GenAI's shared buffer); every other writes a new tensor
+IN_PLACE_WRITERS = {("com.microsoft", "GroupQueryAttention")}
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """One setting of genai_config.json changed, and why."""
+    key: str  # dotted path in the JSON, e.g. search.past_present_share_buffer
+    old: object
+    new: object
+    reason: str
+
+    def note(self) -> str:
+        return f"{CONFIG}: {self.key} {json.dumps(self.old)} -> {json.dumps(self.new)}: {self.reason}"
+
+
+def is_genai_config(path: Path) -> bool:
+    return path.name == CONFIG
+
+
+def read_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise TrtattnError(f"{path}: not a readable {CONFIG} ({e})") from e
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise TrtattnError(f"{path}: a {CONFIG} without a 'model' section")
+    return config
+
+
+def decoder_files(config: dict) -> list[str]:
+    """The model files the config's decoder names, relative to the config's folder: decoder.filename, or each
+    part of a decoder pipeline."""
+    decoder = config["model"].get("decoder") or {}
+    files = [decoder["filename"]] if isinstance(decoder.get("filename"), str) else []
+    for part in decoder.get("pipeline") or []:  # [{"name": {"filename": ...}}, ...]
+        files += [p["filename"] for p in part.values() if isinstance(p, dict) and isinstance(p.get("filename"), str)]
+    return files
+
+
+def present_patterns(config: dict) -> list[str]:
+    """The decoder's present output names as patterns with %d for the layer (GenAI's defaults where unsaid)."""
+    outputs = (config["model"].get("decoder") or {}).get("outputs") or {}
+    keys = ("present_key_names", "present_value_names")
+    defaults = {"present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+    return [outputs.get(k, defaults[k]) for k in keys]
+
+
+def _is_present(name: str, patterns: list[str]) -> bool:
+    return any(re.fullmatch(re.escape(p).replace("%d", r"\d+"), name) for p in patterns)
+
+
+def presents_not_in_place(model_path: Path, patterns: list[str]) -> list[str]:
+    """The present outputs of a model that an op other than GroupQueryAttention writes (each `name <- op`)."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    writer = {out: node for node in graph.node for out in node.output}
+    found = []
+    for output in graph.output:
+        if not _is_present(output.name, patterns):
+            continue
+        node = writer.get(output.name)
+        op = (node.domain or "", node.op_type) if node is not None else ("", "graph input")
+        if op not in IN_PLACE_WRITERS:
+            found.append(f"{output.name} <- {op[0] + ':' if op[0] else ''}{op[1]}")
+    return found
+
+
+def adapt_config(source: Path, written: Path, rewritten: set[str]) -> list[ConfigChange]:
+    """SOURCE's genai_config.json made to match the models written beside WRITTEN (the folder's models in
+    `rewritten`, relative to the config's folder, are the ones changed): written there when a setting changes
+    (nothing written otherwise). Returns the changes."""
+    config = read_config(source)
+    changes = []
+    search = config.get("search")
+    if isinstance(search, dict) and search.get(SHARE_BUFFER) is True:
+        why = _why_not_shared(config, written.parent, rewritten)
+        if why:
+            search[SHARE_BUFFER] = False
+            changes.append(ConfigChange(f"search.{SHARE_BUFFER}", True, False, why))
+    if changes:
+        written.parent.mkdir(parents=True, exist_ok=True)
+        written.write_text(json.dumps(config, indent=4) + "\n")
+    return changes
+
+
+def _why_not_shared(config: dict, folder: Path, rewritten: set[str]) -> str | None:
+    patterns = present_patterns(config)
+    for name in decoder_files(config):
+        if name not in rewritten:
+            continue  # written as read: shares the buffer as it did
+        path = folder / name
+        if not path.is_file():
+            raise TrtattnError(f"{CONFIG} names the decoder {name}, which the folder does not have")
+        concatenated = presents_not_in_place(path, patterns)
+        if concatenated:
+            shown = ", ".join(concatenated[:2]) + (f" (and {len(concatenated) - 2} more)" if len(concatenated) > 2 else "")
+            return (f"the fused {name} writes its presents as Concat(past, new), longer than the past by the "
+                    f"new tokens ({shown}), so past and present cannot share one buffer; GenAI passes the cache grown instead")
+    return None

@@ -1,0 +1,388 @@
+"""Dims and sizes the model's own attention ops fix, read before any search (graph/dims.py uses them).
+
+An op with a cache says, by its contract, what several input dims must be; guessing them (the default 8 for an
+unnamed last dim) fails on the first run. Read here, in this order:
+- the ops' attributes and contracts: com.microsoft GroupQueryAttention and MultiHeadAttention, and the standard
+  Attention op, take past_key/past_value [batch, kv_heads, past, head_size]; the head size is the query's width
+  over num_heads (GroupQueryAttention's packed QKV: (num_heads + 2 * kv_num_heads) * head_size); the total
+  length the op reads (GroupQueryAttention's total_sequence_length, from Shape(attention_mask)[1] in GenAI's
+  builder models; MultiHeadAttention's 2-D key padding mask) is the past plus the new tokens; GroupQueryAttention
+  on CPU takes several new tokens over a past at batch 1 only;
+- the weights' shapes: the query's width from its projection's weight where shapes are not written; the rotary
+  caches' rows (cos_cache [max positions, rotary_dim / 2]) bound the total length;
+- then the folder's config (genai_config.json beside the model, runtime/genai_config.py), where the ops leave a
+  size unknown.
+A cache length of 0 is a dim like any other: a prefill has an empty past (`prefill`), and a site reading a cache
+is verified at an empty and a non-empty one (graph/dims.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from ..errors import TrtattnError
+from .dim_names import names_in
+from .roles import GraphUses, dim_name
+
+_PASS = ("Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten")
+
+
+@dataclass(frozen=True)
+class CacheOp:
+    """Where an attention op with a cache keeps its tensors (input indices) and head counts (attributes)."""
+
+    past_key: int
+    heads: str
+    kv_heads: str | None
+    key: int = 1
+    total: int | None = None  # an input holding the total (past + new) length
+    mask: int | None = None  # a 2-D key padding mask [batch, past + new]
+    packed: bool = False  # Q, K and V packed in the query input when the key input is absent
+    batch_one_with_past: bool = False  # several new tokens over a past at batch 1 only (the CPU kernel)
+
+
+CACHE_OPS = {
+    ("com.microsoft", "GroupQueryAttention"): CacheOp(3, "num_heads", "kv_num_heads", total=6, packed=True,
+                                                      batch_one_with_past=True),
+    ("com.microsoft", "MultiHeadAttention"): CacheOp(6, "num_heads", None, mask=4),
+    ("", "Attention"): CacheOp(4, "q_num_heads", "kv_num_heads"),
+}
+
+
+# rotary ops -> the input index of their cos cache [max positions, rotary_dim / 2]
+ROTARY_COS = {("com.microsoft", "RotaryEmbedding"): 2, ("", "RotaryEmbedding"): 1}
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A dim the model's ops or configs fix: its name, value and why (one clause naming the node or file)."""
+
+    name: str
+    value: int
+    why: str
+
+
+@dataclass(frozen=True)
+class LengthSum:
+    """total = sum(parts): a dim an op reads as the past plus the new tokens."""
+
+    total: str
+    parts: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Covers:
+    """rows >= sum(parts): a table of positions (a rotary cache given as an input) that must reach the total length."""
+
+    rows: str
+    parts: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class ConfigSizes:
+    """Sizes a model folder's config says (genai_config.json, config.json), for what the ops leave unknown."""
+
+    source: str  # the file, for reasons
+    head_size: int | None = None
+    kv_heads: int | None = None
+
+
+@dataclass
+class OpDims:
+    """What the model's attention ops say of its input dims."""
+
+    fixed: dict[str, Fixed] = field(default_factory=dict)
+    sums: list[LengthSum] = field(default_factory=list)
+    pasts: dict[str, str] = field(default_factory=dict)  # a cache's length dim -> the node reading it
+    news: set[str] = field(default_factory=set)  # the new tokens' length dims of those nodes
+    batches: set[str] = field(default_factory=set)  # their batch dims
+    batch_one: str | None = None  # the node that takes several new tokens over a past at batch 1 only
+    limits: dict[str, Fixed] = field(default_factory=dict)  # the most a dim may be
+    covers: list[Covers] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.fixed or self.sums or self.pasts or self.covers)
+
+    def check_user(self, user: dict) -> None:
+        """Refuse a user's dim that an op fixes to another value, naming the op."""
+        for name, value in user.items():
+            fixed = self.fixed.get(name)
+            if fixed is not None and fixed.value != value:
+                raise TrtattnError(f"--dims {name}={value}: {fixed.why}, so {name} is {fixed.value}")
+
+    def apply(self, dims: dict, user: dict | None = None) -> dict:
+        """`dims` with the fixed sizes and the sums (total = past + new) set, where the user did not give them."""
+        user = user or {}
+        out = {**dims, **{n: f.value for n, f in self.fixed.items() if n not in user}}
+        for s in self.sums:
+            if s.total not in user and all(p in out for p in s.parts):
+                out[s.total] = sum(out[p] for p in s.parts)
+        for c in self.covers:
+            if c.rows not in user and all(p in out for p in c.parts):
+                out[c.rows] = max(out.get(c.rows, 0), sum(out[p] for p in c.parts))
+        return out
+
+    def within_limits(self, dims: dict) -> bool:
+        return all(dims.get(n, 0) <= f.value for n, f in self.limits.items())
+
+    def decode(self, dims: dict, user: dict) -> dict:
+        """`dims` as a step over a non-empty past: batch 1 where an op takes several new tokens over a past at
+        batch 1 only (and the user did not give the batch)."""
+        out = dict(dims)
+        if self.batch_one and any(out.get(p, 0) > 0 for p in self.pasts) and any(out.get(n, 1) > 1 for n in self.news):
+            out.update({b: 1 for b in self.batches if b not in user})
+        return self.apply(out, user)
+
+    def batch_note(self, dims: dict, user: dict) -> list[str]:
+        """Why the batch is 1 at `dims`, when decode set it so."""
+        ones = [b for b in sorted(self.batches) if b not in user and dims.get(b) == 1]
+        if not self.batch_one or not ones or not any(dims.get(p, 0) > 0 for p in self.pasts):
+            return []
+        return [f"{ones[0]}=1 ({self.batch_one} takes several new tokens over a past at batch 1 only on CPU)"]
+
+    def prefill(self, dims: dict, user: dict, batch: dict) -> dict | None:
+        """`dims` as a first prompt (every cache empty) at the batch `batch` gives; None when the user gave a past."""
+        if not self.pasts or any(p in user for p in self.pasts):
+            return None
+        out = {**dims, **{p: 0 for p in self.pasts}, **{b: v for b, v in batch.items() if b in self.batches}}
+        return self.apply(out, user)
+
+    def reasons(self) -> list[str]:
+        out = [f"{f.name}={f.value} ({f.why})" for f in self.fixed.values()]
+        out += [f"{s.total} = {' + '.join(s.parts)} ({s.why})" for s in self.sums]
+        out += [f"{c.rows} >= {' + '.join(c.parts)} ({c.why})" for c in self.covers]
+        return out
+
+
+def op_dims(model: onnx.ModelProto, config: ConfigSizes | None = None) -> OpDims:
+    """The dims the model's cache-reading attention ops fix (see the module doc); `config`: the folder's config,
+    read only for sizes the ops and weights leave unknown."""
+    graph = model.graph
+    nodes = [(n, CACHE_OPS[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]) for n in graph.node
+             if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in CACHE_OPS]
+    found = OpDims()
+    if not nodes and not any((n.domain or "", n.op_type) in ROTARY_COS for n in graph.node):
+        return found
+    inits = {i.name for i in graph.initializer}
+    shapes = {vi.name: [dim_name(d, vi.name, a) for a, d in enumerate(vi.type.tensor_type.shape.dim)]
+              for vi in graph.input if vi.name not in inits}
+    uses = GraphUses(graph)
+    widths = _Widths(model, uses)
+    for node, op in nodes:
+        _read_node(found, node, op, shapes, uses, widths, config)
+    for node in graph.node:
+        _read_rotary(found, node, shapes, uses)
+    return found
+
+
+class _Widths:
+    """The last dim of a tensor: written in the graph, from its projection's weight, or inferred (once)."""
+
+    def __init__(self, model: onnx.ModelProto, uses: GraphUses):
+        self.model, self.uses = model, uses
+        self._inferred: dict[str, tuple[int, list | None]] | None = None
+        self.written = {vi.name: vi for vi in list(model.graph.value_info) + list(model.graph.input)}
+
+    def of(self, name: str) -> int | None:
+        vi = self.written.get(name)
+        if vi is not None and vi.type.tensor_type.shape.dim and vi.type.tensor_type.shape.dim[-1].HasField("dim_value"):
+            return int(vi.type.tensor_type.shape.dim[-1].dim_value)
+        weight = self._projection(name)
+        if weight is not None:
+            return weight
+        if self._inferred is None:
+            from .shapes import tensor_types  # shape inference, only where the weights do not say
+
+            self._inferred = tensor_types(self.model)
+        shape = self._inferred.get(name, (0, None))[1]
+        return shape[-1] if shape and isinstance(shape[-1], int) else None
+
+    def _projection(self, name: str) -> int | None:
+        """The columns of the weight of the MatMul that computes `name` (through a bias Add)."""
+        for _ in range(4):
+            node = self.uses.producers.get(name)
+            if node is None:
+                return None
+            if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in self.uses.inits:
+                dims = self.uses.inits[node.input[1]].dims
+                transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+                return int(dims[0] if transposed else dims[-1]) if dims else None
+            if node.op_type not in ("Add", "Cast", "Identity"):
+                return None
+            name = next((i for i in node.input if i not in self.uses.inits), node.input[0])
+        return None
+
+
+def _attr(node: onnx.NodeProto, name: str | None) -> int | None:
+    return next((int(a.i) for a in node.attribute if a.name == name), None) if name else None
+
+
+def _input(node: onnx.NodeProto, index: int | None) -> str:
+    return node.input[index] if index is not None and index < len(node.input) else ""
+
+
+def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[str, list], uses: GraphUses,
+               widths: _Widths, config: ConfigSizes | None) -> None:
+    """What one op says: its cache's head size and heads, its past, new and total lengths, its batch rule."""
+    where = f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
+    past = _graph_input(_input(node, op.past_key), shapes, uses)
+    if past is None or len(shapes[past]) != 4:
+        return
+    batch, kv_axis, past_len, head_axis = shapes[past]
+    heads, kv_heads = _attr(node, op.heads), _attr(node, op.kv_heads)
+    kv_heads = kv_heads if kv_heads else heads
+    head, how = _head_size(node, op, heads, kv_heads, widths)
+    if head is None and config is not None and config.head_size:
+        head, how = config.head_size, f"{config.source} says head_size {config.head_size}"
+    if isinstance(head_axis, str) and head is not None:
+        _fix(found, Fixed(head_axis, head, f"{where} reads a head size of {head}: {how}"))
+    if isinstance(kv_axis, str) and kv_heads:
+        _fix(found, Fixed(kv_axis, kv_heads, f"{where} has {kv_heads} key/value heads"))
+    if not isinstance(past_len, str):
+        return
+    found.pasts.setdefault(past_len, node.name)
+    if isinstance(batch, str):
+        found.batches.add(batch)
+    new = _new_length(node, shapes, uses)
+    if new is not None:
+        found.news.add(new)
+    if op.batch_one_with_past:
+        found.batch_one = found.batch_one or where
+    total = _total_length(node, op, shapes, uses)
+    if total is not None and new is not None and total not in (new, past_len) and names_in(total) == [total]:
+        if all(s.total != total for s in found.sums):
+            found.sums.append(LengthSum(total, (past_len, new), f"{where} reads it as its past plus its new tokens"))
+    rows = _rotary_rows(node, uses)
+    if rows is not None and total is not None:
+        found.limits.setdefault(total, Fixed(total, rows, f"{where}'s rotary cache has {rows} positions"))
+    table = _rotary_input_rows(node, shapes, uses)
+    if table is not None and new is not None and all(c.rows != table for c in found.covers):
+        found.covers.append(Covers(table, (past_len, new), f"{where} rotates positions up to its past plus its new "
+                                                          "tokens with its cos/sin cache inputs"))
+
+
+def _fix(found: OpDims, fixed: Fixed) -> None:
+    known = found.fixed.get(fixed.name)
+    if known is not None and known.value != fixed.value:
+        raise TrtattnError(f"{fixed.name}: {known.why}, but {fixed.why}: the model cannot run at any {fixed.name}")
+    found.fixed.setdefault(fixed.name, fixed)
+
+
+def _graph_input(name: str, shapes: dict, uses: GraphUses) -> str | None:
+    """The graph input `name` is, through casts and identities; None when it is computed."""
+    for _ in range(4):
+        if name in shapes:
+            return name
+        node = uses.producers.get(name)
+        if node is None or node.op_type not in ("Cast", "Identity"):
+            return None
+        name = node.input[0]
+    return None
+
+
+def _head_size(node: onnx.NodeProto, op: CacheOp, heads: int | None, kv_heads: int | None,
+               widths: _Widths) -> tuple[int | None, str]:
+    """The head size and how the op tells it: the query's width over its heads (packed: over all of them), or the
+    key's over the key/value heads."""
+    if not heads:
+        return None, ""
+    width = widths.of(node.input[0])
+    packed = op.packed and not _input(node, op.key)
+    if width is not None:
+        parts = heads + 2 * kv_heads if packed and kv_heads else heads
+        if width % parts == 0:
+            formula = f"({heads} + 2 * {kv_heads}) heads" if packed else f"{heads} heads"
+            return width // parts, f"its {'packed QKV' if packed else 'query'} width {width} over {formula}"
+    key = _input(node, op.key)
+    width = widths.of(key) if key else None
+    if width is not None and kv_heads and width % kv_heads == 0:
+        return width // kv_heads, f"its key width {width} over {kv_heads} key/value heads"
+    return None, ""
+
+
+def _new_length(node: onnx.NodeProto, shapes: dict, uses: GraphUses) -> str | None:
+    """The name of the new tokens' length: the query's axis 1 when it is an input, else the token ids' (a 2-D
+    integer input that indexes an embedding table)."""
+    query = _graph_input(node.input[0], shapes, uses)
+    if query is not None and len(shapes[query]) == 3 and isinstance(shapes[query][1], str):
+        return shapes[query][1]
+    ids = [s[1] for n, s in shapes.items() if len(s) == 2 and isinstance(s[1], str) and uses.vocab(n)]
+    return ids[0] if len(set(ids)) == 1 else None
+
+
+def _total_length(node: onnx.NodeProto, op: CacheOp, shapes: dict, uses: GraphUses) -> str | None:
+    """The dim an op reads as its total length: the input dim its total-length input is the Shape of (Shape(mask)
+    gathered at 1, as GenAI's builder computes total_sequence_length), or its 2-D key padding mask's axis 1."""
+    total = _input(node, op.total)
+    if total:
+        source = _shape_of(total, uses)
+        if source is not None and source[0] in shapes and source[1] < len(shapes[source[0]]):
+            dim = shapes[source[0]][source[1]]
+            return dim if isinstance(dim, str) else None
+    mask = _graph_input(_input(node, op.mask), shapes, uses)
+    if mask is not None and len(shapes[mask]) == 2 and isinstance(shapes[mask][1], str):
+        return shapes[mask][1]
+    return None
+
+
+def _shape_of(name: str, uses: GraphUses) -> tuple[str, int] | None:
+    """(tensor, axis) when `name` is one dim of a tensor's shape: Gather(Shape(x), k) or Shape(x, start=k, end=k+1),
+    through casts and reshapes."""
+    for _ in range(6):
+        node = uses.producers.get(name)
+        if node is None:
+            return None
+        if node.op_type in _PASS:
+            name = node.input[0]
+            continue
+        if node.op_type == "Gather" and len(node.input) == 2:
+            shape, index = uses.producers.get(node.input[0]), uses.constant(node.input[1])
+            if shape is not None and shape.op_type == "Shape" and index is not None and index.size == 1:
+                return shape.input[0], (_attr(shape, "start") or 0) + int(index.reshape(-1)[0])
+            return None
+        if node.op_type == "Shape":
+            start, end = _attr(node, "start"), _attr(node, "end")
+            return (node.input[0], start) if start is not None and end == start + 1 else None
+        return None
+    return None
+
+
+def _rotary_rows(node: onnx.NodeProto, uses: GraphUses) -> int | None:
+    """Rows of GroupQueryAttention's cos cache (input 7, rotary inside the op): the most positions it rotates."""
+    if node.op_type != "GroupQueryAttention" or not _attr(node, "do_rotary"):
+        return None
+    cos = _input(node, 7)
+    table = uses.inits.get(cos)
+    return int(table.dims[0]) if table is not None and table.dims else None
+
+
+def _rotary_input_rows(node: onnx.NodeProto, shapes: dict, uses: GraphUses) -> str | None:
+    """The symbolic rows of GroupQueryAttention's cos cache when it is a graph input (rotary inside the op)."""
+    if node.op_type != "GroupQueryAttention" or not _attr(node, "do_rotary"):
+        return None
+    cos = _graph_input(_input(node, 7), shapes, uses)
+    rows = shapes[cos][0] if cos is not None and shapes[cos] else None
+    return rows if isinstance(rows, str) else None
+
+
+def _read_rotary(found: OpDims, node: onnx.NodeProto, shapes: dict, uses: GraphUses) -> None:
+    """A rotary op's cos cache given as a graph input with symbolic rows: the rows reach every position, so at least
+    the past plus the new tokens where a cache op names them, else every other length of the inputs together (a
+    decoder step's positions are below their sum)."""
+    index = ROTARY_COS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+    cos = _graph_input(_input(node, index), shapes, uses) if index is not None else None
+    rows = shapes[cos][0] if cos is not None and shapes[cos] else None
+    if not isinstance(rows, str) or any(c.rows == rows for c in found.covers):
+        return
+    batches = {s[0] for s in shapes.values() if s and isinstance(s[0], str)}  # axis 0 of an input: a batch
+    lengths = sorted({d for n, s in shapes.items() if n != cos for d in s[1:] if isinstance(d, str)
+                      and d != rows and d not in found.fixed and names_in(d) == [d]} - batches)
+    parts = tuple(sorted(found.pasts)) + tuple(sorted(found.news)) if found.pasts and found.news else tuple(lengths)
+    if parts:
+        where = f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
+        found.covers.append(Covers(rows, parts, f"{where} reads positions up to {' + '.join(parts)} in its cos/sin "
+                                                "cache inputs"))
