@@ -181,6 +181,23 @@ def _lengths_vary(view: GraphView) -> bool:
     return _LENGTHS_VARY[view]
 
 
+def _notes(view: GraphView, core: Core, upstream: float, *, gqa: bool, repeat: int) -> tuple[str, ...]:
+    """What the report says of a pattern site: defaults taken, and what its rewrite leaves out or reads otherwise."""
+    notes = list(core.notes) + _defaults_taken(view, core.steps)
+    if upstream != 1.0:
+        notes.append(f"query pre-scaled by {upstream:g} before the head split")
+    if gqa:
+        notes.append(f"GQA head repeat x{repeat} dropped")
+    if core.logits_cast is not None:
+        notes.append("the softmax's own precision cast dropped: the fused op computes it in the products' precision")
+    if core.qk_output is not None:
+        what = "probabilities" if core.qk_output[2] == 3 else "logits"
+        notes.append(f"its {what}, which the model returns, as the op's qk_matmul_output (mode {core.qk_output[2]})")
+    if core.bmm1.node.op == "Einsum" or core.bmm2.node.op == "Einsum":
+        notes.append("products written as Einsum")
+    return tuple(notes)
+
+
 def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     core = find_core(view, sm)
     atoms = core.atoms
@@ -229,18 +246,8 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
     rope = find_rope(view, q.tensor, k.tensor, head) if bnsh else \
         read_rope(view, q.tensor, k.tensor) if len(frames["q"]) == 3 else None
 
-    notes = list(core.notes) + _defaults_taken(view, core.steps)
-    if upstream != 1.0:
-        notes.append(f"query pre-scaled by {upstream:g} before the head split")
-    if kv != heads and q_heads and kv_heads:
-        notes.append(f"GQA head repeat x{q_heads // kv_heads} dropped")
-    if core.logits_cast is not None:
-        notes.append("the softmax's own precision cast dropped: the fused op computes it in the products' precision")
-    if core.qk_output is not None:
-        what = "probabilities" if core.qk_output[2] == 3 else "logits"
-        notes.append(f"its {what}, which the model returns, as the op's qk_matmul_output (mode {core.qk_output[2]})")
-    if bmm1.op == "Einsum" or core.bmm2.node.op == "Einsum":
-        notes.append("products written as Einsum")
+    repeat = q_heads // kv_heads if q_heads and kv_heads else 0
+    notes = _notes(view, core, upstream, gqa=kv != heads and bool(repeat), repeat=repeat)
     quant = SiteQuant(q.quant, k.quant, v.quant, core.logits_quant, core.probs_quant)
     return AttentionSite(
         name=sm.name,
@@ -275,7 +282,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         key_transposed=key.adjacent.name if key is not None and key.adjacent is not None else None,
         key_transposed_scale=key.inner_scale if key is not None else 1.0,
         logits_cast=core.logits_cast,
-        notes=tuple(notes),
+        notes=notes,
         layout=layout,
         softcap=softcap(steps),
         quant=quant if any(vars(quant).values()) else None,

@@ -11,43 +11,32 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
-from ..graph.dims import fit_dims
-from ..graph.emit import Emitter, float_dtype
 from ..graph.evaluate import runtime_errors
 from ..graph.io import default_session_refusal
 from ..graph.precision import low_float
 from ..graph.qdq_pairs import write_propagated_pairs
-from ..graph.shapes import symbolic_shapes, upgrade_opset
+from ..graph.shapes import upgrade_opset
 from ..graph.view import export_graph, import_graph
-from ..match import analyse, logit_ops, probe_feeds, subgraphs
+from ..match import analyse, probe_feeds, subgraphs
 from ..match.fused_ops import MICROSOFT_OPS
 from ..report import Progress
-from ..site import SOFTCAP_ATTRIBUTE, AttentionSite, CausalKind, SiteKind, SiteOutcome, SiteStatus, Skipped
+from ..site import AttentionSite, MatchResult, SiteKind, SiteOutcome, SiteSource, SiteStatus, Skipped
 from ..site_names import site_scope
 from ..timings import timed
-from ..verify import (
-    Check,
-    Tolerance,
-    Verification,
-    compare_models,
-    loosened,
-    tolerance,
-    tolerance_for,
-)
+from ..verify import Check, Tolerance, Verification, compare_models, loosened, tolerance, tolerance_for
 from ..version import __version__
-from . import bf16, key_blocks
+from . import bf16, driver
 from .group_query import convert_group_query
-from .layout import Dims, convert
 from .microsoft import convert as convert_microsoft
-from .qk_output import qk_output
+from .microsoft import with_contrib_shapes
+from .pattern import pattern_attention
 from .rope import write_rotations
-from .verdicts import blame, first_line, output_reason, site_error, summary, verify_reason
+from .verdicts import Fallback, blame, fallback, first_line, logits_beside, output_reason, site_error, summary, verify_reason
 
 ATTENTION_OPSET = 23
 NOT_FUSED = SiteStatus.NOT_FUSED  # the status of an attention the output keeps as it was (the reason says why)
@@ -127,120 +116,20 @@ def has_candidates(model: onnx.ModelProto) -> bool:
 
 # ---------------------------------------------------------------- rewriting
 def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -> gs.Node:
-    """Replace one site by an ONNX Attention node (returned). Raises on anything it cannot express."""
-    if site.source.startswith("com.microsoft"):
-        node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
-        convert_contrib = convert_group_query if node.op == "GroupQueryAttention" else convert_microsoft
-        return convert_contrib(graph, node, site_scope(site.name))
-    if site.source == "onnx:Attention":
+    """Replace one site by an ONNX Attention node (returned), with the rewriter of its source. Raises on anything
+    it cannot express."""
+    if site.source == SiteSource.PATTERN:
+        return pattern_attention(graph, tensors, site, meaning)
+    if site.source == SiteSource.ONNX_ATTENTION:
         return _retarget_attention(graph, tensors, site)
-    lay = site.layout
-    if lay is None:
-        raise ValueError(f"site {site.name} has no layout to rewrite from")
-    logits_q = site.quant.logits if site.quant else None
-    if logits_q is not None:
-        raise ValueError(f"its logits are quantized inside the attention ({logits_q.dtype}, scale {logits_q.scale:.3g}): "
-                         "a fused attention (and TensorRT's IAttention) computes them unquantized, so it would not "
-                         "compute what this model computes")
-    key_blocks.prepare(graph, tensors, site)  # Concat(K_i), Concat(V_i) of a key axis written in blocks
-    emit = Emitter(graph, site_scope(site.name))
-    dtype = float_dtype(site.dtype)
-    dims = Dims(emit, tensors, lay.dims)
-    q = convert(emit, tensors[lay.query], lay.q, (lay.batch, lay.heads, ("q",), ("d",)), dims)
-    blocks = key_blocks.past_operands(graph, emit, tensors, site, dims)  # a cache and the new slice: the op's past
-    past = blocks is not None
-    if blocks is not None:
-        (k, v), pasts = blocks
-    else:
-        k = convert(emit, tensors[lay.key], lay.k, (lay.batch, lay.kv_heads, ("k",), ("d",)), dims)
-        v = convert(emit, tensors[lay.value], lay.v, (lay.batch, lay.kv_heads, ("k",), ("e",)), dims)
-    if lay.batch_broadcast:  # a learned probe [1, ...] the products broadcast: the op takes one batch for all
-        batch = emit("Concat", [dims.of(lay.batch), emit.const([1, 1, 1], np.int64)], {"axis": 0}, dtype=np.int64)
-        q, k, v = (emit("Expand", [t, batch], dtype=dtype, name=f"{x}_over_batch") if x in lay.batch_broadcast else t
-                   for x, t in zip("qkv", (q, k, v)))
-    # a mode-2 qk output holds the mask: ONNX Runtime fills is_causal's with the lowest float, the graph's is -inf
-    use_causal = (not past and meaning is not None and site.causal == CausalKind.UPPER_LEFT
-                  and meaning.pattern == "causal" and not meaning.padding and not meaning.bias
-                  and not any(s.op == "sink" for s in site.mask_steps) and site.qk_mode != 2)
-    steps = [s for s in site.mask_steps if not (use_causal and logit_ops.unit(s).masks)]
-    mask_emit = Emitter(graph, site_scope(site.name, "mask_operands"))
-    built = logit_ops.build(graph, tensors, steps, site_scope(site.name, "mask"), dtype,
-                            lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
-    if site.qk_mode == 2:  # the op's output holds the mask: ONNX Runtime fills a boolean one with the lowest float
-        built.to_float(float("-inf"))  # where the graph's (returned.py: a -inf fill) is -inf
-    if site.qk_mode == 2:  # the op's output holds the mask: ONNX Runtime fills a boolean one with the lowest float
-        built.to_float(float("-inf"))  # where the graph's (returned.py: a -inf fill) is -inf
-    mask = built.m
-    for factor in built.q_scales:  # a per-head logit scale: [.., heads, 1, 1] broadcasts over Q's BNSH
-        q = emit("Mul", [q, factor], dtype=dtype, name="q_head_scale")
-    if built.sink is not None:
-        k, v, mask = _with_sink(emit, q, k, v, built, dtype)
-    if mask is not None:
-        mask = emit.full_query_rows(mask, q)
-    attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
-    if built.softcap:
-        attrs[SOFTCAP_ATTRIBUTE] = float(built.softcap)
-    if site.qk_output is not None:
-        attrs["qk_matmul_output_mode"] = int(site.qk_mode or 0)
-    y = emit("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype=dtype, name="Attention")
-    attention = graph.nodes[-1]
-    if past:
-        key_blocks.with_presents(attention, pasts)
-    out = convert(emit, y, (lay.batch, lay.heads, ("q",), ("e",)), lay.out, dims)
-    qk = qk_output(emit, attention, tensors, site, dims, dtype)
-    shapes = [(tensors[name], _shape_read(emit, dims, tensors[name], frame)) for name, frame in lay.shape_reads]
-    # nothing above changed the graph but add nodes; now the site's output and the shapes read from the
-    # tensors that go away are made by the new nodes
-    _produce(tensors[site.output], out)
-    if qk is not None:
-        _produce(tensors[site.qk_output], qk)
-    for read, shape in shapes:
-        if shape is not None:
-            read.inputs[0].outputs.clear()
-            _produce(read, shape)
-    return attention
+    return _converted_contrib(graph, site)
 
 
-def _with_sink(emit: Emitter, q, k, v, built, dtype):
-    """Attention sinks (match/logit_ops/sink.py) as one extra key: K and V get a zero row, the mask a column
-    holding the sink's logit (softmax over a set of keys: where the column stands does not matter)."""
-    i64 = lambda values: emit.const(values, np.int64)  # noqa: E731
-    part = lambda t, lo, hi: emit("Slice", [emit("Shape", [t], dtype=np.int64), i64([lo]), i64([hi])],  # noqa: E731
-                                  dtype=np.int64)
-    zero = emit.const(0.0, dtype)
-
-    def zero_row(t):
-        shape = emit("Concat", [part(t, 0, 2), i64([1]), part(t, 3, 4)], {"axis": 0}, dtype=np.int64)
-        return emit("Concat", [t, emit("Expand", [zero, shape], dtype=dtype)], {"axis": 2}, dtype=dtype, name="sink_key")
-
-    built.to_float()
-    scores = emit("Concat", [part(q, 0, 3), part(k, 2, 3)], {"axis": 0}, dtype=np.int64)
-    column = emit("Concat", [part(q, 0, 3), i64([1])], {"axis": 0}, dtype=np.int64)
-    m = emit("Expand", [built.m if built.m is not None else zero, scores], dtype=dtype)
-    sink = emit("Expand", [built.sink, column], dtype=dtype)
-    return zero_row(k), zero_row(v), emit("Concat", [m, sink], {"axis": 3}, dtype=dtype, name="sink_column")
-
-
-def _produce(target: gs.Tensor, made: gs.Tensor) -> None:
-    """`target` (a tensor the graph reads) is now computed by the node that made `made`."""
-    node = made.inputs[0]
-    target.inputs.clear()
-    node.outputs = [target if o is made else o for o in node.outputs]
-
-
-def _shape_read(emit: Emitter, dims: Dims, out: gs.Tensor, frame) -> gs.Tensor | None:
-    """What a Shape node of a tensor that goes away reads, from the site's sizes."""
-    shape_node = out.inputs[0] if out.inputs else None
-    if shape_node is None or shape_node.op != "Shape":
-        return None
-    full = dims.shape(frame)
-    start, end = shape_node.attrs.get("start"), shape_node.attrs.get("end")
-    if start is not None or end is not None:
-        rank = len(frame)
-        lo = (start or 0) % rank if (start or 0) < 0 else (start or 0)
-        hi = rank if end is None else (end % rank if end < 0 else min(end, rank))
-        full = emit("Slice", [full, emit.const([lo], np.int64), emit.const([hi], np.int64)], dtype=np.int64)
-    return full
+def _converted_contrib(graph: gs.Graph, site: AttentionSite) -> gs.Node:
+    """A com.microsoft attention op as the standard one (GroupQueryAttention has its own converter)."""
+    node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
+    convert_contrib = convert_group_query if site.source == SiteSource.MS_GROUP_QUERY else convert_microsoft
+    return convert_contrib(graph, node, site_scope(site.name))
 
 
 def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
@@ -260,28 +149,24 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     analysed, rewritten and verified without ever holding them. `inputs` (graph.user_inputs.GivenInputs):
     verify on exactly these input sets instead of feeds searched in the model's domain."""
     progress = progress or Progress(enabled=False)
-    given = atol is not None, rtol is not None
-    atol, rtol = tolerance_for(model, atol, rtol)
     if not has_candidates(model):
         return FuseResult(model, [], [], Verification(passed=True, note="no attention found"))
     if branch_inputs(model):  # If branches chosen by an input (Optimum's merged decoders): each on its own
         from .branches import fuse_branches
 
-        return fuse_branches(model, fuse_model, verify=verify, dims=dims, seed=seed, atol=atol, rtol=rtol,
-                             progress=progress)
-    wide = bf16.read_widened(model)  # a bf16 model ONNX Runtime cannot open: worked on widened (rewrite/bf16.py)
-    if wide is not None:
-        progress.note(bf16.NOTE)
-        atol, rtol = tolerance_for(wide, *(v if g else None for v, g in zip((atol, rtol), given)))
-        inputs = inputs.widened(wide) if inputs is not None else None
-    fit = fit_dims(wide or model, dims, progress=progress, given=inputs)  # dims the original runs on (graph/dims.py)
-    result = _fuse_fitted(wide or model, fit, verify=verify, seed=seed, atol=atol, rtol=rtol, given=given,
-                          progress=progress, inputs=inputs, written=model if wide is not None else None)
-    if wide is not None:
+        branch_atol, branch_rtol = tolerance_for(model, atol, rtol)
+        return fuse_branches(model, fuse_model, verify=verify, dims=dims, seed=seed, atol=branch_atol,
+                             rtol=branch_rtol, progress=progress)
+    # a bf16 model ONNX Runtime cannot open is worked on widened (rewrite/bf16.py), verified in fp32 first
+    reading = driver.read(model, dims=dims, atol=atol, rtol=rtol, inputs=inputs, progress=progress,
+                          widened_tolerance=True)
+    run = _Run(reading, verify=verify, seed=seed, given=(atol is not None, rtol is not None), progress=progress)
+    result = _fuse_fitted(run)
+    if reading.wide is not None:
         result.notes.append(bf16.NOTE)
         result.model = result.model if result.changed else model
-    result.dims = fit_record(fit)
-    note_one_key(result.reports, result.verification, fit)
+    result.dims = fit_record(reading.dims)
+    note_one_key(result.reports, result.verification, reading.dims)
     return result
 
 
@@ -299,7 +184,7 @@ def note_one_key(reports: list[SiteReport], verification: Verification, fit) -> 
     left = getattr(fit, "one_key", {})
     for r in reports:
         r.unit_lengths = left.get(r.site.output)
-    one_key = [r.site.name for r in reports if r.status == SiteStatus.FUSED and r.unit_lengths and r.unit_lengths[1] == 1]
+    one_key = driver.one_key(fit, [r for r in reports if r.status == SiteStatus.FUSED])
     if one_key and verification.passed is not None:
         verification.one_key = one_key
 
@@ -311,84 +196,71 @@ def fit_record(fit) -> dict:
             **({"also_verified_at": [dict(d) for d in fit.also]} if getattr(fit, "also", None) else {})}
 
 
-def _fuse_fitted(model: onnx.ModelProto, dims, *, verify: bool, seed: int, atol: float, rtol: float,
-                 given: tuple[bool, bool], progress, inputs, written: onnx.ModelProto | None = None) -> FuseResult:
-    """`written`: the bf16 model `model` is the widened copy of (rewrite/bf16.py): the sites are rewritten in it
-    too, that model verified emulated and returned."""
-    with progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
-        working = upgrade_opset(model, ATTENTION_OPSET)
-        graph, result, meanings = analyse(working, probe_feeds(working, dims), progress, dims=dims, merge=True)
+@dataclass
+class _Run:
+    """What every attempt of one fuse run reads: the model as read, and how to verify."""
+
+    reading: driver.Reading
+    verify: bool
+    seed: int
+    given: tuple[bool, bool]  # whether atol, rtol were given (else the model's, loosened where a site needs it)
+    progress: Progress
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """What is matched, rewritten and verified in fp32: the model, or a bf16 model widened."""
+        return self.reading.runnable
+
+    @property
+    def written(self) -> onnx.ModelProto | None:
+        """A bf16 model `model` is the widened copy of: the sites are rewritten in it too, it is verified emulated
+        and returned."""
+        return self.reading.model if self.reading.wide is not None else None
+
+
+@dataclass
+class _Attempt:
+    """One rewrite of the sites still fused, in fp32 (and in the bf16 model's own types when there is one)."""
+
+    reports: list[SiteReport]  # every site of the run
+    active: list[SiteReport]  # the sites this attempt fused
+    fused: onnx.ModelProto
+    fused_bf16: onnx.ModelProto  # `fused` itself unless the run writes a bf16 model
+    ignored: list[Skipped]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one attempt decided, as values: the sites to try again with less written as ops or to keep as they were
+    (applied first), and the result when this attempt is the last."""
+
+    fallbacks: tuple[Fallback | Unmerged, ...] = ()
+    result: FuseResult | None = None
+
+
+def _fuse_fitted(run: _Run) -> FuseResult:
+    """Match and probe, then rewrite the sites, verify them and decide, until a decision gives the result."""
+    with run.progress.step(f"matching attention sites and probing their masks (opset {ATTENTION_OPSET})"):
+        working = upgrade_opset(run.model, ATTENTION_OPSET)
+        graph, result, meanings = analyse(working, probe_feeds(working, run.reading.dims), run.progress,
+                                          dims=run.reading.dims, merge=True)
     if not result.sites and not result.skipped:
-        return FuseResult(model, [], result.ignored, Verification(passed=True, note="no attention found"))
+        return FuseResult(run.model, [], result.ignored, Verification(passed=True, note="no attention found"))
     reports = [_site_report(s, meanings) for s in result.sites]
     reports += [SiteReport(_placeholder(sk), status=NOT_FUSED, reason=sk.reason) for sk in result.skipped]
+    # A graph a canonical rule changed is not rewritten: a site that fails must keep its original nodes (a
+    # written softmax, a max shift, pieces joined), not the rule's. After the first pass each starts from the model
+    # again.
+    first: gs.Graph | None = None if result.canonical or result.pieces else graph
     while True:
-        _unmerge(reports, result.heads_merged, meanings)
-        active = [r for r in reports if r.status == SiteStatus.FUSED]
-        with progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
-            # marks sites it cannot rewrite as skipped. A graph a canonical rule changed is not rewritten: a
-            # site that fails must keep its original nodes (a written softmax, a max shift, pieces joined), not
-            # the rule's
-            fused = _rewrite(working, active, meanings, None if result.canonical or result.pieces else graph)
-        graph = None  # rewritten: a second pass starts from the model again
-        if _unmerge(reports, result.heads_merged, meanings):
-            continue
-        active = [r for r in active if r.status == SiteStatus.FUSED]
-        fused_bf16 = fused
-        if written is not None and active:
-            rewritten = bf16.rewritten(upgrade_opset(written, ATTENTION_OPSET), active, meanings, _rewrite)
-            if rewritten is None:
-                continue
-            fused_bf16 = rewritten
-        if not verify:
-            return FuseResult(fused if written is None else fused_bf16, reports, result.ignored, Verification(),
-                              bool(active))
-        if not active:
-            return FuseResult(model, reports, result.ignored, Verification(passed=True, note="no site fused"), False)
-        site_atol, site_rtol, why = _precision_tolerance([r.site for r in active], atol, rtol, given)
-        with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
-            try:
-                outcome = compare_models(model, fused, [r.site for r in active if not r.site.graph], dims=dims,
-                                         seed=seed, atol=max([site_atol] + [quant_tolerance(r.site) for r in active]),
-                                         rtol=site_rtol, given=inputs, progress=progress)
-            except VerificationError:  # the inputs, not the rewrite: one line for the whole command
-                raise
-            except runtime_errors() as e:  # the rewritten model does not run: the site whose node failed goes back
-                for r in blame(e, active):
-                    if not _retried(r):
-                        r.status, r.reason = NOT_FUSED, f"the rewritten model does not run: {first_line(e)}"
-                continue
-        if outcome.passed:  # compared with ONNX Runtime's basic optimizations; loaded as the user will load it
-            with progress.step("loading the rewritten model in ONNX Runtime with default session options"):
-                refusal = default_session_refusal(fused)
-            if refusal is not None:
-                for r in blame(Exception(refusal), active):
-                    if not _retried(r):
-                        r.status, r.reason = NOT_FUSED, ("ONNX Runtime with default session options refuses the "
-                                                         f"rewritten model: {refusal}")
-                continue
-        for r in active:
-            r.max_abs_err = site_error(r, outcome)
-        bad = [r for r in active if r.max_abs_err is None
-               or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, site_atol), quant_tolerance(r.site))]
-        if not bad and not outcome.passed:  # each site within its bound, an output not: keep the original
-            if [r for r in active if _logits_beside(r)]:  # unless it is logits the op returned: beside them, again
-                continue
-            for r in active:
-                r.status, r.reason = NOT_FUSED, output_reason(outcome)
-            return FuseResult(model, reports, result.ignored, summary(outcome, why), False)
-        if not bad and written is not None:
-            checked = bf16.checked(written, fused_bf16, active, dims=dims, seed=seed, inputs=inputs,
-                                   atol=atol if given[0] else None, rtol=rtol if given[1] else None,
-                                   progress=progress, widened=summary(outcome, why))
-            if checked is None:
-                continue
-            return FuseResult(fused_bf16, reports, result.ignored, checked, True)
-        if not bad:
-            return FuseResult(fused, reports, result.ignored, summary(outcome, why), True)
-        for r in bad:  # leave the failing sites as they were and verify the others again
-            if not _retried(r):
-                r.status, r.reason = NOT_FUSED, verify_reason(r, outcome)
+        for split in _unmerged(reports, result.heads_merged, meanings):  # merged sites a fallback kept as they were
+            split.apply()
+        decision = _attempted(run, working, reports, meanings, result, first)
+        first = None
+        for back in decision.fallbacks:
+            back.apply()
+        if decision.result is not None:
+            return decision.result
 
 
 def _site_report(site: AttentionSite, meanings: dict) -> SiteReport:
@@ -397,44 +269,111 @@ def _site_report(site: AttentionSite, meanings: dict) -> SiteReport:
                       bias=getattr(meaning, "bias", site.op_bias))
 
 
-def _unmerge(reports: list[SiteReport], parts: dict, meanings: dict) -> bool:
-    """A multi-head site merged from single-head ones (match/heads_merge.py) that did not fuse gives way to
-    those sites, each tried on its own with why (the merged one's reason). Whether any did."""
-    failed = [r for r in reports if r.status == NOT_FUSED and r.site.merged and r.site.name in parts]
-    for r in failed:
-        note = f"merged with {', '.join(r.site.merged[1:])} it did not fuse ({r.reason}): fused one head at a time"
-        at = reports.index(r)
-        reports[at:at + 1] = [_site_report(s.replace(notes=(*s.notes, note)), meanings)
-                              for s in parts.pop(r.site.name)]
-    return bool(failed)
+@dataclass(frozen=True)
+class Unmerged:
+    """A decision about a multi-head site merged from single-head ones (match/heads_merge.py) that did not fuse: it
+    gives way to those sites, each tried on its own with why (the merged one's reason)."""
+
+    reports: list[SiteReport]  # the run's, where `merged` stands
+    merged: SiteReport
+    parts: tuple[SiteReport, ...]
+
+    def apply(self) -> None:
+        at = self.reports.index(self.merged)
+        self.reports[at:at + 1] = list(self.parts)
 
 
-def _retried(r: SiteReport) -> bool:
-    """Whether a failing site tries again with less written as ops: its rotation left as the graph computes it,
-    else the logits it returns computed beside the op instead of as its qk_matmul_output."""
-    return _rotation_dropped(r) or _logits_beside(r)
+def _unmerged(reports: list[SiteReport], parts: dict, meanings: dict) -> tuple[Unmerged, ...]:
+    """The merged sites that did not fuse, each as the single-head sites it was merged from (taken from `parts`:
+    a merged site gives way once: it leaves `reports`)."""
+    decisions = []
+    for r in reports:
+        if r.status == NOT_FUSED and r.site.merged and r.site.name in parts:
+            note = f"merged with {', '.join(r.site.merged[1:])} it did not fuse ({r.reason}): fused one head at a time"
+            decisions.append(Unmerged(reports, r, tuple(_site_report(s.replace(notes=(*s.notes, note)), meanings)
+                                                        for s in parts[r.site.name])))
+    return tuple(decisions)
 
 
-def _logits_beside(r: SiteReport) -> bool:
-    site = r.site
-    if site.qk_output is None or site.qk_mode == 3:  # the probabilities have no other way out of the op
-        return False
-    notes = tuple(n for n in site.notes if not n.startswith("its logits, which the model returns"))
-    r.site = site.replace(qk_output=None, qk_mode=None, notes=(*notes, f"the logits it returns, as the op's "
-                                                                        f"qk_matmul_output (mode {site.qk_mode}), did "
-                                                                        "not verify: computed beside the op"))
-    return True
+def _attempted(run: _Run, working: onnx.ModelProto, reports: list[SiteReport], meanings: dict,
+               result: MatchResult, graph: gs.Graph | None) -> Decision:
+    """Rewrite the sites still fused (the rewrite marks those it cannot take), verify, and decide. A merged site
+    the rewrite could not take gives way to its single-head sites, and the attempt repeats."""
+    ignored = result.ignored
+    active = [r for r in reports if r.status == SiteStatus.FUSED]
+    with run.progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
+        fused = _rewrite(working, active, meanings, graph)
+    split = _unmerged(reports, result.heads_merged, meanings)
+    if split:
+        return Decision(split)
+    active = [r for r in active if r.status == SiteStatus.FUSED]
+    fused_bf16 = fused
+    if run.written is not None and active:
+        rewritten = bf16.rewritten(upgrade_opset(run.written, ATTENTION_OPSET), active, meanings, _rewrite)
+        if rewritten is None:  # the sites it could not write in bf16 are marked: again without them
+            return Decision()
+        fused_bf16 = rewritten
+    if not run.verify:
+        return Decision(result=FuseResult(fused if run.written is None else fused_bf16, reports, ignored,
+                                          Verification(), bool(active)))
+    if not active:
+        return Decision(result=FuseResult(run.model, reports, ignored, Verification(passed=True, note="no site fused"),
+                                          False))
+    return _verified(run, _Attempt(reports, active, fused, fused_bf16, ignored))
 
 
-def _rotation_dropped(r: SiteReport) -> bool:
-    """A failing site whose rotation fuse would write as RotaryEmbedding ops tries again with the rotation left
-    as the graph computes it (the attention alone may still fuse); False when there is none to drop."""
-    rope = r.site.rope
-    if rope is None or not rope.op_caches:
-        return False
-    r.site = r.site.replace(rope=None, notes=(*r.site.notes, "its rotation, read as RotaryEmbedding, did not verify: "
-                                                              "left as the graph computes it"))
-    return True
+def _verified(run: _Run, attempt: _Attempt) -> Decision:
+    """The attempt against the original on ONNX Runtime, then loaded with default session options: a model that
+    does not run, or that the session refuses, sends back the sites its error names."""
+    active = attempt.active
+    site_atol, site_rtol, why = _precision_tolerance([r.site for r in active], run.reading.atol, run.reading.rtol,
+                                                     run.given)
+    with run.progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
+        try:
+            outcome = compare_models(run.model, attempt.fused, [r.site for r in active if not r.site.graph],
+                                     dims=run.reading.dims, seed=run.seed,
+                                     atol=max([site_atol] + [quant_tolerance(r.site) for r in active]),
+                                     rtol=site_rtol, given=run.reading.wide_inputs, progress=run.progress)
+        except VerificationError:  # the inputs, not the rewrite: one line for the whole command
+            raise
+        except runtime_errors() as e:  # the rewritten model does not run: the site whose node failed goes back
+            reason = f"the rewritten model does not run: {first_line(e)}"
+            return Decision(tuple(fallback(r, reason) for r in blame(e, active)))
+    if outcome.passed:  # compared with ONNX Runtime's basic optimizations; loaded as the user will load it
+        with run.progress.step("loading the rewritten model in ONNX Runtime with default session options"):
+            refusal = default_session_refusal(attempt.fused)
+        if refusal is not None:
+            reason = f"ONNX Runtime with default session options refuses the rewritten model: {refusal}"
+            return Decision(tuple(fallback(r, reason) for r in blame(Exception(refusal), active)))
+    for r in active:
+        r.max_abs_err = site_error(r, outcome)
+    return _judged(run, attempt, outcome, site_atol, why)
+
+
+def _judged(run: _Run, attempt: _Attempt, outcome, site_atol: float, why: str) -> Decision:
+    """Each site within its bound and every output: the result. A site off its bound goes back (tried again with
+    less written as ops, else kept as it was); every site within its bound but an output off: the original."""
+    active, reports, ignored = attempt.active, attempt.reports, attempt.ignored
+    bad = [r for r in active if r.max_abs_err is None
+           or not r.max_abs_err <= max(outcome.bounds.get(r.site.output, site_atol), quant_tolerance(r.site))]
+    if bad:  # leave the failing sites as they were and verify the others again
+        return Decision(tuple(fallback(r, verify_reason(r, outcome)) for r in bad))
+    if not outcome.passed:
+        besides = tuple(Fallback(r, site) for r in active if (site := logits_beside(r.site)) is not None)
+        if besides:  # unless it is logits the op returned: beside them, again
+            return Decision(besides)
+        reason = output_reason(outcome)
+        return Decision(tuple(Fallback(r, None, reason) for r in active),
+                        FuseResult(run.model, reports, ignored, summary(outcome, why), False))
+    if run.written is None:
+        return Decision(result=FuseResult(attempt.fused, reports, ignored, summary(outcome, why), True))
+    atol, rtol = run.reading.atol, run.reading.rtol
+    checked = bf16.checked(run.written, attempt.fused_bf16, active, dims=run.reading.dims, seed=run.seed,
+                           inputs=run.reading.wide_inputs, atol=atol if run.given[0] else None,
+                           rtol=rtol if run.given[1] else None, progress=run.progress, widened=summary(outcome, why))
+    if checked is None:  # bf16.checked marked the sites that failed emulated: again without them
+        return Decision()
+    return Decision(result=FuseResult(attempt.fused_bf16, reports, ignored, checked, True))
 
 
 def _precision_tolerance(sites, atol: float, rtol: float, given: tuple[bool, bool]) -> tuple[float, float, str]:
@@ -460,29 +399,38 @@ def _placeholder(sk: Skipped) -> AttentionSite:
     return AttentionSite(name=sk.name, kind=SiteKind.SELF, query="", key="", value="", output="", softmax=sk.node)
 
 
+class _FuseRewriter(driver.SiteRewriter[tuple, SiteReport]):
+    """fuse's rewrite of one site: the ONNX Attention op (rewrite_site), and a rotation read by value as the
+    RotaryEmbedding op. A failure it expects leaves the site as it was, with why; anything else is a crash."""
+
+    catches = (TrtattnError, KeyError, ValueError, StopIteration)  # anything else is a bug of ours: a crash
+
+    def __init__(self, meanings: dict):
+        self.meanings = meanings
+
+    def scope(self, graph: gs.Graph, path: tuple) -> tuple:
+        sub = driver.find_scope(graph, path)
+        return sub, sub.tensors()
+
+    def nodes(self, scope: tuple) -> list:
+        return scope[0].nodes
+
+    def rewrite(self, scope: tuple, outcome: SiteReport) -> None:
+        graph, tensors = scope
+        outcome.attention_node = rewrite_site(graph, tensors, outcome.site, self.meanings.get(outcome.site.name)).name
+        write_rotations(graph, tensors, outcome.site)
+
+    def failed(self, outcome: SiteReport, error: BaseException) -> None:
+        outcome.refuse(NOT_FUSED, str(error) or type(error).__name__)
+
+
 @timed("rewrite")
 def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict,
              graph: gs.Graph | None = None) -> onnx.ModelProto:
     """The sites rewritten in `graph` (the analysis graph, used up) or in a fresh import of `working`."""
     if graph is None or any(n.domain == "com.microsoft" for n in working.graph.node):
-        graph = import_graph(_with_contrib_shapes(working))
-    scopes: dict[tuple, tuple] = {}  # subgraph path -> (graph, its tensors)
-    for r in reports:
-        try:
-            if r.site.graph not in scopes:
-                sub = subgraphs.find(graph, r.site.graph)
-                scopes[r.site.graph] = (sub, sub.tensors())
-        except KeyError as e:
-            r.status, r.reason = NOT_FUSED, str(e)
-            continue
-        scope, tensors = scopes[r.site.graph]
-        mark = len(scope.nodes)
-        try:
-            r.attention_node = rewrite_site(scope, tensors, r.site, meanings.get(r.site.name)).name
-            write_rotations(scope, tensors, r.site)  # a rotation read by value: as the RotaryEmbedding op
-        except (TrtattnError, KeyError, ValueError, StopIteration) as e:  # the site stays as it was, with why
-            del scope.nodes[mark:]  # (anything else is a bug of ours: a crash, never a site's reason)
-            r.status, r.reason = NOT_FUSED, str(e) or type(e).__name__
+        graph = import_graph(with_contrib_shapes(working))
+    driver.rewrite_each(graph, reports, _FuseRewriter(meanings))
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     fused = export_graph(graph, working)
     write_propagated_pairs(fused)  # an int8 model raised to opset 23 loads in ONNX Runtime (graph/qdq_pairs.py)
@@ -490,25 +438,3 @@ def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict
     fused.metadata_props.extend(copy.deepcopy(list(working.metadata_props)))
     fused.producer_name, fused.producer_version = "trtattn", __version__
     return fused
-
-
-def _with_contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Converting com.microsoft ops needs the ranks of their masks, which only ONNX Runtime's
-    symbolic shape inference knows (ONNX's does not know contrib ops)."""
-    contrib = [n for n in model.graph.node if n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS]
-    if not contrib:
-        return model
-    try:
-        inferred = symbolic_shapes(model)
-    except Exception:
-        return model
-    if inferred is None:
-        return model
-    # Only the attention ops' inputs: symbolic inference types some contrib outputs wrongly (the float
-    # output of EmbedLayerNormalization as int32), and a wrong type breaks the rewritten model.
-    wanted = {name for n in contrib for name in n.input if name}
-    known = {v.name for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.initializer)}
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    out.graph.value_info.extend(v for v in inferred.graph.value_info if v.name in wanted and v.name not in known)
-    return out

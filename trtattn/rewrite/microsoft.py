@@ -23,12 +23,16 @@ not converted: the site is reported with the reason instead.
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
 from ..graph.emit import Emitter
+from ..graph.shapes import symbolic_shapes
+from ..match.fused_ops import MICROSOFT_OPS
 
 DEFAULT_FILTER = -10000.0
 
@@ -147,6 +151,87 @@ def _onnx_type(dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
+class _Operands(NamedTuple):
+    """A contrib op's operands as the standard op takes them, before the heads are split."""
+
+    q: Any
+    k: Any
+    v: Any
+    mask: Any
+    attention_bias: Any
+    past_k: Any
+    past_v: Any
+    head_q: int
+    head_v: int
+    dtype: Any
+
+
+def _projected(emit: Emitter, graph: gs.Graph, node: gs.Node, prefix: str, x, dtype, heads: int) -> _Operands:
+    """Attention / QAttention: Q, K and V projected from one input by one packed weight, split in three."""
+    past_k = past_v = None
+    if node.op == "QAttention":
+        qkv, width, dtype, mask = _quantized_projection(emit, node)
+        attention_bias = None
+    else:
+        weight, bias, mask = node.inputs[1], optional_input(node, 2), optional_input(node, 3)
+        past = optional_input(node, 4)
+        if past is not None:  # [2, B, N, P, H]: the past key and value stacked
+            _refuse_shared_buffer(node, 6)
+            past_k, past_v = (emit("Gather", [past, emit.const(i, np.int64)], {"axis": 0}, dtype=dtype)
+                              for i in (0, 1))
+        elif is_read(graph, node.outputs[1] if len(node.outputs) > 1 else None):
+            raise TrtattnError(f"com.microsoft:Attention {node.name} returns a present cache without a past "
+                               "input: not converted")
+        attention_bias = optional_input(node, 5)
+        width = weight.shape[1] if weight.shape else None
+        qkv = emit("MatMul", [x, weight], dtype=dtype)
+        if bias is not None:
+            qkv = emit("Add", [qkv, bias], dtype=dtype)
+    sizes = list(node.attrs.get("qkv_hidden_sizes", [])) or ([width // 3] * 3 if width else None)
+    if not sizes:
+        raise TrtattnError(f"com.microsoft:{node.op} {node.name}: the projection width is unknown")
+    parts = [gs.Variable(f"{prefix}/{p}", dtype=dtype) for p in "qkv"]
+    graph.nodes.append(gs.Node("Split", f"{prefix}/split", {"axis": -1},
+                               inputs=[qkv, emit.const(sizes, np.int64)], outputs=parts))
+    q, k, v = parts
+    head_q, head_v = sizes[0] // heads, sizes[2] // heads
+    return _Operands(q, k, v, mask, attention_bias, past_k, past_v, head_q, head_v, dtype)
+
+
+def _separate(emit: Emitter, graph: gs.Graph, node: gs.Node, prefix: str, dtype, heads: int) -> _Operands:
+    """MultiHeadAttention: Q, K and V given apart (K/V in BNSH already for a cross-attention's cache)."""
+    q, k, v = node.inputs[:3]
+    bias, mask, attention_bias = optional_input(node, 3), optional_input(node, 4), optional_input(node, 5)
+    bnsh = len(k.shape or []) == 4  # K/V already in heads: a cross-attention's cache, computed once
+    if bnsh and (bias is not None or optional_input(node, 6) is not None):
+        raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} takes K/V in BNSH with a bias or a past: "
+                           "not converted")
+    past_k, past_v = optional_input(node, 6), optional_input(node, 7)
+    if (past_k is None) != (past_v is None):
+        raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} has only one of past_key and past_value")
+    if past_k is not None:
+        _refuse_shared_buffer(node, 8)
+    elif any(is_read(graph, o) for o in node.outputs[1:3]):
+        raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} returns a present cache without a "
+                           "past input: not converted")
+    width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
+    if width is None:
+        raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name}: the hidden size is unknown")
+    if bnsh:
+        v_width = v.shape[1] * v.shape[3] if v.shape and all(isinstance(d, int) for d in (v.shape[1], v.shape[3])) \
+            else width
+    elif bias is not None:  # one [Dq + Dk + Dv] bias for the three projections
+        parts = [gs.Variable(f"{prefix}/bias_{p}", dtype=dtype) for p in "qkv"]
+        v_width = (bias.shape[0] - 2 * width) if bias.shape else width
+        graph.nodes.append(gs.Node("Split", f"{prefix}/split_bias", {"axis": 0},
+                                   inputs=[bias, emit.const([width, width, v_width], np.int64)], outputs=parts))
+        q, k, v = (emit("Add", [t, b], dtype=dtype) for t, b in zip((q, k, v), parts))
+    else:
+        v_width = width
+    head_q, head_v = width // heads, v_width // heads
+    return _Operands(q, k, v, mask, attention_bias, past_k, past_v, head_q, head_v, dtype)
+
+
 def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     """Replace a com.microsoft Attention / MultiHeadAttention / QAttention node; returns the new Attention node.
     (GroupQueryAttention: group_query.convert_group_query.)"""
@@ -159,64 +244,11 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     filter_value = float(node.attrs.get("mask_filter_value", DEFAULT_FILTER))
     x = node.inputs[0]
     dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
-    past_k = past_v = None
     if node.op in ("Attention", "QAttention"):
-        if node.op == "QAttention":
-            qkv, width, dtype, mask = _quantized_projection(emit, node)
-            attention_bias = None
-        else:
-            weight, bias, mask = node.inputs[1], optional_input(node, 2), optional_input(node, 3)
-            past = optional_input(node, 4)
-            if past is not None:  # [2, B, N, P, H]: the past key and value stacked
-                _refuse_shared_buffer(node, 6)
-                past_k, past_v = (emit("Gather", [past, emit.const(i, np.int64)], {"axis": 0}, dtype=dtype)
-                                  for i in (0, 1))
-            elif is_read(graph, node.outputs[1] if len(node.outputs) > 1 else None):
-                raise TrtattnError(f"com.microsoft:Attention {node.name} returns a present cache without a past "
-                                   "input: not converted")
-            attention_bias = optional_input(node, 5)
-            width = weight.shape[1] if weight.shape else None
-            qkv = emit("MatMul", [x, weight], dtype=dtype)
-            if bias is not None:
-                qkv = emit("Add", [qkv, bias], dtype=dtype)
-        sizes = list(node.attrs.get("qkv_hidden_sizes", [])) or ([width // 3] * 3 if width else None)
-        if not sizes:
-            raise TrtattnError(f"com.microsoft:{node.op} {node.name}: the projection width is unknown")
-        parts = [gs.Variable(f"{prefix}/{p}", dtype=dtype) for p in "qkv"]
-        graph.nodes.append(gs.Node("Split", f"{prefix}/split", {"axis": -1},
-                                   inputs=[qkv, emit.const(sizes, np.int64)], outputs=parts))
-        q, k, v = parts
-        head_q, head_v = sizes[0] // heads, sizes[2] // heads
+        ops = _projected(emit, graph, node, prefix, x, dtype, heads)
     else:
-        q, k, v = node.inputs[:3]
-        bias, mask, attention_bias = optional_input(node, 3), optional_input(node, 4), optional_input(node, 5)
-        bnsh = len(k.shape or []) == 4  # K/V already in heads: a cross-attention's cache, computed once
-        if bnsh and (bias is not None or optional_input(node, 6) is not None):
-            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} takes K/V in BNSH with a bias or a past: "
-                               "not converted")
-        past_k, past_v = optional_input(node, 6), optional_input(node, 7)
-        if (past_k is None) != (past_v is None):
-            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} has only one of past_key and past_value")
-        if past_k is not None:
-            _refuse_shared_buffer(node, 8)
-        elif any(is_read(graph, o) for o in node.outputs[1:3]):
-            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name} returns a present cache without a "
-                               "past input: not converted")
-        width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
-        if width is None:
-            raise TrtattnError(f"com.microsoft:MultiHeadAttention {node.name}: the hidden size is unknown")
-        if bnsh:
-            v_width = v.shape[1] * v.shape[3] if v.shape and all(isinstance(d, int) for d in (v.shape[1], v.shape[3])) \
-                else width
-        elif bias is not None:  # one [Dq + Dk + Dv] bias for the three projections
-            parts = [gs.Variable(f"{prefix}/bias_{p}", dtype=dtype) for p in "qkv"]
-            v_width = (bias.shape[0] - 2 * width) if bias.shape else width
-            graph.nodes.append(gs.Node("Split", f"{prefix}/split_bias", {"axis": 0},
-                                       inputs=[bias, emit.const([width, width, v_width], np.int64)], outputs=parts))
-            q, k, v = (emit("Add", [t, b], dtype=dtype) for t, b in zip((q, k, v), parts))
-        else:
-            v_width = width
-        head_q, head_v = width // heads, v_width // heads
+        ops = _separate(emit, graph, node, prefix, dtype, heads)
+    q, k, v, mask, attention_bias, past_k, past_v, head_q, head_v, dtype = ops
     extra = node.outputs[3:] if node.op == "MultiHeadAttention" else node.outputs[2:]
     if any(is_read(graph, o) for o in extra):
         raise TrtattnError(f"com.microsoft:{node.op} {node.name} also outputs its QK product: not converted")
@@ -260,3 +292,25 @@ def convert(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         graph.nodes[-1].outputs = [node.outputs[1]]
     output_merged(emit, graph, node, y, dtype)
     return attention
+
+
+def with_contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Converting com.microsoft ops needs the ranks of their masks, which only ONNX Runtime's
+    symbolic shape inference knows (ONNX's does not know contrib ops)."""
+    contrib = [n for n in model.graph.node if n.domain == "com.microsoft" and n.op_type in MICROSOFT_OPS]
+    if not contrib:
+        return model
+    try:
+        inferred = symbolic_shapes(model)
+    except Exception:
+        return model
+    if inferred is None:
+        return model
+    # Only the attention ops' inputs: symbolic inference types some contrib outputs wrongly (the float
+    # output of EmbedLayerNormalization as int32), and a wrong type breaks the rewritten model.
+    wanted = {name for n in contrib for name in n.input if name}
+    known = {v.name for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.initializer)}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.value_info.extend(v for v in inferred.graph.value_info if v.name in wanted and v.name not in known)
+    return out

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ..site import AttentionSite, SiteOutcome, SiteStatus
 from ..site_names import names_site
 from ..verify import Verification
 
@@ -55,3 +58,48 @@ def verify_reason(r, outcome=None) -> str:
     if r.max_abs_err is None:
         return "verification could not compare this site's output"
     return f"verification failed: max abs error {r.max_abs_err:.3g} against the original"
+
+
+# ---------------------------------------------------------------- what a failing site tries next
+@dataclass(frozen=True)
+class Fallback:
+    """A decision about one site that failed: try it again as `site` (less written as ops), or with no site to try
+    keep it as it was, for `reason`."""
+
+    outcome: SiteOutcome
+    site: AttentionSite | None
+    reason: str = ""
+
+    def apply(self) -> None:
+        if self.site is not None:
+            self.outcome.site = self.site
+        else:
+            self.outcome.refuse(SiteStatus.NOT_FUSED, self.reason)
+
+
+def fallback(outcome: SiteOutcome, reason: str) -> Fallback:
+    """A failing site tries again with less written as ops: its rotation left as the graph computes it, else the
+    logits it returns computed beside the op instead of as its qk_matmul_output; else it is not fused, for `reason`."""
+    site = rotation_dropped(outcome.site) or logits_beside(outcome.site)
+    return Fallback(outcome, site, reason)
+
+
+def logits_beside(site: AttentionSite) -> AttentionSite | None:
+    """The site with the logits it returns computed beside the op; None when it returns none, or only the
+    probabilities (which have no other way out of the op)."""
+    if site.qk_output is None or site.qk_mode == 3:
+        return None
+    notes = tuple(n for n in site.notes if not n.startswith("its logits, which the model returns"))
+    return site.replace(qk_output=None, qk_mode=None, notes=(*notes, f"the logits it returns, as the op's "
+                                                                     f"qk_matmul_output (mode {site.qk_mode}), did "
+                                                                     "not verify: computed beside the op"))
+
+
+def rotation_dropped(site: AttentionSite) -> AttentionSite | None:
+    """The site with the rotation fuse would write as RotaryEmbedding ops left as the graph computes it (the
+    attention alone may still fuse); None when there is none to drop."""
+    rope = site.rope
+    if rope is None or not rope.op_caches:
+        return None
+    return site.replace(rope=None, notes=(*site.notes, "its rotation, read as RotaryEmbedding, did not verify: "
+                                                       "left as the graph computes it"))

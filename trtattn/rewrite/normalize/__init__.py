@@ -19,19 +19,19 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import onnx
+import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
 from ...graph import external
 from ...graph.branches import branch_inputs
-from ...graph.dims import fit_dims
 from ...graph.emit import Emitter, export_like
 from ...graph.view import import_graph
 from ...match import analyse, logit_ops, probe_feeds, subgraphs
 from ...report import Progress
 from ...site import AttentionSite, MaskKind, ScalePlacement, SiteOutcome, SiteStatus
 from ...site_names import site_scope
-from ...verify import Verification, compare_models, tolerance_for
-from .. import bf16
+from ...verify import Verification
+from .. import bf16, driver
 from . import canonical
 from .cleanup import cleanup
 from .fusability import verdict
@@ -139,114 +139,154 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
     if branch_inputs(model):  # If branches chosen by an input (Optimum's merged decoders): each on its own
         return _by_branch(model, fold_scale_into_weights=fold_scale_into_weights, precision=precision, verify=verify,
                           dims=dims, seed=seed, atol=atol, rtol=rtol, progress=progress)
-    atol, rtol = tolerance_for(model, atol, rtol)
-    wide = bf16.read_widened(model)  # a bf16 model ONNX Runtime cannot open: probed widened (rewrite/bf16.py)
-    if wide is not None:
-        progress.note(bf16.NOTE)
-    dims = fit_dims(wide or model, dims, progress=progress,  # dims the original runs on (graph/dims.py), as fuse does
-                    given=inputs.widened(wide) if wide is not None and inputs is not None else inputs)
+    # a bf16 model ONNX Runtime cannot open: probed widened (rewrite/bf16.py); the dims the original runs on
+    reading = driver.read(model, dims=dims, atol=atol, rtol=rtol, inputs=inputs, progress=progress,
+                          widened_tolerance=False)
     with progress.step("cleanup: constant folding, no-op removal"):
         cleaned, stats = cleanup(model)
         external.set_data_dir(cleaned, external.data_dir(model))  # weights on disk: still where they were
     with progress.step("matching attention sites and probing masks"):
-        probed = _runnable(cleaned, wide)
-        graph, result, meanings = analyse(probed, probe_feeds(probed, dims), progress, dims=dims)
+        probed = _runnable(cleaned, reading.wide)
+        graph, result, meanings = analyse(probed, probe_feeds(probed, reading.dims), progress, dims=reading.dims)
     if probed is not cleaned:  # rewritten in the bf16 model itself: the new tensors take its types
         graph, result.sites = import_graph(cleaned), bf16.typed_sites(result.sites, cleaned)
-    scopes: dict[tuple, tuple] = {}  # a site's graph (main, or an If/Loop body) -> (graph, tensors, nodes, masks)
-    rows: list[SiteNormalization] = []
-    rewritten = 0
-    for site in result.sites:
-        meaning = meanings.get(site.name)
-        probs = between(_graph_of(cleaned, site), site.softmax) if site.softmax else None
-        row = SiteNormalization(site, SiteStatus.KEPT, "already in TensorRT's form",
-                                before=verdict(site, precision=precision, meaning=meaning, probs_ops=probs).row())
-        rows.append(row)
-        if site.source.is_op:
-            row.reason = f"already a fused op ({site.source})"
-            continue
-        if site.graph not in scopes:  # an If/Loop/Scan body is rewritten in place, as the main graph is
-            scope = subgraphs.find(graph, site.graph)
-            scopes[site.graph] = (scope, scope.tensors(), {n.name: n for n in scope.nodes}, MaskCache())
-        scope, tensors, nodes, cache = scopes[site.graph]
-        if site.quant is not None and site.quant.logits is not None:
-            row.refuse(SiteStatus.SKIPPED, "its logits are quantized (Q/DQ between the first MatMul and the Softmax), "
-                       "which TensorRT's fused attention does not compute")
-            continue
-        pure_causal = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding \
-            and not meaning.bias
-        reemit = canonical.needed(site)  # logits change layout on the way to the Softmax
-        logits_normal = not reemit and already_normal(site) and not \
-            (fold_scale_into_weights and site.scale != 1.0) and not (pure_causal and site.mask == MaskKind.ADDITIVE)
-        if logits_normal and not not_documented(probs):
-            continue
-        mark = len(scope.nodes)
-        try:
-            if reemit:
-                guard = "IsNaN" in (probs or [])
-                rows_guard = row_guard(scope, nodes[site.softmax])
-                row.mask_form = canonical.canonical_core(scope, tensors, site, nodes[site.softmax], guard=guard,
-                                                         row_guard=rows_guard)
-                row.scale_to = "q"
-                row.rewritten()
-                row.probabilities = "NaN guard moved after BMM2" if guard else ROW_GUARD_MOVED if rows_guard else "-"
-            else:
-                if not logits_normal:
-                    logits, row.scale_to = prescaled_logits(scope, tensors, site, fold_weights=fold_scale_into_weights)
-                    shape = None
-                    if logit_ops.has_layout_change(site.mask_steps):
-                        shape = Emitter(scope, site_scope(site.name, "shape")).score_shape(
-                            tensors[site.query], tensors[site.key_transposed], site.rank, site.rank - 1)
-                    x, row.mask_form = masked_logits(scope, tensors, site, meaning, logits, cache, shape)
-                    nodes[site.softmax].inputs[0] = x
-                    row.rewritten()
-                if move_nan_guard(scope, nodes[site.softmax], site_scope(site.name)):
-                    row.probabilities = "NaN guard moved after BMM2"
-                    row.rewritten()
-                elif move_row_guard(scope, nodes[site.softmax], site_scope(site.name)):
-                    row.probabilities = ROW_GUARD_MOVED
-                    row.rewritten()
-                elif not_documented(probs):
-                    row.probabilities = f"{', '.join(probs or [])} left (not TensorRT's form)"
-                    if logits_normal:
-                        row.reason = f"{', '.join(not_documented(probs))} between the Softmax and BMM2"
-            rewritten += row.status == SiteStatus.REWRITTEN
-        except (KeyError, ValueError) as e:
-            del scope.nodes[mark:]
-            row.refuse(SiteStatus.SKIPPED, str(e))
-    changed = rewritten > 0 or stats["folded_nodes"] > 0 or stats["noops_removed"] > 0
-    if not changed:
+    rows = [_kept(cleaned, site, meanings.get(site.name), precision) for site in result.sites]
+    driver.rewrite_each(graph, rows, _NormalizeRewriter(cleaned, meanings, fold_scale_into_weights))
+    rewritten = sum(r.status == SiteStatus.REWRITTEN for r in rows)
+    if not (rewritten > 0 or stats["folded_nodes"] > 0 or stats["noops_removed"] > 0):
         for r in rows:
             r.after = r.before
         return NormalizeResult(model, rows, False, stats, Verification(passed=True, note="nothing to improve"),
-                               result.ignored, skipped=list(result.skipped), notes=[bf16.NOTE] if wide else [])
+                               result.ignored, skipped=list(result.skipped), notes=reading.notes)
     out = export_like(graph, model)
-    verification = Verification()
-    if wide is not None:
+    if reading.wide is not None:
         changed = bf16.type_change(model, out)
         if changed is not None:
             raise TrtattnError(f"normalize would not write the bf16 model as it read it: {changed}")
-    if verify and wide is not None:
-        with progress.step(f"verifying the bf16 model against the original, {bf16.RUN_ON}"):
-            outcome = bf16.verify_emulated(model, out, [r.site for r in rows if not r.site.graph], dims=dims,
-                                           seed=seed, inputs=inputs, atol=atol, rtol=rtol, progress=progress)
-    elif verify:
-        with progress.step("verifying against the original on ONNX Runtime (Polygraphy)"):
-            # a body's tensors are not the graph's to output
-            outcome = compare_models(model, out, [r.site for r in rows if not r.site.graph], dims=dims, seed=seed,
-                                     atol=atol, rtol=rtol, given=inputs, progress=progress)
-    if verify:
-        for r in rows:
-            r.max_abs_err = outcome.site_errors.get(r.site.output)
-        verification = outcome.summary()
-        if wide is not None:
-            verification.run_on = bf16.RUN_ON
-        one_key = [r.site.name for r in rows if dims.one_key.get(r.site.output, (0, 0))[1] == 1]
-        if one_key:  # verified only over one key, where any softmax gives 1 (graph/dims.py)
-            verification.one_key = one_key
-    # what the normalised graph offers TensorRT, site by site
-    probed = _runnable(out, wide)
-    _, after, after_meanings = analyse(probed, probe_feeds(probed, dims), dims=dims)
+    verification = _verified(out, rows, reading, seed=seed, progress=progress) if verify else Verification()
+    _verdicts_after(out, rows, reading, precision)  # what the normalised graph offers TensorRT, site by site
+    return NormalizeResult(out, rows, True, stats, verification, result.ignored, skipped=list(result.skipped),
+                           notes=reading.notes)
+
+
+def _kept(model: onnx.ModelProto, site: AttentionSite, meaning, precision: str) -> SiteNormalization:
+    """A site's row before its rewrite: kept as it is, with its fusability verdict on the input."""
+    probs = between(_graph_of(model, site), site.softmax) if site.softmax else None
+    return SiteNormalization(site, SiteStatus.KEPT, "already in TensorRT's form",
+                             before=verdict(site, precision=precision, meaning=meaning, probs_ops=probs).row())
+
+
+@dataclass
+class _Scope:
+    """A graph sites are rewritten in (the main graph, or an If/Loop/Scan body, in place) and what its sites share."""
+
+    graph: gs.Graph
+    tensors: dict
+    nodes: dict  # node name -> node
+    masks: MaskCache  # masks already written in this graph (sites of one model share them)
+
+
+class _NormalizeRewriter(driver.SiteRewriter[_Scope, SiteNormalization]):
+    """normalize's rewrite of one site into TensorRT's form; a site it cannot rewrite is skipped, with why."""
+
+    catches = (KeyError, ValueError)
+
+    def __init__(self, model: onnx.ModelProto, meanings: dict, fold_scale_into_weights: bool):
+        self.model, self.meanings, self.fold = model, meanings, fold_scale_into_weights
+
+    def scope(self, graph: gs.Graph, path: tuple) -> _Scope:
+        scope = driver.find_scope(graph, path)
+        return _Scope(scope, scope.tensors(), {n.name: n for n in scope.nodes}, MaskCache())
+
+    def nodes(self, scope: _Scope) -> list:
+        return scope.graph.nodes
+
+    def failed(self, outcome: SiteNormalization, error: BaseException) -> None:
+        outcome.refuse(SiteStatus.SKIPPED, str(error))
+
+    def rewrite(self, scope: _Scope, row: SiteNormalization) -> None:
+        site, meaning = row.site, self.meanings.get(row.site.name)
+        if site.source.is_op:
+            row.reason = f"already a fused op ({site.source})"
+            return
+        if site.quant is not None and site.quant.logits is not None:
+            row.refuse(SiteStatus.SKIPPED, "its logits are quantized (Q/DQ between the first MatMul and the Softmax), "
+                       "which TensorRT's fused attention does not compute")
+            return
+        probs = between(_graph_of(self.model, site), site.softmax) if site.softmax else None
+        pure_causal = meaning is not None and meaning.pattern in ("causal", "window") and not meaning.padding \
+            and not meaning.bias
+        if canonical.needed(site):  # logits change layout on the way to the Softmax
+            self._reemitted(scope, row, probs)
+            return
+        logits_normal = already_normal(site) and not (self.fold and site.scale != 1.0) and \
+            not (pure_causal and site.mask == MaskKind.ADDITIVE)
+        if logits_normal and not not_documented(probs):
+            return
+        if not logits_normal:
+            self._masked(scope, row, meaning)
+        self._probabilities(scope, row, probs, logits_normal)
+
+    @staticmethod
+    def _reemitted(scope: _Scope, row: SiteNormalization, probs) -> None:
+        """The attention core written again in TensorRT's form (logits that change layout before the Softmax)."""
+        site = row.site
+        guard = "IsNaN" in (probs or [])
+        rows_guard = row_guard(scope.graph, scope.nodes[site.softmax])
+        row.mask_form = canonical.canonical_core(scope.graph, scope.tensors, site, scope.nodes[site.softmax],
+                                                 guard=guard, row_guard=rows_guard)
+        row.scale_to = "q"
+        row.rewritten()
+        row.probabilities = "NaN guard moved after BMM2" if guard else ROW_GUARD_MOVED if rows_guard else "-"
+
+    def _masked(self, scope: _Scope, row: SiteNormalization, meaning) -> None:
+        """The scale moved onto Q (or into the weights) and the mask as one op before the Softmax."""
+        site = row.site
+        logits, row.scale_to = prescaled_logits(scope.graph, scope.tensors, site, fold_weights=self.fold)
+        shape = None
+        if logit_ops.has_layout_change(site.mask_steps):
+            shape = Emitter(scope.graph, site_scope(site.name, "shape")).score_shape(
+                scope.tensors[site.query], scope.tensors[site.key_transposed], site.rank, site.rank - 1)
+        x, row.mask_form = masked_logits(scope.graph, scope.tensors, site, meaning, logits, scope.masks, shape)
+        scope.nodes[site.softmax].inputs[0] = x
+        row.rewritten()
+
+    @staticmethod
+    def _probabilities(scope: _Scope, row: SiteNormalization, probs, logits_normal: bool) -> None:
+        """What stands between the Softmax and BMM2: a NaN or fully-masked-row guard moved after BMM2, or named."""
+        softmax, prefix = scope.nodes[row.site.softmax], site_scope(row.site.name)
+        if move_nan_guard(scope.graph, softmax, prefix):
+            row.probabilities = "NaN guard moved after BMM2"
+            row.rewritten()
+        elif move_row_guard(scope.graph, softmax, prefix):
+            row.probabilities = ROW_GUARD_MOVED
+            row.rewritten()
+        elif not_documented(probs):
+            row.probabilities = f"{', '.join(probs or [])} left (not TensorRT's form)"
+            if logits_normal:
+                row.reason = f"{', '.join(not_documented(probs))} between the Softmax and BMM2"
+
+
+def _verified(out: onnx.ModelProto, rows: list[SiteNormalization], reading: driver.Reading, *, seed: int,
+              progress: Progress) -> Verification:
+    """The normalised model against the original (a bf16 one emulated); each site's error, and the sites verified
+    only over one key, where any softmax gives 1 (graph/dims.py)."""
+    outcome = driver.verify(reading.model, out, [r.site for r in rows], reading=reading, seed=seed, atol=reading.atol,
+                            rtol=reading.rtol, emulated=reading.wide is not None, progress=progress)
+    for r in rows:
+        r.max_abs_err = outcome.site_errors.get(r.site.output)
+    verification = outcome.summary()
+    if reading.wide is not None:
+        verification.run_on = bf16.RUN_ON
+    verification.one_key = driver.one_key(reading.dims, rows) or None
+    return verification
+
+
+def _verdicts_after(out: onnx.ModelProto, rows: list[SiteNormalization], reading: driver.Reading,
+                    precision: str) -> None:
+    """Each row's fusability verdict on the normalised graph, found again there by its Softmax (or output)."""
+    probed = _runnable(out, reading.wide)
+    _, after, after_meanings = analyse(probed, probe_feeds(probed, reading.dims), dims=reading.dims)
     by_softmax = {s.softmax or s.output: s for s in after.sites}
     for r in rows:
         s2 = by_softmax.get(r.site.softmax or r.site.output)
@@ -254,8 +294,6 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
             r.after = verdict(s2, precision=precision, meaning=after_meanings.get(s2.name),
                               mask_ops=_mask_ops(out, s2), probs_ops=between(_graph_of(out, s2), s2.softmax)
                               if s2.softmax is not None else None).row()
-    return NormalizeResult(out, rows, True, stats, verification, result.ignored, skipped=list(result.skipped),
-                           notes=[bf16.NOTE] if wide else [])
 
 
 def _runnable(model: onnx.ModelProto, wide: onnx.ModelProto | None) -> onnx.ModelProto:
