@@ -53,8 +53,6 @@ def pattern_attention(graph: gs.Graph, tensors: dict, site: AttentionSite, meani
                             lambda t, step: convert(mask_emit, t, step.frame, lay.scores, dims, broadcast=True))
     if site.qk_mode == 2:  # the op's output holds the mask: ONNX Runtime fills a boolean one with the lowest float
         built.to_float(float("-inf"))  # where the graph's (returned.py: a -inf fill) is -inf
-    if site.qk_mode == 2:  # the op's output holds the mask: ONNX Runtime fills a boolean one with the lowest float
-        built.to_float(float("-inf"))  # where the graph's (returned.py: a -inf fill) is -inf
     mask = built.m
     for factor in built.q_scales:  # a per-head logit scale: [.., heads, 1, 1] broadcasts over Q's BNSH
         q = emit("Mul", [q, factor], dtype=dtype, name="q_head_scale")
