@@ -36,7 +36,7 @@ from .runtime.pipeline import find_parts, generation_settings
 if TYPE_CHECKING:  # imported where it runs (prepare_folder): listing a folder's parts needs no route
     from .routes.prepare.pipeline import Prepared
 
-COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+COPIED = ("config.json", "generation_config.json", "genai_config.json", "tokenizer.json", "tokenizer_config.json",
           "special_tokens_map.json")
 
 

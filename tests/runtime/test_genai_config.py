@@ -74,3 +74,26 @@ def test_generate_on_a_genai_folder_gives_the_greedy_tokens(tmp_path, capsys, dt
     assert main(["-q", "run", str(folder), "--generate", "8", "--prompt", ",".join(map(str, PROMPT)), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["tokens"] for r in out["requests"]] == [expected], out
+
+
+def test_a_folder_built_from_a_genai_folder_keeps_its_stop_tokens_and_heads(tmp_path, capsys):
+    """`build DIR` on a GenAI folder: pipeline.json's generation settings and the built folder's config come from
+    genai_config.json (the folder has no config.json nor generation_config.json), so `run OUT` stops where the
+    original does. Was: genai_config.json not copied, pipeline.json's "generation" empty."""
+    spec = GenaiSpec(layers=1)
+    folder = write_genai_folder(tmp_path / "m", spec)
+    expected_any = _greedy(spec, PROMPT, 8, eos=-1)
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["eos_token_id"] = expected_any[3]
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    main(["-q", "build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp32"])  # 4: no TensorRT
+    out = tmp_path / "built" / folder.name
+    sidecar = json.loads((out / "pipeline.json").read_text())
+    assert sidecar["generation"]["eos_token_id"] == expected_any[3]
+    pipeline = load_pipeline(out, backend="ort")
+    assert pipeline.config["num_key_value_heads"] == spec.kv_heads
+    capsys.readouterr()
+    assert main(["-q", "run", str(out), "--backend", "ort", "--generate", "8", "--prompt", ",".join(map(str, PROMPT)),
+                 "--json"]) == 0
+    tokens = [r["tokens"] for r in json.loads(capsys.readouterr().out)["requests"]]
+    assert tokens == [_greedy(spec, PROMPT, 8, eos=expected_any[3])]

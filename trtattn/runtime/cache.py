@@ -60,12 +60,25 @@ def static_inputs(session, pairs) -> list[str]:
     return [n for n in session.input_names if n not in paired and n.startswith(PAST_PREFIXES)]
 
 
-def _dims(session, name: str) -> tuple[int, int]:
-    shape = session.input(name).shape
-    if len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in (shape[1], shape[3])):
-        raise TrtattnError(f"{session.name}: cache input {name} should be [batch, heads, seq, head_size] with "
-                           f"static heads and head size; it is {list(shape)}")
-    return shape[1], shape[3]
+def cache_dims(session, name: str, config: dict | None = None) -> tuple[int, int]:
+    """A cache input's heads and head size, [batch, heads, seq, head size]: its static dims, else the model's
+    config (config.json, or genai_config.json: runtime/pipeline.py), whose builder may leave them dynamic."""
+    shape = list(session.input(name).shape)
+    if len(shape) != 4:
+        raise TrtattnError(f"{session.name}: cache input {name} has rank {len(shape)}; expected [batch, heads, "
+                           "past, head size]")
+    config = config or {}
+    heads, size = shape[1], shape[3]
+    if not isinstance(heads, int) or heads <= 0:
+        heads = config.get("num_key_value_heads") or config.get("num_attention_heads") or config.get("num_heads") \
+            or config.get("decoder_attention_heads")
+    if not isinstance(size, int) or size <= 0:
+        hidden = config.get("hidden_size") or config.get("d_model")
+        size = config.get("head_dim") or config.get("d_kv") or (hidden // heads if hidden and heads else None)
+    if not heads or not size:
+        raise TrtattnError(f"{session.name}: cannot tell the heads and head size of {name} (dynamic dims "
+                           f"{shape}, and neither config.json nor genai_config.json says)")
+    return int(heads), int(size)
 
 
 def _capacity(session, name: str, requested: int | None) -> int:
@@ -139,14 +152,15 @@ class ConcatCache(KVCache):
 
     style = "concat"
 
-    def __init__(self, session, batch: int, pairs: list[tuple[str, str]] | None = None, padding_side: str = "right"):
+    def __init__(self, session, batch: int, pairs: list[tuple[str, str]] | None = None, padding_side: str = "right",
+                 config: dict | None = None):
         super().__init__(session, pairs if pairs is not None else concat_pairs(session), batch)
         if padding_side not in ("right", "left"):
             raise TrtattnError(f"padding_side is 'right' or 'left', not {padding_side!r}")
         self.padding_side = padding_side
         self.valid = np.zeros((self.batch, 0), bool)
         for past, _ in self.pairs:
-            n, h = _dims(session, past)
+            n, h = cache_dims(session, past, config)
             session.zeros_state(past, (self.batch, n, 0, h))
 
     @property
@@ -213,7 +227,7 @@ class StaticCache(KVCache):
 
     style = "static"
 
-    def __init__(self, session, batch: int, capacity: int | None = None):
+    def __init__(self, session, batch: int, capacity: int | None = None, config: dict | None = None):
         pairs = [(inp, out) for out, inp in session.aliases.items()]
         if WRITE_INDEX not in session.input_names:
             raise TrtattnError(f"{session.name}: not a kv-cache form (no {WRITE_INDEX} input); use ConcatCache")
@@ -225,7 +239,7 @@ class StaticCache(KVCache):
         self.packed = CU_SEQLENS in session.input_names
         self.capacity = _capacity(session, self.pairs[0][0], capacity)
         for past, _ in self.pairs:
-            n, h = _dims(session, past)
+            n, h = cache_dims(session, past, config)
             session.zeros_state(past, (self.batch, n, self.capacity, h))
 
     def step_feeds(self, ids, new_lengths=None):
@@ -239,11 +253,25 @@ class StaticCache(KVCache):
                                "(TensorRT would drop the write silently); give a larger capacity")
         self._cu = cu_seqlens(new)
         if not self.packed:  # right-padded rows: a row's padding is written after its tokens, overwritten next step
-            return {"input_ids": ids, "position_ids": self.lengths[:, None] + np.arange(ids.shape[1])[None],
-                    WRITE_INDEX: self.lengths.copy()}
-        return {"input_ids": pack_rows(row[:n] for row, n in zip(ids, new)),
-                "position_ids": pack_rows(self.lengths[b] + np.arange(n) for b, n in enumerate(new)),
-                CU_SEQLENS: self._cu, WRITE_INDEX: self.lengths.copy()}
+            feeds = {"input_ids": ids, "position_ids": self.lengths[:, None] + np.arange(ids.shape[1])[None],
+                     WRITE_INDEX: self.lengths.copy()}
+        else:
+            feeds = {"input_ids": pack_rows(row[:n] for row, n in zip(ids, new)),
+                     "position_ids": pack_rows(self.lengths[b] + np.arange(n) for b, n in enumerate(new)),
+                     CU_SEQLENS: self._cu, WRITE_INDEX: self.lengths.copy()}
+        return self._as_the_form_reads(feeds, new)
+
+    def _as_the_form_reads(self, feeds: dict[str, np.ndarray], new: np.ndarray) -> dict[str, np.ndarray]:
+        """A form that still reads the keys' attention_mask (ONNX Runtime GenAI's models make seqlens_k from it)
+        gets each row's keys, its write index + new tokens, which it must agree with; one that computes its
+        positions itself gets no position_ids."""
+        inputs = set(self.session.input_names)
+        if "attention_mask" in inputs:
+            keys = self.lengths + new
+            feeds["attention_mask"] = (np.arange(keys.max())[None] < keys[:, None]).astype(np.int64)
+        if "position_ids" not in inputs:
+            del feeds["position_ids"]
+        return feeds
 
     def last(self, logits, new_lengths=None):
         if not self.packed:  # [B, S, V]: each row's last real token
@@ -270,9 +298,11 @@ class StaticCache(KVCache):
         return self.session.get_state(past)[row][:, :self.lengths[row]]
 
 
-def make_cache(session, batch: int, *, capacity: int | None = None, padding_side: str = "right") -> KVCache:
+def make_cache(session, batch: int, *, capacity: int | None = None, padding_side: str = "right",
+               config: dict | None = None) -> KVCache:
     """StaticCache for a kv-cache form (it has cache_write_index), ConcatCache otherwise (whose prompts
-    are padded on `padding_side`; a StaticCache packs them: no padding)."""
+    are padded on `padding_side`; a StaticCache packs them: no padding). `config`: the model's, for cache
+    dims the model leaves dynamic (cache_dims)."""
     if WRITE_INDEX in session.input_names:
-        return StaticCache(session, batch, capacity)
-    return ConcatCache(session, batch, padding_side=padding_side)
+        return StaticCache(session, batch, capacity, config)
+    return ConcatCache(session, batch, padding_side=padding_side, config=config)

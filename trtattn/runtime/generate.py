@@ -92,12 +92,13 @@ def _decode(step, cache: KVCache, first: np.ndarray, max_new_tokens: int, eos: i
 
 def generate(step, prompts, max_new_tokens: int, *, prefill=None, eos_token_id: int | None = None,
              pad_token_id: int = 0, capacity: int | None = None, record_logits: bool = True,
-             padding_side: str = "right") -> Generation:
-    """Greedy decoding of a batch of token prompts with a decoder-only step model (see module doc)."""
+             padding_side: str = "right", config: dict | None = None) -> Generation:
+    """Greedy decoding of a batch of token prompts with a decoder-only step model (see module doc); `config`
+    (the model's config.json) gives cache dims the step model leaves dynamic."""
     if max_new_tokens < 1:
         raise TrtattnError("max_new_tokens must be at least 1")
     ids, lengths = _right_pad(prompts, pad_token_id)
-    cache = make_cache(step, len(prompts), capacity=capacity, padding_side=padding_side)
+    cache = make_cache(step, len(prompts), capacity=capacity, padding_side=padding_side, config=config)
     name = _logits_name(step)
     seq = ids.shape[1]
     if prefill is None:

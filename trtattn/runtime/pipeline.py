@@ -31,6 +31,7 @@ import numpy as np
 
 from ..contract import PIPELINE_JSON
 from ..errors import TrtattnError
+from .cache import cache_dims
 from .genai_config import read_genai_config
 
 PAST, PRESENT = "past_key_values.", "present."
@@ -75,10 +76,13 @@ def _read_json(path: Path) -> dict:
 
 
 def generation_settings(folder: Path) -> dict:
-    """eos/pad/decoder start/max length: generation_config.json over config.json, as transformers reads them."""
+    """eos/pad/decoder start/max length: generation_config.json over config.json, as transformers reads them,
+    and over genai_config.json (a folder ONNX Runtime GenAI's builder wrote has only that one)."""
     config = _read_json(folder / "config.json")
     gen = _read_json(folder / "generation_config.json")
-    return {k: gen.get(k, config.get(k)) for k in SETTINGS if gen.get(k, config.get(k)) is not None}
+    genai = read_genai_config(folder)
+    settings = {k: gen.get(k, config.get(k)) for k in SETTINGS if gen.get(k, config.get(k)) is not None}
+    return settings if genai is None else {**genai.settings(), **settings}
 
 
 def find_parts(folder: Path, suffix: str = ".onnx") -> dict[str, Path]:
@@ -113,7 +117,7 @@ def load_pipeline(folder, backend: str = "auto") -> Pipeline:
         if missing:
             raise TrtattnError(f"{sidecar} names parts that are not there: {', '.join(missing)}"
                                + (" (built without TensorRT: --backend ort runs the verified forms)" if key == "file" else ""))
-        return Pipeline(folder, parts, meta.get("generation", {}), _read_json(folder / "config.json"),
+        return Pipeline(folder, parts, meta.get("generation", {}), _model_config(folder),
                         {role: p.get("form") for role, p in entries.items()})
     parts, genai = find_parts(folder), read_genai_config(folder)
     if genai is not None and genai.filename and (folder / genai.filename).is_file() and "encoder" not in parts:
@@ -121,11 +125,13 @@ def load_pipeline(folder, backend: str = "auto") -> Pipeline:
     if "decoder" not in parts:
         raise TrtattnError(f"{folder}: no decoder to generate with (expected model.onnx, decoder_model.onnx or "
                            f"decoder_model_merged.onnx, as Optimum writes them, or genai_config.json's decoder)")
-    config, settings = _read_json(folder / "config.json"), generation_settings(folder)
-    if genai is not None:  # what ONNX Runtime GenAI's config says of the model beside it
-        config = {**config, **genai.as_hf_config()}
-        settings = {**genai.settings(), **settings}
-    return Pipeline(folder, parts, settings, config)
+    return Pipeline(folder, parts, generation_settings(folder), _model_config(folder))
+
+
+def _model_config(folder: Path) -> dict:
+    """config.json, with what ONNX Runtime GenAI's config says of the model beside it (heads, head size)."""
+    config, genai = _read_json(folder / "config.json"), read_genai_config(folder)
+    return config if genai is None else {**config, **genai.as_hf_config()}
 
 
 def _rank_parts(sidecar: Path, meta: dict) -> dict[str, Path]:
@@ -148,21 +154,9 @@ def _empty_past(session, name: str, batch: int, config: dict, unread: bool = Fal
     whose branch does not read the past): a static length is kept, as the input's shape demands (cross-attention
     K/V over a fixed encoder length)."""
     info = session.input(name)
-    shape = list(info.shape)
-    if len(shape) != 4:
-        raise TrtattnError(f"{session.name}: {name} has rank {len(shape)}; expected [batch, heads, past, head size]")
-    heads, size = shape[1], shape[3]
-    if not isinstance(heads, int) or heads < 0:
-        heads = config.get("num_key_value_heads") or config.get("num_attention_heads") or config.get("num_heads") \
-            or config.get("decoder_attention_heads")
-    if not isinstance(size, int) or size < 0:
-        hidden = config.get("hidden_size") or config.get("d_model")
-        size = config.get("head_dim") or config.get("d_kv") or (hidden // heads if hidden and heads else None)
-    if not heads or not size:
-        raise TrtattnError(f"{session.name}: cannot tell the heads and head size of {name} (dynamic dims, and "
-                           "neither config.json nor genai_config.json says)")
-    length = shape[2] if unread and isinstance(shape[2], int) and shape[2] >= 0 else 0
-    return np.zeros((batch, int(heads), length, int(size)), info.dtype)
+    heads, size = cache_dims(session, name, config)
+    length = info.shape[2] if unread and isinstance(info.shape[2], int) and info.shape[2] >= 0 else 0
+    return np.zeros((batch, heads, length, size), info.dtype)
 
 
 def _step(session, ids: np.ndarray, past: dict, length: int, extra: dict, config: dict) -> tuple[np.ndarray, dict]:
@@ -287,7 +281,8 @@ def _kv_cache_form(pipeline: Pipeline, sessions: dict, prompts, n: int, eos: set
     if len(eos) > 1:
         raise TrtattnError(f"{pipeline.folder}: several eos ids {sorted(eos)}; give one with --eos")
     stop = next(iter(eos), None)
-    return [generate(sessions["decoder"], [p], n, eos_token_id=stop, record_logits=False).tokens[0] for p in prompts]
+    return [generate(sessions["decoder"], [p], n, eos_token_id=stop, record_logits=False,
+                     config=pipeline.config).tokens[0] for p in prompts]
 
 
 # ---------------------------------------------------------------- text in, text out
