@@ -105,3 +105,27 @@ def test_run_folder_generate_equals_genai(built, fused, which, capsys):
     eos = json.loads((folder / "genai_config.json").read_text())["model"]["eos_token_id"]
     end = got.index(eos) if eos in got else len(got)  # GenAI held the end off (min_length): compare up to it
     assert end >= 2 and got[:end] == want[:end]
+
+
+@pytest.mark.parametrize("family, precision", FAMILIES)
+def test_built_folder_generates_genai_tokens(built, family, precision, tmp_path, capsys):
+    """`trtattn build DIR` then `trtattn run OUT --backend ort`: the verified kv-cache form, fed as the engine would
+    be (write index, the keys' attention_mask GenAI's model still reads), generates GenAI's greedy tokens, and
+    pipeline.json keeps genai_config.json's stop token and context length."""
+    folder = built(family, precision)
+    # fp32: the tokens are compared with GenAI's fp32 run (and AutoCast is not in this venv); 4 without TensorRT
+    main(["build", str(folder), "--out-dir", str(tmp_path), "--precision", "fp32"])
+    out = tmp_path / folder.name
+    sidecar = json.loads((out / "pipeline.json").read_text())
+    genai = json.loads((folder / "genai_config.json").read_text())
+    assert sidecar["generation"]["eos_token_id"] == genai["model"]["eos_token_id"]
+    assert sidecar["parts"]["decoder"]["form"] == "kv-cache"
+    want = genai_builds.greedy_tokens(folder, new=NEW_TOKENS)[len(genai_builds.PROMPT):]
+    capsys.readouterr()
+    prompt = ",".join(map(str, genai_builds.PROMPT))
+    assert main(["run", str(out), "--backend", "ort", "--generate", str(NEW_TOKENS), "--prompt", prompt]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("request 0:"))
+    got = [int(t) for t in line.split(":", 1)[1].split()]
+    eos = genai["model"]["eos_token_id"]
+    end = got.index(eos) if eos in got else len(got)
+    assert end >= 2 and got[:end] == want[:end]

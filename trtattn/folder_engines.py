@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from .contract import PIPELINE_JSON
 from .errors import TrtattnError
 from .graph import io as onnxio
+from .graph import validate
 from .graph.branches import branch_inputs, take_branch
 from .runtime.pipeline import find_parts, generation_settings
 
@@ -96,8 +97,13 @@ def part_plans(folder: Path) -> list[PartPlan]:
     return plans
 
 
-def _load(part: PartPlan):
+def _load(part: PartPlan, progress=None):
+    """The part's model as a single model's command reads it (validate.check_read: what ONNX Runtime repairs is
+    repaired, with a note), its weights left on disk; the merged decoder's branch taken."""
     model = onnxio.load(part.source, load_external_data=False)
+    note = validate.check_read(model, part.source)
+    if note and progress is not None:
+        progress.note(note)
     if part.branch is None:
         return model
     name, value = part.branch.split("=")
@@ -147,7 +153,7 @@ def prepare_folder(source, out_dir, *, precision: str | None = None, dims=None, 
             progress.note(f"preparing {label}:")
         settings = dict(precision=precision, dims=dims, progress=progress, source=str(part.source), **options)
         try:
-            model = _load(part)
+            model = _load(part, progress)
             settings["inputs"] = GivenInputs.load(files.get(part.role), model)
             part.prepared = prepare(model, name=part.role, form=part.form, **settings)
         except TrtattnError as e:
