@@ -357,6 +357,7 @@ def test_an_attention_with_one_key_at_every_length_is_said(named):
     fit = fit_dims(model)
     assert fit["seq"] == 8 and fit.one_key == {"y": (1, 1)}
     assert "has one key (query 1, key 1) at every length tried" in fit.reasons[-1], fit.reasons
+    assert fit.runs > 1  # the first run and every longer length tried are counted
     result = fuse_model(model)
     [report] = result.reports
     row = report.row()

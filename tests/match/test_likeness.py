@@ -8,6 +8,9 @@ reason), and an integer softmax between the two products is listed, not passed o
 import collections
 import re
 
+import numpy as np
+import onnx
+import onnx.numpy_helper
 import pytest
 
 torch = pytest.importorskip("torch", reason="the exports need torch")
@@ -257,3 +260,18 @@ def test_one_decision_gives_a_typed_verdict():
     verdicts = {n.name: likeness(view, n) for n in graph.nodes if n.op == "Softmax"}
     assert [v.attention for v in verdicts.values()] == [True, False, False]
     assert all(v.reason for v in verdicts.values() if not v.attention)
+
+
+def test_an_integer_softmax_after_another_division_is_still_listed():
+    """A Div that is no normalisation (the input divided by 1, first in the graph) does not end the search for the
+    integer softmaxes after it: both layers' are still listed."""
+    model = not_attention_model("integer")
+    graph = model.graph
+    source = graph.input[0].name
+    for node in graph.node:
+        node.input[:] = [f"{source}/1" if i == source else i for i in node.input]
+    graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), "one"))
+    graph.node.insert(0, onnx.helper.make_node("Div", [source, "one"], [f"{source}/1"], name="unit_div"))
+    result = fuse_model(model)
+    listed = [r for r in result.reports if r.row()["status"] == "not fused"]
+    assert len(listed) == 2 and all("an integer softmax" in r.reason for r in listed)
