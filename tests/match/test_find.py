@@ -2,6 +2,7 @@
 
 import numpy as np
 import onnx_graphsurgeon as gs
+import pytest
 
 from tests.conftest import site_statuses
 from trtattn.rewrite.fuse import fuse_model
@@ -36,3 +37,12 @@ def test_length_baked_into_the_head_merge_is_not_fused():
     assert not result.ok
     [(status, reason)] = site_statuses(result)
     assert status == "not fused" and "writes the query length 6" in reason and "symbolic" in reason, reason
+
+
+@pytest.mark.parametrize("kv_heads, note", [(2, "GQA head repeat x2 dropped"), (4, None)])
+def test_the_report_says_a_gqa_repeat_was_dropped_only_where_there_was_one(kv_heads, note):
+    from trtattn.match import match
+
+    [site] = match(attention_model(heads=4, kv_heads=kv_heads)).sites
+    repeats = [n for n in site.notes if "GQA head repeat" in n]
+    assert repeats == ([note] if note else [])
