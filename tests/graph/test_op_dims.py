@@ -21,8 +21,9 @@ def test_packed_qkv_width_gives_the_cache_head_size(heads, kv_heads, head):
 
 
 def test_total_is_past_plus_new_from_the_masks_shape():
-    """GenAI's builder computes total_sequence_length as Shape(attention_mask)[1]: that dim is past + new."""
-    ops = op_dims(genai_decoder(GenaiSpec(layers=1)))
+    """GenAI's builder computes total_sequence_length as Shape(attention_mask)[1]: that dim is past + new, said once
+    however many layers read it."""
+    ops = op_dims(genai_decoder(GenaiSpec(layers=2)))
     assert [(s.total, s.parts) for s in ops.sums] == [("total_sequence_length", ("past_sequence_length",
                                                                                  "sequence_length"))]
     assert ops.apply({"past_sequence_length": 0, "sequence_length": 5}) == {

@@ -8,13 +8,13 @@ from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing.contrib_graphs import group_query_model
 
 
-def _attention(inputs: list[str]):
+def _attention(inputs: list[str], dtype: int = TensorProto.FLOAT):
     shape = [1, 2, 4, 8]
     names = [i for i in inputs if i]
     graph = helper.make_graph(
         [helper.make_node("Attention", inputs, ["y"], name="attn")], "g",
-        [helper.make_tensor_value_info(i, TensorProto.FLOAT, shape) for i in names],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+        [helper.make_tensor_value_info(i, dtype, shape) for i in names],
+        [helper.make_tensor_value_info("y", dtype, shape)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
 
 
@@ -27,6 +27,12 @@ def test_past_key_without_past_value_is_listed_with_the_reason():
 def test_plain_attention_op_is_a_site():
     result = match(_attention(["q", "k", "v"]))
     assert [s.output for s in result.sites] == ["y"] and not result.skipped
+    assert result.sites[0].dtype == "float32"
+
+
+def test_an_attention_ops_precision_is_its_querys():
+    [site] = match(_attention(["q", "k", "v"], TensorProto.FLOAT16)).sites
+    assert site.dtype == "float16"
 
 
 def _projected(q_from: str, kv_from: str, project_kv: bool = True):
