@@ -93,6 +93,15 @@ def test_config_naming_a_decoder_the_folder_lacks_is_refused(tmp_path):
         adapt_config(source, tmp_path / "out" / "genai_config.json", rewritten={"decoder.onnx"})
 
 
+@pytest.mark.parametrize("text, why", [("{not json", "not a readable genai_config.json"),
+                                       ('{"search": {}}', "without a 'model' section")])
+def test_an_unreadable_config_is_one_line_naming_it(tmp_path, text, why):
+    source = tmp_path / "genai_config.json"
+    source.write_text(text)
+    with pytest.raises(TrtattnError, match=f"{source}: .*{why}"):
+        adapt_config(source, tmp_path / "out" / "genai_config.json", rewritten={"model.onnx"})
+
+
 def test_decoder_files_of_a_pipeline():
     config = {"model": {"decoder": {"pipeline": [{"embeddings": {"filename": "embed.onnx"}},
                                                  {"transformer": {"filename": "layers.onnx"}}]}}}
