@@ -85,3 +85,14 @@ def test_without_timings_the_report_has_none(tmp_path):
     report = tmp_path / "r.json"
     assert main(["-q", "fuse", str(model), "-o", str(tmp_path / "f.onnx"), "--report", str(report)]) == 0
     assert "timings" not in json.loads(report.read_text())
+
+
+def test_fuse_opens_one_session_per_graph_it_runs(tmp_path, zoo_export):
+    """Verification runs the original and the rewrite once each and the reload opens the written file once:
+    no phase opens a second session on a graph it already has one for."""
+    report = tmp_path / "r.json"
+    args = ["-q", "fuse", str(zoo_export("bart-sdpa", "dynamo")), "-o", str(tmp_path / "f.onnx"), "--report", str(report)]
+    assert main([*args, "--timings"]) == 0
+    phases = {p["name"]: p for p in json.loads(report.read_text())["timings"]["phases"]}
+    assert phases["verify"]["sessions"] == 2 and phases["reload"]["sessions"] == 1
+    assert phases["rewrite"]["sessions"] == 0 and phases["verify/fit dims"]["sessions"] == 0

@@ -45,3 +45,16 @@ def test_a_minus_one_dim_is_never_a_size():
     assert inferred is not None
     dims = {v.name: shapes.dims_of(v) for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
     assert dims["r"] == ["x[0]", "x[1]", 2, 4] and dims["y"] == ["x[0]", 2, "x[1]", 4]
+
+
+def test_symbolic_inference_runs_only_where_onnx_leaves_a_dim_unnamed(zoo_export, monkeypatch):
+    """ONNX Runtime's symbolic inference (and its sympy import) is asked only when ONNX's inference leaves a
+    dim it could only call unk__N: the dynamo BART export has none, the TorchScript one has (its head splits)."""
+    asked = []
+    real = shapes.symbolic_shapes
+    monkeypatch.setattr(shapes, "symbolic_shapes", lambda model: asked.append(model) or real(model))
+    for exporter, expected in (("dynamo", 0), ("torchscript", 1)):
+        asked.clear()
+        model = onnx.load(str(zoo_export("bart-sdpa" if exporter == "dynamo" else "bart", exporter)))
+        assert len(shapes.infer(model)) == 1 + expected
+        assert len(asked) == expected, exporter
