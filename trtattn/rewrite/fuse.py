@@ -333,7 +333,8 @@ def _verified(run: _Run, attempt: _Attempt) -> Decision:
             outcome = compare_models(run.model, attempt.fused, [r.site for r in active if not r.site.graph],
                                      dims=run.reading.dims, seed=run.seed,
                                      atol=max([site_atol] + [quant_tolerance(r.site) for r in active]),
-                                     rtol=site_rtol, given=run.reading.wide_inputs, progress=run.progress)
+                                     rtol=site_rtol, given=run.reading.wide_inputs, progress=run.progress,
+                                     atol_given=run.given[0])
         except VerificationError:  # the inputs, not the rewrite: one line for the whole command
             raise
         except runtime_errors() as e:  # the rewritten model does not run: the site whose node failed goes back

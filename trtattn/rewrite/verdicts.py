@@ -11,7 +11,7 @@ from ..verify import Verification
 
 def summary(outcome, why: str) -> Verification:
     summary = outcome.summary()
-    summary.tolerance_why = why or None
+    summary.tolerance_why = "; ".join(w for w in (why, outcome.why) if w) or None
     return summary
 
 

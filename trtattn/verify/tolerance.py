@@ -74,6 +74,13 @@ def loosened(tol: Tolerance, precision: str, given: tuple[bool, bool] = (False, 
                      tol.rtol if given[1] else max(tol.rtol, low.rtol))
 
 
+def requantized(tol: Tolerance, step: float, given: tuple[bool, bool] = (False, False)) -> Tolerance:
+    """`tol` widened by one quantization step (`step`, > 0) of a DynamicQuantizeLinear downstream of a rewrite:
+    a rounding difference there moves an element by a whole step (verify/requant.py). A model with no
+    quantization after the rewrite has step 0 and keeps its bound; an atol the user gave is kept as asked."""
+    return tol if step <= 0.0 or given[0] else Tolerance(tol.atol + step, tol.rtol)
+
+
 def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float | None = None) -> Tolerance:
     """(atol, rtol) for checking a rewrite of `model` on ONNX Runtime: the given ones, else those of the
     precision it computes in (REWRITE)."""
