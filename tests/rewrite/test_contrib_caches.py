@@ -276,6 +276,14 @@ def test_group_query_attention_it_cannot_convert_is_listed_with_why():
     assert not result.ok and "smooth softmax" in result.reports[0].reason
 
 
+def test_group_query_attention_with_a_window_buffer_cache_is_listed_with_why():
+    """sliding_window_cache=1 (GenAI's Gemma 2 sliding layer): the present is a W-slot buffer, so the site is
+    refused by the attribute's name rather than fused with a present that keeps every key."""
+    model = group_query_model(local_window_size=4, sliding_window_cache=1)
+    result = fuse_model(model)
+    assert not result.ok and "sliding_window_cache" in result.reports[0].reason
+
+
 def test_multi_head_attention_with_keys_and_values_in_heads_is_a_static_cross_attention_cache():
     """K/V [B, N, T, H] (a cross-attention's cache, computed once) go to the standard op as they are, with a
     key padding mask; with a bias on them the site is listed with why."""

@@ -29,7 +29,12 @@ from ..graph.emit import Emitter
 from ..site import SOFTCAP_ATTRIBUTE, attribute_softcap
 from .microsoft import causal_keep, is_read, optional_input, output_merged, split_heads
 
-_NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax"}
+# sliding_window_cache (GenAI's Gemma 2/3 sliding layers): past and present are one fixed buffer of
+# local_window_size slots (measured on ORT 1.32: present = the last W of the valid past + new keys, left
+# aligned until full), which the standard op's growing present is not; refused by name, not fused wrong
+_NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax",
+                  "sliding_window_cache": "keeps a fixed window buffer (sliding_window_cache: present holds the "
+                                          "last local_window_size keys)"}
 
 
 def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
