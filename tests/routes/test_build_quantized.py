@@ -73,7 +73,7 @@ def test_every_site_takes_its_softmax_qdq_as_normalization_quantize(quantized, m
 def test_network_with_normalization_quantize_matches_the_qdq_model(checked_trt, quantized, mode):
     """trtsim quantizes the softmax output as IAttention's normalization quantize does; ONNX Runtime runs the
     Q/DQ model with its explicit Q/DQ after the Softmax. Dropping the emulation breaks it (checked below)."""
-    from tests.routes.test_builder import reference_errors
+    from trtsim_reference import reference_errors
 
     prepared = quantized[mode]
     errors = reference_errors(checked_trt, prepared, prepared.source_model, dims=DIMS)

@@ -11,17 +11,15 @@ reference: the recorded network runs in trtsim's numpy executor (TensorRT's docu
 (Each build setting has its own test in tests/trt/test_build_settings.py.)
 """
 
-import numpy as np
 import onnx
 import pytest
+from trtsim_reference import reference_errors
 
 from trtattn import zoo
-from trtattn.rewrite.precision import cpu_runner
 from trtattn.routes.builder import build
-from trtattn.routes.prepare import Limits, form_adapter, prepare
+from trtattn.routes.prepare import Limits, prepare
 from trtattn.testing.conformance import conformance_cases, inside_attention
 from trtattn.testing.graphs import attention_model
-from trtattn.trt.network import build_network
 from trtattn.verify.tolerance import CONVERSION_BOUNDS
 
 CASES = [  # (zoo model, exporter, form): every site kind the zoo has
@@ -139,40 +137,6 @@ def test_a_method_the_bindings_lack_is_caught(checked_trt):
     compat.set_key_value_lengths(attn, lengths)
     with pytest.raises(AttributeError, match="set_query_lengths"):
         attn.set_query_lengths(lengths)
-
-
-def reference_errors(trt, prepared, original, dims=None, seed=0) -> dict[str, tuple[float, float]]:
-    """The recorded network on trtsim's executor against the original on ONNX Runtime:
-    {output: (max abs error, that over the output's largest value)}."""
-    builder = trt.Builder(trt.Logger(trt.Logger.WARNING))
-    network = build_network(trt, builder, trt.Logger(trt.Logger.WARNING), prepared.cut, prepared.plan)
-    from trtsim.execute import run
-
-    adapter = form_adapter(original, [i["name"] for i in prepared.plan.inputs],
-                           [c.cache for c in prepared.plan.cache_updates], prepared.plan.limits.get("max_cache"))
-    feeds = adapter.original_feeds(dims, seed)
-    ref = cpu_runner(original)[0](feeds)
-    types = {t._name: t._dtype for t in network._inputs}
-    from trtsim.dtypes import to_numpy
-
-    out = run(network, {k: np.asarray(v).astype(to_numpy(types[k])) for k, v in adapter.feeds(feeds).items()})
-    ref, out = adapter.line_up(feeds, ref, out)
-    return {k: _errors(ref[k], out[k]) for k in ref if k in out}
-
-
-def _errors(a, b) -> tuple[float, float]:
-    """(max abs error, that over the reference's largest finite value); masked logits agree (-inf in one, the
-    type's lowest in the other: ONNX Runtime's qk_matmul_output), as the verifier has them (max_abs_error)."""
-    from trtattn.verify.compare import max_abs_error
-
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or (np.isnan(a) != np.isnan(b)).any():
-        return float("inf"), float("inf")
-    if not a.size:
-        return 0.0, 0.0
-    err = max_abs_error(a, b)
-    finite = np.abs(a[np.isfinite(a)].astype(np.float64))
-    return err, err / max(float(finite.max(initial=0.0)), 1e-12)
 
 
 @pytest.mark.reference

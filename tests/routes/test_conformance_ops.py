@@ -72,7 +72,8 @@ def test_op_case_converts_or_names_its_limit(name, tmp_path):
 def _reference(trt, case, tmp_path, precision="fp32"):
     """The case prepared in `precision`, its network recorded against the real bindings and run on trtsim's
     executor, against the original on ONNX Runtime."""
-    from tests.routes.test_builder import reference_errors
+    from trtsim_reference import reference_errors
+
     from trtattn.routes.builder import build
     from trtattn.routes.prepare import prepare
 

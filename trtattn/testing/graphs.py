@@ -109,37 +109,7 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
     if qdq == "proj":  # int8 projections, then the head split in float (what ONNX Runtime propagates Q/DQ across)
         q, k, v = (_qdq(g, t, 0.05) for t in (q, k, v))
 
-    # ---- heads: [B,S,N*H] -> [B,S,N,H] -> BNSH
-    def split_heads(t, n):
-        return g.op("Reshape", [t, g.ints([0, -1, n, head])])
-
-    qh = g.op("Transpose", [split_heads(q, heads)], perm=[0, 2, 1, 3])
-    kh_bsnh = split_heads(k, kv_heads)
-    vh = g.op("Transpose", [split_heads(v, kv_heads)], perm=[0, 2, 1, 3])
-    if k_style == "bnsh":
-        kh = g.op("Transpose", [kh_bsnh], perm=[0, 2, 1, 3])
-        kt = None
-    elif k_style == "bsnh":  # K^T straight from BSNH, as torch's TorchScript export writes it
-        kh, kt = None, g.op("Transpose", [kh_bsnh], perm=[0, 2, 3, 1])
-    else:
-        raise ValueError(k_style)
-
-    if kv_heads != heads:  # HF repeat_kv
-        rep = heads // kv_heads
-
-        def repeat(t):
-            u = g.unsqueeze(t, [2])
-            e = g.op("Expand", [u, g.ints([1, 1, rep, 1, 1])])
-            return g.op("Reshape", [e, g.ints([0, heads, -1, head])])
-
-        kh = repeat(kh)
-        vh = repeat(vh)
-
-    if rank == 3:  # [B*N, S, H] batched matmuls (older exports)
-        qh, vh, kh = (g.op("Reshape", [t, g.tail_shape(t, [-1], 2)]) for t in (qh, vh, kh))
-        kt = g.op("Transpose", [kh], perm=[0, 2, 1])
-    elif kt is None:
-        kt = g.op("Transpose", [kh], perm=[0, 1, 3, 2])
+    qh, kt, vh = _heads(g, q, k, v, heads=heads, kv_heads=kv_heads, head=head, k_style=k_style, rank=rank)
 
     if scale_style == "mul_q":
         qh = g.op("Mul", [qh, g.scalar(scale)])
@@ -173,16 +143,7 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
     s = _mask(g, s, mask_style, seq=seq, heads=heads, rank=rank, window=window, rng=rng)
     if cast_softmax:
         s = g.op("Cast", [s], to=TensorProto.FLOAT)
-    axis = -1 if opset >= 13 else (3 if rank == 4 else 2)
-    if softmax_style == "flatten":  # what ONNX's version converter writes for an opset-12 Softmax
-        flat = g.op("Flatten", [s], axis=rank - 1)
-        p = g.op("Reshape", [g.op("Softmax", [flat], axis=-1, name="attn/Softmax"), g.op("Shape", [s])])
-    elif softmax_style == "merged":  # [B, N, S, S] -> [B*N, S, S] around the softmax, back after
-        merged = g.op("Reshape", [s, g.tail_shape(s, [-1], 2)])
-        probs = g.op("Softmax", [merged], axis=-1, name="attn/Softmax")
-        p = g.op("Reshape", [probs, g.tail_shape(merged, [-1, heads], 1)])
-    else:
-        p = g.op("Softmax", [s], axis=axis, name="attn/Softmax")
+    p = _softmax(g, s, softmax_style, opset=opset, rank=rank, heads=heads)
     if noise:
         p = g.op("Dropout", [p])
     if qdq == "probs":
@@ -198,6 +159,64 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
     out = g.op("MatMul", [o, g.init(w(d, d))])
     outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)]
 
+    outputs += _extra_outputs(g, out, p, extra_softmax, opset=opset, w=w, d=d)
+    return _model(g, outputs, opset, batch=batch, seq=seq)
+
+
+def _heads(g: _G, q, k, v, *, heads, kv_heads, head, k_style, rank):
+    """Q, K^T, V split into heads (BNSH, or [B*N, S, H] at rank 3), K^T as BMM1 reads it, KV heads repeated."""
+    # ---- heads: [B,S,N*H] -> [B,S,N,H] -> BNSH
+    def split_heads(t, n):
+        return g.op("Reshape", [t, g.ints([0, -1, n, head])])
+
+    qh = g.op("Transpose", [split_heads(q, heads)], perm=[0, 2, 1, 3])
+    kh_bsnh = split_heads(k, kv_heads)
+    vh = g.op("Transpose", [split_heads(v, kv_heads)], perm=[0, 2, 1, 3])
+    if k_style == "bnsh":
+        kh = g.op("Transpose", [kh_bsnh], perm=[0, 2, 1, 3])
+        kt = None
+    elif k_style == "bsnh":  # K^T straight from BSNH, as torch's TorchScript export writes it
+        kh, kt = None, g.op("Transpose", [kh_bsnh], perm=[0, 2, 3, 1])
+    else:
+        raise ValueError(k_style)
+
+    if kv_heads != heads:  # HF repeat_kv
+        rep = heads // kv_heads
+
+        def repeat(t):
+            u = g.unsqueeze(t, [2])
+            e = g.op("Expand", [u, g.ints([1, 1, rep, 1, 1])])
+            return g.op("Reshape", [e, g.ints([0, heads, -1, head])])
+
+        kh = repeat(kh)
+        vh = repeat(vh)
+
+    if rank == 3:  # [B*N, S, H] batched matmuls (older exports)
+        qh, vh, kh = (g.op("Reshape", [t, g.tail_shape(t, [-1], 2)]) for t in (qh, vh, kh))
+        kt = g.op("Transpose", [kh], perm=[0, 2, 1])
+    elif kt is None:
+        kt = g.op("Transpose", [kh], perm=[0, 1, 3, 2])
+    return qh, kt, vh
+
+
+def _softmax(g: _G, s, softmax_style, *, opset, rank, heads):
+    """The softmax over the logits, in the form `softmax_style` names."""
+    axis = -1 if opset >= 13 else (3 if rank == 4 else 2)
+    if softmax_style == "flatten":  # what ONNX's version converter writes for an opset-12 Softmax
+        flat = g.op("Flatten", [s], axis=rank - 1)
+        p = g.op("Reshape", [g.op("Softmax", [flat], axis=-1, name="attn/Softmax"), g.op("Shape", [s])])
+    elif softmax_style == "merged":  # [B, N, S, S] -> [B*N, S, S] around the softmax, back after
+        merged = g.op("Reshape", [s, g.tail_shape(s, [-1], 2)])
+        probs = g.op("Softmax", [merged], axis=-1, name="attn/Softmax")
+        p = g.op("Reshape", [probs, g.tail_shape(merged, [-1, heads], 1)])
+    else:
+        p = g.op("Softmax", [s], axis=axis, name="attn/Softmax")
+    return p
+
+
+def _extra_outputs(g: _G, out, p, extra_softmax, *, opset, w, d) -> list:
+    """The graph outputs beyond the attention block's own: another softmax, or the probabilities."""
+    outputs = []
     if extra_softmax == "classifier":  # a classifier head: Softmax over logits -> graph output
         logits = g.op("MatMul", [g.op("ReduceMean", [out], axes=[1], keepdims=0) if opset < 18 else
                                  g.op("ReduceMean", [out, g.ints([1])], keepdims=0), g.init(w(d, 5))])
@@ -210,7 +229,11 @@ def attention_model(*, opset=17, batch=2, seq=6, heads=4, kv_heads=None, head=8,
         outputs.append(helper.make_tensor_value_info(pooled, TensorProto.FLOAT, None))
     elif extra_softmax == "probs_output":  # attention whose probabilities are also a graph output
         outputs.append(helper.make_tensor_value_info(p, TensorProto.FLOAT, None))
+    return outputs
 
+
+def _model(g: _G, outputs, opset, *, batch, seq) -> onnx.ModelProto:
+    """The model, its IR version what ONNX Runtime reads at `opset`, the input roles and dims recorded."""
     graph = helper.make_graph(g.nodes, "attention", g.inputs, outputs, g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
     model.ir_version = min(model.ir_version, 8 if opset <= 17 else 10)

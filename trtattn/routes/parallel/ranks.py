@@ -134,18 +134,23 @@ def rank_model(plan: ParallelPlan, like: onnx.ModelProto, rank: int, store=in_me
                     axis=shard.axis)
     for name, shard in split.cached.items():
         outputs[name].shape = _divided(outputs[name].shape, shard, n)
+    return _exported(graph, like, rank, n)
+
+
+def _exported(graph: gs.Graph, like: onnx.ModelProto, rank: int, ranks: int) -> onnx.ModelProto:
+    """The rank's graph as a model: the intermediate shapes dropped (the rank's differ from the whole
+    model's; ONNX Runtime infers them), `like`'s metadata kept and the rank recorded."""
     keep = {t.name for t in list(graph.inputs) + list(graph.outputs)}
-    keep |= {t.name for node in graph.nodes if node.domain == DOMAIN for t in node.outputs}  # shaped above
-    for t in graph.tensors().values():  # intermediate shapes: the rank's differ, ONNX Runtime infers them
+    keep |= {t.name for node in graph.nodes if node.domain == DOMAIN for t in node.outputs}  # shaped by the caller
+    for t in graph.tensors().values():
         if isinstance(t, gs.Variable) and t.name not in keep:
             t.shape = None
-
     graph.cleanup().toposort()
     model = export_graph(graph, like, do_type_check=False)
     model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
     for prop in like.metadata_props:
         model.metadata_props.add(key=prop.key, value=prop.value)
-    model.metadata_props.add(key="trtattn.rank", value=f"{rank}/{n}")
+    model.metadata_props.add(key="trtattn.rank", value=f"{rank}/{ranks}")
     return model
 
 
