@@ -64,3 +64,12 @@ def test_seed_cache_fused_only_if_right_at_later_steps():
     errors = [float(np.abs(a - b).max()) for a, b in zip(_decode(model), _decode(result.model))]
     # a fused site must equal the original at the first step and at each later step; else not fused or failed
     assert not (fused and result.verification.passed) or max(errors) < 1e-4, errors
+
+
+def test_seed_cache_at_a_decode_step_is_not_fused_as_top_left_causal():
+    """At one new token over a past (n=1, t=3) the mask is the (1, 1) slice; fusing it as the n x n causal read at
+    the default dims would be wrong there, so the site must not come back fused (the second length the fix needs)."""
+    model = _seed_model()
+    result = fuse_model(model, dims={"n": 1, "t": 3})
+    assert all(r.status != SiteStatus.FUSED for r in result.reports)
+    assert result.verification.passed is not False
