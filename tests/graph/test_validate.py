@@ -183,3 +183,14 @@ def test_a_constants_value_info_that_agrees_or_is_symbolic_is_kept(declared):
     model = _stale_constant_model(declared)
     assert validate.check_read(model, "m.onnx") is None
     assert [v.name for v in model.graph.value_info] == ["one"]
+
+
+def test_several_stale_constants_are_counted_in_the_one_note():
+    model = _stale_constant_model([])
+    const = helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.array([2], np.int64), "two"))
+    model.graph.node.insert(0, const)
+    model.graph.node.append(helper.make_node("Add", ["y", "two"], ["z"]))
+    model.graph.output[0].name = "z"
+    model.graph.value_info.append(helper.make_tensor_value_info("two", TensorProto.INT64, [3]))
+    note = validate.check_read(model, "m.onnx")
+    assert note is not None and "(and 1 more)" in note and not model.graph.value_info
