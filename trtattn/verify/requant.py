@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ..graph.evaluate import ort_session
+
 
 def downstream_quantizers(model: onnx.ModelProto, starts: list[str]) -> list[onnx.NodeProto]:
     """The DynamicQuantizeLinear nodes of the main graph that read (transitively) any of `starts`."""
@@ -28,14 +30,14 @@ def downstream_step(model: onnx.ModelProto, starts: list[str], feeds: list[dict]
     quantizers = downstream_quantizers(model, starts)
     if not quantizers or not feeds:
         return 0.0
-    import onnxruntime as ort
-
     scales = [q.output[1] for q in quantizers]
     probed = onnx.ModelProto()
     probed.CopyFrom(model)
     known = {o.name for o in probed.graph.output}
     probed.graph.output.extend(onnx.helper.make_empty_tensor_value_info(s) for s in scales if s not in known)
-    session = ort.InferenceSession(probed.SerializeToString(), providers=["CPUExecutionProvider"])
+    # the project's one session maker: weights left on disk found, a model past protobuf's limit opened from a
+    # file, and the session counted in --timings
+    session = ort_session(probed)
     inputs = {i.name for i in session.get_inputs()}
     step = 0.0
     for feed in feeds:
