@@ -52,5 +52,5 @@ def test_fp32_without_quantization_keeps_its_bound():
     assert downstream_step(model, ["s"], default_feeds(model)) == 0.0
     tol = Tolerance(1e-4, 1e-4)
     assert requantized(tol, 0.0) == tol
-    assert requantized(tol, 0.5, (True, False)) == tol
+    assert requantized(tol, 0.5, atol_given=True) == tol
     assert requantized(tol, 0.5) == Tolerance(1e-4 + 0.5, 1e-4)

@@ -177,7 +177,7 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
             results, slices = _run_both(original, candidate, sites, feeds, progress)
     site_outputs = [s.output for s in sites if s.output]
     step = downstream_step(original, site_outputs, feeds) if site_outputs else 0.0
-    wide = requantized(Tolerance(atol, rtol), step, (atol_given, False)).atol
+    wide = requantized(Tolerance(atol, rtol), step, atol_given).atol
     outcome, errors = _judge(results, atol=wide, rtol=rtol, iterations=len(feeds))
     outcome.slices = slices
     if wide != atol:

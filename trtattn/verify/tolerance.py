@@ -74,11 +74,11 @@ def loosened(tol: Tolerance, precision: str, given: tuple[bool, bool] = (False, 
                      tol.rtol if given[1] else max(tol.rtol, low.rtol))
 
 
-def requantized(tol: Tolerance, step: float, given: tuple[bool, bool] = (False, False)) -> Tolerance:
+def requantized(tol: Tolerance, step: float, atol_given: bool = False) -> Tolerance:
     """`tol` widened by one quantization step (`step`, > 0) of a DynamicQuantizeLinear downstream of a rewrite:
     a rounding difference there moves an element by a whole step (verify/requant.py). A model with no
     quantization after the rewrite has step 0 and keeps its bound; an atol the user gave is kept as asked."""
-    return tol if step <= 0.0 or given[0] else Tolerance(tol.atol + step, tol.rtol)
+    return tol if step <= 0.0 or atol_given else Tolerance(tol.atol + step, tol.rtol)
 
 
 def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float | None = None) -> Tolerance:
