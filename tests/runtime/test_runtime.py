@@ -159,6 +159,21 @@ def test_static_cache_refuses_to_write_past_its_capacity(llama_models):
         generate(static, [[3, 4, 5, 6]], 6, capacity=8)
 
 
+def test_static_cache_capacity_comes_from_the_sidecar_when_the_input_leaves_it_dynamic(llama_models):
+    """An engine's sidecar I/O declares the cache's capacity where the model's own input leaves it dynamic:
+    that capacity is taken, and another one asked for is refused."""
+    name = "past_key_values.0.key"
+    plain = OrtSession(llama_models["kv-cache"])
+    assert not isinstance(plain.input(name).shape[2], int)  # dynamic in the form: only the sidecar can fix it
+    rows = [{**row, "shape": [row["shape"][0], 2, 24, 16]} if row["name"].startswith("past_key_values") else row
+            for row in plain.contract()["inputs"]]
+    declared = OrtSession(llama_models["kv-cache"], sidecar={"io": {"inputs": rows}})
+    assert StaticCache(declared, 2).capacity == 24
+    assert StaticCache(plain, 2).capacity != 24
+    with pytest.raises(TrtattnError, match="fixed capacity of 24, not 16"):
+        StaticCache(declared, 2, 16)
+
+
 def test_cache_contents_match_between_concat_and_static(llama_models):
     from trtattn.runtime.cache import make_cache
 
