@@ -158,3 +158,18 @@ def test_fused_window_layers_are_written_with_a_note_that_genai_cannot_feed_them
 def test_a_folder_without_window_layers_has_no_window_note(tmp_path):
     result = fuse_folder(_folder(tmp_path), tmp_path / "out")
     assert not any("sliding_window" in n for n in result.notes)
+
+
+def test_run_generate_on_a_fused_window_folder_equals_the_original(tmp_path, capsys):
+    """Gemma 2's sliding layer fused (rewrite/window_cache.py): trtattn's own generation feeds both folders a
+    window buffer of window_size slots; a prompt longer than the window, the same greedy tokens."""
+    spec = GenaiSpec(norms="microsoft", window=4, sliding=(0,))
+    folder = write_genai_folder(tmp_path / "genai", spec)
+    assert fuse_folder(folder, tmp_path / "out").ok
+    tokens = {}
+    for name in ("genai", "out"):
+        capsys.readouterr()
+        assert main(["run", str(tmp_path / name), "--generate", "8", "--prompt", "5,9,17,3,11,13", "--eos", "-1"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("request 0:"))
+        tokens[name] = line.split(":", 1)[1].split()
+    assert len(tokens["genai"]) == 8 and tokens["out"] == tokens["genai"]
