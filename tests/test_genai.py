@@ -129,3 +129,23 @@ def test_built_folder_generates_genai_tokens(built, family, precision, tmp_path,
     eos = genai["model"]["eos_token_id"]
     end = got.index(eos) if eos in got else len(got)
     assert end >= 2 and got[:end] == want[:end]
+
+
+LONG_PROMPT = [5, 9, 17, 3, 22, 7, 11, 13, 19, 23, 29, 31]  # longer than Gemma 2's window of 8 (genai_builds)
+
+
+@pytest.mark.parametrize("prompt", [genai_builds.PROMPT, LONG_PROMPT], ids=["short", "longer-than-window"])
+def test_gemma2_window_layer_is_fused_and_generates_genai_tokens(built, fused, prompt, capsys):
+    """Gemma 2's sliding layer (GroupQueryAttention with sliding_window_cache) fused with its window buffer: both
+    sites fused, the folder's note says GenAI on CPU cannot feed the fused window layer as configured (it gives it
+    window + 16 slots or max_length shared, an empty past unshared), and `trtattn run`, feeding the window buffer,
+    generates GenAI's own greedy tokens from the original folder."""
+    rc, out, report = fused("gemma2", "fp32")
+    assert rc == 0 and [s["status"] for s in report["sites"]] == ["fused", "fused"], report["sites"]
+    assert any("sliding_window layers [0]" in n for n in report["notes"]), report["notes"]
+    want = genai_builds.greedy_tokens(built("gemma2", "fp32"), prompt=prompt, new=NEW_TOKENS)[len(prompt):]
+    capsys.readouterr()
+    assert main(["run", str(out), "--generate", str(NEW_TOKENS), "--prompt", ",".join(map(str, prompt)),
+                 "--eos", "-1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("request 0:"))
+    assert [int(t) for t in line.split(":", 1)[1].split()] == want
