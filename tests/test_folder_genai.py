@@ -134,14 +134,15 @@ def test_run_generate_on_the_fused_folder_equals_the_original(tmp_path, capsys):
 
 def test_fused_window_layers_are_written_with_a_note_that_genai_cannot_feed_them(tmp_path):
     """Gemma 2's sliding layer (decoder.sliding_window.layers) fused: its present is the window buffer (no
-    concatenation, so not named as one), and the folder says GenAI on CPU cannot feed it a buffer of that size."""
+    concatenation, so not named as one), and with the buffer unshared for the global layer's sake the folder says
+    GenAI cannot feed it."""
     spec = GenaiSpec(norms="microsoft", window=8, sliding=(0,))
     folder = write_genai_folder(tmp_path / "genai", spec, share_buffer=True)
     result = fuse_folder(folder, tmp_path / "out")
     assert result.ok, result.notes
     shared, window = result.notes
     assert SHARE_BUFFER in shared and "present.1.key <- Attention" in shared and "present.0" not in shared
-    assert "sliding_window layers [0]" in window and "exactly 8 slots" in window
+    assert "sliding_window layers [0]" in window and "at least 8 slots" in window
     assert "present.0.key <- GatherElements" in window
     rng = np.random.default_rng(0)
     feeds = {"input_ids": np.array([[3]]), "attention_mask": np.ones((1, 12), np.int64)}
@@ -173,3 +174,12 @@ def test_run_generate_on_a_fused_window_folder_equals_the_original(tmp_path, cap
         line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("request 0:"))
         tokens[name] = line.split(":", 1)[1].split()
     assert len(tokens["genai"]) == 8 and tokens["out"] == tokens["genai"]
+
+
+def test_a_decoder_of_window_layers_only_keeps_the_shared_buffer(tmp_path):
+    """Every fused present a window buffer (no concatenation): past and present still share one buffer, no note."""
+    spec = GenaiSpec(norms="microsoft", layers=1, window=8, sliding=(0,))
+    folder = write_genai_folder(tmp_path / "genai", spec, share_buffer=True)
+    result = fuse_folder(folder, tmp_path / "out")
+    assert result.ok and not result.notes, result.notes
+    assert json.loads((tmp_path / "out" / "genai_config.json").read_text())["search"][SHARE_BUFFER] is True

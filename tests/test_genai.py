@@ -149,3 +149,22 @@ def test_gemma2_window_layer_is_fused_and_generates_genai_tokens(built, fused, p
                  "--eos", "-1"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("request 0:"))
     assert [int(t) for t in line.split(":", 1)[1].split()] == want
+
+
+@pytest.mark.parametrize("new", [NEW_TOKENS, 30], ids=["buffer-of-max-length", "buffer-of-window-plus-16"])
+def test_fused_window_layers_share_genai_buffer_and_generate_its_tokens(tmp_path, new):
+    """A decoder of window layers only (hand-built, testing/genai_graphs.py) fused: every present is the window
+    buffer, so past_present_share_buffer stays on, and GenAI itself feeds the fused model its buffer
+    (min(window + 16, max_length) slots on CPU: more than the window, so the kernel's compaction is exercised
+    from a prompt longer than the window): the original's greedy tokens."""
+    from trtattn.folder import fuse_folder
+    from trtattn.testing.genai_graphs import GenaiSpec, write_genai_folder
+
+    folder = write_genai_folder(tmp_path / "genai", GenaiSpec(norms="microsoft", layers=1, window=8, sliding=(0,)),
+                                share_buffer=True)
+    result = fuse_folder(folder, tmp_path / "out")
+    assert result.ok and not result.notes, result.notes
+    assert json.loads((tmp_path / "out" / "genai_config.json").read_text())["search"][SHARE_BUFFER] is True
+    want = genai_builds.greedy_tokens(folder, prompt=LONG_PROMPT, new=new)
+    assert len(want) == len(LONG_PROMPT) + new
+    assert genai_builds.greedy_tokens(tmp_path / "out", prompt=LONG_PROMPT, new=new) == want

@@ -9,11 +9,11 @@ GroupQueryAttention cannot share the buffer: the option is turned off, and the f
 Everything else in the config is kept as written.
 
 The layers decoder.sliding_window names (Gemma 2/3) keep a fixed window buffer (GroupQueryAttention's
-sliding_window_cache); fused, they read and write exactly window_size slots (rewrite/window_cache.py), which is
-no concatenation. GenAI feeds such a layer no buffer of that size on CPU: without a shared buffer its first past
-is empty (GroupQueryAttention refuses that too: the capacity must reach the window), with one the buffer is
-window_size + cache_slack (16 on CPU when 0) slots, or max_length. So a fused folder with window layers is
-written with a note saying GenAI cannot run it as configured (`window_note`), never silently.
+sliding_window_cache); fused, they read and write the buffer's slots as the kernel does (rewrite/window_cache.py),
+which is no concatenation: they share a buffer as GroupQueryAttention did (GenAI gives them window_size +
+cache_slack slots, 16 on CPU when 0, or max_length). Without a shared buffer GenAI gives such a layer an empty
+first past, which GroupQueryAttention refuses as well (the capacity must reach the window): when the option is
+off for the other layers' sake, the folder is written with a note saying GenAI cannot run it (`window_note`).
 """
 
 from __future__ import annotations
@@ -144,10 +144,12 @@ def _why_not_shared(config: dict, folder: Path, rewritten: set[str]) -> str | No
 
 
 def window_note(source: Path, written: Path, rewritten: set[str]) -> str | None:
-    """Why GenAI cannot run the fused decoders beside WRITTEN as SOURCE's config sets it up, when their window
-    layers (decoder.sliding_window) are fused (see the module doc); None when no window layer's present is
-    written by another op than GroupQueryAttention."""
-    config = read_config(source)
+    """Why GenAI cannot run the fused decoders beside WRITTEN with the config written there (else SOURCE's), when
+    their window layers (decoder.sliding_window) are fused and past and present share no buffer (see the module
+    doc); None otherwise."""
+    config = read_config(written if written.is_file() else source)
+    if (config.get("search") or {}).get(SHARE_BUFFER) is True:
+        return None
     size, layers = window_layers(config)
     windows = _window_presents(config)
     folder = written.parent
@@ -156,7 +158,7 @@ def window_note(source: Path, written: Path, rewritten: set[str]) -> str | None:
              if p.split(" <- ")[0] in windows]
     if not fused:
         return None
-    return (f"{CONFIG}: the sliding_window layers {layers} are fused with a window buffer of exactly {size} slots "
-            f"({', '.join(fused[:2])}): ONNX Runtime GenAI on CPU cannot run them as configured (it gives such a "
-            f"layer an empty past without a shared buffer, {size} + cache_slack slots or max_length with one); "
-            "the fused models run on ONNX Runtime fed a buffer of that size")
+    return (f"{CONFIG}: the sliding_window layers {layers} are fused with their window buffer of at least {size} "
+            f"slots ({', '.join(fused[:2])}): ONNX Runtime GenAI cannot run them without "
+            f"search.{SHARE_BUFFER} (it gives such a layer an empty first past, which GroupQueryAttention refuses "
+            f"too); `trtattn run DIR --generate` feeds them their buffer")

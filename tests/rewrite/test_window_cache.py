@@ -2,11 +2,14 @@
 sliding layers) as the standard Attention op plus a gather, against ONNX Runtime's kernel at many lengths."""
 
 import numpy as np
+import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
 from onnx import helper
 
+from trtattn.errors import TrtattnError
 from trtattn.rewrite.fuse import fuse_model
+from trtattn.rewrite.group_query import convert_group_query
 from trtattn.testing.contrib_graphs import group_query_feeds, group_query_model
 
 W = 4
@@ -48,38 +51,45 @@ def test_window_buffer_matches_the_kernel(pair, past_len, new):
         np.testing.assert_allclose(g[:, :, :valid], w[:, :, :valid], atol=1e-6)
 
 
-def test_decoding_step_by_step_reads_its_own_buffer(pair):
-    """A prompt longer than W, then single tokens, each step fed the previous present: the fused model's buffer
-    stays the kernel's (the next step's outputs agree)."""
+def _resident(length: int, slots: int) -> int:
+    """The keys the kernel's buffer of `slots` holds after `length` (measured: rewrite/window_cache.py's r(L))."""
+    return length if length < W else W + (length - W) % (slots - W + 1)
+
+
+@pytest.mark.parametrize("slots", [W, W + 2, W + 3])
+def test_decoding_step_by_step_keeps_the_kernels_buffer(pair, slots):
+    """A prompt, single tokens and a few longer steps (one longer than W), each fed the previous present, with a
+    buffer of W slots and of more (GenAI gives CPU W + 16, or max_length): the outputs agree at every step, and
+    so do the presents on the slots the kernel keeps (r(total) of them; the others are stale in the kernel)."""
     original, fused, packed = pair
-    feeds = _feeds(0, W + 3, seed=1, packed=packed)
-    states = [feeds["past_key"], feeds["past_value"]], [feeds["past_key"], feeds["past_value"]]
-    total = W + 3
-    for step in range(W + 2):
-        outs = []
-        for session, state in zip((original, fused), states):
-            f = {**feeds, "past_key": state[0], "past_value": state[1]}
-            outs.append(session.run(None, f))
-            state[:] = outs[-1][1:]
-        np.testing.assert_allclose(outs[1][0], outs[0][0], atol=1e-5)
-        np.testing.assert_allclose(outs[1][1], outs[0][1], atol=1e-6)
-        feeds = {**_feeds(total, 1, seed=100 + step, packed=packed)}
-        total += 1
+    buffers = {"past_key": np.zeros((1, 2, slots, 8), np.float32), "past_value": np.zeros((1, 2, slots, 8), np.float32)}
+    states, past = [dict(buffers), dict(buffers)], 0
+    for step, new in enumerate([2, 1, 1, 1, 1, 1, 1, 3, 1, 1, W + 1, 1, 1]):
+        feeds = _feeds(past, new, seed=100 + step, packed=packed)
+        outs = [session.run(None, {**feeds, **state}) for session, state in zip((original, fused), states)]
+        kept = _resident(past + new, slots)
+        np.testing.assert_allclose(outs[1][0], outs[0][0], atol=1e-5, err_msg=f"step {step}")
+        for w, g in zip(outs[0][1:], outs[1][1:]):
+            assert g.shape == w.shape == (1, 2, slots, 8)
+            np.testing.assert_allclose(g[:, :, :kept], w[:, :, :kept], atol=1e-6, err_msg=f"step {step}")
+        for state, out in zip(states, outs):
+            state.update(past_key=out[1], past_value=out[2])
+        past += new
 
 
-def test_a_buffer_of_another_size_is_refused_by_name():
-    """The kernel's buffer of more than W slots is not pinned down: a static one is refused at conversion, a
-    dynamic one fails in a node that names the buffer (not read with another layout)."""
-    model = group_query_model(local_window_size=W, sliding_window_cache=1)
-    result = fuse_model(model)
-    with pytest.raises(Exception, match="past_key_has_4_slots"):
-        _session(result.model).run(None, group_query_feeds(1, 1, W + 2))
+def test_a_buffer_shorter_than_the_window_is_refused_by_name():
+    """The kernel refuses a buffer of fewer than W slots: a static one is refused at conversion, a dynamic one
+    fails in a node that names the buffer."""
+    result = fuse_model(group_query_model(local_window_size=W, sliding_window_cache=1))
+    with pytest.raises(Exception, match="past_key_has_at_least_4_slots"):
+        _session(result.model).run(None, group_query_feeds(1, 1, W - 1))
     static = group_query_model(local_window_size=W, sliding_window_cache=1)
     for i in static.graph.input:
         if i.name.startswith("past_"):
-            i.type.tensor_type.shape.dim[2].dim_value = W + 2
-    (report,) = fuse_model(static, dims={"past": W + 2}).reports
-    assert "has 6 slots, not local_window_size 4" in report.reason
+            i.type.tensor_type.shape.dim[2].dim_value = W - 1
+    graph = gs.import_onnx(static)
+    with pytest.raises(TrtattnError, match="past_key has 3 slots, fewer than local_window_size 4"):
+        convert_group_query(graph, graph.nodes[-1], "trtattn/gqa")
 
 
 def test_a_window_buffer_with_an_attention_bias_is_refused():

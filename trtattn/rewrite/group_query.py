@@ -14,8 +14,9 @@ and below the row's new length. Q, K and V packed in the query input are split; 
 op's (both cap the logits before the mask); a sliding window (local_window_size) is part of the mask;
 rotary inside the op (do_rotary) is the standard RotaryEmbedding on the new Q and K at the positions the
 kernel gives them; attention_bias is read at the kernel's columns. A fixed window buffer (sliding_window_cache, GenAI's
-Gemma 2/3 sliding layers: past and present are W = local_window_size slots) is the same op over the buffer
-with the mask in buffer slots, and the present gathered back to W slots (rewrite/window_cache.py). A smooth
+Gemma 2/3 sliding layers: past and present are one buffer of at least W = local_window_size slots) is the
+same op over the buffer with the mask in buffer slots, and the present gathered back into the buffer's slots
+as the kernel keeps them (rewrite/window_cache.py). A smooth
 softmax and sinks are not converted: the site is reported with the reason.
 """
 
@@ -54,7 +55,7 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     buffered = bool(node.attrs.get("sliding_window_cache", 0))  # a fixed window buffer: rewrite/window_cache.py
     if buffered and optional_input(node, 10) is not None:
         raise TrtattnError(f"{where} keeps a window buffer and has an attention_bias: not converted")
-    slots = window_cache.window_size(node, past_k, where) if buffered else 0
+    slots = window_cache.window_size(node, past_k, where) if buffered else 0  # the window, W
     heads, kv_heads = int(node.attrs["num_heads"]), int(node.attrs["kv_num_heads"])
     width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
     if width is None:
@@ -70,8 +71,7 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     q4, k4, v4 = split_heads(emit, q, heads, head, dtype), split_heads(emit, k, kv_heads, head, dtype), \
         split_heads(emit, v, kv_heads, head, dtype)
     row_past, row_new = _row_lengths(emit, q4, seqlens, total_length)
-    if buffered:
-        past_k, past_v = (window_cache.buffer(emit, t, slots, dtype) for t in (past_k, past_v))
+    cycle = window_cache.period(emit, past_k, slots) if buffered else None
     if node.attrs.get("do_rotary", 0):
         q4, k4 = _rotary(emit, node, q4, k4, row_past, head, dtype)
     size = int(node.attrs.get("local_window_size", -1))
@@ -79,7 +79,7 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     # without a window the causal part is the standard op's is_causal (bottom-right with a past: j <= P + i),
     # and the mask says only which keys each row has: causal + padding, as the kv-cache form reads it
     # a window buffer's mask is in buffer slots: its v valid slots stand where the absolute past would
-    seen_past = window_cache.valid_slots(emit, row_past, slots) if buffered else row_past
+    seen_past = window_cache.resident(emit, row_past, slots, cycle) if buffered else row_past
     keep = _keep(emit, q4, past_k, seen_past, row_new, window)
     bias = optional_input(node, 10)
     mask = keep if bias is None else emit(
@@ -98,9 +98,11 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         attrs[SOFTCAP_ATTRIBUTE] = cap
     attention = gs.Node("Attention", f"{prefix}/Attention", attrs, inputs=inputs, outputs=[y, *presents])
     graph.nodes.append(attention)
-    for concat, o in zip(presents if buffered else [], node.outputs[1:3]):
-        if is_read(graph, o):  # the buffer written back: the last W keys of the standard op's concatenation
-            window_cache.write_back(emit, concat, o, seen_past, row_new, slots, dtype)
+    if buffered:  # the buffer written back: the keys it keeps of the standard op's concatenation
+        kept = window_cache.resident(emit, emit("Add", [row_past, row_new], dtype=np.int64), slots, cycle)
+        for concat, o, past in zip(presents, node.outputs[1:3], (past_k, past_v)):
+            if is_read(graph, o):
+                window_cache.write_back(emit, concat, o, past, seen_past, row_new, kept, dtype)
     if past_k is None and any(is_read(graph, o) for o in node.outputs[1:3]):  # no past: the present is the new K/V
         for o, t in zip(node.outputs[1:3], (k4, v4)):
             if is_read(graph, o):
