@@ -130,3 +130,56 @@ def test_run_generate_on_the_fused_folder_equals_the_original(tmp_path, capsys):
         line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("request 0:"))
         tokens[name] = line.split(":", 1)[1].split()
     assert len(tokens["genai"]) >= 2 and tokens["out"] == tokens["genai"]
+
+
+def test_fused_window_layers_are_written_with_a_note_that_genai_cannot_feed_them(tmp_path):
+    """Gemma 2's sliding layer (decoder.sliding_window.layers) fused: its present is the window buffer (no
+    concatenation, so not named as one), and with the buffer unshared for the global layer's sake the folder says
+    GenAI cannot feed it."""
+    spec = GenaiSpec(norms="microsoft", window=8, sliding=(0,))
+    folder = write_genai_folder(tmp_path / "genai", spec, share_buffer=True)
+    result = fuse_folder(folder, tmp_path / "out")
+    assert result.ok, result.notes
+    shared, window = result.notes
+    assert SHARE_BUFFER in shared and "present.1.key <- Attention" in shared and "present.0" not in shared
+    assert "sliding_window layers [0]" in window and "at least 8 slots" in window
+    assert "present.0.key <- GatherElements" in window
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": np.array([[3]]), "attention_mask": np.ones((1, 12), np.int64)}
+    for layer, slots in ((0, 8), (1, 11)):
+        feeds.update({f"past_key_values.{layer}.{kv}": rng.standard_normal((1, spec.kv_heads, slots, spec.head_size))
+                      .astype(np.float32) for kv in ("key", "value")})
+    got, want = (dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds))) for s in (
+        ort.InferenceSession(str(d / "model.onnx"), providers=["CPUExecutionProvider"]) for d in (tmp_path / "out", folder)))
+    assert got["present.0.key"].shape == want["present.0.key"].shape == (1, spec.kv_heads, 8, spec.head_size)
+    np.testing.assert_allclose(got["present.0.key"], want["present.0.key"], atol=1e-6)
+    np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-4)
+
+
+def test_a_folder_without_window_layers_has_no_window_note(tmp_path):
+    result = fuse_folder(_folder(tmp_path), tmp_path / "out")
+    assert not any("sliding_window" in n for n in result.notes)
+
+
+def test_run_generate_on_a_fused_window_folder_equals_the_original(tmp_path, capsys):
+    """Gemma 2's sliding layer fused (rewrite/window_cache.py): trtattn's own generation feeds both folders a
+    window buffer of window_size slots; a prompt longer than the window, the same greedy tokens."""
+    spec = GenaiSpec(norms="microsoft", window=4, sliding=(0,))
+    folder = write_genai_folder(tmp_path / "genai", spec)
+    assert fuse_folder(folder, tmp_path / "out").ok
+    tokens = {}
+    for name in ("genai", "out"):
+        capsys.readouterr()
+        assert main(["run", str(tmp_path / name), "--generate", "8", "--prompt", "5,9,17,3,11,13", "--eos", "-1"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("request 0:"))
+        tokens[name] = line.split(":", 1)[1].split()
+    assert len(tokens["genai"]) == 8 and tokens["out"] == tokens["genai"]
+
+
+def test_a_decoder_of_window_layers_only_keeps_the_shared_buffer(tmp_path):
+    """Every fused present a window buffer (no concatenation): past and present still share one buffer, no note."""
+    spec = GenaiSpec(norms="microsoft", layers=1, window=8, sliding=(0,))
+    folder = write_genai_folder(tmp_path / "genai", spec, share_buffer=True)
+    result = fuse_folder(folder, tmp_path / "out")
+    assert result.ok and not result.notes, result.notes
+    assert json.loads((tmp_path / "out" / "genai_config.json").read_text())["search"][SHARE_BUFFER] is True

@@ -129,3 +129,42 @@ def test_built_folder_generates_genai_tokens(built, family, precision, tmp_path,
     eos = genai["model"]["eos_token_id"]
     end = got.index(eos) if eos in got else len(got)
     assert end >= 2 and got[:end] == want[:end]
+
+
+LONG_PROMPT = [5, 9, 17, 3, 22, 7, 11, 13, 19, 23, 29, 31]  # longer than Gemma 2's window of 8 (genai_builds)
+
+
+@pytest.mark.parametrize("prompt", [genai_builds.PROMPT, LONG_PROMPT], ids=["short", "longer-than-window"])
+def test_gemma2_window_layer_is_fused_and_generates_genai_tokens(built, fused, prompt, capsys):
+    """Gemma 2's sliding layer (GroupQueryAttention with sliding_window_cache) fused with its window buffer: both
+    sites fused, the folder's note says GenAI on CPU cannot feed the fused window layer as configured (it gives it
+    window + 16 slots or max_length shared, an empty past unshared), and `trtattn run`, feeding the window buffer,
+    generates GenAI's own greedy tokens from the original folder."""
+    rc, out, report = fused("gemma2", "fp32")
+    assert rc == 0 and [s["status"] for s in report["sites"]] == ["fused", "fused"], report["sites"]
+    assert any("sliding_window layers [0]" in n for n in report["notes"]), report["notes"]
+    want = genai_builds.greedy_tokens(built("gemma2", "fp32"), prompt=prompt, new=NEW_TOKENS)[len(prompt):]
+    capsys.readouterr()
+    assert main(["run", str(out), "--generate", str(NEW_TOKENS), "--prompt", ",".join(map(str, prompt)),
+                 "--eos", "-1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("request 0:"))
+    assert [int(t) for t in line.split(":", 1)[1].split()] == want
+
+
+@pytest.mark.parametrize("new", [NEW_TOKENS, 30], ids=["buffer-of-max-length", "buffer-of-window-plus-16"])
+def test_fused_window_layers_share_genai_buffer_and_generate_its_tokens(tmp_path, new):
+    """A decoder of window layers only (hand-built, testing/genai_graphs.py) fused: every present is the window
+    buffer, so past_present_share_buffer stays on, and GenAI itself feeds the fused model its buffer
+    (min(window + 16, max_length) slots on CPU: more than the window, so the kernel's compaction is exercised
+    from a prompt longer than the window): the original's greedy tokens."""
+    from trtattn.folder import fuse_folder
+    from trtattn.testing.genai_graphs import GenaiSpec, write_genai_folder
+
+    folder = write_genai_folder(tmp_path / "genai", GenaiSpec(norms="microsoft", layers=1, window=8, sliding=(0,)),
+                                share_buffer=True)
+    result = fuse_folder(folder, tmp_path / "out")
+    assert result.ok and not result.notes, result.notes
+    assert json.loads((tmp_path / "out" / "genai_config.json").read_text())["search"][SHARE_BUFFER] is True
+    want = genai_builds.greedy_tokens(folder, prompt=LONG_PROMPT, new=new)
+    assert len(want) == len(LONG_PROMPT) + new
+    assert genai_builds.greedy_tokens(tmp_path / "out", prompt=LONG_PROMPT, new=new) == want

@@ -195,6 +195,8 @@ def _genai_config(path: Path, src: Path, scratch: Path, result: FolderResult) ->
                  if f.action in ("fused", "normalized") and Path(f.path).is_relative_to(here)}
     changes = folder_genai.adapt_config(path, scratch / rel, rewritten)
     result.notes += [c.note() for c in changes]
+    window = folder_genai.window_note(path, scratch / rel, rewritten)
+    result.notes += [window] if window else []
     if not changes:
         shutil.copy2(path, scratch / rel)  # byte for byte, as any other file
     return FileResult(str(rel), "adapted" if changes else "copied")

@@ -7,6 +7,13 @@ can fill: com.microsoft GroupQueryAttention. The standard ONNX Attention op's pr
 Concat(past, new), longer than the past by the new tokens, so a decoder whose presents come from anything but
 GroupQueryAttention cannot share the buffer: the option is turned off, and the folder's result says so.
 Everything else in the config is kept as written.
+
+The layers decoder.sliding_window names (Gemma 2/3) keep a fixed window buffer (GroupQueryAttention's
+sliding_window_cache); fused, they read and write the buffer's slots as the kernel does (rewrite/window_cache.py),
+which is no concatenation: they share a buffer as GroupQueryAttention did (GenAI gives them window_size +
+cache_slack slots, 16 on CPU when 0, or max_length). Without a shared buffer GenAI gives such a layer an empty
+first past, which GroupQueryAttention refuses as well (the capacity must reach the window): when the option is
+off for the other layers' sake, the folder is written with a note saying GenAI cannot run it (`window_note`).
 """
 
 from __future__ import annotations
@@ -68,6 +75,18 @@ def present_patterns(config: dict) -> list[str]:
     return [outputs.get(k, defaults[k]) for k in keys]
 
 
+def window_layers(config: dict) -> tuple[int, list[int]]:
+    """(window_size, layers) of the config's decoder.sliding_window; (0, []) when it names no layers."""
+    window = (config["model"].get("decoder") or {}).get("sliding_window") or {}
+    layers = [int(n) for n in window.get("layers") or [] if isinstance(n, int)]
+    size = window.get("window_size")
+    return (int(size), layers) if isinstance(size, int) and size > 0 and layers else (0, [])
+
+
+def _window_presents(config: dict) -> set[str]:
+    return {p.replace("%d", str(n)) for n in window_layers(config)[1] for p in present_patterns(config)}
+
+
 def _is_present(name: str, patterns: list[str]) -> bool:
     return any(re.fullmatch(re.escape(p).replace("%d", r"\d+"), name) for p in patterns)
 
@@ -115,9 +134,31 @@ def _why_not_shared(config: dict, folder: Path, rewritten: set[str]) -> str | No
         path = folder / name
         if not path.is_file():
             raise TrtattnError(f"{CONFIG} names the decoder {name}, which the folder does not have")
-        concatenated = presents_not_in_place(path, patterns)
+        windows = _window_presents(config)
+        concatenated = [p for p in presents_not_in_place(path, patterns) if p.split(" <- ")[0] not in windows]
         if concatenated:
             shown = ", ".join(concatenated[:2]) + (f" (and {len(concatenated) - 2} more)" if len(concatenated) > 2 else "")
             return (f"the fused {name} writes its presents as Concat(past, new), longer than the past by the "
                     f"new tokens ({shown}), so past and present cannot share one buffer; GenAI passes the cache grown instead")
     return None
+
+
+def window_note(source: Path, written: Path, rewritten: set[str]) -> str | None:
+    """Why GenAI cannot run the fused decoders beside WRITTEN with the config written there (else SOURCE's), when
+    their window layers (decoder.sliding_window) are fused and past and present share no buffer (see the module
+    doc); None otherwise."""
+    config = read_config(written if written.is_file() else source)
+    if (config.get("search") or {}).get(SHARE_BUFFER) is True:
+        return None
+    size, layers = window_layers(config)
+    windows = _window_presents(config)
+    folder = written.parent
+    fused = [p for name in decoder_files(config) if name in rewritten and (folder / name).is_file()
+             for p in presents_not_in_place(folder / name, present_patterns(config))
+             if p.split(" <- ")[0] in windows]
+    if not fused:
+        return None
+    return (f"{CONFIG}: the sliding_window layers {layers} are fused with their window buffer of at least {size} "
+            f"slots ({', '.join(fused[:2])}): ONNX Runtime GenAI cannot run them without "
+            f"search.{SHARE_BUFFER} (it gives such a layer an empty first past, which GroupQueryAttention refuses "
+            f"too); `trtattn run DIR --generate` feeds them their buffer")

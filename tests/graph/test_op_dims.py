@@ -90,3 +90,35 @@ def test_rotary_tables_given_as_inputs_cover_the_past_and_the_new_tokens():
     assert [(c.rows, c.parts) for c in unfused.covers] == [("max_seqlen", ("P", "S"))]  # every other length
     assert fused.apply({"P": 6, "S": 8, "max_seqlen": 8})["max_seqlen"] == 14
     assert fused.apply({"P": 6, "S": 8, "max_seqlen": 8}, {"max_seqlen": 8})["max_seqlen"] == 8  # the user's
+
+
+def test_a_window_buffer_is_its_window_long_and_the_total_reaches_it():
+    """GenAI's Gemma 2 sliding layer (sliding_window_cache): its buffer dim is local_window_size, no past and no part
+    of the total; the total is raised to the window, through the past at a step and the new tokens at a prefill
+    (the lengths where the kernel's present has no unspecified slot)."""
+    ops = op_dims(genai_decoder(GenaiSpec(layers=2, window=8, sliding=(0,))))
+    assert ops.fixed["past_sliding_length"].value == 8 and "sliding_window_cache" in ops.fixed["past_sliding_length"].why
+    assert "past_sliding_length" not in ops.pasts and ops.windows == {"past_sliding_length"}
+    assert [(s.total, s.parts) for s in ops.sums] == [("total_sequence_length", ("past_sequence_length",
+                                                                                 "sequence_length"))]
+    assert ops.floors["total_sequence_length"].value == 8
+    step = ops.decode({"batch_size": 2, "past_sequence_length": 2, "sequence_length": 3}, {})
+    assert (step["past_sequence_length"], step["sequence_length"], step["total_sequence_length"]) == (5, 3, 8)
+    assert step["past_sliding_length"] == 8 and step["batch_size"] == 1
+    prefill = ops.prefill(step, {}, {"batch_size": 2})
+    assert (prefill["past_sequence_length"], prefill["sequence_length"], prefill["total_sequence_length"]) == (0, 8, 8)
+    assert prefill["past_sliding_length"] == 8
+    assert ops.within_limits(step) and not ops.within_limits({**step, "total_sequence_length": 7})
+    long = ops.decode({"batch_size": 1, "past_sequence_length": 20, "sequence_length": 1}, {})
+    assert (long["past_sequence_length"], long["total_sequence_length"]) == (20, 21)  # long enough: kept
+
+
+def test_a_window_buffer_decoder_fuses_as_a_user_runs_it():
+    """No --dims: the search runs at the window's buffer and verifies a step and a prefill."""
+    from trtattn.rewrite.fuse import fuse_model
+
+    result = fuse_model(genai_decoder(GenaiSpec(layers=2, window=8, sliding=(0,))))
+    assert result.ok, [r.row() for r in result.reports]
+    dims = [result.dims["values"], *result.dims.get("also_verified_at", [])]
+    assert len(dims) == 2 and all(d["past_sliding_length"] == 8 and d["total_sequence_length"] >= 8 for d in dims)
+    assert {d["past_sequence_length"] for d in dims} >= {0}

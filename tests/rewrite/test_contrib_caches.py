@@ -276,12 +276,13 @@ def test_group_query_attention_it_cannot_convert_is_listed_with_why():
     assert not result.ok and "smooth softmax" in result.reports[0].reason
 
 
-def test_group_query_attention_with_a_window_buffer_cache_is_listed_with_why():
-    """sliding_window_cache=1 (GenAI's Gemma 2 sliding layer): the present is a W-slot buffer, so the site is
-    refused by the attribute's name rather than fused with a present that keeps every key."""
+def test_group_query_attention_with_a_window_buffer_cache_is_fused_at_its_window():
+    """sliding_window_cache=1 (GenAI's Gemma 2 sliding layer): the dims search feeds the W-slot buffer the op keeps
+    and verifies the fused W-slot present (rewrite/window_cache.py; tests/rewrite/test_window_cache.py)."""
     model = group_query_model(local_window_size=4, sliding_window_cache=1)
     result = fuse_model(model)
-    assert not result.ok and "sliding_window_cache" in result.reports[0].reason
+    assert result.ok, [r.row() for r in result.reports]
+    assert result.dims["values"]["past"] == 4 and _ops(result.model)["GatherElements"] == 2
 
 
 def test_multi_head_attention_with_keys_and_values_in_heads_is_a_static_cross_attention_cache():

@@ -17,13 +17,16 @@ PROMPT = [5, 6, 7, 8]
 
 
 def _greedy(spec: GenaiSpec, prompt: list[int], n: int, eos: int) -> list[int]:
-    """Greedy tokens by hand: a prefill with empty caches, then one token a step over the presents."""
+    """Greedy tokens by hand: a prefill with empty caches (a sliding layer's: its window of zeros, as GenAI gives
+    it), then one token a step over the presents."""
     session = ort.InferenceSession(genai_decoder(spec).SerializeToString(), providers=["CPUExecutionProvider"])
-    empty = np.zeros((1, spec.kv_heads, 0, spec.head_size), spec.np_dtype)
-    past = {f"past_key_values.{i}.{k}": empty for i in range(spec.layers) for k in ("key", "value")}
-    ids, tokens = np.asarray([prompt], np.int64), []
+    past = {f"past_key_values.{i}.{k}": np.zeros((1, spec.kv_heads, spec.window if i in spec.sliding else 0,
+                                                  spec.head_size), spec.np_dtype)
+            for i in range(spec.layers) for k in ("key", "value")}
+    ids, tokens, length = np.asarray([prompt], np.int64), [], 0
     for _ in range(n):
-        total = next(iter(past.values())).shape[2] + ids.shape[1]
+        total = length + ids.shape[1]
+        length = total
         out = session.run(None, {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64), **past})
         past = dict(zip(past, out[1:]))
         tokens.append(int(out[0][0, -1].argmax()))
@@ -97,3 +100,21 @@ def test_a_folder_built_from_a_genai_folder_keeps_its_stop_tokens_and_heads(tmp_
                  "--json"]) == 0
     tokens = [r["tokens"] for r in json.loads(capsys.readouterr().out)["requests"]]
     assert tokens == [_greedy(spec, PROMPT, 8, eos=expected_any[3])]
+
+
+def test_window_layers_generate_over_their_window_buffer(tmp_path, capsys):
+    """decoder.sliding_window (Gemma 2's sliding layers): their past inputs are window buffers of window_size slots
+    from the first step on (an empty one is refused by GroupQueryAttention: "KV cache capacity (0) must be at least
+    local_window_size"); a prompt longer than the window."""
+    spec = GenaiSpec(window=4, sliding=(0,))
+    folder = write_genai_folder(tmp_path / "m", spec)
+    config = read_genai_config(folder)
+    assert (config.window_size, config.window_layers) == (4, (0,))
+    assert config.window_buffers() == {"past_key_values.0.key": 4, "past_key_values.0.value": 4}
+    assert read_genai_config(write_genai_folder(tmp_path / "plain", GenaiSpec())).window_buffers() == {}
+    prompt = [5, 6, 7, 8, 9, 10]
+    expected = _greedy(spec, prompt, 8, eos=-1)
+    assert main(["-q", "run", str(folder), "--generate", "8", "--prompt", ",".join(map(str, prompt)), "--json",
+                 "--eos", "-1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["tokens"] for r in out["requests"]] == [expected], out

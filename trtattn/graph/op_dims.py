@@ -12,6 +12,10 @@ unnamed last dim) fails on the first run. Read here, in this order:
   caches' rows (cos_cache [max positions, rotary_dim / 2]) bound the total length;
 - then the folder's config (genai_config.json beside the model, runtime/genai_config.py), where the ops leave a
   size unknown.
+A fixed window buffer (GroupQueryAttention's sliding_window_cache, GenAI's Gemma 2/3 sliding layers) has
+local_window_size slots, whatever the past: its length dim is fixed, it is no past length (a prefill keeps it)
+and no part of the total; the kernel leaves the present's slots past the valid keys unspecified, so the total
+length is at least the window (`floors`): every slot valid, the only lengths a comparison can be trusted at.
 A cache length of 0 is a dim like any other: a prefill has an empty past (`prefill`), and a site reading a cache
 is verified at an empty and a non-empty one (graph/dims.py).
 """
@@ -102,6 +106,8 @@ class OpDims:
     batches: set[str] = field(default_factory=set)  # their batch dims
     batch_one: str | None = None  # the node that takes several new tokens over a past at batch 1 only
     limits: dict[str, Fixed] = field(default_factory=dict)  # the most a dim may be
+    floors: dict[str, Fixed] = field(default_factory=dict)  # the least a total length may be (a window buffer's)
+    windows: set[str] = field(default_factory=set)  # the window buffers' length dims (fixed, never a past)
     covers: list[Covers] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -121,28 +127,51 @@ class OpDims:
         for s in self.sums:
             if s.total not in user and all(p in out for p in s.parts):
                 out[s.total] = sum(out[p] for p in s.parts)
+        self._raise_to_floors(out, user)
         for c in self.covers:
             if c.rows not in user and all(p in out for p in c.parts):
                 out[c.rows] = max(out.get(c.rows, 0), sum(out[p] for p in c.parts))
         return out
 
+    def _raise_to_floors(self, out: dict, user: dict) -> None:
+        """A total below its floor made long enough: through its past when the past is not empty (a step), else
+        through its new tokens (a prefill, which stays one), else itself when no sum names it."""
+        for name, floor in self.floors.items():
+            short = floor.value - out.get(name, floor.value)
+            if short <= 0 or name in user:
+                continue
+            s = next((s for s in self.sums if s.total == name), None)
+            if s is None:
+                out[name] = floor.value
+                continue
+            past, new = s.parts
+            grow = past if out.get(past, 0) > 0 or new in user else new
+            if grow not in user:
+                out[grow] += short
+                out[name] = sum(out[p] for p in s.parts)
+
     def within_limits(self, dims: dict) -> bool:
-        return all(dims.get(n, 0) <= f.value for n, f in self.limits.items())
+        return all(dims.get(n, 0) <= f.value for n, f in self.limits.items()) and \
+            all(dims.get(n, f.value) >= f.value for n, f in self.floors.items())
 
     def decode(self, dims: dict, user: dict) -> dict:
         """`dims` as a step over a non-empty past: batch 1 where an op takes several new tokens over a past at
         batch 1 only (and the user did not give the batch)."""
         out = dict(dims)
-        if self.batch_one and any(out.get(p, 0) > 0 for p in self.pasts) and any(out.get(n, 1) > 1 for n in self.news):
+        if self.batch_one and self._over_a_past(out) and any(out.get(n, 1) > 1 for n in self.news):
             out.update({b: 1 for b in self.batches if b not in user})
         return self.apply(out, user)
 
     def batch_note(self, dims: dict, user: dict) -> list[str]:
         """Why the batch is 1 at `dims`, when decode set it so."""
         ones = [b for b in sorted(self.batches) if b not in user and dims.get(b) == 1]
-        if not self.batch_one or not ones or not any(dims.get(p, 0) > 0 for p in self.pasts):
+        if not self.batch_one or not ones or not self._over_a_past(dims):
             return []
         return [f"{ones[0]}=1 ({self.batch_one} takes several new tokens over a past at batch 1 only on CPU)"]
+
+    def _over_a_past(self, dims: dict) -> bool:
+        """Whether `dims` is a step over a past: a non-empty past, or a window buffer (always there)."""
+        return bool(self.windows) or any(dims.get(p, 0) > 0 for p in self.pasts)
 
     def prefill(self, dims: dict, user: dict, batch: dict) -> dict | None:
         """`dims` as a first prompt (every cache empty) at the batch `batch` gives; None when the user gave a past."""
@@ -155,6 +184,7 @@ class OpDims:
         out = [f"{f.name}={f.value} ({f.why})" for f in self.fixed.values()]
         out += [f"{s.total} = {' + '.join(s.parts)} ({s.why})" for s in self.sums]
         out += [f"{c.rows} >= {' + '.join(c.parts)} ({c.why})" for c in self.covers]
+        out += [f"{f.name} >= {f.value} ({f.why})" for f in self.floors.values()]
         return out
 
 
@@ -244,7 +274,13 @@ def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[st
         _fix(found, Fixed(kv_axis, kv_heads, f"{where} has {kv_heads} key/value heads"))
     if not isinstance(past_len, str):
         return
-    found.pasts.setdefault(past_len, node.name)
+    window = _window_buffer(node)
+    if window:
+        _fix(found, Fixed(past_len, window, f"{where} keeps a window buffer of local_window_size {window} slots "
+                                            "(sliding_window_cache)"))
+        found.windows.add(past_len)
+    else:
+        found.pasts.setdefault(past_len, node.name)
     if isinstance(batch, str):
         found.batches.add(batch)
     new = _new_length(node, shapes, uses)
@@ -253,7 +289,14 @@ def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[st
     if op.batch_one_with_past:
         found.batch_one = found.batch_one or where
     total = _total_length(node, op, shapes, uses)
-    if total is not None and new is not None and total not in (new, past_len) and names_in(total) == [total]:
+    if window and total is not None and names_in(total) == [total]:
+        floor = found.floors.get(total)
+        if floor is None or floor.value < window:
+            found.floors[total] = Fixed(total, window, f"{where}'s present has unspecified slots until its past and "
+                                                       f"new tokens fill its {window}-slot window buffer")
+    # a window buffer is no past length: the total is not the buffer plus the new tokens
+    if not window and total is not None and new is not None and total not in (new, past_len) \
+            and names_in(total) == [total]:
         if all(s.total != total for s in found.sums):
             found.sums.append(LengthSum(total, (past_len, new), f"{where} reads it as its past plus its new tokens"))
     rows = _rotary_rows(node, uses)
@@ -263,6 +306,13 @@ def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[st
     if table is not None and new is not None and all(c.rows != table for c in found.covers):
         found.covers.append(Covers(table, (past_len, new), f"{where} rotates positions up to its past plus its new "
                                                           "tokens with its cos/sin cache inputs"))
+
+
+def _window_buffer(node: onnx.NodeProto) -> int:
+    """local_window_size when the op keeps a fixed window buffer (GroupQueryAttention's sliding_window_cache), else 0."""
+    if node.op_type != "GroupQueryAttention" or not _attr(node, "sliding_window_cache"):
+        return 0
+    return max(_attr(node, "local_window_size") or 0, 0)
 
 
 def _fix(found: OpDims, fixed: Fixed) -> None:

@@ -13,8 +13,11 @@ seqlens_k as the kernel reads them, in a boolean mask: past keys below past_b, n
 and below the row's new length. Q, K and V packed in the query input are split; softcap is the standard
 op's (both cap the logits before the mask); a sliding window (local_window_size) is part of the mask;
 rotary inside the op (do_rotary) is the standard RotaryEmbedding on the new Q and K at the positions the
-kernel gives them; attention_bias is read at the kernel's columns. A smooth softmax and sinks are not
-converted: the site is reported with the reason.
+kernel gives them; attention_bias is read at the kernel's columns. A fixed window buffer (sliding_window_cache, GenAI's
+Gemma 2/3 sliding layers: past and present are one buffer of at least W = local_window_size slots) is the
+same op over the buffer with the mask in buffer slots, and the present gathered back into the buffer's slots
+as the kernel keeps them (rewrite/window_cache.py). A smooth
+softmax and sinks are not converted: the site is reported with the reason.
 """
 
 from __future__ import annotations
@@ -27,14 +30,10 @@ import onnx_graphsurgeon as gs
 from ..errors import TrtattnError
 from ..graph.emit import Emitter
 from ..site import SOFTCAP_ATTRIBUTE, attribute_softcap
+from . import window_cache
 from .microsoft import causal_keep, is_read, optional_input, output_merged, split_heads
 
-# sliding_window_cache (GenAI's Gemma 2/3 sliding layers): past and present are one fixed buffer of
-# local_window_size slots (measured on ORT 1.32: present = the last W of the valid past + new keys, left
-# aligned until full), which the standard op's growing present is not; refused by name, not fused wrong
-_NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax",
-                  "sliding_window_cache": "keeps a fixed window buffer (sliding_window_cache: present holds the "
-                                          "last local_window_size keys)"}
+_NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax"}
 
 
 def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
@@ -53,6 +52,10 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     past_k, past_v, seqlens, total_length = optional_input(node, 3), optional_input(node, 4), node.inputs[5], node.inputs[6]
     if (past_k is None) != (past_v is None):
         raise TrtattnError(f"{where} has only one of past_key and past_value")
+    buffered = bool(node.attrs.get("sliding_window_cache", 0))  # a fixed window buffer: rewrite/window_cache.py
+    if buffered and optional_input(node, 10) is not None:
+        raise TrtattnError(f"{where} keeps a window buffer and has an attention_bias: not converted")
+    slots = window_cache.window_size(node, past_k, where) if buffered else 0  # the window, W
     heads, kv_heads = int(node.attrs["num_heads"]), int(node.attrs["kv_num_heads"])
     width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
     if width is None:
@@ -68,13 +71,16 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     q4, k4, v4 = split_heads(emit, q, heads, head, dtype), split_heads(emit, k, kv_heads, head, dtype), \
         split_heads(emit, v, kv_heads, head, dtype)
     row_past, row_new = _row_lengths(emit, q4, seqlens, total_length)
+    cycle = window_cache.period(emit, past_k, slots) if buffered else None
     if node.attrs.get("do_rotary", 0):
         q4, k4 = _rotary(emit, node, q4, k4, row_past, head, dtype)
     size = int(node.attrs.get("local_window_size", -1))
     window = size if size > 0 else None
     # without a window the causal part is the standard op's is_causal (bottom-right with a past: j <= P + i),
     # and the mask says only which keys each row has: causal + padding, as the kv-cache form reads it
-    keep = _keep(emit, q4, past_k, row_past, row_new, window)
+    # a window buffer's mask is in buffer slots: its v valid slots stand where the absolute past would
+    seen_past = window_cache.resident(emit, row_past, slots, cycle) if buffered else row_past
+    keep = _keep(emit, q4, past_k, seen_past, row_new, window)
     bias = optional_input(node, 10)
     mask = keep if bias is None else emit(
         "Where", [keep, _bias_at_keys(emit, bias, q4, past_k, row_past), emit.const(np.finfo(dtype).min, dtype)],
@@ -84,7 +90,7 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     presents = []
     if past_k is not None:
         inputs += [past_k, past_v]
-        presents = [o if is_read(graph, o) else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
+        presents = [o if is_read(graph, o) and not buffered else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
                     for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
     y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
     attrs = {"scale": float(scale), **({"is_causal": 1} if window is None else {})}
@@ -92,6 +98,11 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         attrs[SOFTCAP_ATTRIBUTE] = cap
     attention = gs.Node("Attention", f"{prefix}/Attention", attrs, inputs=inputs, outputs=[y, *presents])
     graph.nodes.append(attention)
+    if buffered:  # the buffer written back: the keys it keeps of the standard op's concatenation
+        kept = window_cache.resident(emit, emit("Add", [row_past, row_new], dtype=np.int64), slots, cycle)
+        for concat, o, past in zip(presents, node.outputs[1:3], (past_k, past_v)):
+            if is_read(graph, o):
+                window_cache.write_back(emit, concat, o, past, seen_past, row_new, kept, dtype)
     if past_k is None and any(is_read(graph, o) for o in node.outputs[1:3]):  # no past: the present is the new K/V
         for o, t in zip(node.outputs[1:3], (k4, v4)):
             if is_read(graph, o):

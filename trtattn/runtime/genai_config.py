@@ -1,7 +1,9 @@
 """genai_config.json, which ONNX Runtime GenAI's model builder writes beside its models: the decoder's file, heads,
 key/value heads, head size, hidden size and layers, the context length, the special tokens and whether past and
-present share one buffer. Read here once, typed, for the commands that need what it says: `run DIR --generate` (the
-cache's heads and head size where the model's dims are symbolic, the stop tokens), `build` (the context length as the
+present share one buffer, and which layers keep a fixed window buffer (decoder.sliding_window: Gemma 2/3's sliding
+layers, whose GroupQueryAttention reads past_key_values as window_size slots). Read here once, typed, for the
+commands that need what it says: `run DIR --generate` (the cache's heads and head size where the model's dims are
+symbolic, the stop tokens, the window buffers' slots), `build` (the context length as the
 cache capacity) and the dims search (the head size where the ops and weights do not tell it: graph/op_dims.py)."""
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ class GenaiConfig:
     eos_token_id: int | list | None = None
     pad_token_id: int | None = None
     share_buffer: bool = False  # search.past_present_share_buffer
+    window_size: int | None = None  # decoder.sliding_window.window_size
+    window_layers: tuple[int, ...] = ()  # decoder.sliding_window.layers: the layers keeping a window buffer
+    past_names: tuple[str, ...] = ("past_key_values.%d.key", "past_key_values.%d.value")  # decoder.inputs'
+
+    def window_buffers(self) -> dict[str, int]:
+        """The past inputs that are window buffers -> their slots (window_size), from decoder.sliding_window."""
+        if not self.window_size:
+            return {}
+        return {p.replace("%d", str(n)): self.window_size for n in self.window_layers for p in self.past_names}
 
     def as_hf_config(self) -> dict:
         """What it says under config.json's names (num_key_value_heads, head_dim, ...), the ones it has."""
@@ -65,6 +76,9 @@ def read_genai_config(where: str | Path | None) -> GenaiConfig | None:
     model = data.get("model", {}) if isinstance(data, dict) else {}
     decoder, search = model.get("decoder", {}) or {}, data.get("search", {}) or {}
     eos = model.get("eos_token_id")
+    window, names = (d if isinstance(d, dict) else {} for d in (decoder.get("sliding_window"), decoder.get("inputs")))
+    pasts = tuple(names.get(k, d) for k, d in (("past_key_names", "past_key_values.%d.key"),
+                                                ("past_value_names", "past_key_values.%d.value")))
     return GenaiConfig(
         path, filename=decoder.get("filename") if isinstance(decoder.get("filename"), str) else None,
         heads=_int(decoder.get("num_attention_heads")), kv_heads=_int(decoder.get("num_key_value_heads")),
@@ -72,4 +86,6 @@ def read_genai_config(where: str | Path | None) -> GenaiConfig | None:
         layers=_int(decoder.get("num_hidden_layers")), context_length=_int(model.get("context_length")),
         max_length=_int(search.get("max_length")), bos_token_id=model.get("bos_token_id"),
         eos_token_id=eos if isinstance(eos, (int, list)) else None, pad_token_id=model.get("pad_token_id"),
-        share_buffer=bool(search.get("past_present_share_buffer", False)))
+        share_buffer=bool(search.get("past_present_share_buffer", False)), window_size=_int(window.get("window_size")),
+        window_layers=tuple(n for n in window.get("layers") or [] if isinstance(n, int)),
+        past_names=tuple(p for p in pasts if isinstance(p, str)))

@@ -128,10 +128,17 @@ def load_pipeline(folder, backend: str = "auto") -> Pipeline:
     return Pipeline(folder, parts, generation_settings(folder), _model_config(folder))
 
 
+WINDOW_BUFFERS = "trtattn_window_buffers"  # a config key of no library: past input -> its window buffer's slots
+
+
 def _model_config(folder: Path) -> dict:
-    """config.json, with what ONNX Runtime GenAI's config says of the model beside it (heads, head size)."""
+    """config.json, with what ONNX Runtime GenAI's config says of the model beside it (heads, head size, and under
+    WINDOW_BUFFERS the past inputs that are fixed window buffers)."""
     config, genai = _read_json(folder / "config.json"), read_genai_config(folder)
-    return config if genai is None else {**config, **genai.as_hf_config()}
+    if genai is None:
+        return config
+    windows = genai.window_buffers()
+    return {**config, **genai.as_hf_config(), **({WINDOW_BUFFERS: windows} if windows else {})}
 
 
 def _rank_parts(sidecar: Path, meta: dict) -> dict[str, Path]:
@@ -152,10 +159,12 @@ def _empty_past(session, name: str, batch: int, config: dict, unread: bool = Fal
     """A past of length 0, [batch, kv heads, 0, head size]: heads and head size from the input's static
     dims, else from config.json (or genai_config.json: load_pipeline). unread (a merged decoder's first step,
     whose branch does not read the past): a static length is kept, as the input's shape demands (cross-attention
-    K/V over a fixed encoder length)."""
+    K/V over a fixed encoder length). A window buffer (WINDOW_BUFFERS: GenAI's sliding layers) has its slots from
+    the first step on, zeros holding no key, as GenAI gives it."""
     info = session.input(name)
     heads, size = cache_dims(session, name, config)
     length = info.shape[2] if unread and isinstance(info.shape[2], int) and info.shape[2] >= 0 else 0
+    length = (config.get(WINDOW_BUFFERS) or {}).get(name, length)
     return np.zeros((batch, heads, length, size), info.dtype)
 
 

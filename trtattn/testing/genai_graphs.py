@@ -10,6 +10,10 @@ What the builder writes, and so what these carry:
   to int32; Shape(mask)[1] cast to int32);
 - per layer com.microsoft GroupQueryAttention on Q, K and V packed in one input (one MatMul), rotary inside the op
   (do_rotary=1, cos/sin caches [context_length, head_size / 2]);
+- with `window` and `sliding` (Gemma 2's alternate layers): those layers' GroupQueryAttention keeps a fixed
+  window buffer (local_window_size=window, sliding_window_cache=1) with caches [.., past_sliding_length, ..] in
+  and [.., total_sliding_length, ..] out, both `window` slots when run, and genai_config.json's
+  decoder.sliding_window names them;
 - RMS norms written as plain ONNX ops, or (`norms="microsoft"`) as the builder's SimplifiedLayerNormalization and
   com.microsoft SkipSimplifiedLayerNormalization.
 
@@ -46,6 +50,8 @@ class GenaiSpec:
     norms: str = "plain"  # "plain" (ReduceMean/Sqrt/Div) or "microsoft" (the builder's fused norm ops)
     static_head_dim: bool = False  # the cache's last dim written as head_size (older builders) not kv_cache_dim
     seed: int = 0
+    window: int = 0  # the sliding layers' local_window_size (their buffer's slots)
+    sliding: tuple[int, ...] = ()  # the layers that keep a window buffer
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -164,11 +170,14 @@ def _layer(b: _Builder, layer: int, x: str, skip: str | None, seqlens: str, tota
                   f"/{base}/attn/qkv_proj/MatMul")
     present = [f"present.{layer}.key", f"present.{layer}.value"]
     name = f"/{base}/attn/GroupQueryAttention"
+    window = {"local_window_size": spec.window, "sliding_window_cache": 1} if layer in spec.sliding else {
+        "local_window_size": -1}
     b.nodes.append(helper.make_node(
         "GroupQueryAttention", [qkv, "", "", f"past_key_values.{layer}.key", f"past_key_values.{layer}.value", seqlens,
                                 total, "cos_cache", "sin_cache"], [f"{name}/output_0", *present], name=name,
         domain="com.microsoft", num_heads=spec.heads, kv_num_heads=spec.kv_heads, do_rotary=1, rotary_interleaved=0,
-        scale=float(spec.head_size ** -0.5), local_window_size=-1))
+        scale=float(spec.head_size ** -0.5)))
+    b.nodes[-1].attribute.extend(helper.make_attribute(k, v) for k, v in window.items())
     attn, = b.node("MatMul", [f"{name}/output_0", b.weight(f"{base}.attn.o_proj.weight",
                                                            (spec.heads * spec.head_size, spec.hidden), 0.2)],
                    f"/{base}/attn/o_proj/MatMul")
@@ -195,11 +204,13 @@ def _model(b: _Builder) -> onnx.ModelProto:
               helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])]
     outputs = [helper.make_tensor_value_info("logits", spec.onnx_dtype, ["batch_size", "sequence_length", spec.vocab])]
     for layer in range(spec.layers):
+        past, total = ("past_sliding_length", "total_sliding_length") if layer in spec.sliding else (
+            "past_sequence_length", "total_sequence_length")
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{layer}.{kind}", spec.onnx_dtype,
-                                                        cache_shape(spec, "past_sequence_length")))
+                                                        cache_shape(spec, past)))
             outputs.append(helper.make_tensor_value_info(f"present.{layer}.{kind}", spec.onnx_dtype,
-                                                         cache_shape(spec, "total_sequence_length")))
+                                                         cache_shape(spec, total)))
     read = {i for n in b.nodes for i in n.input}
     graph = helper.make_graph(b.nodes, "main_graph", inputs, outputs, [t for t in b.inits if t.name in read])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
@@ -211,7 +222,8 @@ def _model(b: _Builder) -> onnx.ModelProto:
 def genai_feeds(spec: GenaiSpec, *, batch: int = 1, new: int = 8, past: int = 0, padding: int = 0,
                 seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs of genai_decoder ONNX Runtime runs: `new` tokens after `past` cached ones (past 0: a prefill), the first
-    `padding` keys of every row masked (left padding, as GenAI pads a batch)."""
+    `padding` keys of every row masked (left padding, as GenAI pads a batch); a sliding layer's buffer has
+    `window` slots."""
     rng = np.random.default_rng(seed)
     total = past + new
     mask = np.ones((batch, total), np.int64)
@@ -219,8 +231,9 @@ def genai_feeds(spec: GenaiSpec, *, batch: int = 1, new: int = 8, past: int = 0,
     feeds = {"input_ids": rng.integers(0, spec.vocab, (batch, new), dtype=np.int64), "attention_mask": mask}
     for layer in range(spec.layers):
         for kind in ("key", "value"):
+            slots = spec.window if layer in spec.sliding else past
             feeds[f"past_key_values.{layer}.{kind}"] = rng.standard_normal(
-                (batch, spec.kv_heads, past, spec.head_size)).astype(spec.np_dtype)
+                (batch, spec.kv_heads, slots, spec.head_size)).astype(spec.np_dtype)
     return feeds
 
 
@@ -239,6 +252,9 @@ def genai_config(spec: GenaiSpec, *, filename: str = "model.onnx", share_buffer:
                             "present_value_names": "present.%d.value"},
                 "num_attention_heads": spec.heads, "num_hidden_layers": spec.layers,
                 "num_key_value_heads": spec.kv_heads,
+                **({"sliding_window": {"window_size": spec.window, "slide_key_value_cache": False,
+                                       "slide_inputs": False, "layers": list(spec.sliding), "cache_slack": 0}}
+                   if spec.sliding else {}),
             },
         },
         "search": {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0,
