@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from mask_models import MODELS, key_flags, self_attention
 from onnx import helper
 
-from tests.routes.prepare.test_mask_axes import MODELS, key_flags, self_attention
 from trtattn.graph.feeds import make_feeds, measured_specs
 from trtattn.graph.mask_reading import read_masks
 from trtattn.graph.roles import input_specs

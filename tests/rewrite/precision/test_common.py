@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from precision_models import bf16_attention, fp16_attention, needs_autocast
 
-from tests.rewrite.precision.test_widen import bf16_attention, fp16_attention, needs_autocast
 from trtattn.cli import main
 from trtattn.graph.precision import ModelPrecision, Weighing, model_precision
 from trtattn.graph.user_inputs import GivenInputs
