@@ -20,6 +20,7 @@ from tests.conftest import sha256
 from trtattn.cli import main
 from trtattn.errors import TrtattnError
 from trtattn.folder import FileResult, FolderResult, check_folders, fuse_folder, process_folder
+from trtattn.graph.user_inputs import InputsUsed
 from trtattn.rewrite.fuse import SiteReport
 from trtattn.rewrite.normalize import SiteNormalization
 from trtattn.runtime import OrtSession, generate, generate_encoder_decoder
@@ -369,8 +370,7 @@ def test_build_folder_verifies_each_part_on_its_own_inputs_file(llama_folder, tm
     result = prepare_folder(llama_folder, tmp_path / "out", precision="fp32", inputs=given)
     part, = result.parts
     assert part.error is None and part.prepared.inputs is not None
-    assert part.prepared.verification.inputs == {"source": "file", "iterations": 1,
-                                                    "path": str(given / "decoder.npz")}
+    assert part.prepared.verification.inputs == InputsUsed("file", str(given / "decoder.npz"), 1)
     with pytest.raises(TrtattnError, match="give a folder of one inputs file per part .decoder.npz"):
         prepare_folder(llama_folder, tmp_path / "out2", inputs=given / "decoder.npz")
     np.savez(given / "encoder.npz", **make_feeds(model, seed=5))

@@ -33,7 +33,7 @@ def test_a_rewrite_that_drops_the_mask_fails_verification(name):
     assert compare_models(original, original).passed
     outcome = compare_models(original, without_mask(original))
     assert not outcome.passed and outcome.summary().max_abs_err > 1e-2
-    said = outcome.inputs["domains"]["mask"]  # the record says what the mask was drawn from
+    said = outcome.inputs.domains["mask"]  # the record says what the mask was drawn from
     assert said.startswith("padding mask") if name == "transposed_key_batch" else said.startswith("mask")
 
 
