@@ -273,7 +273,7 @@ def _engine_io(work: Work) -> None:
     plan, limits = work.plan, work.plan.limits
     static = {c.cache: {2: limits["max_cache"]} for c in plan.cache_updates}
     work.cut = cut(work.form_model, plan.lowered(), static)
-    io_contract(work.form_model, work.cut.model, work.cut.inputs, plan)
+    io_contract(work.form_model, work.cut.model, work.cut.inputs, plan, original=work.model)
     fixed = {n: f.value for n, f in op_dims(work.start).fixed.items()}  # a cache's head size, say, is one value
     defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": limits["max_positions"],
                                                            "max_batch": limits["max_batch"]}, fixed)
