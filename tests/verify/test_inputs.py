@@ -295,11 +295,12 @@ def test_fp16_check_runs_on_the_given_inputs(tmp_path):
 
     model = attention_model()
     prepared = prepare(model, name="a", precision="fp16", inputs=_given(tmp_path, model, 1.0))
-    assert prepared.precision_check["inputs"]["source"] == "file"
-    assert prepared.precision_check["inputs"]["path"].endswith("x1.json")
+    check = prepared.precision_check
+    assert check is not None and check.inputs is not None and check.inputs.source == "file"
+    assert check.inputs.path is not None and check.inputs.path.endswith("x1.json")
     with pytest.raises(TrtattnError):
         prepare(model, name="a", precision="fp16", inputs=_given(tmp_path, model, 1e3))
-    assert prepare(model, name="a", precision="fp16").precision_check.get("inputs") is None
+    assert prepare(model, name="a", precision="fp16").precision_check.inputs is None
 
 
 @pytest.mark.parametrize("mode", ["int8", "fp8"])

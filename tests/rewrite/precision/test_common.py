@@ -61,7 +61,7 @@ def test_fuse_trt_ops_on_a_bf16_model_without_precision_verifies_on_the_users_bf
     for name, value in sets.items():  # the values given, exactly, as the widened model takes them
         np.testing.assert_array_equal(prepared.inputs.sets[0][name], value.astype(np.float32))
     assert prepared.verification.inputs.source == "file"
-    assert prepared.precision_check["inputs"]["source"] == "file"
+    assert prepared.precision_check.inputs.source == "file"
 
 
 def test_bf16_inputs_from_polygraphy_json_are_read_as_bf16(tmp_path):
