@@ -8,7 +8,8 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# helpers/trtsim/ and helpers/trtsim_cases.py are importable through pytest's `pythonpath` option (pyproject.toml)
+# the modules in helpers/ (trtsim/, trtsim_cases.py, ...) are importable through pytest's `pythonpath` option
+# (pyproject.toml)
 from trtsim.fixtures import checked_trt, real_trt  # noqa: E402,F401  (the real TensorRT bindings, checked)
 
 # the test files sit at different depths under tests/ (tests/<package>/test_<module>.py): paths start here

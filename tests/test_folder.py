@@ -13,12 +13,14 @@ import stat
 import numpy as np
 import onnx
 import pytest
+from export_folders import encoder_decoder_folder, run_tokens
 
 import trtattn
 from tests.conftest import sha256
 from trtattn.cli import main
 from trtattn.errors import TrtattnError
 from trtattn.folder import FileResult, FolderResult, check_folders, fuse_folder, process_folder
+from trtattn.graph.user_inputs import InputsUsed
 from trtattn.rewrite.fuse import SiteReport
 from trtattn.rewrite.normalize import SiteNormalization
 from trtattn.runtime import OrtSession, generate, generate_encoder_decoder
@@ -55,23 +57,9 @@ def llama_folder(zoo_dir, tmp_path_factory):
     return folder
 
 
-def _encoder_decoder_folder(family, zoo_dir, root, start):
-    """An encoder-decoder export folder as Optimum lays it out, from the zoo's generation parts."""
-    from trtattn.zoo import generation
-
-    paths = generation.export_family(family, zoo_dir)
-    folder = root / "export"
-    folder.mkdir()
-    for part, stem in (("encoder", "encoder_model"), ("decoder-init", "decoder_model"),
-                       ("decoder-step", "decoder_with_past_model")):
-        shutil.copy(paths[f"{family}-{part}"], folder / f"{stem}.onnx")
-    (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": start, "eos_token_id": 999}))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def whisper_folder(zoo_dir, tmp_path_factory):
-    return _encoder_decoder_folder("whisper", zoo_dir, tmp_path_factory.mktemp("whisper"), 3)
+    return encoder_decoder_folder("whisper", zoo_dir, tmp_path_factory.mktemp("whisper"), 3)
 
 
 def _snapshot(folder):
@@ -190,12 +178,6 @@ def test_build_folder_writes_forms_plans_and_pipeline_sidecar_and_its_forms_gene
     assert [got] == trtattn.generate(llama_folder, [[5, 6, 7]], 6)
 
 
-def _run_tokens(capsys, folder, *args) -> list[list[int]]:
-    capsys.readouterr()
-    assert main(["run", str(folder), "--generate", "8", "--json", *args]) == 0
-    return [r["tokens"] for r in json.loads(capsys.readouterr().out)["requests"]]
-
-
 def test_build_encoder_decoder_folder_generates_through_its_kv_cache_form_as_the_export_does(whisper_folder, tmp_path,
                                                                                            capsys):
     """`build DIR` on an encoder-decoder folder: the encoder and the first decoder step in the padded form, the
@@ -207,9 +189,9 @@ def test_build_encoder_decoder_folder_generates_through_its_kv_cache_form_as_the
     assert forms == {"encoder": "padded", "decoder": "padded", "decoder_with_past": "kv-cache"}
     features = tmp_path / "features.npy"
     np.save(features, np.random.default_rng(0).standard_normal((2, 16, 32)).astype(np.float32))
-    want = _run_tokens(capsys, whisper_folder, "--features", str(features))
+    want = run_tokens(capsys, whisper_folder, "--features", str(features))
     assert len(want) == 2 and len(want[0]) > 1
-    assert _run_tokens(capsys, out, "--backend", "ort", "--features", str(features)) == want
+    assert run_tokens(capsys, out, "--backend", "ort", "--features", str(features)) == want
 
 
 @pytest.mark.slow  # exporting the three parts afresh takes ~15 s
@@ -221,7 +203,7 @@ def test_build_text_encoder_decoder_folder_generates_the_export_folders_tokens(f
     bias derived from the cache's length, which the kv-cache form has no place for: its decoder with past
     is the padded form (its past growing), and the table and pipeline.json say why. Either way the built
     folder's tokens equal the export folder's, prompt by prompt."""
-    folder = _encoder_decoder_folder(family, zoo_dir, tmp_path, 2)
+    folder = encoder_decoder_folder(family, zoo_dir, tmp_path, 2)
     assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp32"]) in (0, 4)
     out = tmp_path / "built" / folder.name
     part = json.loads((out / "pipeline.json").read_text())["parts"]["decoder_with_past"]
@@ -231,9 +213,9 @@ def test_build_text_encoder_decoder_folder_generates_the_export_folders_tokens(f
     else:
         assert "SelfAttention" in part["note"] and "bias" in part["note"]
     prompts = [["--prompt", "100,101,102,103,104,105,106"], ["--prompt", "8"], ["--prompt", "5,6,7,9,11"]]
-    want = [_run_tokens(capsys, folder, *p)[0] for p in prompts]
+    want = [run_tokens(capsys, folder, *p)[0] for p in prompts]
     assert len({tuple(t) for t in want}) == 3 and any(len(set(t)) > 1 for t in want)  # not one token repeated
-    assert [_run_tokens(capsys, out, "--backend", "ort", *p)[0] for p in prompts] == want
+    assert [run_tokens(capsys, out, "--backend", "ort", *p)[0] for p in prompts] == want
 
 
 def _merged_folder(folder, root):
@@ -289,8 +271,8 @@ def test_fuse_merged_decoder_folder_keeps_the_inputs_only_one_branch_reads(whisp
     assert _ops(tmp_path / "fused" / "decoder_model_merged.onnx") == ["If"]
     features = tmp_path / "features.npy"
     np.save(features, np.random.default_rng(1).standard_normal((2, 16, 32)).astype(np.float32))
-    want = _run_tokens(capsys, folder, "--features", str(features))
-    assert _run_tokens(capsys, tmp_path / "fused", "--features", str(features)) == want
+    want = run_tokens(capsys, folder, "--features", str(features))
+    assert run_tokens(capsys, tmp_path / "fused", "--features", str(features)) == want
 
 
 def test_build_merged_decoder_folder_generates_the_export_folders_tokens(whisper_folder, tmp_path, capsys):
@@ -313,10 +295,10 @@ def test_build_merged_decoder_folder_generates_the_export_folders_tokens(whisper
     assert "encoder_hidden_states" not in {i["name"] for i in parts["decoder_with_past"]["inputs"]}
     features = tmp_path / "features.npy"
     np.save(features, np.random.default_rng(0).standard_normal((2, 16, 32)).astype(np.float32))
-    want = _run_tokens(capsys, folder, "--features", str(features))
-    assert want == _run_tokens(capsys, whisper_folder, "--features", str(features))  # the merge changes nothing
+    want = run_tokens(capsys, folder, "--features", str(features))
+    assert want == run_tokens(capsys, whisper_folder, "--features", str(features))  # the merge changes nothing
     assert len(want) == 2 and any(len(set(t)) > 1 for t in want)
-    assert _run_tokens(capsys, out, "--backend", "ort", "--features", str(features)) == want
+    assert run_tokens(capsys, out, "--backend", "ort", "--features", str(features)) == want
 
 
 @pytest.mark.slow  # exporting BART's parts afresh
@@ -324,7 +306,7 @@ def test_build_merged_bart_folder_without_metadata_keeps_the_kv_cache_form(zoo_d
     """BART as a user's Optimum folder: merged decoder, no trtattn metadata in any part (every role guessed
     from the graph). The cached step is still the kv-cache form, its cross-attention reading the encoder's
     padding mask as lengths, and the built folder's tokens equal the export folder's, prompt by prompt."""
-    folder = _merged_folder(_encoder_decoder_folder("bart", zoo_dir, tmp_path, 2), tmp_path)
+    folder = _merged_folder(encoder_decoder_folder("bart", zoo_dir, tmp_path, 2), tmp_path)
     for path in folder.glob("*.onnx"):
         model = onnx.load(str(path))
         del model.metadata_props[:]
@@ -335,9 +317,9 @@ def test_build_merged_bart_folder_without_metadata_keeps_the_kv_cache_form(zoo_d
     assert (part["form"], part["branch"]) == ("kv-cache", "use_cache_branch=True") and "note" not in part
     assert "encoder_attention_mask" in {i["name"] for i in part["inputs"]}
     prompts = [["--prompt", "100,101,102,103,104,105,106"], ["--prompt", "8"], ["--prompt", "5,6,7,9,11"]]
-    want = [_run_tokens(capsys, folder, *p)[0] for p in prompts]
+    want = [run_tokens(capsys, folder, *p)[0] for p in prompts]
     assert len({tuple(t) for t in want}) == 3
-    assert [_run_tokens(capsys, out, "--backend", "ort", *p)[0] for p in prompts] == want
+    assert [run_tokens(capsys, out, "--backend", "ort", *p)[0] for p in prompts] == want
 
 
 def test_zoo_merged_decoder_fuses_both_branches_and_runs_both_ways_like_the_original(zoo_export):
@@ -388,8 +370,7 @@ def test_build_folder_verifies_each_part_on_its_own_inputs_file(llama_folder, tm
     result = prepare_folder(llama_folder, tmp_path / "out", precision="fp32", inputs=given)
     part, = result.parts
     assert part.error is None and part.prepared.inputs is not None
-    assert part.prepared.verification.inputs == {"source": "file", "iterations": 1,
-                                                    "path": str(given / "decoder.npz")}
+    assert part.prepared.verification.inputs == InputsUsed("file", str(given / "decoder.npz"), 1)
     with pytest.raises(TrtattnError, match="give a folder of one inputs file per part .decoder.npz"):
         prepare_folder(llama_folder, tmp_path / "out2", inputs=given / "decoder.npz")
     np.savez(given / "encoder.npz", **make_feeds(model, seed=5))

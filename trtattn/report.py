@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .graph.io import atomic_write, refuse_overwrite
+from .graph.user_inputs import InputsUsed
 from .site import SiteOutcome, SiteStatus
 from .verification import Verification
 
@@ -125,14 +126,14 @@ def rows_phrase(lengths: list[dict]) -> str:
     return "rows: " + ", ".join(f"{name} {rows}" for name, rows in lengths[0].items())
 
 
-def inputs_phrase(inputs: dict) -> str:
-    """Which inputs a verification ran on, from its report entry: 'inputs from FILE', or 'searched inputs
-    (name: domain, ...)', and notes (random ops)."""
-    if inputs.get("source") == "file":
-        text = f"inputs from {inputs.get('path')}"
+def inputs_phrase(inputs: InputsUsed) -> str:
+    """Which inputs a verification ran on: 'inputs from FILE', or 'searched inputs (name: domain, ...)', and
+    notes (random ops)."""
+    if inputs.source == "file":
+        text = f"inputs from {inputs.path}"
     else:
-        text = "searched inputs (" + ", ".join(f"{k}: {d}" for k, d in inputs.get("domains", {}).items()) + ")"
-    return "; ".join([text, *inputs.get("notes", [])])
+        text = "searched inputs (" + ", ".join(f"{k}: {d}" for k, d in inputs.domains.items()) + ")"
+    return "; ".join([text, *inputs.notes])
 
 
 def _jsonable(value):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .graph.user_inputs import InputsUsed
+
 
 @dataclass
 class Verification:
@@ -22,7 +24,7 @@ class Verification:
     nan_mismatch: list[str] | None = None
     bounds: dict[str, float] | None = None  # name -> the max abs error allowed
     slices: int | None = None  # the largest model ran in this many slices of layers
-    inputs: dict | None = None  # which inputs it ran on (graph/user_inputs.InputsUsed.to_json())
+    inputs: InputsUsed | None = None  # which inputs it ran on (its JSON: InputsUsed.to_json(), here only)
     lengths: list[dict[str, list[int]]] | None = None  # a ragged form's check: each iteration's per-row lengths
     error: str | None = None  # a check that could not run its inputs, in one line (routes/trt_ops: a kernel's refusal)
     branches: dict[str, Verification] | None = None  # a merged decoder: each If branch's own (rewrite/branches.py)
@@ -57,7 +59,7 @@ class Verification:
             value = getattr(self, f.name)
             if f.name == "empty" or (value is None and f.name != "passed"):
                 continue
-            if isinstance(value, Verification):
+            if isinstance(value, (Verification, InputsUsed)):
                 value = value.to_json()
             elif f.name == "branches":
                 value = {k: v.to_json() for k, v in value.items()}

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from mask_models import MODELS, key_flags, self_attention
 from onnx import helper
 
-from tests.routes.prepare.test_mask_axes import MODELS, key_flags, self_attention
 from trtattn.graph.feeds import make_feeds, measured_specs
 from trtattn.graph.mask_reading import read_masks
 from trtattn.graph.roles import input_specs
@@ -33,7 +33,7 @@ def test_a_rewrite_that_drops_the_mask_fails_verification(name):
     assert compare_models(original, original).passed
     outcome = compare_models(original, without_mask(original))
     assert not outcome.passed and outcome.summary().max_abs_err > 1e-2
-    said = outcome.inputs["domains"]["mask"]  # the record says what the mask was drawn from
+    said = outcome.inputs.domains["mask"]  # the record says what the mask was drawn from
     assert said.startswith("padding mask") if name == "transposed_key_batch" else said.startswith("mask")
 
 

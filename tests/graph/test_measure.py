@@ -213,7 +213,7 @@ def test_keras_select_of_zero_after_the_softmax_is_a_mask():
     result = fuse_model(keras_select_after_softmax(0.0))
     [report] = _fused(result)
     assert report.site.mask.value == "additive"
-    assert "padding" in result.verification.inputs["domains"]["mask"]
+    assert "padding" in result.verification.inputs.domains["mask"]
 
 
 def test_keras_select_of_another_value_is_listed():

@@ -58,3 +58,27 @@ def test_symbolic_inference_runs_only_where_onnx_leaves_a_dim_unnamed(zoo_export
         model = onnx.load(str(zoo_export("bart-sdpa" if exporter == "dynamo" else "bart", exporter)))
         assert len(shapes.infer(model)) == 1 + expected
         assert len(asked) == expected, exporter
+
+
+def _named_outputs_model() -> onnx.ModelProto:
+    """x [b, s, 4]: y = Relu(x) declared [b, 'Reluy_dim_1', 4] (as TorchScript names an output's dims after its
+    op), z = Concat(x, x) along s (2s: no input's dim), n = NonZero(x) (data-dependent)."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Concat", ["x", "x"], ["z"], axis=1),
+             helper.make_node("NonZero", ["x"], ["n"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "Reluy_dim_1", 4]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", "Concatz_dim_1", 4]),
+                               helper.make_tensor_value_info("n", TensorProto.INT64, [3, "NonZeron_dim_1"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_output_dims_named_after_an_op_are_proven_the_inputs_dims_or_none():
+    model = _named_outputs_model()
+    before = model.SerializeToString()
+    proven = shapes.proven_output_dims(model, {"b", "s"})
+    assert proven == {"y": ["b", "s", None], "z": ["b", None, None], "n": [None, None]}
+    assert model.SerializeToString() == before  # the declared shapes are given back as read
+    assert shapes.dims_of(model.graph.output[0]) == ["b", "Reluy_dim_1", 4]
+    del model.graph.output[1:]
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "s"
+    assert shapes.proven_output_dims(model, {"b", "s"}) == {}  # every dim already an input's: nothing to prove

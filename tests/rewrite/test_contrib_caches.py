@@ -47,7 +47,7 @@ def test_lengths_through_casts_follow_the_token_ids_sequence():
                                                                                 "past_sequence_length"]
     result = fuse_model(model, dims={"sequence_length": 1, "past_sequence_length": 5, "batch": 3})
     assert result.ok, [r.row() for r in result.reports]
-    assert result.verification.inputs["domains"]["total_sequence_length"] == "sequence_length + past_sequence_length"
+    assert result.verification.inputs.domains["total_sequence_length"] == "sequence_length + past_sequence_length"
 
 
 def test_dims_search_with_rotary_positions_broadcast_over_the_batch():
@@ -72,7 +72,7 @@ def test_given_inputs_fix_the_dims_without_a_search(tmp_path):
     assert fit.runs == 1  # the user's inputs, once
     result = fuse_model(model, inputs=given)
     assert result.ok, [r.row() for r in result.reports]
-    assert result.verification.inputs["source"] == "file" and result.dims["values"]["s"] == 3
+    assert result.verification.inputs.source == "file" and result.dims["values"]["s"] == 3
 
 
 def test_given_inputs_the_model_does_not_run_on_are_one_line(tmp_path):

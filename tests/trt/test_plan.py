@@ -93,3 +93,19 @@ def test_plan_row_carries_the_normalization_quantize_type():
     assert site.row()["normalization_quantize_to_type"] == "int8"
     assert AttentionPlan("site", "attn", "layer", "q", "k", "v", "y", 0.25).row()["normalization_quantize_to_type"] \
         is None
+
+
+def test_engine_outputs_dims_are_named_after_the_inputs_dims_they_provably_are():
+    """An output dim the exporter named after an op (TorchScript: 'MatMul..._dim_1', `trtattn demo` showed it)
+    is the inputs' 'seq' in the engine's I/O: ONNX Runtime's symbolic shapes of the original prove it."""
+    from trtattn.graph.shapes import dims_of
+    from trtattn.routes.prepare import prepare
+    from trtattn.testing.graphs import attention_model
+
+    model = attention_model()
+    (out,) = model.graph.output
+    out.type.CopyFrom(onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, ["batch", f"MatMul{out.name}_dim_1", 32]))
+    prepared = prepare(model, name="m", precision="fp32")
+    assert [i["shape"] for i in prepared.plan.inputs] == [["batch", "seq", 32]]
+    assert [(o["name"], o["shape"]) for o in prepared.plan.outputs] == [(out.name, ["batch", "seq", 32])]
+    assert dims_of(model.graph.output[0]) == ["batch", f"MatMul{out.name}_dim_1", 32]  # the model as read

@@ -68,11 +68,11 @@ def test_encoder_decoder_folder_of_engines_generates(tmp_path, zoo_dir, capsys, 
     engines: later tokens may part from the fp32 export's on a near tie)."""
     _tensorrt()
     import numpy as np
+    from export_folders import encoder_decoder_folder, run_tokens
 
-    from tests.test_folder import _encoder_decoder_folder, _run_tokens
     from trtattn.cli import main
 
-    folder = _encoder_decoder_folder(family, zoo_dir, tmp_path, 3 if family == "whisper" else 2)
+    folder = encoder_decoder_folder(family, zoo_dir, tmp_path, 3 if family == "whisper" else 2)
     assert main(["build", str(folder), "--out-dir", str(tmp_path / "built"), "--precision", "fp16"]) == 0
     out = tmp_path / "built" / folder.name
     assert json.loads((out / "pipeline.json").read_text())["built"] is True
@@ -82,6 +82,6 @@ def test_encoder_decoder_folder_of_engines_generates(tmp_path, zoo_dir, capsys, 
         request = ["--features", str(features)]
     else:
         request = ["--prompt", "100,101,102,103,104,105,106"]
-    want = _run_tokens(capsys, folder, *request)[0]
-    got = _run_tokens(capsys, out, *request)[0]
+    want = run_tokens(capsys, folder, *request)[0]
+    got = run_tokens(capsys, out, *request)[0]
     assert got[0] == want[0] and 1 <= len(got) <= 8

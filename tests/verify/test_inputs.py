@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.errors import TrtattnError, VerificationError
-from trtattn.graph.user_inputs import GivenInputs, load_inputs
+from trtattn.graph.user_inputs import GivenInputs, InputsUsed, load_inputs
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing.graphs import attention_model
 
@@ -51,8 +51,8 @@ def test_noise_under_a_log_gets_positive_values():
     result = fuse_model(model)
     assert result.ok, [r.row() for r in result.reports]
     inputs = result.verification.inputs
-    assert inputs["source"] == "searched"
-    assert inputs["domains"]["noise"] == "positive" and inputs["domains"]["x"] == "normal"
+    assert inputs.source == "searched"
+    assert inputs.domains["noise"] == "positive" and inputs.domains["x"] == "normal"
     assert result.verification.max_abs_err <= 1e-4
 
 
@@ -60,7 +60,7 @@ def test_lengths_within_the_sequence():
     model = _tail(attention_model(), "lengths")
     result = fuse_model(model)
     assert result.ok, [r.row() for r in result.reports]
-    assert result.verification.inputs["domains"]["lengths"] == "lengths within the sequence"
+    assert result.verification.inputs.domains["lengths"] == "lengths within the sequence"
     from trtattn.graph.domains import feeds_in
 
     lengths = feeds_in(model, {"lengths": "lengths within the sequence"}, dims={"batch": 256, "seq": 6}, seed=0)["lengths"]
@@ -95,7 +95,7 @@ def test_random_op_seeded_alike_on_both_models():
     model = _tail(attention_model(), "random")
     result = normalize_model(model)
     assert result.ok and result.verification.max_abs_err <= 1e-4
-    assert any("draw_noise (RandomNormalLike)" in n for n in result.verification.inputs["notes"])
+    assert any("draw_noise (RandomNormalLike)" in n for n in result.verification.inputs.notes)
     assert not any(a.name == "seed" for n in result.model.graph.node if n.op_type == "RandomNormalLike"
                    for a in n.attribute)  # the seed is for the comparison only: the output keeps the model's op
     renamed = onnx.ModelProto()
@@ -140,7 +140,7 @@ def test_random_op_the_candidate_cannot_seed_is_refused_unless_its_outputs_repea
         runners = [onnx_runner(stack, model, name="original"), onnx_runner(stack, model, name="candidate")]
         outcome = compare_runners(*runners, Adapter(model, [i.name for i in model.graph.input]))
     assert outcome.passed  # noise at zero: the original repeats itself
-    assert outcome.inputs["domains"]["noise"] == "zero"
+    assert outcome.inputs.domains["noise"] == "zero"
     model.graph.node[-2].input[1] = "eps"  # the noise no longer scaled by an input: nothing makes it repeat
     with contextlib.ExitStack() as stack, pytest.raises(VerificationError, match="node 'draw_noise' .*--inputs"):
         runners = [onnx_runner(stack, model, name="original"), onnx_runner(stack, model, name="candidate")]
@@ -164,7 +164,7 @@ def test_given_inputs_are_used_exactly(tmp_path):
     result = fuse_model(model, inputs=given)
     assert result.ok
     assert result.verification.iterations == 3
-    assert result.verification.inputs == {"source": "file", "iterations": 3, "path": str(path)}
+    assert result.verification.inputs == InputsUsed("file", str(path), 3)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -249,7 +249,7 @@ def test_inputs_on_build(tmp_path):
     path = tmp_path / "in.npz"
     np.savez(path, **_feeds(1))
     prepared = prepare(model, name="m", precision="fp32", inputs=GivenInputs.load(path, model))
-    assert prepared.verification.inputs == {"source": "file", "iterations": 1, "path": str(path)}
+    assert prepared.verification.inputs == InputsUsed("file", str(path), 1)
 
 
 def test_an_original_never_finite_is_compared_on_its_default_inputs_and_said_so():
@@ -258,8 +258,8 @@ def test_an_original_never_finite_is_compared_on_its_default_inputs_and_said_so(
     model.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), "zero"))
     result = fuse_model(model)
     inputs = result.verification.inputs
-    assert inputs["domains"] == {"x": "normal", "noise": "normal"}  # the default inputs, kept
-    assert any("not finite on any inputs tried" in n for n in inputs["notes"])
+    assert inputs.domains == {"x": "normal", "noise": "normal"}  # the default inputs, kept
+    assert any("not finite on any inputs tried" in n for n in inputs.notes)
 
 
 def _given(tmp_path, model, scale: float, sets: int = 3) -> GivenInputs:
@@ -281,8 +281,9 @@ def test_trt_ops_check_runs_on_the_given_inputs(tmp_path):
     model = attention_model()
     result = fuse_trt(model, name="a", precision="fp32", inputs=_given(tmp_path, model, 1.0))
     assert result.ok, result.verification
-    assert result.verification.inputs["source"] == "file" and result.verification.iterations == 3
-    assert result.verification.inputs["path"].endswith("x1.json")
+    used = result.verification.inputs
+    assert used is not None and used.source == "file" and result.verification.iterations == 3
+    assert used.path is not None and used.path.endswith("x1.json")
 
 
 def test_fp16_check_runs_on_the_given_inputs(tmp_path):
@@ -294,11 +295,12 @@ def test_fp16_check_runs_on_the_given_inputs(tmp_path):
 
     model = attention_model()
     prepared = prepare(model, name="a", precision="fp16", inputs=_given(tmp_path, model, 1.0))
-    assert prepared.precision_check["inputs"]["source"] == "file"
-    assert prepared.precision_check["inputs"]["path"].endswith("x1.json")
+    check = prepared.precision_check
+    assert check is not None and check.inputs is not None and check.inputs.source == "file"
+    assert check.inputs.path is not None and check.inputs.path.endswith("x1.json")
     with pytest.raises(TrtattnError):
         prepare(model, name="a", precision="fp16", inputs=_given(tmp_path, model, 1e3))
-    assert prepare(model, name="a", precision="fp16").precision_check.get("inputs") is None
+    assert prepare(model, name="a", precision="fp16").precision_check.inputs is None
 
 
 @pytest.mark.parametrize("mode", ["int8", "fp8"])
@@ -317,8 +319,8 @@ def test_quantized_checks_run_on_the_given_inputs(tmp_path, mode):
     prepared = prepare(model, name="a", precision=mode, calib=calib, inputs=given)
     assert prepared.source_model is not model and prepared.quantization["source"] == "ModelOpt PTQ"
     assert prepared.inputs is given
-    for record in (prepared.fused.verification.inputs, prepared.quantization["inputs"]):
-        assert record == {"source": "file", "iterations": 3, "path": given.path}, record
+    assert prepared.fused.verification.inputs == InputsUsed("file", given.path, 3)
+    assert prepared.quantization["inputs"] == {"source": "file", "iterations": 3, "path": given.path}
     assert prepared.fused.verification.iterations == 3
     assert prepared.fused.verification.atol == pytest.approx(fuse_tolerance(prepared.source_model, mode, given.sets))
     generated = [make_feeds(model, seed=seed) for seed in (0, 1)]

@@ -69,7 +69,7 @@ def run(args, progress) -> int:
     except SitesRefused as e:
         return refused(e, args.output)
     rows = result.rows()
-    print(table(rows, COLUMNS))
+    print(table([r.to_json() for r in rows], COLUMNS))
     plan = result.prepared.plan
     v = result.verification
     print(f"{len(rows)} attention sites as TensorRT ops ({plan.form} form), {len(plan.ropes)} RotaryEmbedding, "

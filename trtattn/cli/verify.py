@@ -51,8 +51,8 @@ def run(args, progress) -> int:
         print(table(rows, [("name", "output"), ("err", "max abs error"), ("bound", "allowed"), ("ok", "ok")]))
         for note in data["notes"]:
             print(f"note: {note}")
-        if data.get("inputs"):
-            print(f"inputs: {inputs_phrase(data['inputs'])}")
+        if result.outcome.inputs:
+            print(f"inputs: {inputs_phrase(result.outcome.inputs)}")
         print(f"{result.runner} ({result.form}, {result.precision}) vs ONNX Runtime on the original: "
               f"{'passed' if data['passed'] else 'FAILED'} over {data['iterations']} input sets")
     return 0 if data["passed"] else 1

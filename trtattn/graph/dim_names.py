@@ -15,13 +15,13 @@ import re
 import onnx
 
 from .io import attach_weights, weights_aside
-from .roles import InputSpec, declared_dims, dim_name, input_specs
+from .roles import InputSpec, RoleKind, declared_dims, dim_name, input_specs
 
 DEFAULT_DIMS = {"batch": 2, "batch_size": 2, "seq": 8, "sequence": 8, "sequence_length": 8, "past": 6,
                 "past_sequence_length": 6, "dec_seq": 5, "max_cache": 256}
 DEFAULT_DIM = 8
 BATCH, SEQ = "batch", "seq"  # the names of the unified batch and sequence dims
-SEQUENCE_KINDS = ("token_ids", "padding_mask", "position_ids")  # 2-D inputs whose axis 1 is the sequence
+SEQUENCE_KINDS = (RoleKind.TOKEN_IDS, RoleKind.PADDING_MASK, RoleKind.POSITION_IDS)  # 2-D inputs whose axis 1 is the sequence
 # torch.export, ONNX Runtime's symbolic shape inference and tf2onnx, paddle2onnx
 _EXPORTER_SYMBOL = re.compile(r"^(s\d+|unk__\d+|DynamicDimension\.\d+)$")
 
@@ -44,7 +44,7 @@ def dim_classes(specs: list[InputSpec]) -> dict[str, str]:
 
     labels: dict[str, str] = {}
     for spec in specs:
-        seq_axis = 1 if len(spec.shape) == 2 and spec.role.get("kind") in SEQUENCE_KINDS else None
+        seq_axis = 1 if len(spec.shape) == 2 and spec.kind in SEQUENCE_KINDS else None
         for axis, d in enumerate(spec.shape):
             place = BATCH if axis == 0 else SEQ if axis == seq_axis else None
             if not isinstance(d, str):

@@ -18,7 +18,7 @@ import onnx
 from .dim_names import dim_value
 from .feeds import make_feeds
 from .io import attach_weights, weights_aside
-from .roles import InputSpec, input_specs
+from .roles import InputSpec, RoleKind, input_specs
 
 RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")
 FLOAT_LADDER = ("normal", "positive", "[0, 1]", "zero")
@@ -27,33 +27,34 @@ INTEGER_LADDER = ("{0, 1}", "lengths within the sequence")
 
 def ladder(spec: InputSpec) -> tuple[str, ...]:
     """The domains an input may take, widest first (one: the input keeps its role's values)."""
-    kind = spec.role.get("kind", "float")
-    if spec.dtype.kind == "f" and kind in ("float", "cache"):
+    kind = spec.kind
+    if spec.dtype.kind == "f" and kind in (RoleKind.FLOAT, RoleKind.CACHE):
         return FLOAT_LADDER
-    if spec.dtype.kind in "iu" and kind == "token_ids" and int(spec.role.get("vocab") or 2) <= 2:
+    if spec.dtype.kind in "iu" and kind is RoleKind.TOKEN_IDS and int(spec.role.get("vocab") or 2) <= 2:
         return INTEGER_LADDER  # no embedding table: not token ids, maybe lengths
     return (role_domain(spec),)
 
 
 def role_domain(spec: InputSpec) -> str:
-    kind = spec.role.get("kind", "float")
-    if kind == "token_ids":
+    kind = spec.kind
+    if kind is RoleKind.TOKEN_IDS:
         vocab = int(spec.role.get("vocab") or 2)
         return f"ids < {vocab} (the embedding table's rows)" if vocab > 2 else "{0, 1}"
     true_at = f" (True at the {spec.role['true_at']})" if spec.role.get("true_at") else ""
-    if kind == "padding_mask":
+    if kind is RoleKind.PADDING_MASK:
         keys = spec.role.get("key_axis", 1)
         return "padding mask" + true_at + (f", keys on axis {keys}" if keys != len(spec.shape) - 1 else "")
-    if kind == "mask":  # graph/mask_reading.py: a mask with a query axis
+    if kind is RoleKind.MASK:  # graph/mask_reading.py: a mask with a query axis
         return f"mask{true_at}, random, key 0 kept in every row"
-    if kind == "additive_mask":
+    if kind is RoleKind.ADDITIVE_MASK:
         return "additive mask: normal where kept, -1e4 where not, key 0 kept in every row"
-    if kind == "float" and spec.dtype.kind in "iu":
+    if kind is RoleKind.FLOAT and spec.dtype.kind in "iu":
         return "{0, 1}"
-    if kind == "length":  # linked to the dims (roles.LINKED_LENGTHS)
+    if kind is RoleKind.LENGTH:  # linked to the dims (roles.LINKED_LENGTHS)
         add = int(spec.role.get("add", 0))
         return " + ".join(map(str, spec.role.get("of", ()))) + (f" {'+' if add > 0 else '-'} {abs(add)}" if add else "")
-    return {"float": "normal", "cache": "normal", "position_ids": "positions after the cache"}.get(kind, kind)
+    return {RoleKind.FLOAT: "normal", RoleKind.CACHE: "normal",
+            RoleKind.POSITION_IDS: "positions after the cache"}.get(kind, kind.value)
 
 
 def feeds_in(model: onnx.ModelProto, domains: dict[str, str], *, dims: dict, seed: int,

@@ -9,7 +9,7 @@ import onnx
 
 from .dim_names import dim_value, resolve_dims
 from .mask_reading import DROP, keep_value, mask_candidates, measured_role, read_masks
-from .roles import InputSpec, input_specs
+from .roles import InputSpec, RoleKind, input_specs
 
 
 def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, seed: int = 0,
@@ -32,7 +32,7 @@ def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, se
         measured = "key_axis" in spec.role
         feeds[spec.name] = _mask(spec, shape, masks, padding and not all_keys, all_keys) if measured else \
             _value(spec, shape, rng, padding and not all_keys, dims)
-        if spec.role.get("kind") == "flag" and "value" not in spec.role:
+        if spec.kind is RoleKind.FLAG and "value" not in spec.role:
             # an If condition alternates with the seed, so that feeds of two seeds run both branches
             feeds[spec.name] = np.full(shape, seed % 2 == 0, dtype=spec.dtype)
     return feeds
@@ -68,7 +68,7 @@ def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: 
     `padding=False`: a padding mask keeps every key; `all_keys`: every mask does."""
     key = spec.role["key_axis"]
     keep = np.ones(shape, bool)
-    if padding and spec.role.get("kind") == "padding_mask":
+    if padding and spec.kind is RoleKind.PADDING_MASK:
         rows, width = shape[spec.role["batch_axis"]], shape[key]
         if rows >= 2 and width >= 4:
             lengths = [width] * (rows - 1) + [width - max(1, width // 4)]
@@ -78,37 +78,37 @@ def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: 
             flags = flags.T if spec.role["batch_axis"] > key else flags
             keep = np.broadcast_to(flags.reshape([d if a in (key, spec.role["batch_axis"]) else 1
                                                   for a, d in enumerate(shape)]), shape).copy()
-    elif spec.role.get("kind") != "padding_mask" and not all_keys:
+    elif spec.kind is not RoleKind.PADDING_MASK and not all_keys:
         keep = rng.random(shape) < 0.6
         np.moveaxis(keep, key, -1)[..., 0] = True
-    if spec.role.get("kind") == "additive_mask":  # a bias where kept (a scale applied to it shows), -1e4 where not
+    if spec.kind is RoleKind.ADDITIVE_MASK:  # a bias where kept (a scale applied to it shows), -1e4 where not
         return np.where(keep, rng.standard_normal(shape), DROP).astype(spec.dtype)
     return keep_value(spec, keep, False)
 
 
 def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, dims: dict) -> np.ndarray:
-    kind = spec.role.get("kind", "float")
+    kind = spec.kind
     dt = spec.dtype
-    if kind == "token_ids":
+    if kind is RoleKind.TOKEN_IDS:
         vocab = int(spec.role.get("vocab") or 2)
         low = 3 if vocab > 8 else 0  # keep clear of special tokens (pad/bos/eos) when there are many
         return rng.integers(low, vocab, size=shape).astype(dt)
-    if kind in ("padding_mask", "ones_mask"):
-        if kind == "padding_mask" and padding and len(shape) == 2 and shape[0] >= 2 and shape[1] >= 4:
+    if kind in (RoleKind.PADDING_MASK, RoleKind.ONES_MASK):
+        if kind is RoleKind.PADDING_MASK and padding and len(shape) == 2 and shape[0] >= 2 and shape[1] >= 4:
             lengths = [shape[1]] * (shape[0] - 1) + [shape[1] - max(1, shape[1] // 4)]
             return mask_of_lengths(spec, shape[1], lengths)
         return mask_of_lengths(spec, shape[1], [shape[1]] * shape[0]) if len(shape) == 2 else \
             (np.zeros if spec.role.get("true_at") == "padding" else np.ones)(shape, dtype=dt)
-    if kind == "flag":
+    if kind is RoleKind.FLAG:
         return np.full(shape, spec.role.get("value", True), dtype=dt)
-    if kind == "write_index":  # every row appends after a cache of the past length
+    if kind is RoleKind.WRITE_INDEX:  # every row appends after a cache of the past length
         return np.full(shape, dim_value("past", dims), dtype=dt)
-    if kind == "cu_seqlens":  # rows of the sequence length, end to end
+    if kind is RoleKind.CU_SEQLENS:  # rows of the sequence length, end to end
         return (np.arange(shape[0]) * dim_value("seq", dims)).astype(dt)
-    if kind == "length":  # a length linked to the dims (roles.LINKED_LENGTHS): the sum of them, plus "add"
+    if kind is RoleKind.LENGTH:  # a length linked to the dims (roles.LINKED_LENGTHS): the sum of them, plus "add"
         total = sum(d if isinstance(d, int) else dim_value(d, dims) for d in spec.role.get("of", ()))
         return np.full(shape, total + int(spec.role.get("add", 0)), dtype=dt)
-    if kind == "position_ids":  # positions continue after the cache ("offset": the past length dim)
+    if kind is RoleKind.POSITION_IDS:  # positions continue after the cache ("offset": the past length dim)
         seq = shape[-1] if shape else 1
         offset = dim_value(spec.role["offset"], dims) if spec.role.get("offset") else 0
         return np.broadcast_to(np.arange(seq) + offset, shape).astype(dt).copy()

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from ..timings import timed
-from .roles import GraphUses, InputSpec, declared_roles
+from .roles import GraphUses, InputSpec, RoleKind, declared_roles
 from .shapes import opset_of, tensor_types
 
 KEY, QUERY, BATCH = "key", "query", "batch"
@@ -47,7 +47,7 @@ def mask_candidates(model: onnx.ModelProto, specs: list[InputSpec]) -> list[Inpu
     wrote them knowing the model), and so do roles already measured."""
     declared = declared_roles(model)
     return [s for s in specs if len(s.shape) >= 2 and s.name not in declared and "key_axis" not in s.role
-            and (s.role.get("kind") == "padding_mask" or s.role.get("kind") == "float" and s.dtype.kind == "f")]
+            and (s.kind is RoleKind.PADDING_MASK or s.kind is RoleKind.FLOAT and s.dtype.kind == "f")]
 
 
 @timed("read masks")
@@ -56,7 +56,7 @@ def read_masks(model: onnx.ModelProto, specs: list[InputSpec], feeds: dict[str, 
     "additive": a float added to the logits} for each candidate the measurement reads one way. `feeds`:
     values of every input (the masks' are replaced). The session is made once per model; the readings are
     kept once taken, and taken again on the next feeds where the model did not run on these (dims searched)."""
-    signature = tuple((s.name, tuple(map(str, s.shape)), s.role.get("kind")) for s in specs)
+    signature = tuple((s.name, tuple(map(str, s.shape)), s.kind) for s in specs)
     key = (id(model), len(model.graph.node), signature)
     if key not in _CACHE or _CACHE[key][0] is not model:
         _CACHE[key] = (model, _Reader(model, specs))
@@ -257,7 +257,7 @@ def measured_role(spec: InputSpec, reading: dict) -> dict:
     key = axes.index(KEY)
     kept = {k: v for k, v in spec.role.items() if k in ("true_at", "side")}
     if reading["additive"]:
-        return {"kind": "additive_mask", "key_axis": key}
-    if sorted(a for a in axes if a) == [BATCH, KEY] and spec.role.get("kind") != "float":
-        return {**kept, "kind": "padding_mask", "key_axis": key, "batch_axis": axes.index(BATCH)}
-    return {**kept, "kind": "mask", "key_axis": key}
+        return {"kind": RoleKind.ADDITIVE_MASK, "key_axis": key}
+    if sorted(a for a in axes if a) == [BATCH, KEY] and spec.kind is not RoleKind.FLOAT:
+        return {**kept, "kind": RoleKind.PADDING_MASK, "key_axis": key, "batch_axis": axes.index(BATCH)}
+    return {**kept, "kind": RoleKind.MASK, "key_axis": key}

@@ -13,6 +13,7 @@ place (`input_ids[1]`), for graph/dim_names.py to unify.
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,8 +22,42 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..errors import TrtattnError
+
 _ANONYMOUS = {"", "?", "-1"}
 _FILL = -1e4  # a constant at or below this, where a mask is True or False, masks the logits
+
+
+class RoleKind(str, enum.Enum):
+    """What an input is (its role's "kind"). str-valued: a role dict keeps the string the metadata and the
+    reports spell, and a role written here with a member serialises the same."""
+
+    TOKEN_IDS = "token_ids"  # ids inside the vocabulary ("vocab": the embedding table's rows)
+    PADDING_MASK = "padding_mask"  # [batch, key] ("true_at", "side"; measured: "key_axis", "batch_axis")
+    ONES_MASK = "ones_mask"  # a mask the model is always given all ones (the zoo's decoder_attention_mask)
+    MASK = "mask"  # graph/mask_reading.py: a mask with a query axis, or not on [batch, key]
+    ADDITIVE_MASK = "additive_mask"  # graph/mask_reading.py: added to the logits
+    FLOAT = "float"  # a plain float input (the default when a role names no kind)
+    FLAG = "flag"  # a bool that decides an If ("value": the one it is run with)
+    POSITION_IDS = "position_ids"  # ("offset": the dim the positions continue after)
+    CACHE = "cache"  # a past key or value
+    LENGTH = "length"  # linked to the dims (LINKED_LENGTHS: "of", "add")
+    WRITE_INDEX = "write_index"  # trtattn's kv-cache form
+    CU_SEQLENS = "cu_seqlens"  # trtattn's packed form
+
+    def __str__(self) -> str:  # the string on every Python (3.11 changed format() of mixed-in enums)
+        return str(self.value)
+
+
+def role_kind(role: dict, name: str = "") -> RoleKind:
+    """The kind a role dict names (FLOAT when it names none); a kind trtattn does not know is refused, naming
+    the input, rather than read as a float."""
+    kind = role.get("kind", RoleKind.FLOAT)
+    try:
+        return RoleKind(kind)
+    except ValueError:
+        known = ", ".join(k.value for k in RoleKind)
+        raise TrtattnError(f"input '{name}': role kind {kind!r} is not one trtattn knows ({known})") from None
 
 
 @dataclass
@@ -31,6 +66,10 @@ class InputSpec:
     dtype: np.dtype
     shape: list  # ints, dim names (str; anonymous dims named "input[axis]")
     role: dict = field(default_factory=dict)
+
+    @property
+    def kind(self) -> RoleKind:
+        return role_kind(self.role, self.name)
 
 
 def _metadata(model: onnx.ModelProto) -> dict:
@@ -200,7 +239,7 @@ def _linked_length(uses: GraphUses, name: str, shapes: dict[str, list]) -> dict 
             new = shapes[query][1] if len(shapes.get(query, ())) > 1 else next(
                 (shape[1] for other, shape in shapes.items() if len(shape) == 2 and uses.vocab(other)), "seq")
             of = [new] + ([shapes[past][2]] if len(shapes.get(past, ())) > 2 else [])
-            return {"kind": "length", "of": of, "add": linked[i]}
+            return {"kind": RoleKind.LENGTH, "of": of, "add": linked[i]}
     return None
 
 
@@ -211,28 +250,28 @@ def _guess_role(uses: GraphUses, name: str, dtype: np.dtype, shape: list, shapes
         if linked is not None:
             return linked
     if name == "cache_write_index":  # trtattn's kv-cache form
-        return {"kind": "write_index"}
+        return {"kind": RoleKind.WRITE_INDEX}
     if name == "cu_seqlens":  # trtattn's packed form
-        return {"kind": "cu_seqlens"}
+        return {"kind": RoleKind.CU_SEQLENS}
     single = all(isinstance(d, int) for d in shape) and int(np.prod(shape, dtype=np.int64)) <= 1
     if uses.is_condition(name) or (dtype == np.bool_ and single):
-        return {"kind": "flag"}
+        return {"kind": RoleKind.FLAG}
     if "mask" in low:
         return _mask_role(uses, name)
     if "position" in low or low.startswith("pos"):
-        return {"kind": "position_ids"}
+        return {"kind": RoleKind.POSITION_IDS}
     if "past" in low or "cache" in low:
-        return {"kind": "cache"}
+        return {"kind": RoleKind.CACHE}
     if dtype.kind in "iu":
-        return {"kind": "token_ids", "vocab": uses.vocab(name) or 2}
+        return {"kind": RoleKind.TOKEN_IDS, "vocab": uses.vocab(name) or 2}
     if dtype == np.bool_:
         return _mask_role(uses, name)
-    return {"kind": "float"}
+    return {"kind": RoleKind.FLOAT}
 
 
 def _mask_role(uses: GraphUses, name: str) -> dict:
     true_at = uses.mask_true_at(name)
-    return {"kind": "padding_mask", **({"true_at": true_at} if true_at else {})}
+    return {"kind": RoleKind.PADDING_MASK, **({"true_at": true_at} if true_at else {})}
 
 
 def dim_name(d: onnx.TensorShapeProto.Dimension, input_name: str, axis: int):
@@ -257,6 +296,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
         if role is None:
             uses = uses or GraphUses(model.graph)
             role = _guess_role(uses, vi.name, dtype, shapes[vi.name], shapes)
+        role_kind(role, vi.name)  # a declared kind trtattn does not know: refused here, naming the input
         specs.append(InputSpec(vi.name, dtype, shapes[vi.name], role))
     return specs
 

@@ -170,6 +170,38 @@ def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return inferred
 
 
+def proven_output_dims(model: onnx.ModelProto, names: set[str]) -> dict[str, list]:
+    """Output name -> its dims where ONNX Runtime's symbolic shape inference derives them from the inputs' dims,
+    the declared output shapes set aside: a dim is its name in `names` (the inputs' dim names) where the
+    inference proves the two equal, else None. An exporter names an output's dims after the op that makes
+    them ('Mullast_hidden_state_dim_1', which is the inputs' 'seq'); ONNX's own inference does not follow
+    TorchScript's shape arithmetic (unk__N). Nothing runs when every declared output dim is a static size
+    or already one of `names`, and nothing is proven when the inference cannot run."""
+    outputs = [o for o in model.graph.output if any(isinstance(d, str) and d not in names for d in dims_of(o) or ())]
+    if not outputs:
+        return {}
+    declared = [onnx.TensorShapeProto() for _ in outputs]
+    for o, shape in zip(outputs, declared):  # set aside only while the inference runs: the model is given back as read
+        shape.CopyFrom(o.type.tensor_type.shape)
+        o.type.tensor_type.ClearField("shape")
+    try:
+        inferred = symbolic_shapes(model)
+    finally:
+        for o, shape in zip(outputs, declared):
+            o.type.tensor_type.shape.CopyFrom(shape)
+    if inferred is None:
+        return {}
+    wanted = {o.name for o in outputs}
+    return {o.name: [_input_dim(d, names) for d in dims] for o in inferred.graph.output
+            if o.name in wanted and (dims := dims_of(o)) is not None}
+
+
+def _input_dim(dim, names: set[str]) -> str | None:
+    """The inputs' dim a symbolic dim is ('past + seq' is an input's 'past+seq'), or None."""
+    name = dim.replace(" ", "") if isinstance(dim, str) else None
+    return name if name in names else None
+
+
 def _weights_as_inputs(model: onnx.ModelProto, weights: dict[str, bytes]) -> tuple[onnx.ModelProto, set[str]]:
     """A structure-only copy in which the main graph's initializers set aside are typed, shaped graph
     inputs. ONNX Runtime's inference reads the value of any initializer an op passes on (Reshape,

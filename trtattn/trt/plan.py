@@ -29,7 +29,7 @@ import onnx
 from ..errors import SitesRefused, TrtattnError
 from ..graph.precision import elem_precision
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
-from ..graph.shapes import tensor_types
+from ..graph.shapes import dims_of, proven_output_dims, tensor_types
 from ..site import attribute_softcap
 from ..site_names import engine_layer, layer_metadata
 
@@ -342,13 +342,35 @@ def describe_io(types: dict, name: str) -> dict:
             "shape": [d if isinstance(d, int) else (d or f"{name}_dim{i}") for i, d in enumerate(shape or [])]}
 
 
-def io_contract(form_model: onnx.ModelProto, cut_model: onnx.ModelProto, cut_inputs: list[str], plan: BuildPlan) -> None:
+def io_contract(form_model: onnx.ModelProto, cut_model: onnx.ModelProto, cut_inputs: list[str], plan: BuildPlan,
+                original: onnx.ModelProto | None = None) -> None:
     """The engine's inputs (the cut model's, minus placeholders: static cache capacities included),
-    outputs (the form model's) and aliases. Dynamic dims keep their names."""
+    outputs (the form model's) and aliases. Dynamic dims keep their names; an output's dim the exporter named
+    after an op is named after the inputs' dim `original` (the model the form was verified against, same
+    outputs) provably runs it at (named_outputs)."""
     plan.inputs = [describe_io(tensor_types(cut_model), n) for n in cut_inputs]
     types = tensor_types(form_model)
     plan.outputs = [describe_io(types, o.name) for o in form_model.graph.output]
+    if original is not None:
+        named_outputs(plan, form_model, original)
     if plan.mark_sites:
         plan.outputs += [describe_io(types, a.output) for a in plan.native]
     outputs = {o["name"] for o in plan.outputs}
     plan.aliases = {cu.output: cu.cache for cu in plan.cache_updates if cu.output in outputs}
+
+
+def named_outputs(plan: BuildPlan, form_model: onnx.ModelProto, original: onnx.ModelProto) -> None:
+    """Each output dim that is not one of the engine inputs' dims named after the inputs' dim the original's
+    symbolic shapes prove it equal to (graph/shapes.proven_output_dims); a dim nothing proves keeps its name.
+    Only for outputs the form passes on as the original declares them: a cache the form updates in place
+    (its capacity, not the original's past + seq) is not the original's output."""
+    names = {d for i in plan.inputs for d in i["shape"] if isinstance(d, str)}
+    caches = {cu.output for cu in plan.cache_updates}
+    declared = {o.name: dims_of(o) for o in original.graph.output}
+    kept = {o.name for o in form_model.graph.output if o.name not in caches and dims_of(o) == declared.get(o.name)}
+    proven = proven_output_dims(original, names)
+    for o in plan.outputs:
+        dims = proven.get(o["name"])
+        if o["name"] in kept and dims is not None and len(dims) == len(o["shape"]):
+            o["shape"] = [p if isinstance(d, str) and d not in names and p is not None else d
+                          for d, p in zip(o["shape"], dims)]

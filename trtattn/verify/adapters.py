@@ -15,7 +15,7 @@ from ..contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_padded
 from ..graph.dim_names import dim_value
 from ..graph.dims import DimsDoNotFit, fit_dims
 from ..graph.feeds import make_feeds, mask_of_lengths, spread_lengths
-from ..graph.roles import input_specs
+from ..graph.roles import RoleKind, input_specs
 
 ROW_TOKENS = 3  # new tokens per row a ragged check runs on at least: lengths 1..3 across the rows
 
@@ -47,14 +47,14 @@ class Adapter:
 
 def token_masks(original: onnx.ModelProto) -> list[str]:
     """The 2-D padding masks, in input order (the first is the tokens' when there is one)."""
-    return [s.name for s in input_specs(original) if s.role.get("kind") == "padding_mask" and len(s.shape) == 2]
+    return [s.name for s in input_specs(original) if s.kind is RoleKind.PADDING_MASK and len(s.shape) == 2]
 
 
 def fit_row_tokens(original: onnx.ModelProto, dims) -> dict:
     """fit_dims, with the token ids' length raised to ROW_TOKENS when it is shorter (a decoder step's seq=1)
     and the model runs there: rows of 1..ROW_TOKENS new tokens."""
     dims = fit_dims(original, dims)
-    ids = next((s for s in input_specs(original) if s.role.get("kind") == "token_ids" and len(s.shape) == 2), None)
+    ids = next((s for s in input_specs(original) if s.kind is RoleKind.TOKEN_IDS and len(s.shape) == 2), None)
     if ids is None or not isinstance(ids.shape[1], str) or dim_value(ids.shape[1], dims) >= ROW_TOKENS:
         return dims
     try:
@@ -91,7 +91,7 @@ class PackedAdapter(Adapter):
     form = "packed"
 
     def lengths(self, feeds: dict) -> list[int]:
-        masks = [s.name for s in input_specs(self.original) if s.role.get("kind") == "padding_mask"]
+        masks = [s.name for s in input_specs(self.original) if s.kind is RoleKind.PADDING_MASK]
         batch, seq = next(v.shape for v in feeds.values() if v.ndim == 2)
         return [int(feeds[masks[0]][b].sum()) for b in range(batch)] if masks else [seq] * batch
 

@@ -20,7 +20,7 @@ from ..errors import VerificationError
 from ..graph.dims import fit_dims
 from ..graph.domains import random_nodes
 from ..graph.feeds import make_feeds
-from ..graph.user_inputs import GivenInputs
+from ..graph.user_inputs import GivenInputs, InputsUsed
 from ..timings import timed
 from ..verification import Verification
 from .adapters import Adapter
@@ -41,7 +41,7 @@ class Outcome:
     nan_mismatch: list[str] = field(default_factory=list)
     bounds: dict[str, float] = field(default_factory=dict)  # name -> the max abs error allowed (atol + rtol * max|ref|)
     slices: int = 0  # > 0: the largest model ran in this many slices of layers (graph/slices.py)
-    inputs: dict = field(default_factory=dict)  # which inputs it ran on (graph/user_inputs.InputsUsed)
+    inputs: InputsUsed | None = None  # which inputs it ran on
     lengths: list = field(default_factory=list)  # a ragged form's check: each iteration's per-row lengths
     # name -> (the original's shape, the candidate's) where they differ and cannot be compared
     shapes_differ: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
@@ -56,7 +56,7 @@ class Outcome:
                             max_abs_err=max(self.output_errors.values(), default=0.0), outputs=self.output_errors,
                             nan_mismatch=self.nan_mismatch,
                             bounds={k: v for k, v in self.bounds.items() if k in self.output_errors or k in self.site_errors},
-                            slices=self.slices or None, inputs=self.inputs or None, lengths=self.lengths or None,
+                            slices=self.slices or None, inputs=self.inputs, lengths=self.lengths or None,
                             shapes_differ=self.shapes_differ or None)
 
 
@@ -189,7 +189,7 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     if used is not None:
         if random_note:
             used.notes.append(random_note)
-        outcome.inputs = used.to_json()
+        outcome.inputs = used
     return outcome
 
 
@@ -248,7 +248,7 @@ def compare_runners(reference, candidate, adapter: Adapter, *, dims=None, seed: 
     outcome, errors = _judge(lined, atol=atol, rtol=rtol, iterations=len(original_feeds))
     outcome.output_errors = errors
     outcome.slices = max(len(getattr(r, "slices", ())) for r in (reference, candidate))
-    outcome.inputs = used.to_json()
+    outcome.inputs = used
     outcome.lengths = [lengths for lengths in map(adapter.row_lengths, original_feeds) if lengths]
     return outcome
 

@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from precision_models import bf16_attention, fp16_attention, needs_autocast
 
-from tests.rewrite.precision.test_widen import bf16_attention, fp16_attention, needs_autocast
 from trtattn.cli import main
 from trtattn.graph.precision import ModelPrecision, Weighing, model_precision
 from trtattn.graph.user_inputs import GivenInputs
@@ -60,8 +60,8 @@ def test_fuse_trt_ops_on_a_bf16_model_without_precision_verifies_on_the_users_bf
     assert result.ok and prepared.plan.precision == "bf16"
     for name, value in sets.items():  # the values given, exactly, as the widened model takes them
         np.testing.assert_array_equal(prepared.inputs.sets[0][name], value.astype(np.float32))
-    assert prepared.verification.inputs["source"] == "file"
-    assert prepared.precision_check["inputs"]["source"] == "file"
+    assert prepared.verification.inputs.source == "file"
+    assert prepared.precision_check.inputs.source == "file"
 
 
 def test_bf16_inputs_from_polygraphy_json_are_read_as_bf16(tmp_path):
@@ -91,7 +91,7 @@ def test_fp16_model_without_precision_builds_in_fp16_on_its_fp16_inputs(tmp_path
     assert "note: precision fp16, from the model's weights (no --precision given)" in out
     assert "(padded, fp16)" in out
     prepared = prepare(model, name="fp16_attention", inputs=GivenInputs.load(tmp_path / "x.npz", model))
-    assert prepared.plan.precision == "fp16" and prepared.verification.inputs["source"] == "file"
+    assert prepared.plan.precision == "fp16" and prepared.verification.inputs.source == "file"
     np.testing.assert_array_equal(prepared.inputs.sets[0]["x"], x)  # an fp16 model runs on ONNX Runtime: kept
 
 

@@ -9,30 +9,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
+from precision_models import bf16_attention, fp16_attention, needs_autocast
 
 from trtattn.rewrite import precision as P
 from trtattn.rewrite.precision.autocast import check_attention_types
 from trtattn.rewrite.precision.common import declared_types
 from trtattn.verify.tolerance import CONVERSION_BOUNDS, Check, tolerance
-
-needs_autocast = pytest.mark.usefixtures("autocast")
-
-
-def fp16_attention(batch=2, seq=6, hidden=32, heads=4) -> onnx.ModelProto:
-    """x (fp16) -> three fp16 projections -> a 3-D ONNX Attention -> times an fp16 Constant -> y (fp16)."""
-    rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array((rng.standard_normal((hidden, hidden)) / hidden**0.5).astype(np.float16), w)
-               for w in ("wq", "wk", "wv")]
-    nodes = [helper.make_node("MatMul", ["x", w], [w[1]], name=f"proj_{w[1]}") for w in ("wq", "wk", "wv")]
-    nodes += [helper.make_node("Attention", ["q", "k", "v"], ["a"], name="attn", q_num_heads=heads,
-                               kv_num_heads=heads),
-              helper.make_node("Constant", [], ["half"], value=numpy_helper.from_array(np.array(0.5, np.float16))),
-              helper.make_node("Mul", ["a", "half"], ["y"], name="out_scale")]
-    graph = helper.make_graph(nodes, "fp16_attention", [helper.make_tensor_value_info("x", T.FLOAT16, [batch, seq, hidden])],
-                              [helper.make_tensor_value_info("y", T.FLOAT16, [batch, seq, hidden])], weights)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
 
 
 def _feeds(model):
@@ -80,7 +62,7 @@ def test_build_plan_of_an_fp16_attention_in_bf16():
     assert {a.dtype for a in plan.attentions} == {"bf16"}
     assert [i["dtype"] for i in plan.inputs] == ["float16"] and [o["dtype"] for o in plan.outputs] == ["float16"]
     assert {T.BFLOAT16} == set(_attention_input_types(prepared.form_model))
-    assert prepared.precision_check["passed"] and "emulated" in prepared.precision_check["run_on"]
+    assert prepared.precision_check is not None and "emulated" in prepared.precision_check.run_on
 
 
 def test_attention_reading_mixed_dtypes_is_refused_naming_the_node():
@@ -155,15 +137,6 @@ def test_fuse_trt_ops_in_bf16_verified_emulated():
     assert {types[t] for t in attn.input[:3]} == {T.BFLOAT16}
 
 
-def bf16_attention(batch=2, seq=5, heads=2, head=16) -> onnx.ModelProto:
-    """One 4-D ONNX Attention, causal, its Q, K, V and output in bf16: ONNX Runtime's CPU provider cannot open it."""
-    shape = [batch, heads, seq, head]
-    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attn", is_causal=1)],
-                              "bf16_attention", [helper.make_tensor_value_info(n, T.BFLOAT16, shape) for n in "qkv"],
-                              [helper.make_tensor_value_info("y", T.BFLOAT16, shape)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
-
-
 @needs_autocast
 def test_bf16_model_builds_in_bf16_read_widened():
     """A bf16 model is read widened to fp32 (ONNX Runtime cannot open it), verified there, converted back: the
@@ -177,7 +150,7 @@ def test_bf16_model_builds_in_bf16_read_widened():
     assert {a.dtype for a in plan.attentions} == {"bf16"} and plan.native
     assert {i["dtype"] for i in [*plan.inputs, *plan.outputs]} == {"bfloat16"}
     assert any("read widened to fp32" in n for n in plan.notes)
-    assert "emulated" in prepared.precision_check["run_on"]
+    assert "emulated" in prepared.precision_check.run_on
 
 
 def test_bf16_model_asked_in_another_precision_is_refused_saying_why():

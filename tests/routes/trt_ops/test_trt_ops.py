@@ -17,6 +17,7 @@ import trtattn_plugins as tp
 from trtattn.cli import main
 from trtattn.errors import TrtattnError
 from trtattn.routes.trt_ops import (
+    TrtOpRow,
     fuse_trt,
     shape_strings,
     verify_trt_ops,
@@ -116,6 +117,17 @@ def test_sidecar_gives_trtexec_the_profiles(fused_for_trt, tmp_path):
     assert {"--stronglyTyped", "--profilingVerbosity=detailed"} <= set(info["trtexec"]["command"])
     inputs = {i["name"]: i for i in info["io"]["inputs"]}
     assert all(inputs[c]["shape"][2] == plan.limits["max_cache"] for c in plan.aliases.values())
+
+
+def test_rows_are_typed_one_per_site_and_their_json_keeps_the_reports_keys(fused_for_trt):
+    _, result = fused_for_trt("llama", "torchscript", "padded")
+    rows, plan = result.rows(), result.prepared.plan
+    assert all(isinstance(r, TrtOpRow) for r in rows)
+    assert [(r.name, r.node, r.op) for r in rows] == [(a.site, a.layer, "TRT_Attention") for a in plan.attentions]
+    assert [(r.heads, r.form) for r in rows] == [(f"{a.q_heads}/{a.kv_heads}", "padded_bhnd") for a in plan.attentions]
+    assert list(rows[0].to_json()) == ["name", "op", "node", "form", "heads", "head_size", "q_scale", "causal_kind",
+                                       "mask", "lengths", "dtype", "quantize", "reason"]
+    assert json.loads(json.dumps(rows[0].to_json()))["reason"] is None
 
 
 def test_shape_strings_quote_names_with_separators():

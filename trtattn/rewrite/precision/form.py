@@ -21,9 +21,24 @@ import onnx_graphsurgeon as gs
 from ...errors import TrtattnError
 from ...graph.emit import export_like
 from ...graph.precision import LOW_FLOATS
+from ...graph.user_inputs import InputsUsed
 from ...verify.tolerance import CONVERSION_BOUNDS
 from .autocast import convert
 from .check import OutputError, verified
+
+
+@dataclass(frozen=True)
+class PrecisionCheck:
+    """The converted form against the fp32 form, as routes/prepare keeps it (Prepared.precision_check). Made only
+    when the check passed: convert_form raises past the tolerance."""
+
+    precision: str
+    tolerance: dict[str, float]
+    run_on: str  # what ran the converted form (check.cpu_runner)
+    max_rel: float  # the worst output's max_abs / max |reference|
+    max_rel_l2: float
+    outputs: dict[str, OutputError]  # per output
+    inputs: InputsUsed | None = None  # the user's inputs it ran on (None: the form's generated feeds)
 
 
 @dataclass
@@ -37,12 +52,10 @@ class FormPrecision:
     notes: list[str] = field(default_factory=list)
     runner: str = ""  # what ran the converted form for the check (check.cpu_runner)
 
-    def summary(self) -> dict:
+    def summary(self, inputs: InputsUsed | None = None) -> PrecisionCheck:
         worst = max(self.errors.values(), key=lambda e: e.rel, default=None)
-        return {"precision": self.precision, "passed": True, "tolerance": self.tolerance, "run_on": self.runner,
-                "max_rel": worst.rel if worst else 0.0, "max_rel_l2": max((e.rel_l2 for e in self.errors.values()),
-                                                                          default=0.0),
-                "outputs": {k: {"max_abs": e.max_abs, "rel": e.rel, "rel_l2": e.rel_l2} for k, e in self.errors.items()}}
+        return PrecisionCheck(self.precision, self.tolerance, self.runner, worst.rel if worst else 0.0,
+                              max((e.rel_l2 for e in self.errors.values()), default=0.0), dict(self.errors), inputs)
 
 
 def convert_form(form_model: onnx.ModelProto, precision: str, feeds: list[dict], *, caches=(),

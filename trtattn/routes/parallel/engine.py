@@ -108,7 +108,7 @@ def rank_plan_from_prepared(prepared, forms, rank: int) -> tuple[BuildPlan, CutM
     plan.notes.append(f"rank {rank} of {ranks}: NCCL collectives over ranks {list(range(ranks))}")
     static = {c.cache: {2: plan.limits["max_cache"]} for c in plan.cache_updates} if plan.cache_updates else {}
     cut_model = cut(model, plan.lowered(), static)
-    io_contract(model, cut_model.model, cut_model.inputs, plan)
+    io_contract(model, cut_model.model, cut_model.inputs, plan, original=prepared.model)
     defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": plan.limits["max_positions"],
                                                            "max_batch": plan.limits["max_batch"]})
     plan.profiles = defaults

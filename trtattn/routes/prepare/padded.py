@@ -25,9 +25,9 @@ from .mask_axes import key_flag_masks
 
 def right_padded_masks(model: onnx.ModelProto) -> set[str]:
     """The [batch, seq] padding-mask inputs that may be read as lengths: 1 = a token, right-padded."""
-    from ...graph.roles import input_specs
+    from ...graph.roles import RoleKind, input_specs
 
-    return {s.name for s in input_specs(model) if s.role.get("kind") == "padding_mask" and s.role.get("side") != "left"
+    return {s.name for s in input_specs(model) if s.kind is RoleKind.PADDING_MASK and s.role.get("side") != "left"
             and s.role.get("true_at") != "padding" and len(s.shape) == 2}
 
 

@@ -34,6 +34,7 @@ from .forms import FORMS
 
 if TYPE_CHECKING:
     from ...graph.user_inputs import GivenInputs
+    from ...rewrite.precision.form import PrecisionCheck
 
 VERIFY_SEEDS = (0, 1)  # the feeds a precision conversion is calibrated and checked on
 
@@ -47,7 +48,7 @@ class Prepared:
     cut: CutModel
     source: str = ""
     verification: Verification = field(default_factory=Verification.nothing)  # fp32 form vs the original
-    precision_check: dict = field(default_factory=dict)  # the converted form against the fp32 form
+    precision_check: PrecisionCheck | None = None  # the converted form against the fp32 form (None: not converted)
     quantization: dict = field(default_factory=dict)  # fp8/int8: where the Q/DQ model came from, its accuracy
     source_model: onnx.ModelProto | None = None  # what the engine computes: the Q/DQ model when quantized
     inputs: object = None  # the user's GivenInputs every check of this preparation ran on (None: generated)
@@ -123,7 +124,7 @@ class Work:
     normalization_quantize: dict = field(default_factory=dict)  # Attention node -> quantize type (fp8/int8)
     form_model: onnx.ModelProto = field(init=False)  # the form in its precision
     precision_table: dict = field(default_factory=dict)
-    precision_check: dict = field(default_factory=dict)
+    precision_check: PrecisionCheck | None = None
     notes: list[str] = field(default_factory=list)
     contrib_lowered: dict[str, int] = field(default_factory=dict)  # ONNX Runtime's ops lowered: op -> count
     limits: dict = field(default_factory=dict)
@@ -273,7 +274,7 @@ def _engine_io(work: Work) -> None:
     plan, limits = work.plan, work.plan.limits
     static = {c.cache: {2: limits["max_cache"]} for c in plan.cache_updates}
     work.cut = cut(work.form_model, plan.lowered(), static)
-    io_contract(work.form_model, work.cut.model, work.cut.inputs, plan)
+    io_contract(work.form_model, work.cut.model, work.cut.inputs, plan, original=work.model)
     fixed = {n: f.value for n, f in op_dims(work.start).fixed.items()}  # a cache's head size, say, is one value
     defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": limits["max_positions"],
                                                            "max_batch": limits["max_batch"]}, fixed)
@@ -341,7 +342,7 @@ def max_positions_of(model: onnx.ModelProto, source=None) -> int:
 
 
 def form_in_precision(derived, original: onnx.ModelProto, precision: str, *, io_dtype=None, dims=None,
-                      progress=None, inputs=None) -> tuple[onnx.ModelProto, dict, dict, list[str]]:
+                      progress=None, inputs=None) -> tuple[onnx.ModelProto, dict, PrecisionCheck | None, list[str]]:
     """(the form in `precision`, its matmul work per dtype, its check against the fp32 form, notes).
     Calibrated and checked on the user's inputs (`inputs`, GivenInputs) else the original's realistic feeds,
     as the form takes them."""
@@ -356,15 +357,12 @@ def form_in_precision(derived, original: onnx.ModelProto, precision: str, *, io_
         originals = [adapter.original_feeds(fitted, seed) for seed in VERIFY_SEEDS]
     feeds = [adapter.feeds(f) for f in originals]
     if precision in ("fp32", *QUANTIZED):  # a Q/DQ model's types are ModelOpt's (its high precision: fp16)
-        return derived.model, precision_mod.precision_table(derived.model, feeds[0]), {}, []
+        return derived.model, precision_mod.precision_table(derived.model, feeds[0]), None, []
     progress = progress or Progress(enabled=False)
     with progress.step(f"converting the {derived.form} form to {precision} (ModelOpt AutoCast) and checking it"):
         result = precision_mod.convert_form(derived.model, precision, feeds, caches=derived.cache_updates,
                                             keep_io_types=io_dtype is None)
-    check = result.summary()
-    if inputs is not None:
-        check["inputs"] = inputs.used().to_json()
-    return result.model, result.table, check, result.notes
+    return result.model, result.table, result.summary(inputs.used() if inputs is not None else None), result.notes
 
 
 def describe(plan: BuildPlan) -> str:

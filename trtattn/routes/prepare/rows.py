@@ -13,7 +13,7 @@ import onnx
 
 from ...contract import CU_SEQLENS, WRITE_INDEX, cu_seqlens, pack_rows
 from ...graph.feeds import make_feeds
-from ...graph.roles import input_specs
+from ...graph.roles import RoleKind, input_specs
 from ...verify.adapters import Adapter, fit_row_tokens, mask_lengths, spread_masks, token_masks
 
 
@@ -26,7 +26,7 @@ class PackedCacheAdapter(Adapter):
         super().__init__(original, candidate_inputs)
         self.caches = caches
         self.capacity = capacity  # an engine's static capacity; None: past + new + slack
-        self.roles = {s.name: s.role.get("kind") for s in input_specs(original)}
+        self.roles = {s.name: s.kind for s in input_specs(original)}
 
     def original_feeds(self, dims, seed):
         """Rows that each keep 1..seq new tokens (a right-padded mask) or 1..past + seq tokens (left),
@@ -44,7 +44,7 @@ class PackedCacheAdapter(Adapter):
 
     def _rows(self, feeds: dict) -> tuple[np.ndarray, int, int]:
         """(valid [B, past + seq] booleans, past, seq) of the original's feeds."""
-        ids = next(v for k, v in feeds.items() if self.roles.get(k) == "token_ids")
+        ids = next(v for k, v in feeds.items() if self.roles.get(k) is RoleKind.TOKEN_IDS)
         batch, seq = ids.shape
         past = feeds[self.caches[0]].shape[2]
         masks = [feeds[name] for name in token_masks(self.original)[:1] if name in feeds]
@@ -61,7 +61,7 @@ class PackedCacheAdapter(Adapter):
         for name, v in feeds.items():
             if name not in self.inputs or name in self.caches:
                 continue
-            if self.roles.get(name) in ("token_ids", "position_ids") and v.ndim == 2:
+            if self.roles.get(name) in (RoleKind.TOKEN_IDS, RoleKind.POSITION_IDS) and v.ndim == 2:
                 out[name] = pack_rows(v[b][new[b]] for b in range(len(v)))
             else:
                 out[name] = v

@@ -17,9 +17,10 @@ import onnx_graphsurgeon as gs
 from ...contract import CU_SEQLENS
 from ...errors import TrtattnError
 from ...graph.emit import Emitter
+from ...graph.roles import RoleKind
 
-TOKEN_KINDS = ("token_ids", "position_ids", "padding_mask", "ones_mask")
-MASK_KINDS = ("padding_mask", "ones_mask")
+MASK_KINDS = (RoleKind.PADDING_MASK, RoleKind.ONES_MASK)
+TOKEN_KINDS = (RoleKind.TOKEN_IDS, RoleKind.POSITION_IDS, *MASK_KINDS)
 TOTAL = "total_tokens"
 
 
@@ -41,14 +42,14 @@ def pack_tokens(graph: gs.Graph, model: onnx.ModelProto, emit: Emitter, form: st
     from ...graph.roles import input_specs
 
     specs = {s.name: s for s in input_specs(model)}
-    kinds = {t.name: specs[t.name].role.get("kind") for t in graph.inputs if t.name in specs}
+    kinds = {t.name: specs[t.name].kind for t in graph.inputs if t.name in specs}
     tokens = [t for t in graph.inputs if kinds.get(t.name) in TOKEN_KINDS and t.shape is not None and len(t.shape) == 2
               and t.name not in keep]
-    ids = next((t for t in tokens if kinds[t.name] == "token_ids"), None)
+    ids = next((t for t in tokens if kinds[t.name] is RoleKind.TOKEN_IDS), None)
     if ids is None:
         raise TrtattnError(f"the {form} form needs token inputs [batch, seq] (input_ids); this model has none")
     masks = [t for t in tokens if kinds[t.name] in MASK_KINDS]
-    positions = next((t for t in tokens if kinds[t.name] == "position_ids"), None)
+    positions = next((t for t in tokens if kinds[t.name] is RoleKind.POSITION_IDS), None)
     for t in tokens:
         t.shape = [1, TOTAL]
     cu = gs.Variable(CU_SEQLENS, dtype=np.int32, shape=["batch+1"])

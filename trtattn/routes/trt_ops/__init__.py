@@ -13,6 +13,7 @@ against the original on ONNX Runtime through trtattn_plugins' CPU kernels of tho
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import onnx
@@ -32,7 +33,30 @@ from ..prepare import VERIFY_SEEDS, Prepared, forms, prepare
 from .nodes import IO_FORM, OpWriter
 from .sidecar import shape_strings, sidecar, trtexec_command
 
-__all__ = ["TrtOpsResult", "fuse_trt", "runnable", "shape_strings", "trtexec_command", "verify_trt_ops", "write_trt_ops"]
+__all__ = ["TrtOpRow", "TrtOpsResult", "fuse_trt", "runnable", "shape_strings", "trtexec_command", "verify_trt_ops",
+           "write_trt_ops"]
+
+
+@dataclass(frozen=True)
+class TrtOpRow:
+    """One site as a TensorRT op: the table's row and the report's "sites" entry (JSON by to_json only)."""
+
+    name: str  # the site
+    op: str  # TRT_Attention, TRT_QuantizedAttention, or "-" when no op was written for it
+    node: str  # the op node's name (the plan's layer)
+    form: str  # its IO layout ("BNSH", or Q's and KV's when they differ)
+    heads: str  # "q/kv"
+    head_size: int | None
+    q_scale: float
+    causal_kind: str
+    mask: str  # the mask's kind, or "-"
+    lengths: str  # "q", "kv", "q/kv" or "-": which side reads per-row lengths
+    dtype: str
+    quantize: str  # the softmax's quantize-to type, or "-"
+    reason: str | None  # why TensorRT's ops cannot express it (None: they can)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -49,19 +73,18 @@ class TrtOpsResult:
         return sidecar(self.prepared.plan, self.model, onnx_path, source=self.prepared.source,
                        verification=self.verification)
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[TrtOpRow]:
         """One row per site: the op it became and how."""
         ops = {n.name: n.op_type for n in self.model.graph.node if n.domain == schema.DOMAIN}
         rows = []
         for a in self.prepared.plan.attentions:
             form = IO_FORM[a.query_form] if a.query_form == a.kv_form else \
                 f"{IO_FORM[a.query_form]} q / {IO_FORM[a.kv_form]} kv"
-            rows.append({"name": a.site, "op": ops.get(a.layer, "-"), "node": a.layer, "form": form,
-                         "heads": f"{a.q_heads}/{a.kv_heads}", "head_size": a.head_size, "q_scale": a.q_scale,
-                         "causal_kind": a.causal, "mask": a.mask_kind if a.mask else "-",
-                         "lengths": "/".join(x for x in ("q" if a.q_lengths else "", "kv" if a.kv_lengths else "") if x)
-                         or "-", "dtype": a.dtype, "quantize": a.normalization_quantize_to_type or "-",
-                         "reason": a.reason})
+            lengths = "/".join(x for x in ("q" if a.q_lengths else "", "kv" if a.kv_lengths else "") if x) or "-"
+            rows.append(TrtOpRow(name=a.site, op=ops.get(a.layer, "-"), node=a.layer, form=form,
+                                 heads=f"{a.q_heads}/{a.kv_heads}", head_size=a.head_size, q_scale=a.q_scale,
+                                 causal_kind=a.causal, mask=a.mask_kind if a.mask else "-", lengths=lengths,
+                                 dtype=a.dtype, quantize=a.normalization_quantize_to_type or "-", reason=a.reason))
         return rows
 
 

@@ -8,6 +8,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
+from trtattn.graph.roles import RoleKind, role_kind
+
 from .graphops import F32_MIN, INT64_MAX, Ctx, NotApplicable, kind, need, replace_input
 from .sources import metadata
 
@@ -64,7 +66,7 @@ def _token_ids(ctx: Ctx, scores: list[tuple]):
     """A [batch, keys] input of token ids."""
     roles = metadata(ctx.source).get("inputs", {})
     for t in ctx.graph.inputs:
-        if roles.get(t.name, {}).get("kind") == "token_ids":
+        if t.name in roles and role_kind(roles[t.name], t.name) is RoleKind.TOKEN_IDS:
             shapes = ctx.facts.input_shapes.get(t.name)
             if shapes and all(len(s) == 2 and (s[0], s[1]) == (sc[0], sc[-1]) for s, sc in zip(shapes, scores)):
                 return t

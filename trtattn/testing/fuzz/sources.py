@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from trtattn.graph.roles import RoleKind, role_kind
+
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: out/fuzz/zoo by default
 ort.set_default_logger_severity(4)  # a mutant ONNX Runtime rejects is reported by the fuzzer, not logged
 
@@ -100,12 +102,12 @@ def make_feeds(model: onnx.ModelProto, dims: dict, seed: int) -> dict[str, np.nd
         tt = inp.type.tensor_type
         shape = [_dim(d, dims) for d in tt.shape.dim]
         dtype = _NP[tt.elem_type]
-        role = roles.get(inp.name, {"kind": "token_ids" if dtype == np.int64 else "float"})
-        kind = role["kind"]
+        role = roles.get(inp.name, {"kind": RoleKind.TOKEN_IDS if dtype == np.int64 else RoleKind.FLOAT})
+        kind = role_kind(role, inp.name)
         x: np.ndarray
-        if kind == "token_ids":
+        if kind is RoleKind.TOKEN_IDS:
             x = rng.integers(0, role.get("vocab", 2), shape)
-        elif kind == "padding_mask":  # row 0 full, the others padded to a random length >= half
+        elif kind is RoleKind.PADDING_MASK:  # row 0 full, the others padded to a random length >= half
             x = np.ones(shape)
             for b in range(1, shape[0]):
                 keep = int(rng.integers((shape[-1] + 1) // 2, shape[-1] + 1))
@@ -113,9 +115,9 @@ def make_feeds(model: onnx.ModelProto, dims: dict, seed: int) -> dict[str, np.nd
                     x[b, : shape[-1] - keep] = 0
                 else:
                     x[b, keep:] = 0
-        elif kind == "ones_mask":
+        elif kind is RoleKind.ONES_MASK:
             x = np.ones(shape)
-        elif kind == "position_ids":
+        elif kind is RoleKind.POSITION_IDS:
             start = dims.get("past", 0) if role.get("offset") == "past" else 0
             x = np.broadcast_to(np.arange(start, start + shape[-1]), shape)
         else:  # float, cache
