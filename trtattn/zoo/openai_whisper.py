@@ -5,15 +5,16 @@ exported by TorchScript and dynamo, eager and SDPA attention (issue 32). Run in 
 
 A stand-alone script (as the foreign exporters are: openai-whisper pulls numba and triton, which this project does
 not need): it imports only torch, whisper and onnx, writes its files into OUT_DIR and prints one JSON row per file
-(trtattn.zoo.whisper_seed collects them). Tiny random weights, seeded; nothing is downloaded.
+(exports() below runs it and collects them). Tiny random weights, seeded; nothing is downloaded.
 
-The decoder is one graph serving the first step and every later step, by the seed's calling convention:
+The TorchScript decoder is one graph serving the first step and every later step, by the seed's calling convention
+(the dynamo decoder serves the later steps only: DYNAMO_DECODER; each row's `steps` says which):
     first step   x [B, n] tokens, xa [B, AUDIO_CTX, D] the encoder's output, both caches empty ([2L, B, 0, D])
     later steps  x [B, 1] the new token, xa [B, 0, D], the caches the step before returned
 Each attention appends its new K/V to its cache (torch.cat) and keeps the last n_ctx positions (`k[:, -n_ctx:]`);
 the caches are stacked, one tensor per kind (self, cross); the self-attention adds whisper's mask[:n, :n], which at a
 later step is the (1, 1) zero broadcast over every key. Beside each decoder, OUT_DIR/<file>.steps.npz holds the
-PyTorch model's run of three such steps (its inputs and logits): what the export is held to.
+PyTorch model's run of three such steps (tokens, logits, returned caches): what the export is held to.
 """
 
 from __future__ import annotations
