@@ -41,11 +41,12 @@ class CacheOp:
     mask: int | None = None  # a 2-D key padding mask [batch, past + new]
     packed: bool = False  # Q, K and V packed in the query input when the key input is absent
     batch_one_with_past: bool = False  # several new tokens over a past at batch 1 only (the CPU kernel)
+    self_only: bool = False  # key and value are the new tokens too: [batch, new, width] as the query
 
 
 CACHE_OPS = {
     ("com.microsoft", "GroupQueryAttention"): CacheOp(3, "num_heads", "kv_num_heads", total=6, packed=True,
-                                                      batch_one_with_past=True),
+                                                      batch_one_with_past=True, self_only=True),
     ("com.microsoft", "MultiHeadAttention"): CacheOp(6, "num_heads", None, mask=4),
     ("", "Attention"): CacheOp(4, "q_num_heads", "kv_num_heads"),
 }
@@ -53,6 +54,17 @@ CACHE_OPS = {
 
 # rotary ops -> the input index of their cos cache [max positions, rotary_dim / 2]
 ROTARY_COS = {("com.microsoft", "RotaryEmbedding"): 2, ("", "RotaryEmbedding"): 1}
+
+# ops -> (an input holding one row per batch entry by the op's contract, the inputs whose axis 0 is the batch):
+# GroupQueryAttention's seqlens_k [batch]; RotaryEmbedding's 2-D position_ids [batch, sequence]
+BATCH_ROWS = {("com.microsoft", "GroupQueryAttention"): (5, (0, 1, 2, 3, 4)),
+              ("com.microsoft", "RotaryEmbedding"): (1, (0,))}
+
+# normalization ops -> the inputs of their scale, bias and skip bias: each shaped X.shape[axis:], so its last dim is
+# the normalized input's last dim (ONNX Runtime's SimplifiedLayerNormalization is registered in the default domain)
+NORM_PARAMS = {("", "LayerNormalization"): (1, 2), ("", "SimplifiedLayerNormalization"): (1,),
+               ("", "RMSNormalization"): (1,), ("com.microsoft", "SkipLayerNormalization"): (2, 3, 4),
+               ("com.microsoft", "SkipSimplifiedLayerNormalization"): (2, 3)}
 
 
 @dataclass(frozen=True)
@@ -162,10 +174,10 @@ def op_dims(model: onnx.ModelProto, config: ConfigSizes | None = None) -> OpDims
     """The dims the model's cache-reading attention ops fix (see the module doc); `config`: the folder's config,
     read only for sizes the ops and weights leave unknown."""
     graph = model.graph
-    nodes = [(n, CACHE_OPS[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]) for n in graph.node
-             if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in CACHE_OPS]
+    nodes = [(n, CACHE_OPS[_key(n)]) for n in graph.node if _key(n) in CACHE_OPS]
     found = OpDims()
-    if not nodes and not any((n.domain or "", n.op_type) in ROTARY_COS for n in graph.node):
+    if not nodes and not any(_key(n) in ROTARY_COS or _key(n) in NORM_PARAMS or _key(n) in BATCH_ROWS
+                             for n in graph.node):
         return found
     inits = {i.name for i in graph.initializer}
     shapes = {vi.name: [dim_name(d, vi.name, a) for a, d in enumerate(vi.type.tensor_type.shape.dim)]
@@ -176,7 +188,18 @@ def op_dims(model: onnx.ModelProto, config: ConfigSizes | None = None) -> OpDims
         _read_node(found, node, op, shapes, uses, widths, config)
     for node in graph.node:
         _read_rotary(found, node, shapes, uses)
+        _read_norm(found, node, shapes, uses, widths)
+        _read_batch_rows(found, node, shapes, widths)
+    _read_shape_only(found, graph, shapes, uses)
     return found
+
+
+def _key(node: onnx.NodeProto) -> tuple[str, str]:
+    return node.domain if node.domain != "ai.onnx" else "", node.op_type
+
+
+def _where(node: onnx.NodeProto) -> str:
+    return f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
 
 
 class _Widths:
@@ -194,12 +217,26 @@ class _Widths:
         weight = self._projection(name)
         if weight is not None:
             return weight
+        shape = self.inferred(name)
+        return shape[-1] if shape and isinstance(shape[-1], int) else None
+
+    def inferred(self, name: str, depth: int = 8) -> list | None:
+        """`name`'s shape as inference gives it (run once, only where something asks); past an op inference does
+        not know (ONNX Runtime's normalizations in the default domain), a normalization's output has its input's
+        shape and a Transpose's is its input's permuted."""
         if self._inferred is None:
             from .shapes import tensor_types  # shape inference, only where the weights do not say
 
             self._inferred = tensor_types(self.model)
         shape = self._inferred.get(name, (0, None))[1]
-        return shape[-1] if shape and isinstance(shape[-1], int) else None
+        node = self.uses.producers.get(name)
+        if shape is not None or node is None or depth == 0 or node.output[0] != name:
+            return shape
+        if _key(node) in NORM_PARAMS:
+            return self.inferred(node.input[0], depth - 1)
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        given = self.inferred(node.input[0], depth - 1) if node.op_type == "Transpose" and perm else None
+        return [given[p] for p in perm] if given and perm and len(given) == len(perm) else None
 
     def _projection(self, name: str) -> int | None:
         """The columns of the weight of the MatMul that computes `name` (through a bias Add)."""
@@ -228,7 +265,7 @@ def _input(node: onnx.NodeProto, index: int | None) -> str:
 def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[str, list], uses: GraphUses,
                widths: _Widths, config: ConfigSizes | None) -> None:
     """What one op says: its cache's head size and heads, its past, new and total lengths, its batch rule."""
-    where = f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
+    where = _where(node)
     past = _graph_input(_input(node, op.past_key), shapes, uses)
     if past is None or len(shapes[past]) != 4:
         return
@@ -247,7 +284,7 @@ def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[st
     found.pasts.setdefault(past_len, node.name)
     if isinstance(batch, str):
         found.batches.add(batch)
-    new = _new_length(node, shapes, uses)
+    new = _new_length(node, op, shapes, uses)
     if new is not None:
         found.news.add(new)
     if op.batch_one_with_past:
@@ -304,12 +341,14 @@ def _head_size(node: onnx.NodeProto, op: CacheOp, heads: int | None, kv_heads: i
     return None, ""
 
 
-def _new_length(node: onnx.NodeProto, shapes: dict, uses: GraphUses) -> str | None:
-    """The name of the new tokens' length: the query's axis 1 when it is an input, else the token ids' (a 2-D
-    integer input that indexes an embedding table)."""
-    query = _graph_input(node.input[0], shapes, uses)
-    if query is not None and len(shapes[query]) == 3 and isinstance(shapes[query][1], str):
-        return shapes[query][1]
+def _new_length(node: onnx.NodeProto, op: CacheOp, shapes: dict, uses: GraphUses) -> str | None:
+    """The name of the new tokens' length: axis 1 of the query, or of the key or value where the op takes those as
+    the same new tokens, when one is an input (a query computed from a normalization keeps it unread); else the
+    token ids' (a 2-D integer input that indexes an embedding table)."""
+    for index in (0, op.key, op.key + 1) if op.self_only else (0,):
+        given = _graph_input(_input(node, index), shapes, uses)
+        if given is not None and len(shapes[given]) == 3 and isinstance(shapes[given][1], str):
+            return shapes[given][1]
     ids = [s[1] for n, s in shapes.items() if len(s) == 2 and isinstance(s[1], str) and uses.vocab(n)]
     return ids[0] if len(set(ids)) == 1 else None
 
@@ -373,7 +412,7 @@ def _read_rotary(found: OpDims, node: onnx.NodeProto, shapes: dict, uses: GraphU
     """A rotary op's cos cache given as a graph input with symbolic rows: the rows reach every position, so at least
     the past plus the new tokens where a cache op names them, else every other length of the inputs together (a
     decoder step's positions are below their sum)."""
-    index = ROTARY_COS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+    index = ROTARY_COS.get(_key(node))
     cos = _graph_input(_input(node, index), shapes, uses) if index is not None else None
     rows = shapes[cos][0] if cos is not None and shapes[cos] else None
     if not isinstance(rows, str) or any(c.rows == rows for c in found.covers):
@@ -383,6 +422,52 @@ def _read_rotary(found: OpDims, node: onnx.NodeProto, shapes: dict, uses: GraphU
                       and d != rows and d not in found.fixed and names_in(d) == [d]} - batches)
     parts = tuple(sorted(found.pasts)) + tuple(sorted(found.news)) if found.pasts and found.news else tuple(lengths)
     if parts:
-        where = f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
+        where = _where(node)
         found.covers.append(Covers(rows, parts, f"{where} reads positions up to {' + '.join(parts)} in its cos/sin "
                                                 "cache inputs"))
+
+
+def _read_norm(found: OpDims, node: onnx.NodeProto, shapes: dict, uses: GraphUses, widths: _Widths) -> None:
+    """A normalization's scale or bias given as a graph input with a symbolic last dim (a per-head RMS norm's
+    [head_size] weight, as Gemma's and Qwen3's query/key norms are written): it is the normalized input's last dim,
+    read from the weights or the shapes, never a guess the op then refuses."""
+    params = NORM_PARAMS.get(_key(node), ())
+    named = [(p, shapes[p][-1]) for p in (_graph_input(_input(node, i), shapes, uses) for i in params)
+             if p is not None and shapes[p] and isinstance(shapes[p][-1], str) and names_in(shapes[p][-1]) ==
+             [shapes[p][-1]]]
+    width = widths.of(node.input[0]) if named else None
+    if width is None:
+        return
+    where = _where(node)
+    for param, dim in named:
+        _fix(found, Fixed(dim, width, f"{where} normalizes a last axis of {width}, the size of its '{param}'"))
+
+
+def _read_batch_rows(found: OpDims, node: onnx.NodeProto, shapes: dict, widths: _Widths) -> None:
+    """An input with one row per batch entry whose row count the graph fixes (seqlens_k or position_ids computed
+    from Range(past, past + new): one row): the batch is that count, where the batched input's axis 0 is an input
+    dim."""
+    where = BATCH_ROWS.get(_key(node))
+    if where is None or not _input(node, where[0]):
+        return
+    rows_of, batched_inputs = _input(node, where[0]), where[1]
+    rows = widths.inferred(rows_of)
+    if not rows or not isinstance(rows[0], int) or (_key(node)[1] == "RotaryEmbedding" and len(rows) != 2):
+        return
+    for name in (_input(node, i) for i in batched_inputs):
+        batched = shapes.get(name) or (widths.inferred(name) if name else None)
+        if batched and isinstance(batched[0], str) and any(batched[0] in s for s in shapes.values()):
+            why = f"{_where(node)} takes '{rows_of}' of {rows[0]} row(s), one per batch entry"
+            return _fix(found, Fixed(batched[0], rows[0], why))
+
+
+def _read_shape_only(found: OpDims, graph: onnx.GraphProto, shapes: dict, uses: GraphUses) -> None:
+    """A cache-shaped input [batch, heads, length, head size] the graph reads only through Shape (a past that only
+    offsets positions and masks, its values never read): its length is a past the ops did not name, so an empty one
+    is tried first and verified beside the others."""
+    for name, dims in shapes.items():
+        readers = uses.consumers.get(name, [])
+        if len(dims) != 4 or not isinstance(dims[2], str) or dims[2] in found.pasts or not readers:
+            continue
+        if all(n.op_type == "Shape" for n, _ in readers) and names_in(dims[2]) == [dims[2]]:
+            found.pasts[dims[2]] = readers[0][0].name or f"Shape of '{name}'"
