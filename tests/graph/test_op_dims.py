@@ -131,3 +131,11 @@ def test_a_cache_read_only_for_its_length_is_a_past():
     for the positions and the mask: their length is a past (tried empty first), not one the ops concatenate."""
     assert op_dims(onnxscript_test_gqa(norm="after_transpose", past=False)).pasts == {"P": "Shape of 'past_key'"}
     assert "P" not in op_dims(onnxscript_test_gqa(norm="after_transpose")).pasts  # concatenated: any past
+
+
+def test_a_key_and_value_of_different_widths_are_refused_before_any_search():
+    """gqa_packed_qkv_extended_test's slices off the head boundary (key 160 wide, value 180): no size runs it (ONNX
+    Runtime: 'value is expected to have same hidden size as key'), said naming the op (was: 64 dims tried first)."""
+    with pytest.raises(TrtattnError, match="GroupQueryAttention 'gqa' takes a key 160 wide and a value 180 wide"):
+        op_dims(onnxscript_test_sliced_gqa(key_start=300))
+    assert op_dims(onnxscript_test_sliced_gqa()).pasts == {"P": "gqa"}  # aligned: read as usual

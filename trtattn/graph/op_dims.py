@@ -185,6 +185,7 @@ def op_dims(model: onnx.ModelProto, config: ConfigSizes | None = None) -> OpDims
     uses = GraphUses(graph)
     widths = _Widths(model, uses)
     for node, op in nodes:
+        _check_widths(node, op, widths)
         _read_node(found, node, op, shapes, uses, widths, config)
     for node in graph.node:
         _read_rotary(found, node, shapes, uses)
@@ -300,6 +301,18 @@ def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[st
     if table is not None and new is not None and all(c.rows != table for c in found.covers):
         found.covers.append(Covers(table, (past_len, new), f"{where} rotates positions up to its past plus its new "
                                                           "tokens with its cos/sin cache inputs"))
+
+
+def _check_widths(node: onnx.NodeProto, op: CacheOp, widths: _Widths) -> None:
+    """Key and value of one width, where the op takes both as [batch, new, kv_heads * head_size]: static widths
+    that differ make a model no size runs (a packed QKV sliced off the head boundary), said before any search."""
+    key, value = _input(node, op.key), _input(node, op.key + 1)
+    if not op.self_only or not key or not value:
+        return
+    key_width, value_width = widths.of(key), widths.of(value)
+    if key_width is not None and value_width is not None and key_width != value_width:
+        raise TrtattnError(f"{_where(node)} takes a key {key_width} wide and a value {value_width} wide, where both "
+                           f"are kv_num_heads * head_size: ONNX Runtime runs it at no size")
 
 
 def _fix(found: OpDims, fixed: Fixed) -> None:
