@@ -139,3 +139,10 @@ def test_a_key_and_value_of_different_widths_are_refused_before_any_search():
     with pytest.raises(TrtattnError, match="GroupQueryAttention 'gqa' takes a key 160 wide and a value 180 wide"):
         op_dims(onnxscript_test_sliced_gqa(key_start=300))
     assert op_dims(onnxscript_test_sliced_gqa()).pasts == {"P": "gqa"}  # aligned: read as usual
+
+
+def test_the_new_length_of_q_k_v_sliced_from_a_packed_input_is_inferred():
+    """gqa_packed_qkv_test's source slices Q, K and V from one input: the new length is their inferred axis 1, so
+    the cos/sin rows cover past + new (was: no new length, the rows left at 8, verified at an empty past only)."""
+    ops = op_dims(onnxscript_test_sliced_gqa())
+    assert ops.news == {"S"} and [(c.rows, c.parts) for c in ops.covers] == [("max_seqlen", ("P", "S"))]

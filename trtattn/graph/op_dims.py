@@ -285,7 +285,7 @@ def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[st
     found.pasts.setdefault(past_len, node.name)
     if isinstance(batch, str):
         found.batches.add(batch)
-    new = _new_length(node, op, shapes, uses)
+    new = _new_length(node, op, shapes, uses, widths)
     if new is not None:
         found.news.add(new)
     if op.batch_one_with_past:
@@ -354,16 +354,21 @@ def _head_size(node: onnx.NodeProto, op: CacheOp, heads: int | None, kv_heads: i
     return None, ""
 
 
-def _new_length(node: onnx.NodeProto, op: CacheOp, shapes: dict, uses: GraphUses) -> str | None:
+def _new_length(node: onnx.NodeProto, op: CacheOp, shapes: dict, uses: GraphUses, widths: _Widths) -> str | None:
     """The name of the new tokens' length: axis 1 of the query, or of the key or value where the op takes those as
     the same new tokens, when one is an input (a query computed from a normalization keeps it unread); else the
-    token ids' (a 2-D integer input that indexes an embedding table)."""
+    token ids' (a 2-D integer input that indexes an embedding table); else the query's inferred axis 1, where it
+    is an input's dim (Q, K and V sliced from a packed input)."""
     for index in (0, op.key, op.key + 1) if op.self_only else (0,):
         given = _graph_input(_input(node, index), shapes, uses)
         if given is not None and len(shapes[given]) == 3 and isinstance(shapes[given][1], str):
             return shapes[given][1]
     ids = [s[1] for n, s in shapes.items() if len(s) == 2 and isinstance(s[1], str) and uses.vocab(n)]
-    return ids[0] if len(set(ids)) == 1 else None
+    if len(set(ids)) == 1:
+        return ids[0]
+    inferred = widths.inferred(node.input[0])
+    length = inferred[1] if inferred and len(inferred) == 3 else None
+    return length if isinstance(length, str) and any(length in s for s in shapes.values()) else None
 
 
 def _total_length(node: onnx.NodeProto, op: CacheOp, shapes: dict, uses: GraphUses) -> str | None:
