@@ -17,6 +17,7 @@ from trtattn.testing.gqa_fusion_graphs import (
     onnxscript_test_feeds,
     onnxscript_test_gqa,
     onnxscript_test_sliced_gqa,
+    onnxscript_test_standard_gqa,
     rotary_gqa_feeds,
     unfused_rotary_gqa,
 )
@@ -104,3 +105,18 @@ def test_fuse_onnxscript_gqa_test_models_without_dims(tmp_path, name, fused):
     rewritten = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feeds)
     for a, b in zip(original, rewritten):
         np.testing.assert_allclose(b, a, atol=1e-4)
+
+
+def test_fuse_the_standard_gqa_test_source(tmp_path):
+    """rules/fusion/_gqa_test.py's opset-23 Attention over key/value heads broadcast by Expand: fused, verified,
+    the written model equal to the original."""
+    source, out, report = tmp_path / "model.onnx", tmp_path / "out.onnx", tmp_path / "report.json"
+    onnx.save(onnxscript_test_standard_gqa(), source)
+    assert main(["-q", "fuse", str(source), "-o", str(out), "--report", str(report)]) == 0
+    assert [s["status"] for s in json.loads(report.read_text())["sites"]] == ["fused"]
+    rng = np.random.default_rng(4)
+    feeds = {i.name: rng.random([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in onnx.load(source).graph.input}
+    want = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-5)

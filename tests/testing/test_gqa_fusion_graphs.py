@@ -7,10 +7,12 @@ import onnxruntime as ort
 import pytest
 
 from trtattn.testing.gqa_fusion_graphs import (
+    onnx_fused,
     onnxscript_fused,
     onnxscript_test_feeds,
     onnxscript_test_gqa,
     onnxscript_test_sliced_gqa,
+    onnxscript_test_standard_gqa,
 )
 
 SOURCES = {"phi": lambda: onnxscript_test_gqa(),
@@ -59,3 +61,18 @@ def test_without_rotary_the_attention_runs_over_any_past():
     model = onnxscript_test_gqa(rotary=False, mask=False)
     for past in (0, 5):
         assert _run(model, onnxscript_test_feeds(model, past=past))[1].shape == (1, 10, past + 8, 16)
+
+
+def test_the_standard_gqa_source_runs_and_its_onnx_fusion_is_refused_by_onnx_runtime():
+    """rules/fusion/_gqa_test.py: the opset-23 source runs; onnxscript's fusion makes one Attention over the 4 kv
+    heads with the past but no present, which ONNX Runtime does not run (the test itself skips that check)."""
+    pytest.importorskip("onnxscript")
+    model = onnxscript_test_standard_gqa()
+    rng = np.random.default_rng(0)
+    feeds = {i.name: rng.random([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    assert _run(model, feeds)[0].shape == (2, 8, 4, 64)
+    fused = onnx_fused(model)
+    assert [n.op_type for n in fused.graph.node] == ["Attention"]
+    with pytest.raises(Exception, match="past_key provided and present_key being null"):
+        _run(fused, feeds)

@@ -310,3 +310,46 @@ def onnxscript_fused(model: onnx.ModelProto) -> onnx.ModelProto:
     if not count:
         raise ValueError(f"onnxscript's fusion found nothing to fuse in {model.graph.name}")
     return ir.serde.to_proto(graph)
+
+
+def onnxscript_test_standard_gqa() -> onnx.ModelProto:
+    """rules/fusion/_gqa_test.py's source (opset 23): the standard Attention op over key/value heads broadcast from
+    4 to 8 (past concatenated, Unsqueeze, Expand to [B, 4, 2, T, 64], Reshape to [B, 8, T, 64]), at the test's static
+    sizes B=2, S=4, P=8. onnxscript's public onnx_fusions.fuse turns it into one Attention over the 4 kv heads."""
+    heads, kv, head = 8, 4, 64
+    # the axis a scalar, as the test's script writes Unsqueeze(x, 2) (the rule matches only that; ONNX Runtime runs it)
+    inits = [_const(n, np.array(v, np.int64)) for n, v in (
+        ("axis2", 2), ("kv1", [kv]), ("groups1", [heads // kv]), ("head1", [head]), ("heads1", [heads]))]
+    nodes = [helper.make_node("Shape", ["query"], ["batch1"], start=0, end=1)]
+    for t in ("key", "value"):
+        nodes += [helper.make_node("Concat", [f"past_{t}", t], [f"present_{t}"], axis=-2),
+                  helper.make_node("Unsqueeze", [f"present_{t}", "axis2"], [f"{t}_1"]),
+                  helper.make_node("Shape", [f"present_{t}"], [f"{t}_total"], start=2, end=3),
+                  helper.make_node("Concat", ["batch1", "kv1", "groups1", f"{t}_total", "head1"], [f"{t}_grouped_shape"],
+                                   axis=0),
+                  helper.make_node("Expand", [f"{t}_1", f"{t}_grouped_shape"], [f"{t}_grouped"]),
+                  helper.make_node("Concat", ["batch1", "heads1", f"{t}_total", "head1"], [f"{t}_all_shape"], axis=0),
+                  helper.make_node("Reshape", [f"{t}_grouped", f"{t}_all_shape"], [f"{t}_all"])]
+    nodes.append(helper.make_node("Attention", ["query", "key_all", "value_all"], ["attention"]))
+    inputs = [_vi("query", [2, heads, 4, head])] + [_vi(t, [2, kv, 4, head]) for t in ("key", "value")] + \
+        [_vi(f"past_{t}", [2, kv, 8, head]) for t in ("key", "value")]
+    graph = helper.make_graph(nodes, "onnxscript_test_standard_gqa", inputs, [_vi("attention", [2, heads, 4, head])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model
+
+
+def onnx_fused(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` through onnxscript's public fusions to standard ONNX ops (onnx_fusions.fuse, opset 23), after its
+    optimizer, as rules/fusion/_gqa_test.py runs its GQA rule."""
+    import onnx_ir as ir
+    import onnxscript.optimizer
+    from onnxscript.rewriter import onnx_fusions
+
+    graph = ir.serde.deserialize_model(model)
+    onnxscript.optimizer.optimize(graph)
+    if not onnx_fusions.fuse(graph).get("GQA"):
+        raise ValueError(f"onnxscript's GQA fusion found nothing to fuse in {model.graph.name}")
+    onnxscript.optimizer.remove_unused_nodes(graph)
+    return ir.serde.serialize_model(graph)
