@@ -5,10 +5,16 @@ import onnx
 import pytest
 
 from trtattn.errors import TrtattnError
-from trtattn.graph.op_dims import ConfigSizes, op_dims
+from trtattn.graph.dim_facts import ConfigSizes
+from trtattn.graph.op_dims import op_dims
 from trtattn.testing.contrib_graphs import cache_model, group_query_decoder
 from trtattn.testing.genai_graphs import GenaiSpec, genai_decoder
-from trtattn.testing.gqa_fusion_graphs import fused_rotary_gqa, unfused_rotary_gqa
+from trtattn.testing.gqa_fusion_graphs import (
+    fused_rotary_gqa,
+    onnxscript_test_gqa,
+    onnxscript_test_sliced_gqa,
+    unfused_rotary_gqa,
+)
 
 
 @pytest.mark.parametrize("heads,kv_heads,head", [(4, 2, 16), (6, 1, 8), (2, 2, 32)])
@@ -122,3 +128,54 @@ def test_a_window_buffer_decoder_fuses_as_a_user_runs_it():
     dims = [result.dims["values"], *result.dims.get("also_verified_at", [])]
     assert len(dims) == 2 and all(d["past_sliding_length"] == 8 and d["total_sequence_length"] >= 8 for d in dims)
     assert {d["past_sequence_length"] for d in dims} >= {0}
+
+
+@pytest.mark.parametrize("norm", ["before_transpose", "after_transpose"])
+def test_a_norm_scale_given_as_an_input_is_the_normalized_last_axis(norm):
+    """Gemma's query/key RMS norm with its weight an input of symbolic size ["Dh"] (onnxscript's GemmaGQAFusionTest):
+    the scale is X.shape[axis:], so Dh is the heads' size, 16 (was: the default 8, 'Scale and (optional) bias must
+    match X.shape[axis:]', refused at 64 dims)."""
+    fixed = op_dims(onnxscript_test_gqa(norm=norm)).fixed["Dh"]
+    assert fixed.value == 16 and "SimplifiedLayerNormalization" in fixed.why and "query_scale" in fixed.why
+
+
+def test_a_scale_of_a_named_input_width_fixes_nothing():
+    """A LayerNormalization over an input [B, S, hidden] with its scale ["hidden"]: the width is the user's dim,
+    one name for both, nothing to fix."""
+    h = onnx.helper
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["B", "S", "hidden"])
+    w = h.make_tensor_value_info("w", onnx.TensorProto.FLOAT, ["hidden"])
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["B", "S", "hidden"])
+    model = h.make_model(h.make_graph([h.make_node("LayerNormalization", ["x", "w"], ["y"])], "g", [x, w], [y]))
+    assert "hidden" not in op_dims(model).fixed
+
+
+def test_one_row_of_positions_or_of_seqlens_k_fixes_the_batch_to_one():
+    """Positions Range(P, P + S) unsqueezed to [1, S] (RotaryEmbedding's position_ids is [batch, S]), and
+    onnxscript's fused seqlens_k ReduceMax'ed from them ([1]; GroupQueryAttention's is [batch]): batch 1."""
+    fixed = op_dims(onnxscript_test_gqa()).fixed["B"]
+    assert fixed.value == 1 and "RotaryEmbedding" in fixed.why and "'positions'" in fixed.why
+    assert "B" not in op_dims(fused_rotary_gqa()).fixed  # seqlens_k tiled over the batch: any batch
+    assert "B" not in op_dims(onnxscript_test_sliced_gqa()).fixed  # seqlens_k [B] an input
+
+
+def test_a_cache_read_only_for_its_length_is_a_past():
+    """Without a past concatenated, onnxscript's Gemma test still takes past_key/past_value, read only through Shape
+    for the positions and the mask: their length is a past (tried empty first), not one the ops concatenate."""
+    assert op_dims(onnxscript_test_gqa(norm="after_transpose", past=False)).pasts == {"P": "Shape of 'past_key'"}
+    assert "P" not in op_dims(onnxscript_test_gqa(norm="after_transpose")).pasts  # concatenated: any past
+
+
+def test_a_key_and_value_of_different_widths_are_refused_before_any_search():
+    """gqa_packed_qkv_extended_test's slices off the head boundary (key 160 wide, value 180): no size runs it (ONNX
+    Runtime: 'value is expected to have same hidden size as key'), said naming the op (was: 64 dims tried first)."""
+    with pytest.raises(TrtattnError, match="GroupQueryAttention 'gqa' takes a key 160 wide and a value 180 wide"):
+        op_dims(onnxscript_test_sliced_gqa(key_start=300))
+    assert op_dims(onnxscript_test_sliced_gqa()).pasts == {"P": "gqa"}  # aligned: read as usual
+
+
+def test_the_new_length_of_q_k_v_sliced_from_a_packed_input_is_inferred():
+    """gqa_packed_qkv_test's source slices Q, K and V from one input: the new length is their inferred axis 1, so
+    the cos/sin rows cover past + new (was: no new length, the rows left at 8, verified at an empty past only)."""
+    ops = op_dims(onnxscript_test_sliced_gqa())
+    assert ops.news == {"S"} and [(c.rows, c.parts) for c in ops.covers] == [("max_seqlen", ("P", "S"))]

@@ -1,10 +1,13 @@
 """trtattn/rewrite/group_query.py: ONNX Runtime's GroupQueryAttention as the standard op."""
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+import pytest
 
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.testing.contrib_graphs import group_query_feeds, group_query_model
+from trtattn.testing.gqa_fusion_graphs import onnxscript_fused, onnxscript_test_feeds, onnxscript_test_gqa
 
 
 # Survivors of mutating rewrite/group_query.py (benchmarks/mutate.py, base 8bb4c20):
@@ -28,3 +31,50 @@ def test_group_query_attention_without_a_past_presents_the_new_keys_and_values()
     assert [w.shape for w in want] == [g.shape for g in got] == [(2, 3, 32), (2, 2, 3, 8), (2, 2, 3, 8)]
     for w, g in zip(want, got):
         np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def _normed(model, name: str, head: int) -> list:
+    """`name` ([B, S, width]) through a per-head RMS norm in the default domain (ONNX Runtime's
+    SimplifiedLayerNormalization, which ONNX's shape inference does not know, its weight an input [Dh]): the op
+    then reads a tensor of unwritten width, as onnxscript's fused Gemma models give it."""
+    h = onnx.helper
+    gqa = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
+    index = list(gqa.input).index(name)
+    model.graph.initializer.extend([
+        onnx.numpy_helper.from_array(np.array([0, 0, -1, head], np.int64), f"{name}_heads"),
+        onnx.numpy_helper.from_array(np.array([0, 0, -1], np.int64), f"{name}_merged")])
+    model.graph.input.append(h.make_tensor_value_info(f"{name}_scale", onnx.TensorProto.FLOAT, ["Dh"]))
+    gqa.input[index] = f"{name}_normed"
+    return [h.make_node("Reshape", [name, f"{name}_heads"], [f"{name}_4d"]),
+            h.make_node("SimplifiedLayerNormalization", [f"{name}_4d", f"{name}_scale"], [f"{name}_n"], axis=-1,
+                        epsilon=1e-6),
+            h.make_node("Reshape", [f"{name}_n", f"{name}_merged"], [f"{name}_normed"])]
+
+
+def _fused_same(model, feeds) -> None:
+    result = fuse_model(model)
+    assert result.ok, [r.row() for r in result.reports]
+    assert not any(n.op_type == "GroupQueryAttention" for n in result.model.graph.node)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_the_head_size_from_the_past_where_the_packed_width_is_unwritten():
+    """A packed QKV computed by an op shape inference does not know: the head size is the past's last axis (was:
+    'the query's hidden size is unknown', not fused)."""
+    model = group_query_model(packed=True)
+    nodes = _normed(model, "query", 8) + list(model.graph.node)  # the norm first: topologically sorted
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    _fused_same(model, {**group_query_feeds(1, 3, 4, seed=5, packed=True),
+                        "query_scale": np.linspace(0.5, 1.5, 8).astype(np.float32)})
+
+
+def test_the_head_size_from_the_value_where_query_and_key_widths_are_unwritten():
+    """onnxscript's fused Gemma model without a past: query and key through its norm, no past; the head size is
+    the value's width over the key/value heads."""
+    pytest.importorskip("onnxscript")
+    model = onnxscript_fused(onnxscript_test_gqa(norm="after_transpose", past=False))
+    _fused_same(model, onnxscript_test_feeds(model, past=0, seed=5))

@@ -35,10 +35,11 @@ from .. import timings
 from ..errors import TrtattnError
 from ..timings import timed
 from . import memory
+from .dim_facts import OpDims
 from .dim_names import BATCH, DEFAULT_DIM, DEFAULT_DIMS, SEQ, dim_classes, evaluate, names_in, resolve_dims
 from .feeds import make_feeds
 from .io import session_source
-from .op_dims import OpDims, op_dims
+from .op_dims import op_dims
 from .roles import declared_dims, input_specs
 
 BOUND = 1 << 16  # the longest sequence tried

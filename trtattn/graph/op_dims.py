@@ -22,11 +22,12 @@ is verified at an empty and a non-empty one (graph/dims.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import onnx
 
 from ..errors import TrtattnError
+from .dim_facts import ConfigSizes, Covers, Fixed, LengthSum, OpDims
 from .dim_names import names_in
 from .roles import GraphUses, dim_name
 
@@ -45,11 +46,12 @@ class CacheOp:
     mask: int | None = None  # a 2-D key padding mask [batch, past + new]
     packed: bool = False  # Q, K and V packed in the query input when the key input is absent
     batch_one_with_past: bool = False  # several new tokens over a past at batch 1 only (the CPU kernel)
+    self_only: bool = False  # key and value are the new tokens too: [batch, new, width] as the query
 
 
 CACHE_OPS = {
     ("com.microsoft", "GroupQueryAttention"): CacheOp(3, "num_heads", "kv_num_heads", total=6, packed=True,
-                                                      batch_one_with_past=True),
+                                                      batch_one_with_past=True, self_only=True),
     ("com.microsoft", "MultiHeadAttention"): CacheOp(6, "num_heads", None, mask=4),
     ("", "Attention"): CacheOp(4, "q_num_heads", "kv_num_heads"),
 }
@@ -58,144 +60,26 @@ CACHE_OPS = {
 # rotary ops -> the input index of their cos cache [max positions, rotary_dim / 2]
 ROTARY_COS = {("com.microsoft", "RotaryEmbedding"): 2, ("", "RotaryEmbedding"): 1}
 
+# ops -> (an input holding one row per batch entry by the op's contract, the inputs whose axis 0 is the batch):
+# GroupQueryAttention's seqlens_k [batch]; RotaryEmbedding's 2-D position_ids [batch, sequence]
+BATCH_ROWS = {("com.microsoft", "GroupQueryAttention"): (5, (0, 1, 2, 3, 4)),
+              ("com.microsoft", "RotaryEmbedding"): (1, (0,))}
 
-@dataclass(frozen=True)
-class Fixed:
-    """A dim the model's ops or configs fix: its name, value and why (one clause naming the node or file)."""
-
-    name: str
-    value: int
-    why: str
-
-
-@dataclass(frozen=True)
-class LengthSum:
-    """total = sum(parts): a dim an op reads as the past plus the new tokens."""
-
-    total: str
-    parts: tuple[str, ...]
-    why: str
-
-
-@dataclass(frozen=True)
-class Covers:
-    """rows >= sum(parts): a table of positions (a rotary cache given as an input) that must reach the total length."""
-
-    rows: str
-    parts: tuple[str, ...]
-    why: str
-
-
-@dataclass(frozen=True)
-class ConfigSizes:
-    """Sizes a model folder's config says (genai_config.json, config.json), for what the ops leave unknown."""
-
-    source: str  # the file, for reasons
-    head_size: int | None = None
-    kv_heads: int | None = None
-
-
-@dataclass
-class OpDims:
-    """What the model's attention ops say of its input dims."""
-
-    fixed: dict[str, Fixed] = field(default_factory=dict)
-    sums: list[LengthSum] = field(default_factory=list)
-    pasts: dict[str, str] = field(default_factory=dict)  # a cache's length dim -> the node reading it
-    news: set[str] = field(default_factory=set)  # the new tokens' length dims of those nodes
-    batches: set[str] = field(default_factory=set)  # their batch dims
-    batch_one: str | None = None  # the node that takes several new tokens over a past at batch 1 only
-    limits: dict[str, Fixed] = field(default_factory=dict)  # the most a dim may be
-    floors: dict[str, Fixed] = field(default_factory=dict)  # the least a total length may be (a window buffer's)
-    windows: set[str] = field(default_factory=set)  # the window buffers' length dims (fixed, never a past)
-    covers: list[Covers] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.fixed or self.sums or self.pasts or self.covers)
-
-    def check_user(self, user: dict) -> None:
-        """Refuse a user's dim that an op fixes to another value, naming the op."""
-        for name, value in user.items():
-            fixed = self.fixed.get(name)
-            if fixed is not None and fixed.value != value:
-                raise TrtattnError(f"--dims {name}={value}: {fixed.why}, so {name} is {fixed.value}")
-
-    def apply(self, dims: dict, user: dict | None = None) -> dict:
-        """`dims` with the fixed sizes and the sums (total = past + new) set, where the user did not give them."""
-        user = user or {}
-        out = {**dims, **{n: f.value for n, f in self.fixed.items() if n not in user}}
-        for s in self.sums:
-            if s.total not in user and all(p in out for p in s.parts):
-                out[s.total] = sum(out[p] for p in s.parts)
-        self._raise_to_floors(out, user)
-        for c in self.covers:
-            if c.rows not in user and all(p in out for p in c.parts):
-                out[c.rows] = max(out.get(c.rows, 0), sum(out[p] for p in c.parts))
-        return out
-
-    def _raise_to_floors(self, out: dict, user: dict) -> None:
-        """A total below its floor made long enough: through its past when the past is not empty (a step), else
-        through its new tokens (a prefill, which stays one), else itself when no sum names it."""
-        for name, floor in self.floors.items():
-            short = floor.value - out.get(name, floor.value)
-            if short <= 0 or name in user:
-                continue
-            s = next((s for s in self.sums if s.total == name), None)
-            if s is None:
-                out[name] = floor.value
-                continue
-            past, new = s.parts
-            grow = past if out.get(past, 0) > 0 or new in user else new
-            if grow not in user:
-                out[grow] += short
-                out[name] = sum(out[p] for p in s.parts)
-
-    def within_limits(self, dims: dict) -> bool:
-        return all(dims.get(n, 0) <= f.value for n, f in self.limits.items()) and \
-            all(dims.get(n, f.value) >= f.value for n, f in self.floors.items())
-
-    def decode(self, dims: dict, user: dict) -> dict:
-        """`dims` as a step over a non-empty past: batch 1 where an op takes several new tokens over a past at
-        batch 1 only (and the user did not give the batch)."""
-        out = dict(dims)
-        if self.batch_one and self._over_a_past(out) and any(out.get(n, 1) > 1 for n in self.news):
-            out.update({b: 1 for b in self.batches if b not in user})
-        return self.apply(out, user)
-
-    def batch_note(self, dims: dict, user: dict) -> list[str]:
-        """Why the batch is 1 at `dims`, when decode set it so."""
-        ones = [b for b in sorted(self.batches) if b not in user and dims.get(b) == 1]
-        if not self.batch_one or not ones or not self._over_a_past(dims):
-            return []
-        return [f"{ones[0]}=1 ({self.batch_one} takes several new tokens over a past at batch 1 only on CPU)"]
-
-    def _over_a_past(self, dims: dict) -> bool:
-        """Whether `dims` is a step over a past: a non-empty past, or a window buffer (always there)."""
-        return bool(self.windows) or any(dims.get(p, 0) > 0 for p in self.pasts)
-
-    def prefill(self, dims: dict, user: dict, batch: dict) -> dict | None:
-        """`dims` as a first prompt (every cache empty) at the batch `batch` gives; None when the user gave a past."""
-        if not self.pasts or any(p in user for p in self.pasts):
-            return None
-        out = {**dims, **{p: 0 for p in self.pasts}, **{b: v for b, v in batch.items() if b in self.batches}}
-        return self.apply(out, user)
-
-    def reasons(self) -> list[str]:
-        out = [f"{f.name}={f.value} ({f.why})" for f in self.fixed.values()]
-        out += [f"{s.total} = {' + '.join(s.parts)} ({s.why})" for s in self.sums]
-        out += [f"{c.rows} >= {' + '.join(c.parts)} ({c.why})" for c in self.covers]
-        out += [f"{f.name} >= {f.value} ({f.why})" for f in self.floors.values()]
-        return out
+# normalization ops -> the inputs of their scale, bias and skip bias: each shaped X.shape[axis:], so its last dim is
+# the normalized input's last dim (ONNX Runtime's SimplifiedLayerNormalization is registered in the default domain)
+NORM_PARAMS = {("", "LayerNormalization"): (1, 2), ("", "SimplifiedLayerNormalization"): (1,),
+               ("", "RMSNormalization"): (1,), ("com.microsoft", "SkipLayerNormalization"): (2, 3, 4),
+               ("com.microsoft", "SkipSimplifiedLayerNormalization"): (2, 3)}
 
 
 def op_dims(model: onnx.ModelProto, config: ConfigSizes | None = None) -> OpDims:
     """The dims the model's cache-reading attention ops fix (see the module doc); `config`: the folder's config,
     read only for sizes the ops and weights leave unknown."""
     graph = model.graph
-    nodes = [(n, CACHE_OPS[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]) for n in graph.node
-             if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in CACHE_OPS]
+    nodes = [(n, CACHE_OPS[_key(n)]) for n in graph.node if _key(n) in CACHE_OPS]
     found = OpDims()
-    if not nodes and not any((n.domain or "", n.op_type) in ROTARY_COS for n in graph.node):
+    if not nodes and not any(_key(n) in ROTARY_COS or _key(n) in NORM_PARAMS or _key(n) in BATCH_ROWS
+                             for n in graph.node):
         return found
     inits = {i.name for i in graph.initializer}
     shapes = {vi.name: [dim_name(d, vi.name, a) for a, d in enumerate(vi.type.tensor_type.shape.dim)]
@@ -203,10 +87,22 @@ def op_dims(model: onnx.ModelProto, config: ConfigSizes | None = None) -> OpDims
     uses = GraphUses(graph)
     widths = _Widths(model, uses)
     for node, op in nodes:
+        _check_widths(node, op, widths)
         _read_node(found, node, op, shapes, uses, widths, config)
     for node in graph.node:
         _read_rotary(found, node, shapes, uses)
+        _read_norm(found, node, shapes, uses, widths)
+        _read_batch_rows(found, node, shapes, widths)
+    _read_shape_only(found, graph, shapes, uses)
     return found
+
+
+def _key(node: onnx.NodeProto) -> tuple[str, str]:
+    return node.domain if node.domain != "ai.onnx" else "", node.op_type
+
+
+def _where(node: onnx.NodeProto) -> str:
+    return f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
 
 
 class _Widths:
@@ -224,12 +120,26 @@ class _Widths:
         weight = self._projection(name)
         if weight is not None:
             return weight
+        shape = self.inferred(name)
+        return shape[-1] if shape and isinstance(shape[-1], int) else None
+
+    def inferred(self, name: str, depth: int = 8) -> list | None:
+        """`name`'s shape as inference gives it (run once, only where something asks); past an op inference does
+        not know (ONNX Runtime's normalizations in the default domain), a normalization's output has its input's
+        shape and a Transpose's is its input's permuted."""
         if self._inferred is None:
             from .shapes import tensor_types  # shape inference, only where the weights do not say
 
             self._inferred = tensor_types(self.model)
         shape = self._inferred.get(name, (0, None))[1]
-        return shape[-1] if shape and isinstance(shape[-1], int) else None
+        node = self.uses.producers.get(name)
+        if shape is not None or node is None or depth == 0 or node.output[0] != name:
+            return shape
+        if _key(node) in NORM_PARAMS:
+            return self.inferred(node.input[0], depth - 1)
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        given = self.inferred(node.input[0], depth - 1) if node.op_type == "Transpose" and perm else None
+        return [given[p] for p in perm] if given and perm and len(given) == len(perm) else None
 
     def _projection(self, name: str) -> int | None:
         """The columns of the weight of the MatMul that computes `name` (through a bias Add)."""
@@ -258,7 +168,7 @@ def _input(node: onnx.NodeProto, index: int | None) -> str:
 def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[str, list], uses: GraphUses,
                widths: _Widths, config: ConfigSizes | None) -> None:
     """What one op says: its cache's head size and heads, its past, new and total lengths, its batch rule."""
-    where = f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
+    where = _where(node)
     past = _graph_input(_input(node, op.past_key), shapes, uses)
     if past is None or len(shapes[past]) != 4:
         return
@@ -283,7 +193,7 @@ def _read_node(found: OpDims, node: onnx.NodeProto, op: CacheOp, shapes: dict[st
         found.pasts.setdefault(past_len, node.name)
     if isinstance(batch, str):
         found.batches.add(batch)
-    new = _new_length(node, shapes, uses)
+    new = _new_length(node, op, shapes, uses, widths)
     if new is not None:
         found.news.add(new)
     if op.batch_one_with_past:
@@ -313,6 +223,18 @@ def _window_buffer(node: onnx.NodeProto) -> int:
     if node.op_type != "GroupQueryAttention" or not _attr(node, "sliding_window_cache"):
         return 0
     return max(_attr(node, "local_window_size") or 0, 0)
+
+
+def _check_widths(node: onnx.NodeProto, op: CacheOp, widths: _Widths) -> None:
+    """Key and value of one width, where the op takes both as [batch, new, kv_heads * head_size]: static widths
+    that differ make a model no size runs (a packed QKV sliced off the head boundary), said before any search."""
+    key, value = _input(node, op.key), _input(node, op.key + 1)
+    if not op.self_only or not key or not value:
+        return
+    key_width, value_width = widths.of(key), widths.of(value)
+    if key_width is not None and value_width is not None and key_width != value_width:
+        raise TrtattnError(f"{_where(node)} takes a key {key_width} wide and a value {value_width} wide, where both "
+                           f"are kv_num_heads * head_size: ONNX Runtime runs it at no size")
 
 
 def _fix(found: OpDims, fixed: Fixed) -> None:
@@ -354,14 +276,21 @@ def _head_size(node: onnx.NodeProto, op: CacheOp, heads: int | None, kv_heads: i
     return None, ""
 
 
-def _new_length(node: onnx.NodeProto, shapes: dict, uses: GraphUses) -> str | None:
-    """The name of the new tokens' length: the query's axis 1 when it is an input, else the token ids' (a 2-D
-    integer input that indexes an embedding table)."""
-    query = _graph_input(node.input[0], shapes, uses)
-    if query is not None and len(shapes[query]) == 3 and isinstance(shapes[query][1], str):
-        return shapes[query][1]
+def _new_length(node: onnx.NodeProto, op: CacheOp, shapes: dict, uses: GraphUses, widths: _Widths) -> str | None:
+    """The name of the new tokens' length: axis 1 of the query, or of the key or value where the op takes those as
+    the same new tokens, when one is an input (a query computed from a normalization keeps it unread); else the
+    token ids' (a 2-D integer input that indexes an embedding table); else the query's inferred axis 1, where it
+    is an input's dim (Q, K and V sliced from a packed input)."""
+    for index in (0, op.key, op.key + 1) if op.self_only else (0,):
+        given = _graph_input(_input(node, index), shapes, uses)
+        if given is not None and len(shapes[given]) == 3 and isinstance(shapes[given][1], str):
+            return shapes[given][1]
     ids = [s[1] for n, s in shapes.items() if len(s) == 2 and isinstance(s[1], str) and uses.vocab(n)]
-    return ids[0] if len(set(ids)) == 1 else None
+    if len(set(ids)) == 1:
+        return ids[0]
+    inferred = widths.inferred(node.input[0])
+    length = inferred[1] if inferred and len(inferred) == 3 else None
+    return length if isinstance(length, str) and any(length in s for s in shapes.values()) else None
 
 
 def _total_length(node: onnx.NodeProto, op: CacheOp, shapes: dict, uses: GraphUses) -> str | None:
@@ -423,7 +352,7 @@ def _read_rotary(found: OpDims, node: onnx.NodeProto, shapes: dict, uses: GraphU
     """A rotary op's cos cache given as a graph input with symbolic rows: the rows reach every position, so at least
     the past plus the new tokens where a cache op names them, else every other length of the inputs together (a
     decoder step's positions are below their sum)."""
-    index = ROTARY_COS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+    index = ROTARY_COS.get(_key(node))
     cos = _graph_input(_input(node, index), shapes, uses) if index is not None else None
     rows = shapes[cos][0] if cos is not None and shapes[cos] else None
     if not isinstance(rows, str) or any(c.rows == rows for c in found.covers):
@@ -433,6 +362,52 @@ def _read_rotary(found: OpDims, node: onnx.NodeProto, shapes: dict, uses: GraphU
                       and d != rows and d not in found.fixed and names_in(d) == [d]} - batches)
     parts = tuple(sorted(found.pasts)) + tuple(sorted(found.news)) if found.pasts and found.news else tuple(lengths)
     if parts:
-        where = f"{node.op_type} '{node.name}'" if node.name else f"{node.op_type} (output '{node.output[0]}')"
+        where = _where(node)
         found.covers.append(Covers(rows, parts, f"{where} reads positions up to {' + '.join(parts)} in its cos/sin "
                                                 "cache inputs"))
+
+
+def _read_norm(found: OpDims, node: onnx.NodeProto, shapes: dict, uses: GraphUses, widths: _Widths) -> None:
+    """A normalization's scale or bias given as a graph input with a symbolic last dim (a per-head RMS norm's
+    [head_size] weight, as Gemma's and Qwen3's query/key norms are written): it is the normalized input's last dim,
+    read from the weights or the shapes, never a guess the op then refuses."""
+    params = NORM_PARAMS.get(_key(node), ())
+    named = [(p, shapes[p][-1]) for p in (_graph_input(_input(node, i), shapes, uses) for i in params)
+             if p is not None and shapes[p] and isinstance(shapes[p][-1], str) and names_in(shapes[p][-1]) ==
+             [shapes[p][-1]]]
+    width = widths.of(node.input[0]) if named else None
+    if width is None:
+        return
+    where = _where(node)
+    for param, dim in named:
+        _fix(found, Fixed(dim, width, f"{where} normalizes a last axis of {width}, the size of its '{param}'"))
+
+
+def _read_batch_rows(found: OpDims, node: onnx.NodeProto, shapes: dict, widths: _Widths) -> None:
+    """An input with one row per batch entry whose row count the graph fixes (seqlens_k or position_ids computed
+    from Range(past, past + new): one row): the batch is that count, where the batched input's axis 0 is an input
+    dim."""
+    where = BATCH_ROWS.get(_key(node))
+    if where is None or not _input(node, where[0]):
+        return
+    rows_of, batched_inputs = _input(node, where[0]), where[1]
+    rows = widths.inferred(rows_of)
+    if not rows or not isinstance(rows[0], int) or (_key(node)[1] == "RotaryEmbedding" and len(rows) != 2):
+        return
+    for name in (_input(node, i) for i in batched_inputs):
+        batched = shapes.get(name) or (widths.inferred(name) if name else None)
+        if batched and isinstance(batched[0], str) and any(batched[0] in s for s in shapes.values()):
+            why = f"{_where(node)} takes '{rows_of}' of {rows[0]} row(s), one per batch entry"
+            return _fix(found, Fixed(batched[0], rows[0], why))
+
+
+def _read_shape_only(found: OpDims, graph: onnx.GraphProto, shapes: dict, uses: GraphUses) -> None:
+    """A cache-shaped input [batch, heads, length, head size] the graph reads only through Shape (a past that only
+    offsets positions and masks, its values never read): its length is a past the ops did not name, so an empty one
+    is tried first and verified beside the others."""
+    for name, dims in shapes.items():
+        readers = uses.consumers.get(name, [])
+        if len(dims) != 4 or not isinstance(dims[2], str) or dims[2] in found.pasts or not readers:
+            continue
+        if all(n.op_type == "Shape" for n, _ in readers) and names_in(dims[2]) == [dims[2]]:
+            found.pasts[dims[2]] = readers[0][0].name or f"Shape of '{name}'"

@@ -57,10 +57,10 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         raise TrtattnError(f"{where} keeps a window buffer and has an attention_bias: not converted")
     slots = window_cache.window_size(node, past_k, where) if buffered else 0  # the window, W
     heads, kv_heads = int(node.attrs["num_heads"]), int(node.attrs["kv_num_heads"])
-    width = q.shape[-1] if q.shape and isinstance(q.shape[-1], int) else None
-    if width is None:
-        raise TrtattnError(f"{where}: the query's hidden size is unknown")
-    head = width // heads if k is not None else width // (heads + 2 * kv_heads)  # packed: [B, S, (N + 2 Nkv) H]
+    head = _head_size(q, (k, v), past_k, heads, kv_heads)
+    if head is None:
+        raise TrtattnError(f"{where}: the head size is unknown (no static last dim on the query, key, value or "
+                           "past_key)")
     dtype = np.dtype(q.dtype) if q.dtype is not None else np.dtype(np.float32)
     emit = Emitter(graph, prefix)
     if k is None:  # Q, K and V packed in one input
@@ -110,6 +110,22 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
                 graph.nodes[-1].outputs = [o]
     output_merged(emit, graph, node, y, dtype)
     return attention
+
+
+def _last(tensor) -> int | None:
+    shape = tensor.shape if tensor is not None else None
+    return shape[-1] if shape and isinstance(shape[-1], int) else None
+
+
+def _head_size(q, kv: tuple, past_k, heads: int, kv_heads: int) -> int | None:
+    """The head size by the op's contract: the query's width over its heads (packed: [B, S, (N + 2 Nkv) H]),
+    else the key's or value's over the key/value heads, else the past's last axis (a query computed by an op shape
+    inference does not know, such as a query/key norm in the default domain, leaves its width unwritten)."""
+    width = _last(q)
+    if width is not None:
+        return width // heads if kv[0] is not None else width // (heads + 2 * kv_heads)
+    widths = [w for w in map(_last, kv) if w is not None]
+    return widths[0] // kv_heads if widths else _last(past_k)
 
 
 def _row_lengths(emit: Emitter, q4, seqlens, total_length):

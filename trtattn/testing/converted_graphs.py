@@ -91,3 +91,29 @@ def einsum_attention(*, hidden: int = 16, heads: int = 2, fill: float = -10000.0
     inputs = [info("x", F, ["batch", "seq", hidden]), info("mask", F, ["batch", "seq"])]
     graph = helper.make_graph(nodes, "einsum_attention", inputs, [info("output", F, ["batch", "seq", hidden])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _gpt2_layers(config) -> int:
+    return int(config.n_layer)  # one attention site per layer
+
+
+def slimmed_fp16_gpt2(*, cache: bool) -> onnx.ModelProto:
+    """The zoo's tiny random GPT-2 (with `cache`: past_key_values inputs and present outputs, use_cache=True)
+    exported by TorchScript, slimmed with onnxslim (else onnxconverter-common keeps the exporter's no-op Casts), then
+    converted to fp16 by onnxconverter-common with keep_io_types=True, as a user does (issue 34). Needs torch,
+    transformers, onnxslim and onnxconverter-common."""
+    import tempfile
+    from pathlib import Path
+
+    import onnxslim
+    from onnxconverter_common import float16
+
+    from ..zoo import ZooEntry
+    from ..zoo.torch_export import export_entry
+
+    builder = "gpt2_cache" if cache else "gpt2"
+    entry = ZooEntry(builder, "gpt2", "eager", "GPT-2 (issue 34's fp16 conversion)", builder, _gpt2_layers)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = export_entry(entry, "torchscript", Path(tmp) / "model.onnx")
+        exported = onnx.load(path)
+    return float16.convert_float_to_float16(onnxslim.slim(exported), keep_io_types=True)

@@ -286,6 +286,14 @@ def gpt2(cfg) -> Built:
     return _decoder(T.GPT2Model(cfg), cfg)
 
 
+gpt2_cache_config = gpt2_config
+
+
+def gpt2_cache(cfg) -> Built:
+    """GPT-2 with past_key_values inputs and present outputs (use_cache=True), as a cached decoder step."""
+    return _with_past(T.GPT2Model(cfg), cfg, cfg.n_head, cfg.n_embd // cfg.n_head)
+
+
 def llama_config(impl: str):
     return _config(T.LlamaConfig, vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
