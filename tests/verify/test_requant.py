@@ -1,16 +1,20 @@
-"""The quantization step after the attention of a dynamically quantized model (verify/requant.py)."""
+"""The move a dynamically quantized model makes after its attention (verify/requant.py)."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from trtattn.rewrite.fuse import fuse_model
 from trtattn.verify.compare import compare_models, default_feeds
-from trtattn.verify.requant import downstream_quantizers, downstream_step
-from trtattn.verify.tolerance import Tolerance, requantized
+from trtattn.verify.requant import downstream_quantizers, envelope, requantized_names
+from trtattn.verify.tolerance import requantized
 
 QDYN = Path(__file__).parents[1] / "data" / "foreign" / "bert.ort-qdyn.onnx"
+SITE = [SimpleNamespace(output="site")]
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +26,13 @@ def fused():
 def test_dynamically_quantized_encoder_fuses_with_reason(fused):
     model, result = fused
     assert result.ok
-    assert "DynamicQuantizeLinear" in (result.verification.tolerance_why or "")
-    sites = [r.site.output for r in result.reports]
-    step = downstream_step(model, sites, default_feeds(model))
-    assert step > 0 and result.verification.atol > step
+    assert "dynamic quantizer(s) downstream of the attention" in (result.verification.tolerance_why or "")
+    sites = [r.site for r in result.reports]
+    plain = compare_models(model, result.model, sites, atol_given=True)  # no widening: the bounds as asked
+    bounds, first, out = result.verification.bounds, sites[0].output, model.graph.output[0].name
+    assert first not in requantized_names(model, [s.output for s in sites])  # before every quantizer a site feeds
+    assert bounds[first] == plain.bounds[first]
+    assert out in requantized_names(model, [first]) and bounds[out] > plain.bounds[out]
 
 
 def test_wrong_scale_still_refused(fused):
@@ -38,19 +45,69 @@ def test_wrong_scale_still_refused(fused):
                 if a.name == "scale":
                     a.f *= 2.0
     outcome = compare_models(model, broken, [r.site for r in result.reports])
-    assert outcome.why  # the loosened bound, and still the wrong scale fails it
+    assert outcome.why  # the widened bounds after the quantizers, and still the wrong scale fails them
     assert not outcome.passed
 
 
 def test_fp32_without_quantization_keeps_its_bound():
-    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
-    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
-    graph = onnx.helper.make_graph([onnx.helper.make_node("Softmax", ["x"], ["s"]),
-                                    onnx.helper.make_node("Relu", ["s"], ["y"])], "g", [x], [y])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
-    assert downstream_quantizers(model, ["s"]) == []
-    assert downstream_step(model, ["s"], default_feeds(model)) == 0.0
-    tol = Tolerance(1e-4, 1e-4)
-    assert requantized(tol, 0.0) == tol
-    assert requantized(tol, 0.5, atol_given=True) == tol
-    assert requantized(tol, 0.5) == Tolerance(1e-4 + 0.5, 1e-4)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["s"]),
+                               helper.make_node("Relu", ["s"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = default_feeds(model)
+    assert downstream_quantizers(model, ["s"]) == [] and requantized_names(model, ["s"]) == set()
+    refs = [{"s": np.ones((2, 3), np.float32), "y": np.ones((2, 3), np.float32)} for _ in feeds]
+    assert envelope(model, ["s"], ["s", "y"], feeds, refs, (1e-4, 1e-4)).moves == {}
+    assert requantized({"y": 1e-4}, {}) == {"y": 1e-4}
+    assert requantized({"y": 1e-4, "s": 2e-4}, {"y": 0.5}) == {"y": 1e-4 + 0.5, "s": 2e-4}
+
+
+def quantized_block(layers: int, move: float = 0.0) -> onnx.ModelProto:
+    """x -> attention ('site') -> `layers` x (DynamicQuantizeLinear -> MatMulInteger -> rescale), as
+    quantize_dynamic writes a MatMul; `move` added to the site's output (a rewrite off by that much)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "xt"], ["qk"]),
+             helper.make_node("Mul", ["qk", "scale"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "x"], ["exact" if move else "site"])]
+    inits = [numpy_helper.from_array(np.array(0.125, np.float32), "scale")]
+    if move:
+        nodes.append(helper.make_node("Add", ["exact", "move"], ["site"]))
+        inits.append(numpy_helper.from_array(np.array(move, np.float32), "move"))
+    h = "site"
+    for i in range(layers):
+        w = rng.integers(-127, 128, (64, 64)).astype(np.int8)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.array(0, np.int8), f"wzp{i}"),
+                  numpy_helper.from_array(np.array(1 / 127, np.float32), f"ws{i}")]
+        nodes += [helper.make_node("DynamicQuantizeLinear", [h], [f"q{i}", f"s{i}", f"zp{i}"], name=f"dql{i}"),
+                  helper.make_node("MatMulInteger", [f"q{i}", f"w{i}", f"zp{i}", f"wzp{i}"], [f"acc{i}"]),
+                  helper.make_node("Cast", [f"acc{i}"], [f"f{i}"], to=TensorProto.FLOAT),
+                  helper.make_node("Mul", [f"s{i}", f"ws{i}"], [f"m{i}"]),
+                  helper.make_node("Mul", [f"f{i}", f"m{i}"], [f"h{i}"])]
+        h = f"h{i}"
+    nodes[-1].output[0] = "y"
+    graph = helper.make_graph(nodes, "qdyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_a_rounding_difference_becomes_whole_steps_and_is_allowed(layers):
+    """A site off by 2e-5 (within its bound of ~1e-4) lands elements a step across the quantizer's rounding:
+    the output is off by far more than its own bound, and by no more than the original's own move."""
+    original, candidate = quantized_block(layers), quantized_block(layers, move=2e-5)
+    plain = compare_models(original, candidate, SITE, atol_given=True)
+    assert plain.site_errors["site"] <= plain.bounds["site"]
+    assert not plain.passed and plain.output_errors["y"] > 10 * plain.bounds["y"]  # whole steps, not rounding
+    outcome = compare_models(original, candidate, SITE)
+    assert outcome.passed, outcome.why
+    assert outcome.bounds["site"] == plain.bounds["site"]  # before the quantizer: its own bound
+    assert "1 tensor(s) after " + str(layers) + " dynamic quantizer(s)" in outcome.why
+
+
+def test_a_site_off_its_bound_is_refused_after_a_quantizer():
+    outcome = compare_models(quantized_block(3), quantized_block(3, move=0.01), SITE)
+    assert outcome.site_errors["site"] > outcome.bounds["site"]
+    assert not outcome.passed
