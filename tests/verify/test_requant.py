@@ -63,9 +63,10 @@ def test_fp32_without_quantization_keeps_its_bound():
     assert requantized({"y": 1e-4, "s": 2e-4}, {"y": 0.5}) == {"y": 1e-4 + 0.5, "s": 2e-4}
 
 
-def quantized_block(layers: int, move: float = 0.0) -> onnx.ModelProto:
+def quantized_block(layers: int, move: float = 0.0, fused_op: bool = False) -> onnx.ModelProto:
     """x -> attention ('site') -> `layers` x (DynamicQuantizeLinear -> MatMulInteger -> rescale), as
-    quantize_dynamic writes a MatMul; `move` added to the site's output (a rewrite off by that much)."""
+    quantize_dynamic writes a MatMul, or (`fused_op`) com.microsoft's DynamicQuantizeMatMul, as ONNX Runtime's
+    optimizer fuses it; `move` added to the site's output (a rewrite off by that much)."""
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
              helper.make_node("MatMul", ["x", "xt"], ["qk"]),
@@ -81,6 +82,11 @@ def quantized_block(layers: int, move: float = 0.0) -> onnx.ModelProto:
         w = rng.integers(-127, 128, (64, 64)).astype(np.int8)
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.array(0, np.int8), f"wzp{i}"),
                   numpy_helper.from_array(np.array(1 / 127, np.float32), f"ws{i}")]
+        if fused_op:
+            nodes.append(helper.make_node("DynamicQuantizeMatMul", [h, f"w{i}", f"ws{i}", f"wzp{i}"], [f"h{i}"],
+                                          name=f"dqmm{i}", domain="com.microsoft"))
+            h = f"h{i}"
+            continue
         nodes += [helper.make_node("DynamicQuantizeLinear", [h], [f"q{i}", f"s{i}", f"zp{i}"], name=f"dql{i}"),
                   helper.make_node("MatMulInteger", [f"q{i}", f"w{i}", f"zp{i}", f"wzp{i}"], [f"acc{i}"]),
                   helper.make_node("Cast", [f"acc{i}"], [f"f{i}"], to=TensorProto.FLOAT),
@@ -90,24 +96,70 @@ def quantized_block(layers: int, move: float = 0.0) -> onnx.ModelProto:
     nodes[-1].output[0] = "y"
     graph = helper.make_graph(nodes, "qdyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
 
 
-@pytest.mark.parametrize("layers", [1, 3])
-def test_a_rounding_difference_becomes_whole_steps_and_is_allowed(layers):
-    """A site off by 2e-5 (within its bound of ~1e-4) lands elements a step across the quantizer's rounding:
-    the output is off by far more than its own bound, and by no more than the original's own move."""
-    original, candidate = quantized_block(layers), quantized_block(layers, move=2e-5)
+@pytest.mark.parametrize("layers,fused_op", [(1, False), (3, False), (2, True)])
+def test_a_rounding_difference_becomes_whole_steps_and_is_allowed(layers, fused_op):
+    """A site off by 2e-5 (within its bound of ~5e-4) lands elements a step across the quantizer's rounding:
+    the output is off by far more than its own bound, and by no more than the original's own move (one step
+    of the last quantizer's scale is not enough after two: 0.381 against 0.146, 3.66 against 0.797 after three)."""
+    original, candidate = quantized_block(layers, fused_op=fused_op), quantized_block(layers, 2e-5, fused_op)
     plain = compare_models(original, candidate, SITE, atol_given=True)
     assert plain.site_errors["site"] <= plain.bounds["site"]
     assert not plain.passed and plain.output_errors["y"] > 10 * plain.bounds["y"]  # whole steps, not rounding
     outcome = compare_models(original, candidate, SITE)
     assert outcome.passed, outcome.why
     assert outcome.bounds["site"] == plain.bounds["site"]  # before the quantizer: its own bound
-    assert "1 tensor(s) after " + str(layers) + " dynamic quantizer(s)" in outcome.why
+    assert f"1 tensor(s) after {layers} dynamic quantizer(s)" in outcome.why
 
 
 def test_a_site_off_its_bound_is_refused_after_a_quantizer():
     outcome = compare_models(quantized_block(3), quantized_block(3, move=0.01), SITE)
     assert outcome.site_errors["site"] > outcome.bounds["site"]
     assert not outcome.passed
+
+
+def exported_quantized_encoder(tmp_path) -> onnx.ModelProto:
+    """A 10-layer BERT encoder (hidden 512, random weights) exported by TorchScript and dynamically quantized
+    as a user quantizes it (quantize_dynamic: MatMul, per tensor, int8 weights, reduce_range)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=10, hidden_size=512, num_attention_heads=8,
+                                     intermediate_size=1024, vocab_size=100)
+    bert = transformers.BertModel(config).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    ids, mask = torch.randint(0, 100, (1, 16)), torch.ones(1, 16, dtype=torch.long)
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    torch.onnx.export(Encoder().eval(), (ids, mask), tmp_path / "bert.onnx", input_names=list(axes),
+                      output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
+    quantize_dynamic(tmp_path / "bert.onnx", tmp_path / "bert.qdyn.onnx", per_channel=False, reduce_range=True,
+                     weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+    return onnx.load(tmp_path / "bert.qdyn.onnx")
+
+
+@pytest.mark.slow  # exporting and quantizing 10 layers, then fusing: ~40 s
+def test_ten_site_quantized_encoder_fuses_with_its_outputs_off_by_whole_steps(tmp_path):
+    """Issue 34: every site within its own bound, the output off by whole quantization steps; fused, the
+    reason in the report."""
+    model = exported_quantized_encoder(tmp_path)
+    result = fuse_model(model)
+    assert result.ok and len(result.reports) == 10
+    sites = [r.site for r in result.reports]
+    plain = compare_models(model, result.model, sites, atol_given=True)
+    out = model.graph.output[0].name
+    assert plain.output_errors[out] > 10 * plain.bounds[out]  # the model's own bound would refuse it
+    assert result.verification.bounds[out] >= result.verification.outputs[out]
+    assert "dynamic quantizer(s) downstream of the attention" in (result.verification.tolerance_why or "")
+    assert result.verification.bounds[sites[0].output] == plain.bounds[sites[0].output]
