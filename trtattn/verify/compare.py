@@ -200,6 +200,7 @@ def _requant_envelope(original, site_outputs: list[str], feeds: list[dict], resu
         return Envelope()
     references = [dict(it.items()) for it in results[0][1]]
     compared = list(dict.fromkeys(k for it in references for k in it))
+    original, _, feeds = fed_draws(original, original, feeds)  # random ops cut: each moved run on the same draws
     return envelope(original, site_outputs, compared, feeds, references, tol, seed)
 
 
