@@ -63,36 +63,46 @@ def test_fp32_without_quantization_keeps_its_bound():
     assert requantized({"y": 1e-4, "s": 2e-4}, {"y": 0.5}) == {"y": 1e-4 + 0.5, "s": 2e-4}
 
 
-def quantized_block(layers: int, move: float = 0.0, fused_op: bool = False) -> onnx.ModelProto:
+def quantized_block(layers: int, move: float = 0.0, fused_op: bool = False, late: float | None = None) -> onnx.ModelProto:
     """x -> attention ('site') -> `layers` x (DynamicQuantizeLinear -> MatMulInteger -> rescale), as
     quantize_dynamic writes a MatMul, or (`fused_op`) com.microsoft's DynamicQuantizeMatMul, as ONNX Runtime's
-    optimizer fuses it; `move` added to the site's output (a rewrite off by that much)."""
+    optimizer fuses it; `move` added to the site's output (a rewrite off by that much). With `late`, a second
+    attention ('site2', moved by `late`) and one more quantized layer follow."""
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
-             helper.make_node("MatMul", ["x", "xt"], ["qk"]),
-             helper.make_node("Mul", ["qk", "scale"], ["logits"]),
-             helper.make_node("Softmax", ["logits"], ["p"], axis=-1),
-             helper.make_node("MatMul", ["p", "x"], ["exact" if move else "site"])]
-    inits = [numpy_helper.from_array(np.array(0.125, np.float32), "scale")]
-    if move:
-        nodes.append(helper.make_node("Add", ["exact", "move"], ["site"]))
-        inits.append(numpy_helper.from_array(np.array(move, np.float32), "move"))
-    h = "site"
-    for i in range(layers):
+    nodes, inits = [], [numpy_helper.from_array(np.array(0.125, np.float32), "scale")]
+
+    def attention(x: str, out: str, by: float):
+        nodes.extend([helper.make_node("Transpose", [x], [f"{out}_t"], perm=[0, 2, 1]),
+                      helper.make_node("MatMul", [x, f"{out}_t"], [f"{out}_qk"]),
+                      helper.make_node("Mul", [f"{out}_qk", "scale"], [f"{out}_logits"]),
+                      helper.make_node("Softmax", [f"{out}_logits"], [f"{out}_p"], axis=-1),
+                      helper.make_node("MatMul", [f"{out}_p", x], [f"{out}_exact" if by else out])])
+        if by:
+            nodes.append(helper.make_node("Add", [f"{out}_exact", f"{out}_move"], [out]))
+            inits.append(numpy_helper.from_array(np.array(by, np.float32), f"{out}_move"))
+
+    def quantized(h: str, i: int) -> str:
         w = rng.integers(-127, 128, (64, 64)).astype(np.int8)
-        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.array(0, np.int8), f"wzp{i}"),
-                  numpy_helper.from_array(np.array(1 / 127, np.float32), f"ws{i}")]
+        inits.extend([numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.array(0, np.int8), f"wzp{i}"),
+                      numpy_helper.from_array(np.array(1 / 127 / 8, np.float32), f"ws{i}")])
         if fused_op:
             nodes.append(helper.make_node("DynamicQuantizeMatMul", [h, f"w{i}", f"ws{i}", f"wzp{i}"], [f"h{i}"],
                                           name=f"dqmm{i}", domain="com.microsoft"))
-            h = f"h{i}"
-            continue
-        nodes += [helper.make_node("DynamicQuantizeLinear", [h], [f"q{i}", f"s{i}", f"zp{i}"], name=f"dql{i}"),
-                  helper.make_node("MatMulInteger", [f"q{i}", f"w{i}", f"zp{i}", f"wzp{i}"], [f"acc{i}"]),
-                  helper.make_node("Cast", [f"acc{i}"], [f"f{i}"], to=TensorProto.FLOAT),
-                  helper.make_node("Mul", [f"s{i}", f"ws{i}"], [f"m{i}"]),
-                  helper.make_node("Mul", [f"f{i}", f"m{i}"], [f"h{i}"])]
-        h = f"h{i}"
+            return f"h{i}"
+        nodes.extend([helper.make_node("DynamicQuantizeLinear", [h], [f"q{i}", f"s{i}", f"zp{i}"], name=f"dql{i}"),
+                      helper.make_node("MatMulInteger", [f"q{i}", f"w{i}", f"zp{i}", f"wzp{i}"], [f"acc{i}"]),
+                      helper.make_node("Cast", [f"acc{i}"], [f"f{i}"], to=TensorProto.FLOAT),
+                      helper.make_node("Mul", [f"s{i}", f"ws{i}"], [f"m{i}"]),
+                      helper.make_node("Mul", [f"f{i}", f"m{i}"], [f"h{i}"])])
+        return f"h{i}"
+
+    attention("x", "site", move)
+    h = "site"
+    for i in range(layers):
+        h = quantized(h, i)
+    if late is not None:
+        attention(h, "site2", late)
+        h = quantized("site2", layers)
     nodes[-1].output[0] = "y"
     graph = helper.make_graph(nodes, "qdyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
@@ -112,6 +122,23 @@ def test_a_rounding_difference_becomes_whole_steps_and_is_allowed(layers, fused_
     assert outcome.passed, outcome.why
     assert outcome.bounds["site"] == plain.bounds["site"]  # before the quantizer: its own bound
     assert f"1 tensor(s) after {layers} dynamic quantizer(s)" in outcome.why
+
+
+def test_a_late_site_is_judged_by_its_own_error_not_the_cascade():
+    """The second site, after a quantizer, is off by the first's crossings far more than its bound when both run
+    free; with the layers after each site reading the original's output, its own error is a rounding error, and
+    a second site off by less than the cascade (but over its bound) is refused."""
+    two = [SimpleNamespace(output="site"), SimpleNamespace(output="site2")]
+    original = quantized_block(2, late=0.0)
+    free = compare_models(original, quantized_block(2, 2e-5, late=0.0), two, atol_given=True)
+    cascade = free.site_errors["site2"]
+    assert cascade > 4 * free.bounds["site2"]
+    right = compare_models(original, quantized_block(2, 2e-5, late=0.0), two)
+    assert right.passed and right.site_errors["site2"] <= right.bounds["site2"] == free.bounds["site2"]
+    off = 2 * free.bounds["site2"]
+    assert off < cascade
+    wrong = compare_models(original, quantized_block(2, 2e-5, late=off), two)
+    assert not wrong.passed and wrong.site_errors["site2"] > wrong.bounds["site2"]
 
 
 def test_a_site_off_its_bound_is_refused_after_a_quantizer():
@@ -152,7 +179,7 @@ def exported_quantized_encoder(tmp_path) -> onnx.ModelProto:
 @pytest.mark.slow  # exporting and quantizing 10 layers, then fusing: ~40 s
 def test_ten_site_quantized_encoder_fuses_with_its_outputs_off_by_whole_steps(tmp_path):
     """Issue 34: every site within its own bound, the output off by whole quantization steps; fused, the
-    reason in the report."""
+    reason in the report (measured: output off by 0.031 against its own bound of 0.00049, allowed 0.075)."""
     model = exported_quantized_encoder(tmp_path)
     result = fuse_model(model)
     assert result.ok and len(result.reports) == 10
@@ -163,3 +190,6 @@ def test_ten_site_quantized_encoder_fuses_with_its_outputs_off_by_whole_steps(tm
     assert result.verification.bounds[out] >= result.verification.outputs[out]
     assert "dynamic quantizer(s) downstream of the attention" in (result.verification.tolerance_why or "")
     assert result.verification.bounds[sites[0].output] == plain.bounds[sites[0].output]
+    # run free, the later sites carry the earlier ones' crossings; each on the original's inputs, its own bound
+    assert any(plain.site_errors[s.output] > plain.bounds[s.output] for s in sites)
+    assert all(r.max_abs_err <= plain.bounds[r.site.output] for r in result.reports)

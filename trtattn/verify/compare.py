@@ -25,7 +25,7 @@ from ..timings import timed
 from ..verification import Verification
 from .adapters import Adapter
 from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
-from .requant import Envelope, envelope
+from .requant import Envelope, envelope, forced_errors
 from .runners import onnx_runner, quiet_polygraphy
 from .tolerance import requantized
 
@@ -183,6 +183,10 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds), moves=moved.moves)
     outcome.slices = slices
     outcome.why = moved.why(errors)
+    if moved.moves:  # a site after a quantizer: its own error, every site computing from the original's inputs
+        _, cut, fed = fed_draws(original, candidate, feeds)  # on the random draws the comparison ran
+        errors.update(forced_errors(cut, site_outputs, fed, [dict(it.items()) for it in results[0][1]]))
+        outcome.passed = not outcome.nan_mismatch and all(outcome.within(k, e) for k, e in errors.items())
     outcome.output_errors = {k: v for k, v in errors.items() if k in graph_outputs}
     outcome.site_errors = {k: v for k, v in errors.items() if k in site_outputs}  # a site may be an output too
     outcome.passed = outcome.passed and all(outcome.within(k, e) for k, e in outcome.output_errors.items())

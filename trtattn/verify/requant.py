@@ -7,8 +7,11 @@ the layers after it carry that step (several quantizers in a chain, several step
 No formula gives that move (it depends on which elements cross, the weights that read them, and every layer
 after), so it is evaluated: the original itself runs with each site's output moved by its bound (atol + rtol *
 its largest magnitude, a random sign per element), and each tensor after a quantizer is allowed MARGIN times what
-the original's own tensor moved (envelope). Tensors no quantizer after a site reaches keep their bound, so a
-wrong rewrite is still refused at the first site it breaks."""
+the original's own tensor moved (envelope). Tensors no quantizer after a site reaches keep their bound.
+
+A site after such a quantizer is not judged by that move (a site wrong by less than the cascade would hide in
+it): it is judged by its own error (forced_errors), the candidate run with every site's output replaced, for
+the layers after it, by the original's, so each site computes from the original's inputs, within its own bound."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ DRAWS = 2  # moved runs per feed: each draw flips other elements, the envelope i
 MARGIN = 2.0
 _EXACT = "/trtattn_requant_exact"  # the site's own output, before the move added to it
 _MOVE = "/trtattn_requant_move"
+_FORCED = "/trtattn_requant_forced"  # a site's output as the original computes it, read by the layers after
 
 
 @dataclass
@@ -85,7 +89,7 @@ def envelope(model: onnx.ModelProto, sites: list[str], compared: list[str], feed
     quantizers, after = _reach(model, sites)
     produced = {o for n in model.graph.node for o in n.output}
     moved = [s for s in sites if s in produced and all(s in r for r in references)]
-    wanted = [n for n in compared if n in after]
+    wanted = [n for n in compared if n in after and n not in sites]  # a site: judged by forced_errors
     if not quantizers or not moved or not wanted or not feeds:
         return Envelope()
     session = ort_session(_moved_model(model, moved, wanted, references[0]))
@@ -138,3 +142,29 @@ def _moved_model(model: onnx.ModelProto, sites: list[str], wanted: list[str], re
                         [s + _EXACT for s in sites] + [n for n in wanted if n not in known and n not in sites])
     return moved
 
+
+
+def forced_errors(candidate: onnx.ModelProto, sites: list[str], feeds: list[dict], references: list[dict]) -> dict[str, float]:
+    """Each site's own max abs error over `feeds`: `candidate` run with the layers after every site reading the
+    original's output of that site (`references`, the original's results on `feeds`) instead of its own, so no
+    site's input carries another site's difference through a quantizer."""
+    produced = {o for n in candidate.graph.node for o in n.output}
+    forced = [s for s in sites if s in produced and all(s in r for r in references)]
+    if not forced or not feeds:
+        return {}
+    model = onnx.ModelProto()
+    model.CopyFrom(candidate)
+    for node in model.graph.node:
+        node.input[:] = [i + _FORCED if i in forced else i for i in node.input]
+    dtype = {s: onnx.helper.np_dtype_to_tensor_dtype(np.asarray(references[0][s]).dtype) for s in forced}
+    model.graph.input.extend(onnx.helper.make_tensor_value_info(s + _FORCED, dtype[s], None) for s in forced)
+    known = {o.name for o in model.graph.output}
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(s) for s in forced if s not in known)
+    session = ort_session(model)
+    inputs = {i.name for i in session.get_inputs()}
+    errors = dict.fromkeys(forced, 0.0)
+    for feed, ref in zip(feeds, references):
+        fed = {**{k: v for k, v in feed.items() if k in inputs}, **{s + _FORCED: ref[s] for s in forced}}
+        for s, value in zip(forced, session.run(forced, fed)):
+            errors[s] = max(errors[s], _max_diff(ref[s], value) if np.shape(value) == np.shape(ref[s]) else np.inf)
+    return errors
