@@ -193,3 +193,14 @@ def test_ten_site_quantized_encoder_fuses_with_its_outputs_off_by_whole_steps(tm
     # run free, the later sites carry the earlier ones' crossings; each on the original's inputs, its own bound
     assert any(plain.site_errors[s.output] > plain.bounds[s.output] for s in sites)
     assert all(r.max_abs_err <= plain.bounds[r.site.output] for r in result.reports)
+
+
+def test_a_site_that_turns_nan_on_the_original_inputs_is_refused():
+    """The forced run (every site on the original's inputs) counts a NaN where the original has a number."""
+    model = quantized_block(1)
+    broken = quantized_block(1, move=1.0)
+    for init in broken.graph.initializer:
+        if init.name == "site_move":
+            init.CopyFrom(numpy_helper.from_array(np.array(np.nan, np.float32), "site_move"))
+    outcome = compare_models(model, broken, SITE)
+    assert outcome.site_errors["site"] == np.inf and not outcome.passed

@@ -116,6 +116,7 @@ def _shift(ref: np.ndarray, tol: tuple[float, float], rng) -> np.ndarray:
 
 
 def _max_diff(a, b) -> float:
+    """The largest finite difference: a moved run that overflows says nothing about how far a rounding moves."""
     with np.errstate(invalid="ignore"):
         d = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
     return float(np.max(np.where(np.isfinite(d), d, 0.0), initial=0.0))
@@ -143,7 +144,6 @@ def _moved_model(model: onnx.ModelProto, sites: list[str], wanted: list[str], re
     return moved
 
 
-
 def forced_errors(candidate: onnx.ModelProto, sites: list[str], feeds: list[dict], references: list[dict]) -> dict[str, float]:
     """Each site's own max abs error over `feeds`: `candidate` run with the layers after every site reading the
     original's output of that site (`references`, the original's results on `feeds`) instead of its own, so no
@@ -166,5 +166,16 @@ def forced_errors(candidate: onnx.ModelProto, sites: list[str], feeds: list[dict
     for feed, ref in zip(feeds, references):
         fed = {**{k: v for k, v in feed.items() if k in inputs}, **{s + _FORCED: ref[s] for s in forced}}
         for s, value in zip(forced, session.run(forced, fed)):
-            errors[s] = max(errors[s], _max_diff(ref[s], value) if np.shape(value) == np.shape(ref[s]) else np.inf)
+            errors[s] = max(errors[s], _own_error(ref[s], value))
     return errors
+
+
+def _own_error(ref, value) -> float:
+    """max |ref - value|, inf where the shapes differ or a NaN or infinity stands in one only (no silent pass)."""
+    a, b = np.asarray(ref, np.float64), np.asarray(value, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        d = np.where(same, 0.0, np.abs(a - b))
+    return float(np.max(np.where(np.isnan(d), np.inf, d), initial=0.0))
