@@ -25,9 +25,9 @@ from ..timings import timed
 from ..verification import Verification
 from .adapters import Adapter
 from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
-from .requant import downstream_step
+from .requant import Envelope, envelope, forced_errors
 from .runners import onnx_runner, quiet_polygraphy
-from .tolerance import Tolerance, requantized
+from .tolerance import requantized
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Outcome:
     lengths: list = field(default_factory=list)  # a ragged form's check: each iteration's per-row lengths
     # name -> (the original's shape, the candidate's) where they differ and cannot be compared
     shapes_differ: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
-    why: str = ""  # why atol is wider than asked: a quantization step downstream of the sites (requant.py)
+    why: str = ""  # why some bounds are wider than atol + rtol: a quantizer downstream of the sites (requant.py)
 
     def within(self, name: str, error: float | None) -> bool:
         """Whether `error` (a max abs error of output or site `name`) is within its bound."""
@@ -68,12 +68,14 @@ def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iteration
         [make_feeds(model, dims=other, seed=seed) for other in getattr(dims, "also", ())]
 
 
-def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outcome, dict[str, float]]:
+def _judge(results, *, atol: float, rtol: float, iterations: int,
+           moves: dict[str, float] | None = None) -> tuple[Outcome, dict[str, float]]:
     """Polygraphy's verdict on the first two runners' results and each output's worst max abs error
     over the iterations (NaN in an error: inf, and the output is listed as a NaN mismatch). Each output's
     bound is atol + rtol * its largest reference magnitude (the bound numpy's allclose gives at the
     reference's largest element: fp16 rounds an output of 30 to steps of 1/64): every element's error must
-    be within it (or within rtol of the element), so must the max abs error."""
+    be within it (or within rtol of the element), so must the max abs error. `moves`: per output, how far a
+    quantizer after the attention may move it (requant.py), added to its bound."""
     from polygraphy.comparator import Comparator, CompareFunc
 
     bounds: dict[str, float] = {}
@@ -81,6 +83,7 @@ def _judge(results, *, atol: float, rtol: float, iterations: int) -> tuple[Outco
         for name, value in iteration.items():
             scale = float(np.max(np.abs(value), initial=0.0)) if np.size(value) else 0.0
             bounds[name] = max(bounds.get(name, atol), atol + rtol * (scale if math.isfinite(scale) else 0.0))
+    bounds = requantized(bounds, moves or {})
     # Polygraphy's elementwise verdict with each output's bound as its atol: rounding errors scale with the
     # values an element is computed from, not with the element (a logit near 0 after 32 fp16 layers)
     with contextlib.redirect_stdout(io.StringIO()), np.printoptions(threshold=0, edgeitems=1, precision=3):
@@ -176,13 +179,14 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
             feeds, used = found
             results, slices = _run_both(original, candidate, sites, feeds, progress)
     site_outputs = [s.output for s in sites if s.output]
-    step = downstream_step(original, site_outputs, feeds) if site_outputs else 0.0
-    wide = requantized(Tolerance(atol, rtol), step, atol_given).atol
-    outcome, errors = _judge(results, atol=wide, rtol=rtol, iterations=len(feeds))
+    moved = Envelope() if atol_given else _requant_envelope(original, site_outputs, feeds, results, (atol, rtol), seed)
+    outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds), moves=moved.moves)
     outcome.slices = slices
-    if wide != atol:
-        outcome.why = (f"atol {atol:.3g} + {step:.3g}: one step of the DynamicQuantizeLinear after the attention, "
-                       "its scale evaluated on these inputs (a rounding difference moves a quantized element a step)")
+    outcome.why = moved.why(errors)
+    if moved.moves:  # a site after a quantizer: its own error, every site computing from the original's inputs
+        _, cut, fed = fed_draws(original, candidate, feeds)  # on the random draws the comparison ran
+        errors.update(forced_errors(cut, site_outputs, fed, [dict(it.items()) for it in results[0][1]]))
+        outcome.passed = not outcome.nan_mismatch and all(outcome.within(k, e) for k, e in errors.items())
     outcome.output_errors = {k: v for k, v in errors.items() if k in graph_outputs}
     outcome.site_errors = {k: v for k, v in errors.items() if k in site_outputs}  # a site may be an output too
     outcome.passed = outcome.passed and all(outcome.within(k, e) for k, e in outcome.output_errors.items())
@@ -191,6 +195,17 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
             used.notes.append(random_note)
         outcome.inputs = used
     return outcome
+
+
+def _requant_envelope(original, site_outputs: list[str], feeds: list[dict], results, tol, seed: int) -> Envelope:
+    """How far the original's own tensors after a quantizer move with its sites moved within `tol` (requant.py),
+    on the feeds both models ran (the original's results give each site's magnitude)."""
+    if not site_outputs:
+        return Envelope()
+    references = [dict(it.items()) for it in results[0][1]]
+    compared = list(dict.fromkeys(k for it in references for k in it))
+    original, _, feeds = fed_draws(original, original, feeds)  # random ops cut: each moved run on the same draws
+    return envelope(original, site_outputs, compared, feeds, references, tol, seed)
 
 
 def _run_both(original, candidate, sites, feeds: list[dict], progress=None):

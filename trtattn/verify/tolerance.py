@@ -74,11 +74,11 @@ def loosened(tol: Tolerance, precision: str, given: tuple[bool, bool] = (False, 
                      tol.rtol if given[1] else max(tol.rtol, low.rtol))
 
 
-def requantized(tol: Tolerance, step: float, atol_given: bool = False) -> Tolerance:
-    """`tol` widened by one quantization step (`step`, > 0) of a DynamicQuantizeLinear downstream of a rewrite:
-    a rounding difference there moves an element by a whole step (verify/requant.py). A model with no
-    quantization after the rewrite has step 0 and keeps its bound; an atol the user gave is kept as asked."""
-    return tol if step <= 0.0 or atol_given else Tolerance(tol.atol + step, tol.rtol)
+def requantized(bounds: dict[str, float], moves: dict[str, float]) -> dict[str, float]:
+    """Each output's max-abs-error bound widened by how far a dynamic quantizer after the attention moves it
+    (`moves`, evaluated by verify/requant.py: the original's own move with its sites moved within their
+    bounds). An output no such quantizer reaches has no move and keeps its bound."""
+    return {k: v + moves.get(k, 0.0) for k, v in bounds.items()}
 
 
 def tolerance_for(model: onnx.ModelProto, atol: float | None = None, rtol: float | None = None) -> Tolerance:
