@@ -31,6 +31,7 @@ from .evaluate import cut_out, ort_session
 from .feeds import make_feeds
 from .op_dims import op_dims
 from .roles import input_specs
+from .shapes import dims_of, infer, known_shapes_and_types, left_unnamed, merged, unnamed
 
 PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29)
 
@@ -138,6 +139,46 @@ def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padd
         except Exception:
             continue
     return None
+
+
+def inferred_shapes(graph: gs.Graph, model: onnx.ModelProto, dims: dict | None = None
+                    ) -> tuple[dict[str, list], dict[str, int]]:
+    """name -> shape and name -> ONNX element type of `graph`'s tensors (GraphView's inferred shapes and types):
+    ONNX's inference, and where it leaves a dim of a main-graph tensor it cannot name (unk__N: TorchScript's head
+    splits), that dim measured: a size where it is the same at both probe runs, an input dim's name where it
+    varies as that dim does. What ONNX Runtime's symbolic inference adds there is the same sizes, found by
+    algebra over the graph at 0.7 s a fuse (0.5 s of it importing sympy), against one session run twice.
+    A shape replaces ONNX's only where it has more sizes, as between the two inferences. The symbolic inference
+    still runs (known_shapes_and_types) where measuring cannot stand in for it: weights over the slicing budget
+    (a run would read them all), a tensor ONNX gives no type, or one that is not measured (the model does not
+    run at the probe dims)."""
+    from .slices import slice_budget
+
+    if slice_budget(model):
+        return known_shapes_and_types(model)
+    onnx_only = infer(model, symbolic=False)
+    shapes, types = merged(onnx_only)
+    if onnx_only and not left_unnamed(onnx_only):  # infer stops after ONNX's here too: the same result
+        return shapes, types
+    produced = [t for n in graph.nodes for t in n.outputs if isinstance(t, gs.Variable) and t.name]
+    unknown = [t for t in produced if unnamed(shapes.get(t.name))]
+    if not onnx_only or any(t.name not in types for t in produced):
+        return known_shapes_and_types(model)
+    inputs = [t for t in graph.inputs if isinstance(t, gs.Variable)]
+    got = measure(graph, model, unknown + inputs, dims)
+    if any(t.name not in got for t in unknown):
+        return known_shapes_and_types(model)
+    names: dict[Sizes, str] = {}  # how each named input dim varies -> its name
+    for vi in model.graph.input:
+        for axis, name in enumerate(dims_of(vi) or ()):
+            if isinstance(name, str) and axis < len(got.get(vi.name, ())):
+                names.setdefault(got[vi.name][axis], name)
+    for t in unknown:
+        found = [s[0] if s.static else names.get(s, "measured_" + "_".join(map(str, s))) for s in got[t.name]]
+        known = shapes.get(t.name)
+        if known is None or sum(isinstance(d, int) for d in found) > sum(isinstance(d, int) for d in known):
+            shapes[t.name] = found
+    return shapes, types
 
 
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> {name: [Sizes]}

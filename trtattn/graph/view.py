@@ -142,14 +142,19 @@ def _constants(graph: gs.Graph):
 
 class GraphView:
     def __init__(self, graph: gs.Graph, model: onnx.ModelProto | None = None, fold: bool = True,
-                 dims: dict | None = None):
+                 dims: dict | None = None, inferred: tuple[dict, dict] | None = None):
+        """`inferred`: (name -> shape, name -> ONNX type) where the caller has them (graph/measure.py's
+        inferred_shapes); else the model's inferences are run here."""
         self.graph = graph
         self.model = model  # what graph/measure.py runs to measure shapes inference could not name
         self.dims = dict(dims) if dims else None  # the dims the model runs at (graph/dims.py), where it measures
         self.opset = int(graph.opset) if graph.opset else DEFAULT_OPSET
         self._folded: dict[str, gs.Tensor] = {}
         self.shape_only: set[str] = set()  # outputs of the graph's shape arithmetic (constants and shapes alone)
-        self._shapes, self._types = known_shapes_and_types(model) if model is not None else ({}, {})
+        if inferred is None:
+            inferred = known_shapes_and_types(model) if model is not None else ({}, {})
+        self._shapes: dict[str, list] = inferred[0]
+        self._types: dict[str, int] = inferred[1]
         if fold:
             self._fold()
         self.tensors = graph.tensors()
