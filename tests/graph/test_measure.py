@@ -308,10 +308,10 @@ def test_dims_onnx_cannot_name_are_measured_to_the_sizes_symbolic_inference_give
     symbolic, symbolic_types = shapes.known_shapes_and_types(model)
     asked = []
     monkeypatch.setattr(shapes, "symbolic_shapes", lambda m: asked.append(m))
-    measured, types = inferred_shapes(import_graph(model), model)
+    inferred = inferred_shapes(import_graph(model), model)
     assert not asked
-    assert {k: _sizes(s) for k, s in measured.items()} == {k: _sizes(s) for k, s in symbolic.items()}
-    assert types == symbolic_types
+    assert {k: _sizes(s) for k, s in inferred.shapes.items()} == {k: _sizes(s) for k, s in symbolic.items()}
+    assert inferred.types == symbolic_types
 
 
 def test_symbolic_inference_still_runs_where_the_model_cannot_be_measured(zoo_export, monkeypatch):
@@ -323,4 +323,5 @@ def test_symbolic_inference_still_runs_where_the_model_cannot_be_measured(zoo_ex
     model = onnx.load(str(zoo_export("bart", "torchscript")))
     monkeypatch.setattr(measure, "_runs", lambda *a, **k: None)  # as for a model that does not run
     graph = import_graph(model)
-    assert measure.inferred_shapes(graph, model) == shapes.known_shapes_and_types(model)
+    inferred = measure.inferred_shapes(graph, model)
+    assert (inferred.shapes, inferred.types) == shapes.known_shapes_and_types(model) and not inferred.measured

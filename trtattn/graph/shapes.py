@@ -8,6 +8,7 @@ splits). Both run on the model's structure with its weights set aside.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import onnx
 from onnx import version_converter
@@ -18,6 +19,16 @@ from .roles import dim_name
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 DEFAULT_OPSET = 17
+
+
+@dataclass
+class Inferred:
+    """What a GraphView reads of its tensors' shapes: name -> shape and name -> ONNX element type, and the shapes
+    measured on the way (graph/measure.py: name -> each dim's sizes at the two probe runs, at the view's dims)."""
+
+    shapes: dict[str, list] = field(default_factory=dict)
+    types: dict[str, int] = field(default_factory=dict)
+    measured: dict[str, list] = field(default_factory=dict)
 
 
 def opset_of(model: onnx.ModelProto | onnx.GraphProto, default: int = 0) -> int:
