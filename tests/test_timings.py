@@ -96,3 +96,13 @@ def test_fuse_opens_one_session_per_graph_it_runs(tmp_path, zoo_export):
     phases = {p["name"]: p for p in json.loads(report.read_text())["timings"]["phases"]}
     assert phases["verify"]["sessions"] == 2 and phases["reload"]["sessions"] == 1
     assert phases["rewrite"]["sessions"] == 0 and phases["verify/fit dims"]["sessions"] == 0
+
+
+def test_the_analysis_measures_a_torchscript_export_in_one_session(tmp_path, zoo_export):
+    """TorchScript BART: the dims ONNX's inference cannot name and the shapes the matcher asks for are measured in
+    one session (graph/measure.inferred_shapes), the masks probed in another: two, not one more for each."""
+    report = tmp_path / "r.json"
+    args = ["-q", "fuse", str(zoo_export("bart", "torchscript")), "-o", str(tmp_path / "f.onnx"), "--report", str(report)]
+    assert main([*args, "--timings"]) == 0
+    phases = {p["name"]: p for p in json.loads(report.read_text())["timings"]["phases"]}
+    assert phases["match and probe"]["sessions"] == 2

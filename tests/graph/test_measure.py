@@ -287,3 +287,41 @@ def test_a_probe_of_one_query_is_placed_by_the_numbers_where_every_size_is_known
     named = (["unk__1", "unk__2", "unk__3"], ["unk__4", "unk__5", "unk__6"])
     assert show(_regroup(registry, frame, measured, named, "Reshape")) == "[m, x0.0, x0.1*c]"
     assert registry.known("x0.1") == 4 and registry.measure["x0.0"] == Sizes((2, 4))
+
+
+def _sizes(shape):
+    return [d if isinstance(d, int) else None for d in shape or []]
+
+
+@pytest.mark.parametrize("name", ["bart", "llama"])
+def test_dims_onnx_cannot_name_are_measured_to_the_sizes_symbolic_inference_gives(name, zoo_export, monkeypatch):
+    """TorchScript's head splits: ONNX's inference calls the heads dim unk__N. inferred_shapes measures those dims
+    instead of asking ONNX Runtime's symbolic inference (0.7 s a fuse, sympy's import among it), and every
+    tensor gets the sizes the symbolic inference gives it, and the same types."""
+    from trtattn.graph import shapes
+    from trtattn.graph.measure import inferred_shapes
+    from trtattn.graph.view import import_graph
+
+    model = onnx.load(str(zoo_export(name, "torchscript")))
+    onnx_only, _ = shapes.merged(shapes.infer(model, symbolic=False))
+    assert any(shapes.unnamed(s) for s in onnx_only.values())  # there is something to name
+    symbolic, symbolic_types = shapes.known_shapes_and_types(model)
+    asked = []
+    monkeypatch.setattr(shapes, "symbolic_shapes", lambda m: asked.append(m))
+    inferred = inferred_shapes(import_graph(model), model)
+    assert not asked
+    assert {k: _sizes(s) for k, s in inferred.shapes.items()} == {k: _sizes(s) for k, s in symbolic.items()}
+    assert inferred.types == symbolic_types
+
+
+def test_symbolic_inference_still_runs_where_the_model_cannot_be_measured(zoo_export, monkeypatch):
+    """Where the model does not run at the probe dims nothing is measured, and the symbolic inference names the
+    dims as before (its result is what the view gets)."""
+    from trtattn.graph import measure, shapes
+    from trtattn.graph.view import import_graph
+
+    model = onnx.load(str(zoo_export("bart", "torchscript")))
+    monkeypatch.setattr(measure, "_runs", lambda *a, **k: None)  # as for a model that does not run
+    graph = import_graph(model)
+    inferred = measure.inferred_shapes(graph, model)
+    assert (inferred.shapes, inferred.types) == shapes.known_shapes_and_types(model) and not inferred.measured

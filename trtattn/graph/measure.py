@@ -31,6 +31,7 @@ from .evaluate import cut_out, ort_session
 from .feeds import make_feeds
 from .op_dims import op_dims
 from .roles import input_specs
+from .shapes import Inferred, dims_of, infer, known_shapes_and_types, left_unnamed, merged, unnamed
 
 PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29)
 
@@ -140,22 +141,74 @@ def _runs(graph: gs.Graph, model: onnx.ModelProto, outs: list[gs.Variable], padd
     return None
 
 
+def inferred_shapes(graph: gs.Graph, model: onnx.ModelProto, dims: dict | None = None) -> Inferred:
+    """The shapes and types of `graph`'s tensors a GraphView reads: ONNX's inference, and where it leaves a dim
+    of a main-graph tensor it cannot name (unk__N: TorchScript's head splits), that dim measured: a size where
+    it is the same at both probe runs, an input dim's name where it varies as that dim does. The same run
+    measures what `measured` will ask for (each regrouped tensor whose shape ONNX does not make static), so the
+    view does not open a second session for it. What ONNX Runtime's symbolic inference adds there is the same sizes, found by
+    algebra over the graph at 0.7 s a fuse (0.5 s of it importing sympy), against one session run twice.
+    A shape replaces ONNX's only where it has more sizes, as between the two inferences. The symbolic inference
+    still runs (known_shapes_and_types) where measuring cannot stand in for it: weights over the slicing budget
+    (a run would read them all), a tensor ONNX gives no type, or one that is not measured (the model does not
+    run at the probe dims)."""
+    from .slices import slice_budget
+
+    if slice_budget(model):
+        return Inferred(*known_shapes_and_types(model))
+    onnx_only = infer(model, symbolic=False)
+    shapes, types = merged(onnx_only)
+    if onnx_only and not left_unnamed(onnx_only):  # infer stops after ONNX's here too: the same result
+        return Inferred(shapes, types)
+    produced = [t for n in graph.nodes for t in n.outputs if isinstance(t, gs.Variable) and t.name]
+    unknown = [t for t in produced if unnamed(shapes.get(t.name))]
+    if not onnx_only or any(t.name not in types for t in produced):
+        return Inferred(*known_shapes_and_types(model))
+    inputs = [t for t in graph.inputs if isinstance(t, gs.Variable)]
+    named = {id(t) for t in unknown + inputs}
+    later = [t for t in _regrouped(graph) if id(t) not in named and not _static(shapes.get(t.name))]
+    got = measure(graph, model, unknown + inputs + later, dims)
+    if any(t.name not in got for t in unknown):
+        return Inferred(*known_shapes_and_types(model))
+    names: dict[Sizes, str] = {}  # how each named input dim varies -> its name
+    for vi in model.graph.input:
+        for axis, name in enumerate(dims_of(vi) or ()):
+            if isinstance(name, str) and axis < len(got.get(vi.name, ())):
+                names.setdefault(got[vi.name][axis], name)
+    for t in unknown:
+        found = [s[0] if s.static else names.get(s, "measured_" + "_".join(map(str, s))) for s in got[t.name]]
+        known = shapes.get(t.name)
+        if known is None or sum(isinstance(d, int) for d in found) > sum(isinstance(d, int) for d in known):
+            shapes[t.name] = found
+    return Inferred(shapes, types, got)
+
+
+def _regrouped(graph: gs.Graph) -> list[gs.Tensor]:
+    """What every Reshape and Flatten of the graph reads and writes, and every product (MatMul, Einsum) reads and
+    writes: the tensors whose measured shapes the matcher asks for where the inferred ones are not static."""
+    regrouped = {id(x): x for n in graph.nodes if n.op in ("Reshape", "Flatten") for x in (n.inputs[0], n.outputs[0])}
+    regrouped.update({id(x): x for n in graph.nodes if n.op in ("MatMul", "Einsum") for x in [*n.inputs, *n.outputs]})
+    return [x for x in regrouped.values() if isinstance(x, gs.Variable)]
+
+
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> {name: [Sizes]}
 
 
 def measured(view, t: gs.Tensor) -> list[Sizes] | None:
     """The measured shape of `t`, a tensor of `view`'s graph (None: the view has no model, or the model did not
     run). The first call measures what every Reshape and Flatten of the graph reads and writes, and what every
-    product (MatMul, Einsum) reads and writes, where the inferred shape is not static, in one run per probe;
-    later calls read the result."""
+    product (MatMul, Einsum) reads and writes, where the inferred shape is not static, in one run per probe,
+    unless inferred_shapes measured them all already (the view's `premeasured`); later calls read the result."""
     model = getattr(view, "model", None)
     if model is None:
         return None
     if view not in _MEASURED:
-        regrouped = {id(x): x for n in view.graph.nodes if n.op in ("Reshape", "Flatten") for x in (n.inputs[0], n.outputs[0])}
-        regrouped.update({id(x): x for n in view.graph.nodes if n.op in ("MatMul", "Einsum") for x in [*n.inputs, *n.outputs]})
-        unknown = [x for x in regrouped.values() if isinstance(x, gs.Variable) and not _static(view.shape(x))]
-        _MEASURED[view] = measure(view.graph, model, unknown, getattr(view, "dims", None))
+        unknown = [x for x in _regrouped(view.graph) if not _static(view.shape(x))]
+        early = getattr(view, "premeasured", {})  # measured with the shapes at the same dims (inferred_shapes)
+        if all(x.name in early for x in unknown):
+            _MEASURED[view] = {x.name: early[x.name] for x in unknown}
+        else:
+            _MEASURED[view] = measure(view.graph, model, unknown, getattr(view, "dims", None))
     shapes = _MEASURED[view]
     if t.name in shapes:
         return shapes[t.name]

@@ -8,6 +8,7 @@ splits). Both run on the model's structure with its weights set aside.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import onnx
 from onnx import version_converter
@@ -18,6 +19,16 @@ from .roles import dim_name
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 DEFAULT_OPSET = 17
+
+
+@dataclass
+class Inferred:
+    """What a GraphView reads of its tensors' shapes: name -> shape and name -> ONNX element type, and the shapes
+    measured on the way (graph/measure.py: name -> each dim's sizes at the two probe runs, at the view's dims)."""
+
+    shapes: dict[str, list] = field(default_factory=dict)
+    types: dict[str, int] = field(default_factory=dict)
+    measured: dict[str, list] = field(default_factory=dict)
 
 
 def opset_of(model: onnx.ModelProto | onnx.GraphProto, default: int = 0) -> int:
@@ -69,14 +80,14 @@ def dims_of(value_info: onnx.ValueInfoProto) -> list | None:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.tensor_type.shape.dim]
 
 
-def infer(model: onnx.ModelProto) -> list[onnx.ModelProto]:
-    """The model with inferred value_info, by each inference that succeeds: ONNX's, then ONNX Runtime's
-    symbolic one where ONNX's leaves dims it could not name (it names them unk__N: TorchScript's head
-    splits; dynamo exports have none, and skipping it saves importing sympy, 1.5 s). The weights are set
-    aside while they run."""
+def infer(model: onnx.ModelProto, symbolic: bool = True) -> list[onnx.ModelProto]:
+    """The model with inferred value_info, by each inference that succeeds: ONNX's, then (`symbolic`) ONNX
+    Runtime's symbolic one where ONNX's leaves dims it could not name (it names them unk__N: TorchScript's
+    head splits; dynamo exports have none, and skipping it saves importing sympy, 1.5 s). The weights are
+    set aside while they run."""
     results: list[onnx.ModelProto] = []
     with weights_aside(model):
-        for inference in (_onnx_shapes, symbolic_shapes):
+        for inference in (_onnx_shapes, symbolic_shapes) if symbolic else (_onnx_shapes,):
             if results and not _unnamed_dims(results[-1]):
                 break
             try:
@@ -88,12 +99,23 @@ def infer(model: onnx.ModelProto) -> list[onnx.ModelProto]:
     return results
 
 
+def unnamed(dims: list | None) -> bool:
+    """Whether a shape is missing or has a dim an inference could not name (None, or unk__N)."""
+    return dims is None or any(d is None or (isinstance(d, str) and d.startswith("unk__")) for d in dims)
+
+
+def left_unnamed(inferred: list[onnx.ModelProto]) -> bool:
+    """Whether `infer`'s results leave a dim unnamed: none succeeded, or the last left a tensor without a shape
+    or with an unk__N dim (where `infer` goes on to the symbolic inference)."""
+    return not inferred or _unnamed_dims(inferred[-1])
+
+
 def _unnamed_dims(inferred: onnx.ModelProto) -> bool:
     """Whether an inference left a tensor without a shape or a dim it could only call unk__N."""
     shaped = set()
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         dims = dims_of(vi)
-        if dims is None or any(d is None or (isinstance(d, str) and d.startswith("unk__")) for d in dims):
+        if unnamed(dims):
             return True
         shaped.add(vi.name)
     inputs = {i.name for i in inferred.graph.input} | {t.name for t in inferred.graph.initializer}
@@ -107,9 +129,15 @@ def known_shapes(model: onnx.ModelProto) -> dict[str, list]:
 
 def known_shapes_and_types(model: onnx.ModelProto) -> tuple[dict[str, list], dict[str, int]]:
     """name -> shape as known_shapes, and name -> ONNX element type, from one run of the inferences."""
+    return merged(infer(model))
+
+
+def merged(inferences: list[onnx.ModelProto]) -> tuple[dict[str, list], dict[str, int]]:
+    """name -> the most static shape any of `inferences` (infer's results) found, and name -> the ONNX element
+    type the first that has one gives."""
     shapes: dict[str, list] = {}
     types: dict[str, int] = {}
-    for inferred in infer(model):
+    for inferred in inferences:
         g = inferred.graph
         for vi in list(g.value_info) + list(g.input) + list(g.output):
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:

@@ -20,7 +20,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from . import external, shape_slices
 from .dependence import value_operands
-from .shapes import DEFAULT_OPSET, known_shapes_and_types
+from .shapes import DEFAULT_OPSET, Inferred, known_shapes_and_types
 
 # Ops that never change values on the attention paths (dropout is inactive at inference).
 PASSTHROUGH = {"Identity", "Dropout"}
@@ -142,14 +142,19 @@ def _constants(graph: gs.Graph):
 
 class GraphView:
     def __init__(self, graph: gs.Graph, model: onnx.ModelProto | None = None, fold: bool = True,
-                 dims: dict | None = None):
+                 dims: dict | None = None, inferred: Inferred | None = None):
+        """`inferred`: the shapes and types where the caller has them (graph/measure.py's inferred_shapes);
+        else the model's inferences are run here."""
         self.graph = graph
         self.model = model  # what graph/measure.py runs to measure shapes inference could not name
         self.dims = dict(dims) if dims else None  # the dims the model runs at (graph/dims.py), where it measures
         self.opset = int(graph.opset) if graph.opset else DEFAULT_OPSET
         self._folded: dict[str, gs.Tensor] = {}
         self.shape_only: set[str] = set()  # outputs of the graph's shape arithmetic (constants and shapes alone)
-        self._shapes, self._types = known_shapes_and_types(model) if model is not None else ({}, {})
+        if inferred is None:
+            inferred = Inferred(*known_shapes_and_types(model)) if model is not None else Inferred()
+        self._shapes, self._types = inferred.shapes, inferred.types
+        self.premeasured = inferred.measured  # what graph/measure.py's `measured` reads before measuring again
         if fold:
             self._fold()
         self.tensors = graph.tensors()

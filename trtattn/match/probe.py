@@ -21,6 +21,7 @@ from ..graph.dependence import depends_on_input_values
 from ..graph.dim_names import resolve_dims
 from ..graph.evaluate import evaluator
 from ..graph.feeds import make_feeds
+from ..graph.measure import inferred_shapes
 from ..graph.op_dims import op_dims
 from ..graph.view import GraphView, import_graph
 from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
@@ -166,7 +167,7 @@ def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None
     proved one attention become one multi-head site (heads_merge.py; the parts in result.heads_merged), whose
     mask means what its first head's does (the same mask steps, by the proof)."""
     graph = import_graph(model)
-    view = GraphView(graph, model, dims=dims)
+    view = GraphView(graph, model, dims=dims, inferred=inferred_shapes(graph, model, dims))
     result = match(graph, view)
     meanings = {}
     if result.sites:
