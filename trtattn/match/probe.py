@@ -94,6 +94,7 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
     tensors = graph.tensors()
     inputs = {t.name for t in graph.inputs}
     wanted: dict[str, gs.Tensor] = {}
+    by_name = {n.name: n for n in graph.nodes if n.name}
     padding: dict[str, bool] = {}
     mark = len(graph.nodes)
     try:
@@ -108,6 +109,7 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
             except (KeyError, ValueError):
                 continue
             padding[site.name] = depends_on_input_values(m, inputs)
+            m = _as_met(graph, by_name, steps, m, f"probe_met/{site.name}")
             out = gs.Variable(f"probe_out/{site.name}", dtype=np.bool_ if kind == MaskKind.BOOLEAN else _dtype(site.dtype))
             graph.nodes.append(gs.Node("Identity", f"probe_id/{site.name}", inputs=[m], outputs=[out]))
             wanted[site.name] = out
@@ -133,6 +135,19 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
             node.inputs.clear()
             node.outputs.clear()
         del graph.nodes[mark:]
+
+
+def _as_met(graph: gs.Graph, by_name: dict, steps, m: gs.Tensor, name: str) -> gs.Tensor:
+    """M expanded to the logits it meets (the output of the last masking step): a mask the graph broadcasts over
+    the keys (whisper's mask[:n, :n] at one new token, (1, 1)) masks no key, which M's own shape does not say."""
+    met = by_name.get(steps[-1].node)
+    if met is None or not met.outputs:
+        return m
+    shape = gs.Variable(f"{name}/shape", dtype=np.int64)
+    out = gs.Variable(name, dtype=m.dtype)
+    graph.nodes.append(gs.Node("Shape", f"{name}/Shape", inputs=[met.outputs[0]], outputs=[shape]))
+    graph.nodes.append(gs.Node("Expand", f"{name}/Expand", inputs=[m, shape], outputs=[out]))
+    return out
 
 
 def _meaning(value: np.ndarray, padding: bool) -> MaskMeaning:
@@ -186,8 +201,11 @@ def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
     ops = op_dims(model)  # sizes the attention ops fix stay; their totals follow the doubled lengths
     doubled = ops.decode({k: (v if k.startswith("batch") or k in ops.fixed else 2 * v) for k, v in base.items()},
                          dims or {})
+    # and at the other dims verification runs at (a prefill, a decode step: graph/dims.py's Fit.also), where a
+    # mask may read otherwise
     return [make_feeds(model, dims=base, all_keys=True),
-            make_feeds(model, dims=doubled, all_keys=True)]
+            make_feeds(model, dims=doubled, all_keys=True)] + \
+        [make_feeds(model, dims=other, all_keys=True) for other in getattr(dims, "also", ())]
 
 
 def _agree(probes: list[dict]) -> dict:
@@ -204,7 +222,10 @@ def _agree(probes: list[dict]) -> dict:
             first.pattern, first.causal, first.window = "custom", CausalKind.NONE, None
             out[name] = first
             continue
-        candidates = sorted({(m.pattern, m.causal, m.window) for m in seen}, key=lambda c: c[0] == "none")
+        found = list(dict.fromkeys((m.pattern, m.causal, m.window) for m in seen))
+        # a square probe names a causal band upper-left (both alignments agree there): lower-right reads it as well
+        found += [(p, CausalKind.LOWER_RIGHT, w) for p, c, w in found if c == CausalKind.UPPER_LEFT]
+        candidates = sorted(dict.fromkeys(found), key=lambda c: c[0] == "none")
         for pattern, causal, window in candidates:
             if pattern != "custom" and all(consistent(pattern, causal, window, a) for a in allowed):
                 break

@@ -161,7 +161,7 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     original, candidate, random_note = seeded_pair(original, candidate)
     used = given.used() if given is not None else None
     if given is not None:
-        feeds = given.sets
+        feeds = given.sets + _other_steps(original, dims, seed, used)
     elif feeds is None:
         dims = fit_dims(original, dims)
         feeds = default_feeds(original, dims=dims, seed=seed)
@@ -191,6 +191,17 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
             used.notes.append(random_note)
         outcome.inputs = used.to_json()
     return outcome
+
+
+def _other_steps(original: onnx.ModelProto, dims, seed: int, used) -> list[dict]:
+    """Feeds at the fit's other dims (a decode step over a cache the graph appends to, beside the user's first step:
+    graph/cache_steps.py), said in `used`: the user's inputs alone would verify one cache length."""
+    others = list(getattr(dims, "also", ()))
+    if others:
+        used.iterations += len(others)
+        used.notes.append(f"and {len(others)} set(s) of inputs drawn at other cache lengths: " + "; ".join(
+            ", ".join(f"{k}={v}" for k, v in other.items() if dims.get(k) != v) for other in others))
+    return [make_feeds(original, dims=other, seed=seed) for other in others]
 
 
 def _run_both(original, candidate, sites, feeds: list[dict], progress=None):
