@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..graph.measure import Sizes, shape_or_measured
 from ..graph.view import GraphView
 from ..site import CacheKind, CacheLength, SiteKind
 
@@ -125,6 +127,7 @@ def _input_axis(view: GraphView, t: gs.Tensor, axis: int) -> tuple[str, int] | N
     """(graph input, its axis) that `t`'s `axis` is, through casts and the Gather or Squeeze of one cache out of a
     stack; None when `t` is computed."""
     for _ in range(4):
+        t = view.skip_passthrough_up(t)  # an exporter's Identity or one-input Concat of the input
         if t.name in view.inputs:
             return t.name, axis
         n = view.producer(t)
@@ -162,7 +165,7 @@ def _axis_above(view: GraphView, n: gs.Node, out: gs.Tensor, axis: int) -> int |
         axes = n.attrs.get("axes") if "axes" in n.attrs else view.ints(n.inputs[1]) if len(n.inputs) > 1 else None
         return _unit_axes(view, n, axes, axis, rank)
     if n.op == "Reshape":
-        return _reshaped(view.shape(n.inputs[0]), view.shape(out), axis)
+        return _reshaped(view, n, out, axis)
     return None
 
 
@@ -182,18 +185,32 @@ def _unit_axes(view: GraphView, n: gs.Node, axes, axis: int, rank: int) -> int |
     return kept[axis] if axis < len(kept) else None
 
 
-def _reshaped(before: list | None, after: list | None, axis: int) -> int | None:
-    """The axis a Reshape keeps in place: the axes before it hold as many elements on both sides (known sizes),
-    and its own size is the same where both are known (a head split [B, S, N*H] -> [B, S, N, H] keeps S)."""
+def _reshaped(view: GraphView, n: gs.Node, out: gs.Tensor, axis: int) -> int | None:
+    """The axis a Reshape keeps in place: on both sides the axes before it hold as many elements and it has the same
+    size (at each measured run, graph/measure.py: shape inference loses both after a computed target), or the
+    dims up to it are named alike (a head split [B, S, N*H] -> [B, S, N, H] keeps S)."""
+    before, after = shape_or_measured(view, n.inputs[0]), shape_or_measured(view, out)
     if before is None or after is None or axis >= len(before) or axis >= len(after):
         return None
-    lead = [before[:axis], after[:axis]]
-    if not all(isinstance(d, int) for side in lead for d in side):
-        return None
-    if math.prod(lead[0]) != math.prod(lead[1]):
-        return None
-    a, b = before[axis], after[axis]
-    return axis if not (isinstance(a, int) and isinstance(b, int) and a != b) else None
+    a, b = _per_run(before[:axis + 1]), _per_run(after[:axis + 1])
+    if a is None or b is None or len(a[0]) != len(b[0]):
+        return axis if list(before[:axis + 1]) == list(after[:axis + 1]) else None
+    lead = [tuple(math.prod(d[i] for d in side[:axis]) for i in range(len(side[0]))) for side in (a, b)]
+    return axis if lead[0] == lead[1] and a[axis] == b[axis] else None
+
+
+def _per_run(shape) -> list[tuple[int, ...]] | None:
+    """Each dim as its value at each measured run (a static dim the same at each); None where one is not known."""
+    runs = max((len(d) for d in shape if isinstance(d, Sizes)), default=1)
+    out = []
+    for d in shape:
+        if isinstance(d, Sizes):
+            out.append(tuple(int(x) for x in d))
+        elif isinstance(d, (int, np.integer)):
+            out.append((int(d),) * runs)
+        else:
+            return None
+    return out
 
 
 # ---------------------------------------------------------------- self or cross

@@ -23,7 +23,7 @@ from ..graph.evaluate import evaluator
 from ..graph.feeds import make_feeds
 from ..graph.op_dims import op_dims
 from ..graph.view import GraphView, import_graph
-from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
+from ..site import AttentionSite, CausalKind, MaskKind, MatchResult, SiteSource
 from ..timings import timed
 from . import logit_ops
 from .errors import MASKED_FILL
@@ -109,14 +109,15 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
             except (KeyError, ValueError):
                 continue
             padding[site.name] = depends_on_input_values(m, inputs)
-            m = _as_met(graph, by_name, steps, m, f"probe_met/{site.name}")
+            if site.source == SiteSource.PATTERN:  # an attention op's mask meets its logits inside it
+                m = _as_met(graph, by_name, steps, m, f"probe_met/{site.name}")
             out = gs.Variable(f"probe_out/{site.name}", dtype=np.bool_ if kind == MaskKind.BOOLEAN else _dtype(site.dtype))
             graph.nodes.append(gs.Node("Identity", f"probe_id/{site.name}", inputs=[m], outputs=[out]))
             wanted[site.name] = out
         if not wanted:
             return [{} for _ in feeds_list]
         try:  # a probe that cannot run is dropped
-            run = evaluator(graph, list(wanted.values()), model)
+            run = evaluator(graph, list(wanted.values()), model, quiet=True)  # a probe that cannot run is dropped
         except Exception:
             return [{} for _ in feeds_list]
         results: list[dict[str, MaskMeaning]] = []
