@@ -139,16 +139,27 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
 
 
 def _as_met(graph: gs.Graph, by_name: dict, steps, m: gs.Tensor, name: str) -> gs.Tensor:
-    """M expanded to the logits it meets (the output of the last masking step): a mask the graph broadcasts over
-    the keys (whisper's mask[:n, :n] at one new token, (1, 1)) masks no key, which M's own shape does not say."""
+    """M with its (query, key) axes expanded to those of the logits it meets (the output of the last masking step),
+    its other axes as they are (a bias added in another frame, [B*N, S, S], keeps its own): a mask the graph
+    broadcasts over the keys (whisper's mask[:n, :n] at one new token, (1, 1)) masks no key, which M's own shape
+    does not say."""
     met = by_name.get(steps[-1].node)
     if met is None or not met.outputs:
         return m
-    shape = gs.Variable(f"{name}/shape", dtype=np.int64)
-    out = gs.Variable(name, dtype=m.dtype)
-    graph.nodes.append(gs.Node("Shape", f"{name}/Shape", inputs=[met.outputs[0]], outputs=[shape]))
-    graph.nodes.append(gs.Node("Expand", f"{name}/Expand", inputs=[m, shape], outputs=[out]))
-    return out
+
+    made = iter(range(1 << 30))  # one name each
+
+    def const(values: list[int]) -> gs.Constant:
+        return gs.Constant(f"{name}/c{next(made)}", np.array(values, np.int64))
+
+    def node(op: str, inputs: list, dtype=np.int64, **attrs) -> gs.Variable:
+        out = gs.Variable(f"{name}/{op}_{next(made)}", dtype=dtype)
+        graph.nodes.append(gs.Node(op, out.name, attrs=attrs, inputs=inputs, outputs=[out]))
+        return out
+
+    lead = node("Slice", [node("Shape", [m]), const([0]), const([-2])])
+    rows_keys = node("Slice", [node("Shape", [met.outputs[0]]), const([-2]), const([np.iinfo(np.int64).max])])
+    return node("Expand", [m, node("Concat", [lead, rows_keys], axis=0)], dtype=m.dtype)
 
 
 def _meaning(value: np.ndarray, padding: bool) -> MaskMeaning:

@@ -192,8 +192,11 @@ def note_one_key(reports: list[SiteReport], verification: Verification, fit) -> 
 
 def cache_pasts(sites) -> dict[str, str | None]:
     """The length dims of the caches the graph appends to (graph inputs concatenated onto the sites' keys) -> their
-    new tokens' length dims."""
-    return {c.past: c.new for s in sites for c in s.cache_lengths}
+    new tokens' length dims (named by any site that reads it: one whose walk to the input lost the axis says none)."""
+    out: dict[str, str | None] = {}
+    for c in (c for s in sites for c in s.cache_lengths):
+        out[c.past] = out.get(c.past) or c.new
+    return out
 
 
 def fit_record(fit) -> dict:
