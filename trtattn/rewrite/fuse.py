@@ -255,6 +255,8 @@ def _fuse_fitted(run: _Run) -> FuseResult:
         graph, result, meanings = analyse(working, probe_feeds(working, run.reading.dims), run.progress,
                                           dims=run.reading.dims, merge=True)
         fit = with_cache_steps(run.model, run.reading.dims, cache_pasts(result.sites), run.reading.user)
+        for reason in fit.reasons[len(run.reading.dims.reasons):]:  # as graph/dims.py says its own
+            run.progress.note(f"dims: {reason}")
         if fit.also != run.reading.dims.also:  # its masks read at those lengths too (match/probe.py)
             run.reading.dims = fit
             graph, result, meanings = analyse(working, probe_feeds(working, fit), run.progress, dims=fit, merge=True)
