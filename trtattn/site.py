@@ -238,6 +238,17 @@ class MadeNode:
 
 
 @dataclass(frozen=True)
+class CacheLength:
+    """A graph input the graph concatenates onto a site's keys along their key axis (a cache it appends to, kept
+    whole or as a window of the last positions): verified at an empty cache and at a step over a past (graph/dims.py
+    with_cache_steps)."""
+
+    input: str
+    past: str  # the dim name of the input's key axis: the cache length
+    new: str | None  # the dim name of the new keys' length (the other part), None where no graph input names it
+
+
+@dataclass(frozen=True)
 class KeyPartition:
     """An attention written over blocks of its key axis (match/partition.py): logits concatenated from the
     products with K_i, probabilities sliced back into the same blocks, each multiplied by its V_i, summed.
@@ -310,6 +321,7 @@ class AttentionSite:
     # the single-head sites (by name, in head order) this multi-head site was merged from (match/heads_merge.py)
     merged: tuple[str, ...] = ()
     partition: KeyPartition | None = None  # K and V concatenated from the key blocks the graph multiplies apart
+    cache_lengths: tuple[CacheLength, ...] = ()  # graph inputs concatenated onto the keys (match/cache.py)
 
     def replace(self, **changes) -> AttentionSite:
         return dataclasses.replace(self, **changes)

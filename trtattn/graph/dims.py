@@ -112,7 +112,7 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
         changes = [{n: max(at.get(n, DEFAULT_DIM), 1) << k for n in names} for k in range(1, 5) for names in groups]
         return [(c, resolve({**base, **c})) for c in changes]
 
-    with _trial(model, specs) as run:
+    with trial(model, specs) as run:
         first, short = (_problem(failure), {}) if failure is not None else run(guess)
         if first is None:
             fit = Fit(guess, notes, runs=1)
@@ -131,7 +131,7 @@ def fit_dims(model: onnx.ModelProto, dims: dict | None = None, *, check: bool = 
     names = list(dict.fromkeys([*user, *variables]))
     if not names:
         raise DimsDoNotFit(f"the model does not run on ONNX Runtime at its static shapes: {first}")
-    raise DimsDoNotFit(f"the model does not run at {_show(guess, names)} (nor at {tried - 1} other dims tried"
+    raise DimsDoNotFit(f"the model does not run at {show(guess, names)} (nor at {tried - 1} other dims tried"
                        f"{f'; {len(skipped)} skipped for memory, over {memory.show(limit)}' if skipped else ''}): "
                        f"{first}; give sizes it runs on with --dims {','.join(f'{n}=N' for n in names)}")
 
@@ -151,7 +151,7 @@ def _search(run, model: onnx.ModelProto, variables: dict[str, bool], guess: dict
                 continue
             need = memory.activation_bytes(model, candidate)
             if need > limit:
-                skipped.append(f"{_show(change, change)} (~{memory.show(need)})")
+                skipped.append(f"{show(change, change)} (~{memory.show(need)})")
                 continue
             tried += 1
             problem, short = run(candidate)
@@ -178,9 +178,9 @@ def _with_prefill(run, fit: Fit, ops: OpDims, user: dict, resolve) -> Fit:
         problem, _ = run(prefill)
         if problem is None:
             fit.also.append(prefill)
-            fit.reasons.append(f"also verified at a prefill (empty cache): {_show(prefill, changed)}")
+            fit.reasons.append(f"also verified at a prefill (empty cache): {show(prefill, changed)}")
             return fit
-    fit.reasons.append(f"not verified at a prefill (empty cache) too: at {_show(prefill, changed)} {problem}")
+    fit.reasons.append(f"not verified at a prefill (empty cache) too: at {show(prefill, changed)} {problem}")
     return fit
 
 
@@ -189,12 +189,12 @@ def _given_fit(model: onnx.ModelProto, specs, user: dict, given) -> Fit:
     original on their first set."""
     covered = given.dims(model)
     fit = Fit(resolve_dims(model, {**user, **covered}, specs=specs),
-              [f"{_show(covered, covered)} from the inputs given (--inputs {given.path})"] if covered else [], runs=1)
+              [f"{show(covered, covered)} from the inputs given (--inputs {given.path})"] if covered else [], runs=1)
     differ = {k: v for k, v in user.items() if k in covered and covered[k] != v}
     if differ:
-        fit.reasons.append(f"--dims {_show(differ, differ)} set aside: the inputs given have "
-                           f"{_show(covered, differ)}")
-    with _trial(model, specs) as run:
+        fit.reasons.append(f"--dims {show(differ, differ)} set aside: the inputs given have "
+                           f"{show(covered, differ)}")
+    with trial(model, specs) as run:
         failed, short = run(fit, feeds=given.sets[0])
     fit.one_key = _by_output(short)  # the user's lengths: said, not changed
     if failed is not None:
@@ -220,7 +220,7 @@ def _attended(run, model: onnx.ModelProto, fit: Fit, short: dict, longer, progre
             tried += 1
             if problem is None and not left:
                 was = ", ".join(f"{k}={fit[k]}" for k in change)
-                return Fit(candidate, fit.reasons + [f"{_show(change, change)} (at {was} {_one_key(short)})"], fit.skipped,
+                return Fit(candidate, fit.reasons + [f"{show(change, change)} (at {was} {_one_key(short)})"], fit.skipped,
                            fit.runs + tried)
     return Fit(fit, fit.reasons + [f"{_one_key(short)} at every length tried: verified at a length of 1 only"],
                fit.skipped, fit.runs + tried, _by_output(short), fit.also)
@@ -242,7 +242,7 @@ def _within_budget(model: onnx.ModelProto, dims: dict, user: dict) -> None:
     """Refuse dims (the user's, declared or default) whose run would pass the memory budget."""
     need, limit = memory.activation_bytes(model, dims), memory.budget()
     if need > limit:
-        given = _show(dims, user) if user else "its default dims"
+        given = show(dims, user) if user else "its default dims"
         raise TrtattnError(f"running the model at {given} needs about {memory.show(need)} of activations, over the "
                            f"memory budget of {memory.show(limit)}; give smaller --dims or a larger --max-memory")
 
@@ -261,7 +261,7 @@ def _done(fit: Fit, progress) -> Fit:
     return fit
 
 
-def _show(dims: dict, names) -> str:
+def show(dims: dict, names) -> str:
     return ", ".join(f"{n}={dims[n]}" for n in names if n in dims)
 
 
@@ -377,7 +377,7 @@ def _problem(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _trial(model: onnx.ModelProto, specs):
+def trial(model: onnx.ModelProto, specs):
     """One ONNX Runtime session on the original, as `run(dims)`: it runs the model on the verification's first
     feeds at those dims (or on `feeds`) and returns what went wrong (None: it runs, and no output is empty) and the attention
     softmaxes (_attention_softmaxes) whose query or key length is 1 there (name -> (query, key, product output))."""

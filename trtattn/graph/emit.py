@@ -67,10 +67,12 @@ class Emitter:
         return self("Concat", [self.shape_slice(q, 0, rank - 1), self.shape_slice(key, key_seq_axis, key_seq_axis + 1)],
                     {"axis": 0}, dtype=np.int64)
 
-    def full_query_rows(self, mask: gs.Tensor, q: gs.Tensor) -> gs.Tensor:
-        """The mask expanded to Q's length on its query axis (Q is [B, N, Sq, H]): ONNX Runtime's Attention
-        wants that axis at full length, though the spec allows broadcasting."""
-        target = self("Concat", [self.const([1, 1], np.int64), self.shape_slice(q, 2, 3), self.const([1], np.int64)],
+    def full_query_rows(self, mask: gs.Tensor, q: gs.Tensor, keys: gs.Tensor | None = None) -> gs.Tensor:
+        """The mask expanded to Q's length on its query axis (Q is [B, N, Sq, H]), and to `keys` (the total key
+        length, 1-D) on its key axis where given: ONNX Runtime's Attention wants those axes at full length, though
+        the spec allows broadcasting (a (1, 1) mask over every key of a decode step)."""
+        target = self("Concat", [self.const([1, 1], np.int64), self.shape_slice(q, 2, 3),
+                                 keys if keys is not None else self.const([1], np.int64)],
                       {"axis": 0}, dtype=np.int64)
         return self("Expand", [mask, target], dtype=mask.dtype, name="mask_rows")
 

@@ -25,7 +25,7 @@ from ..site import (
 )
 from . import canonical, contraction, fused_ops, likeness, partition, subgraphs
 from .axes import Atoms, Unfollowable, atoms_of
-from .cache import find_cache, site_kind
+from .cache import cache_lengths, find_cache, site_kind
 from .core import Core, find_core
 from .errors import NotAttention, Unsupported
 from .heads import (
@@ -288,6 +288,7 @@ def _site_from_softmax(view: GraphView, sm: gs.Node) -> AttentionSite:
         quant=quant if any(vars(quant).values()) else None,
         qk_output=core.qk_output[0] if core.qk_output else None,
         qk_mode=core.qk_output[2] if core.qk_output else None,
+        cache_lengths=cache_lengths(view, k.tensor, _axis_of(frames["k"], "k")),
     )
 
 

@@ -24,7 +24,7 @@ from ..graph.feeds import make_feeds
 from ..graph.measure import inferred_shapes
 from ..graph.op_dims import op_dims
 from ..graph.view import GraphView, import_graph
-from ..site import AttentionSite, CausalKind, MaskKind, MatchResult
+from ..site import AttentionSite, CausalKind, MaskKind, MatchResult, SiteSource
 from ..timings import timed
 from . import logit_ops
 from .errors import MASKED_FILL
@@ -95,6 +95,7 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
     tensors = graph.tensors()
     inputs = {t.name for t in graph.inputs}
     wanted: dict[str, gs.Tensor] = {}
+    by_name = {n.name: n for n in graph.nodes if n.name}
     padding: dict[str, bool] = {}
     mark = len(graph.nodes)
     try:
@@ -109,13 +110,15 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
             except (KeyError, ValueError):
                 continue
             padding[site.name] = depends_on_input_values(m, inputs)
+            if site.source == SiteSource.PATTERN:  # an attention op's mask meets its logits inside it
+                m = _as_met(graph, by_name, steps, m, f"probe_met/{site.name}")
             out = gs.Variable(f"probe_out/{site.name}", dtype=np.bool_ if kind == MaskKind.BOOLEAN else _dtype(site.dtype))
             graph.nodes.append(gs.Node("Identity", f"probe_id/{site.name}", inputs=[m], outputs=[out]))
             wanted[site.name] = out
         if not wanted:
             return [{} for _ in feeds_list]
         try:  # a probe that cannot run is dropped
-            run = evaluator(graph, list(wanted.values()), model)
+            run = evaluator(graph, list(wanted.values()), model, quiet=True)  # a probe that cannot run is dropped
         except Exception:
             return [{} for _ in feeds_list]
         results: list[dict[str, MaskMeaning]] = []
@@ -134,6 +137,30 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
             node.inputs.clear()
             node.outputs.clear()
         del graph.nodes[mark:]
+
+
+def _as_met(graph: gs.Graph, by_name: dict, steps, m: gs.Tensor, name: str) -> gs.Tensor:
+    """M with its (query, key) axes expanded to those of the logits it meets (the output of the last masking step),
+    its other axes as they are (a bias added in another frame, [B*N, S, S], keeps its own): a mask the graph
+    broadcasts over the keys (whisper's mask[:n, :n] at one new token, (1, 1)) masks no key, which M's own shape
+    does not say."""
+    met = by_name.get(steps[-1].node)
+    if met is None or not met.outputs:
+        return m
+
+    made = iter(range(1 << 30))  # one name each
+
+    def const(values: list[int]) -> gs.Constant:
+        return gs.Constant(f"{name}/c{next(made)}", np.array(values, np.int64))
+
+    def node(op: str, inputs: list, dtype=np.int64, **attrs) -> gs.Variable:
+        out = gs.Variable(f"{name}/{op}_{next(made)}", dtype=dtype)
+        graph.nodes.append(gs.Node(op, out.name, attrs=attrs, inputs=inputs, outputs=[out]))
+        return out
+
+    lead = node("Slice", [node("Shape", [m]), const([0]), const([-2])])
+    rows_keys = node("Slice", [node("Shape", [met.outputs[0]]), const([-2]), const([np.iinfo(np.int64).max])])
+    return node("Expand", [m, node("Concat", [lead, rows_keys], axis=0)], dtype=m.dtype)
 
 
 def _meaning(value: np.ndarray, padding: bool) -> MaskMeaning:
@@ -187,8 +214,11 @@ def probe_feeds(model: onnx.ModelProto, dims: dict | None = None) -> list[dict]:
     ops = op_dims(model)  # sizes the attention ops fix stay; their totals follow the doubled lengths
     doubled = ops.decode({k: (v if k.startswith("batch") or k in ops.fixed else 2 * v) for k, v in base.items()},
                          dims or {})
+    # and at the other dims verification runs at (a prefill, a decode step: graph/dims.py's Fit.also), where a
+    # mask may read otherwise
     return [make_feeds(model, dims=base, all_keys=True),
-            make_feeds(model, dims=doubled, all_keys=True)]
+            make_feeds(model, dims=doubled, all_keys=True)] + \
+        [make_feeds(model, dims=other, all_keys=True) for other in getattr(dims, "also", ())]
 
 
 def _agree(probes: list[dict]) -> dict:
@@ -205,7 +235,10 @@ def _agree(probes: list[dict]) -> dict:
             first.pattern, first.causal, first.window = "custom", CausalKind.NONE, None
             out[name] = first
             continue
-        candidates = sorted({(m.pattern, m.causal, m.window) for m in seen}, key=lambda c: c[0] == "none")
+        found = list(dict.fromkeys((m.pattern, m.causal, m.window) for m in seen))
+        # a square probe names a causal band upper-left (both alignments agree there): lower-right reads it as well
+        found += [(p, CausalKind.LOWER_RIGHT, w) for p, c, w in found if c == CausalKind.UPPER_LEFT]
+        candidates = sorted(dict.fromkeys(found), key=lambda c: c[0] == "none")
         for pattern, causal, window in candidates:
             if pattern != "custom" and all(consistent(pattern, causal, window, a) for a in allowed):
                 break

@@ -10,13 +10,13 @@ A step returns a typed value; what a site became is its SiteOutcome (site.py), s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph.dims import fit_dims
+from ..graph.dims import Fit, fit_dims
 from ..match import subgraphs
 from ..report import Progress
 from ..site import SiteOutcome
@@ -35,6 +35,7 @@ class Reading:
     rtol: float
     inputs: Any  # the user's GivenInputs (None: searched), of `model`
     wide_inputs: Any  # the same, widened with the model: of `runnable`
+    user: dict = field(default_factory=dict)  # the dims the user gave (--dims): later steps keep them
 
     @property
     def runnable(self) -> onnx.ModelProto:
@@ -59,7 +60,8 @@ def read(model: onnx.ModelProto, *, dims: dict | None, atol: float | None, rtol:
             low_atol, low_rtol = tolerance_for(wide, atol, rtol)
     wide_inputs = inputs.widened(wide) if wide is not None and inputs is not None else inputs
     fit = fit_dims(wide if wide is not None else model, dims, progress=progress, given=wide_inputs)
-    return Reading(model, wide, fit, low_atol, low_rtol, inputs, wide_inputs)
+    return Reading(model, wide, fit, low_atol, low_rtol, inputs, wide_inputs,
+                   {} if isinstance(dims, Fit) else dict(dims or {}))
 
 
 S = TypeVar("S")  # a command's scope: the graph a site is in and what its rewriter caches for it

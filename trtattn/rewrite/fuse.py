@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError, VerificationError
 from ..graph.branches import branch_inputs
+from ..graph.cache_steps import with_cache_steps
 from ..graph.evaluate import runtime_errors
 from ..graph.io import default_session_refusal
 from ..graph.precision import low_float
@@ -189,6 +190,15 @@ def note_one_key(reports: list[SiteReport], verification: Verification, fit) -> 
         verification.one_key = one_key
 
 
+def cache_pasts(sites) -> dict[str, str | None]:
+    """The length dims of the caches the graph appends to (graph inputs concatenated onto the sites' keys) -> their
+    new tokens' length dims (named by any site that reads it: one whose walk to the input lost the axis says none)."""
+    out: dict[str, str | None] = {}
+    for c in (c for s in sites for c in s.cache_lengths):
+        out[c.past] = out.get(c.past) or c.new
+    return out
+
+
 def fit_record(fit) -> dict:
     """The dims a run used, why, and which candidates the memory budget ruled out (for reports)."""
     return {"values": dict(fit), "why": list(getattr(fit, "reasons", [])),
@@ -244,6 +254,12 @@ def _fuse_fitted(run: _Run) -> FuseResult:
         working = upgrade_opset(run.model, ATTENTION_OPSET)
         graph, result, meanings = analyse(working, probe_feeds(working, run.reading.dims), run.progress,
                                           dims=run.reading.dims, merge=True)
+        fit = with_cache_steps(run.model, run.reading.dims, cache_pasts(result.sites), run.reading.user)
+        for reason in fit.reasons[len(run.reading.dims.reasons):]:  # as graph/dims.py says its own
+            run.progress.note(f"dims: {reason}")
+        if fit.also != run.reading.dims.also:  # its masks read at those lengths too (match/probe.py)
+            run.reading.dims = fit
+            graph, result, meanings = analyse(working, probe_feeds(working, fit), run.progress, dims=fit, merge=True)
     if not result.sites and not result.skipped:
         return FuseResult(run.model, [], result.ignored, Verification(passed=True, note="no attention found"))
     reports = [_site_report(s, meanings) for s in result.sites]

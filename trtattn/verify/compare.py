@@ -167,7 +167,7 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     original, candidate, random_note = seeded_pair(original, candidate)
     used = given.used() if given is not None else None
     if given is not None:
-        feeds = given.sets
+        feeds = given.sets + _other_steps(original, dims, seed, used)
     elif feeds is None:
         dims = fit_dims(original, dims)
         feeds = default_feeds(original, dims=dims, seed=seed)
@@ -209,6 +209,17 @@ def _requant_envelope(original, site_outputs: list[str], feeds: list[dict], resu
     compared = list(dict.fromkeys(k for it in references for k in it))
     original, _, feeds = fed_draws(original, original, feeds)  # random ops cut: each moved run on the same draws
     return envelope(original, site_outputs, compared, feeds, references, tol, seed)
+
+
+def _other_steps(original: onnx.ModelProto, dims, seed: int, used) -> list[dict]:
+    """Feeds at the fit's other dims (a decode step over a cache the graph appends to, beside the user's first step:
+    graph/cache_steps.py), said in `used`: the user's inputs alone would verify one cache length."""
+    others = list(getattr(dims, "also", ()))
+    if others:
+        used.iterations += len(others)
+        used.notes.append(f"and {len(others)} set(s) of inputs drawn at other cache lengths: " + "; ".join(
+            ", ".join(f"{k}={v}" for k, v in other.items() if dims.get(k) != v) for other in others))
+    return [make_feeds(original, dims=other, seed=seed) for other in others]
 
 
 def _run_both(original, candidate, sites, feeds: list[dict], progress=None):
