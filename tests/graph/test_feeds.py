@@ -182,6 +182,21 @@ def test_mask_polarity_from_metadata():
     assert not make_feeds(model, padding=False)["mask"].any()
 
 
+def test_other_cache_lengths_are_fed_without_left_padding():
+    """At a prefill a left-padded row's padding positions are queries with no key to attend, undefined in any
+    model: the feeds at the fit's other cache lengths keep every token of a left-padded mask, the fitted dims'
+    feeds keep its padding; a right-padded mask is padded at every length."""
+    from trtattn.graph.feeds import other_step_feeds
+
+    for side, padded_at_other in (("left", False), ("right", True)):
+        meta = {"inputs": {"mask": {"kind": "padding_mask", "side": side}, "logits": {"kind": "float"}}}
+        model = _masked("both", meta)
+        fitted, other = make_feeds(model, dims={"seq": 8}), other_step_feeds(model, dims={"seq": 8})
+        assert not fitted["mask"].all()  # padded at the fitted dims, either side
+        assert bool((~other["mask"].astype(bool)).any()) == padded_at_other
+        assert fitted["logits"].shape == other["logits"].shape
+
+
 def test_flag_inputs():
     """A boolean of one element (use_cache_branch of a merged decoder) is a flag: True unless the
     metadata says otherwise; never a padding mask."""

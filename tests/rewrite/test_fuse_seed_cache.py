@@ -98,4 +98,4 @@ def test_seed_cache_given_one_step_still_tries_a_decode_step(tmp_path):
     _fused_right(model, result)
     assert [(d["n"], d["t"]) for d in result.dims["also_verified_at"]] == [(1, 3)]
     assert result.verification.iterations == 2
-    assert any("other cache lengths" in note for note in result.verification.inputs["notes"])
+    assert any("other cache lengths" in note for note in result.verification.inputs.notes)

@@ -38,6 +38,17 @@ def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, se
     return feeds
 
 
+def other_step_feeds(model: onnx.ModelProto, *, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Feeds at a cache length other than the fitted one (graph/dims.py's Fit.also: a prefill, a decode step).
+    A left-padded mask keeps every token there: at a prefill its padding positions are queries with no key to
+    attend, whose output no model defines (in fp16 the original's masked logits overflow to -inf in some cells
+    and its softmax averages the rest), so comparing them would test arithmetic, not the rewrite. The fitted
+    dims, over a past, are fed the padding."""
+    specs = input_specs(model)
+    left = any(s.kind is RoleKind.PADDING_MASK and s.role.get("side") == "left" for s in specs)
+    return make_feeds(model, dims=dims, seed=seed, padding=not left, specs=specs)
+
+
 def measured_specs(model: onnx.ModelProto, dims: dict | None = None) -> list[InputSpec]:
     """The model's input specs (roles.input_specs) with the masks' roles as measured at `dims` (mask_specs)."""
     specs = input_specs(model)

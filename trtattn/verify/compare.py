@@ -19,7 +19,7 @@ import onnx
 from ..errors import VerificationError
 from ..graph.dims import fit_dims
 from ..graph.domains import random_nodes
-from ..graph.feeds import make_feeds
+from ..graph.feeds import make_feeds, other_step_feeds
 from ..graph.user_inputs import GivenInputs, InputsUsed
 from ..timings import timed
 from ..verification import Verification
@@ -65,7 +65,7 @@ def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iteration
     beside a step over a past: graph/dims.py's Fit.also)."""
     dims = fit_dims(model, dims)  # dims the model runs on (graph/dims.py); nothing to do once fitted
     return [make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)] + \
-        [make_feeds(model, dims=other, seed=seed) for other in getattr(dims, "also", ())]
+        [other_step_feeds(model, dims=other, seed=seed) for other in getattr(dims, "also", ())]
 
 
 def _judge(results, *, atol: float, rtol: float, iterations: int,
@@ -219,7 +219,7 @@ def _other_steps(original: onnx.ModelProto, dims, seed: int, used) -> list[dict]
         used.iterations += len(others)
         used.notes.append(f"and {len(others)} set(s) of inputs drawn at other cache lengths: " + "; ".join(
             ", ".join(f"{k}={v}" for k, v in other.items() if dims.get(k) != v) for other in others))
-    return [make_feeds(original, dims=other, seed=seed) for other in others]
+    return [other_step_feeds(original, dims=other, seed=seed) for other in others]
 
 
 def _run_both(original, candidate, sites, feeds: list[dict], progress=None):
