@@ -17,7 +17,9 @@ torch = pytest.importorskip("torch")
 D, H, CTX = 16, 2, 8
 
 
-def _seed_model():
+def _seed_model(whisper_style: bool = False):
+    """The seed's cache; `whisper_style`: as openai-whisper writes it, the cache unbound from its stack (TorchScript
+    writes Split + Squeeze, not a Gather) and K scaled by head_size ** -0.25 before its product, as Q is."""
     class Seed(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -27,13 +29,18 @@ def _seed_model():
 
         def forward(self, x, kc, vc):
             n = x.shape[1]
-            k = torch.cat([kc[0], self.k(x)], 1)[:, -CTX:]
-            v = torch.cat([vc[0], self.v(x)], 1)[:, -CTX:]
+            kc0, vc0 = (kc.unbind(0)[0], vc.unbind(0)[0]) if whisper_style else (kc[0], vc[0])
+            k = torch.cat([kc0, self.k(x)], 1)[:, -CTX:]
+            v = torch.cat([vc0, self.v(x)], 1)[:, -CTX:]
 
             def heads(t):
                 return t.view(t.shape[0], t.shape[1], H, D // H).permute(0, 2, 1, 3)
 
-            w = heads(self.q(x)) @ heads(k).transpose(-1, -2) * (D // H) ** -0.5 + self.mask[:n, :n]
+            if whisper_style:
+                quarter = (D // H) ** -0.25
+                w = (heads(self.q(x)) * quarter) @ (heads(k) * quarter).transpose(-1, -2) + self.mask[:n, :n]
+            else:
+                w = heads(self.q(x)) @ heads(k).transpose(-1, -2) * (D // H) ** -0.5 + self.mask[:n, :n]
             y = (w.softmax(-1) @ heads(v)).permute(0, 2, 1, 3).reshape(x.shape)
             return self.o(y), torch.stack([k]), torch.stack([v])
 
@@ -75,6 +82,17 @@ def test_seed_cache_fused_and_right_at_later_steps():
     also = result.dims["also_verified_at"]
     assert {(d["n"], d["t"]) for d in also} == {(CTX, 0), (1, CTX)}, also
     assert any("decode step" in why for why in result.dims["why"])
+
+
+def test_whisper_style_seed_cache_is_found_through_the_stack_split_and_the_scaled_keys():
+    """openai-whisper's own decoder: its cache is unbound from the stack (Split + Squeeze) and K is scaled before its
+    product. The cache is still found, so the site is verified at a decode step and right at every step (it was
+    fused causal upper-left from the square fit alone, and wrong by 1.2 at the next step)."""
+    model = _seed_model(whisper_style=True)
+    assert {"Split", "Squeeze"} <= {n.op_type for n in model.graph.node}
+    result = fuse_model(model)
+    _fused_right(model, result)
+    assert any(d["n"] == 1 and d["t"] > 0 for d in result.dims["also_verified_at"]), result.dims
 
 
 def test_seed_cache_at_a_decode_step_is_fused_with_the_mask_as_evaluated():

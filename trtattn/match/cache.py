@@ -69,8 +69,23 @@ def cache_lengths(view: GraphView, key: gs.Tensor, axis: int | None) -> tuple[Ca
             if rank is None or n.attrs.get("axis", 0) % rank != axis % rank:
                 return ()
             return _appended(view, n, axis % rank)
+        scaled = _scaled(view, n, t)
+        if scaled is not None:  # K times a constant (openai-whisper scales K by head_size ** -0.25): same axes
+            t = scaled
+            continue
         axis, t = _axis_above(view, n, t, axis), n.inputs[0]
     return ()
+
+
+def _scaled(view: GraphView, n: gs.Node, out: gs.Tensor) -> gs.Tensor | None:
+    """The one computed operand of `n` when `n` multiplies or divides it by a constant of no more axes (each output
+    axis is that operand's); else None."""
+    if n.op not in ("Mul", "Div"):
+        return None
+    computed = [i for i in n.inputs[:2] if view.const(i) is None]
+    if len(computed) != 1 or view.rank(computed[0]) != view.rank(out):
+        return None
+    return computed[0]
 
 
 def _appended(view: GraphView, concat: gs.Node, axis: int) -> tuple[CacheLength, ...]:
@@ -124,8 +139,8 @@ def _input_dim(view: GraphView, t: gs.Tensor, axis: int) -> str | None:
 
 
 def _input_axis(view: GraphView, t: gs.Tensor, axis: int) -> tuple[str, int] | None:
-    """(graph input, its axis) that `t`'s `axis` is, through casts and the Gather or Squeeze of one cache out of a
-    stack; None when `t` is computed."""
+    """(graph input, its axis) that `t`'s `axis` is, through casts and the Gather, or Split and Squeeze, of one cache
+    out of a stack; None when `t` is computed."""
     for _ in range(4):
         t = view.skip_passthrough_up(t)  # an exporter's Identity or one-input Concat of the input
         if t.name in view.inputs:
@@ -139,6 +154,10 @@ def _input_axis(view: GraphView, t: gs.Tensor, axis: int) -> tuple[str, int] | N
                 return None
             gathered = n.attrs.get("axis", 0) % (view.rank(n.inputs[0]) or 1)
             axis += int(axis >= gathered)
+        elif n.op == "Split":  # one cache of a stack split along another axis (TorchScript's unbind)
+            rank = view.rank(n.inputs[0])
+            if rank is None or n.attrs.get("axis", 0) % rank == axis % rank:
+                return None
         elif n.op in ("Squeeze", "Unsqueeze") or n.op in _SAME_AXES:
             above = _axis_above(view, n, t, axis)
             if above is None:
