@@ -58,11 +58,11 @@ def pattern_attention(graph: gs.Graph, tensors: dict, site: AttentionSite, meani
         q = emit("Mul", [q, factor], dtype=dtype, name="q_head_scale")
     if built.sink is not None:
         k, v, mask = _with_sink(emit, q, k, v, built, dtype)
-    if mask is not None:  # over every key the op reads: the past's and the new ones
-        keys = emit.shape_slice(k, 2, 3)
-        if past:
-            keys = emit("Add", [emit.shape_slice(pasts[0], 2, 3), keys], dtype=np.int64, name="total_keys")
-        mask = emit.full_query_rows(mask, q, keys)
+    if mask is not None:
+        # over every key: a (1, 1) mask of a decode step broadcasts over them, which ONNX Runtime's op refuses; not
+        # over a past's (key blocks): that mask spans the concatenated logits already, and the kv-cache form
+        # refuses anything reading a past's length (its capacity there)
+        mask = emit.full_query_rows(mask, q, None if past else emit.shape_slice(k, 2, 3))
     attrs = {"scale": float(lay.scale), "is_causal": int(use_causal)}
     if built.softcap:
         attrs[SOFTCAP_ATTRIBUTE] = float(built.softcap)
