@@ -299,6 +299,7 @@ def test_dims_onnx_cannot_name_are_measured_to_the_sizes_symbolic_inference_give
     instead of asking ONNX Runtime's symbolic inference (0.7 s a fuse, sympy's import among it), and every
     tensor gets the sizes the symbolic inference gives it, and the same types."""
     from trtattn.graph import shapes
+    from trtattn.graph.dim_names import is_free
     from trtattn.graph.measure import inferred_shapes
     from trtattn.graph.view import import_graph
 
@@ -312,6 +313,14 @@ def test_dims_onnx_cannot_name_are_measured_to_the_sizes_symbolic_inference_give
     assert not asked
     assert {k: _sizes(s) for k, s in inferred.shapes.items()} == {k: _sizes(s) for k, s in symbolic.items()}
     assert inferred.types == symbolic_types
+    # a measured dim that varies as no input dim does is as unnamed as ONNX's unk__N (a name of its own would read
+    # as a symbolic length of the model: SigLIP's probe query was refused as baked so)
+    graph = model.graph
+    declared = {d.dim_param for i in [*graph.input, *graph.output, *graph.value_info]
+                for d in i.type.tensor_type.shape.dim if d.dim_param}  # the exporter's own names
+    named = {d for s in inferred.shapes.values() for d in s or [] if isinstance(d, str)}
+    assert all(d in declared or is_free(d) for d in named), sorted(d for d in named if d not in declared
+                                                                   and not is_free(d))
 
 
 def test_symbolic_inference_still_runs_where_the_model_cannot_be_measured(zoo_export, monkeypatch):

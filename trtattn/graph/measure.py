@@ -175,8 +175,12 @@ def inferred_shapes(graph: gs.Graph, model: onnx.ModelProto, dims: dict | None =
         for axis, name in enumerate(dims_of(vi) or ()):
             if isinstance(name, str) and axis < len(got.get(vi.name, ())):
                 names.setdefault(got[vi.name][axis], name)
+    fresh: dict[Sizes, str] = {}  # a dim that varies as no input dim does: a fresh unk__N, as ONNX names one
     for t in unknown:
-        found = [s[0] if s.static else names.get(s, "measured_" + "_".join(map(str, s))) for s in got[t.name]]
+        # (a name of our own would read as a symbolic dim of the model, dim_names.is_free: a Reshape writing 1
+        # into SigLIP's learned probe query was refused as a baked query length so)
+        found = [s[0] if s.static else names.get(s) or fresh.setdefault(s, f"unk__{900000 + len(fresh)}")
+                 for s in got[t.name]]
         known = shapes.get(t.name)
         if known is None or sum(isinstance(d, int) for d in found) > sum(isinstance(d, int) for d in known):
             shapes[t.name] = found
