@@ -19,6 +19,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.dependence import depends_on_input_values
 from ..graph.dim_names import resolve_dims
+from ..graph.emit import Emitter
 from ..graph.evaluate import evaluator
 from ..graph.feeds import make_feeds
 from ..graph.measure import inferred_shapes
@@ -118,7 +119,7 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
         if not wanted:
             return [{} for _ in feeds_list]
         try:  # a probe that cannot run is dropped
-            run = evaluator(graph, list(wanted.values()), model, quiet=True)  # a probe that cannot run is dropped
+            run = evaluator(graph, list(wanted.values()), model, quiet=True)
         except Exception:
             return [{} for _ in feeds_list]
         results: list[dict[str, MaskMeaning]] = []
@@ -147,20 +148,10 @@ def _as_met(graph: gs.Graph, by_name: dict, steps, m: gs.Tensor, name: str) -> g
     met = by_name.get(steps[-1].node)
     if met is None or not met.outputs:
         return m
-
-    made = iter(range(1 << 30))  # one name each
-
-    def const(values: list[int]) -> gs.Constant:
-        return gs.Constant(f"{name}/c{next(made)}", np.array(values, np.int64))
-
-    def node(op: str, inputs: list, dtype=np.int64, **attrs) -> gs.Variable:
-        out = gs.Variable(f"{name}/{op}_{next(made)}", dtype=dtype)
-        graph.nodes.append(gs.Node(op, out.name, attrs=attrs, inputs=inputs, outputs=[out]))
-        return out
-
-    lead = node("Slice", [node("Shape", [m]), const([0]), const([-2])])
-    rows_keys = node("Slice", [node("Shape", [met.outputs[0]]), const([-2]), const([np.iinfo(np.int64).max])])
-    return node("Expand", [m, node("Concat", [lead, rows_keys], axis=0)], dtype=m.dtype)
+    emit = Emitter(graph, name)
+    lead = emit.shape_slice(m, 0, -2)
+    rows_keys = emit.shape_slice(met.outputs[0], -2, np.iinfo(np.int64).max)
+    return emit("Expand", [m, emit("Concat", [lead, rows_keys], {"axis": 0}, dtype=np.int64)], dtype=m.dtype)
 
 
 def _meaning(value: np.ndarray, padding: bool) -> MaskMeaning:
