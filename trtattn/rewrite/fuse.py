@@ -9,6 +9,7 @@ causal mask becomes is_causal=1; any other mask or bias is passed as one attn_ma
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 
 import onnx
@@ -116,21 +117,23 @@ def has_candidates(model: onnx.ModelProto) -> bool:
 
 
 # ---------------------------------------------------------------- rewriting
-def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning) -> gs.Node:
+def rewrite_site(graph: gs.Graph, tensors: dict, site: AttentionSite, meaning, shared_buffer: bool = False) -> gs.Node:
     """Replace one site by an ONNX Attention node (returned), with the rewriter of its source. Raises on anything
-    it cannot express."""
+    it cannot express. `shared_buffer`: the runtime binds each past and its present to one buffer (GenAI's
+    past_present_share_buffer), which a converted GroupQueryAttention's presents are written into."""
     if site.source == SiteSource.PATTERN:
         return pattern_attention(graph, tensors, site, meaning)
     if site.source == SiteSource.ONNX_ATTENTION:
         return _retarget_attention(graph, tensors, site)
-    return _converted_contrib(graph, site)
+    return _converted_contrib(graph, site, shared_buffer)
 
 
-def _converted_contrib(graph: gs.Graph, site: AttentionSite) -> gs.Node:
+def _converted_contrib(graph: gs.Graph, site: AttentionSite, shared_buffer: bool) -> gs.Node:
     """A com.microsoft attention op as the standard one (GroupQueryAttention has its own converter)."""
     node = next(n for n in graph.nodes if n.outputs and n.outputs[0].name == site.output)
-    convert_contrib = convert_group_query if site.source == SiteSource.MS_GROUP_QUERY else convert_microsoft
-    return convert_contrib(graph, node, site_scope(site.name))
+    if site.source == SiteSource.MS_GROUP_QUERY:
+        return convert_group_query(graph, node, site_scope(site.name), shared_buffer)
+    return convert_microsoft(graph, node, site_scope(site.name))
 
 
 def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
@@ -143,12 +146,15 @@ def _retarget_attention(graph, tensors, site: AttentionSite) -> gs.Node:
 
 
 def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None = None, seed: int = 0,
-               atol: float | None = None, rtol: float | None = None, progress=None, inputs=None) -> FuseResult:
+               atol: float | None = None, rtol: float | None = None, progress=None, inputs=None,
+               shared_buffer: bool = False) -> FuseResult:
     """Fuse every site of `model` (not modified) and verify the result on ONNX Runtime, within the
     tolerance of the precision the model computes in unless atol/rtol are given (verify.tolerance_for).
     A model loaded with its weights left on disk (graph.io.load(..., load_external_data=False)) is
     analysed, rewritten and verified without ever holding them. `inputs` (graph.user_inputs.GivenInputs):
-    verify on exactly these input sets instead of feeds searched in the model's domain."""
+    verify on exactly these input sets instead of feeds searched in the model's domain. `shared_buffer`: the
+    runtime binds each past and its present to one buffer (rewrite_site), as GenAI does with its
+    past_present_share_buffer; verified as always, where the buffer is the concatenated cache."""
     progress = progress or Progress(enabled=False)
     if not has_candidates(model):
         return FuseResult(model, [], [], Verification(passed=True, note="no attention found"))
@@ -161,7 +167,8 @@ def fuse_model(model: onnx.ModelProto, *, verify: bool = True, dims: dict | None
     # a bf16 model ONNX Runtime cannot open is worked on widened (rewrite/bf16.py), verified in fp32 first
     reading = driver.read(model, dims=dims, atol=atol, rtol=rtol, inputs=inputs, progress=progress,
                           widened_tolerance=True)
-    run = _Run(reading, verify=verify, seed=seed, given=(atol is not None, rtol is not None), progress=progress)
+    run = _Run(reading, verify=verify, seed=seed, given=(atol is not None, rtol is not None), progress=progress,
+               shared_buffer=shared_buffer)
     result = _fuse_fitted(run)
     if reading.wide is not None:
         result.notes.append(bf16.NOTE)
@@ -215,6 +222,7 @@ class _Run:
     seed: int
     given: tuple[bool, bool]  # whether atol, rtol were given (else the model's, loosened where a site needs it)
     progress: Progress
+    shared_buffer: bool = False  # past and present are one buffer at run time (rewrite_site)
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -318,14 +326,15 @@ def _attempted(run: _Run, working: onnx.ModelProto, reports: list[SiteReport], m
     ignored = result.ignored
     active = [r for r in reports if r.status == SiteStatus.FUSED]
     with run.progress.step(f"rewriting {len(active)} sites into ONNX Attention"):
-        fused = _rewrite(working, active, meanings, graph)
+        fused = _rewrite(working, active, meanings, graph, shared_buffer=run.shared_buffer)
     split = _unmerged(reports, result.heads_merged, meanings)
     if split:
         return Decision(split)
     active = [r for r in active if r.status == SiteStatus.FUSED]
     fused_bf16 = fused
     if run.written is not None and active:
-        rewritten = bf16.rewritten(upgrade_opset(run.written, ATTENTION_OPSET), active, meanings, _rewrite)
+        rewritten = bf16.rewritten(upgrade_opset(run.written, ATTENTION_OPSET), active, meanings,
+                                   functools.partial(_rewrite, shared_buffer=run.shared_buffer))
         if rewritten is None:  # the sites it could not write in bf16 are marked: again without them
             return Decision()
         fused_bf16 = rewritten
@@ -422,8 +431,9 @@ class _FuseRewriter(driver.SiteRewriter[tuple, SiteReport]):
 
     catches = (TrtattnError, KeyError, ValueError, StopIteration)  # anything else is a bug of ours: a crash
 
-    def __init__(self, meanings: dict):
+    def __init__(self, meanings: dict, shared_buffer: bool):
         self.meanings = meanings
+        self.shared_buffer = shared_buffer
 
     def scope(self, graph: gs.Graph, path: tuple) -> tuple:
         sub = driver.find_scope(graph, path)
@@ -434,7 +444,8 @@ class _FuseRewriter(driver.SiteRewriter[tuple, SiteReport]):
 
     def rewrite(self, scope: tuple, outcome: SiteReport) -> None:
         graph, tensors = scope
-        outcome.attention_node = rewrite_site(graph, tensors, outcome.site, self.meanings.get(outcome.site.name)).name
+        outcome.attention_node = rewrite_site(graph, tensors, outcome.site, self.meanings.get(outcome.site.name),
+                                              self.shared_buffer).name
         write_rotations(graph, tensors, outcome.site)
 
     def failed(self, outcome: SiteReport, error: BaseException) -> None:
@@ -443,11 +454,11 @@ class _FuseRewriter(driver.SiteRewriter[tuple, SiteReport]):
 
 @timed("rewrite")
 def _rewrite(working: onnx.ModelProto, reports: list[SiteReport], meanings: dict,
-             graph: gs.Graph | None = None) -> onnx.ModelProto:
+             graph: gs.Graph | None = None, *, shared_buffer: bool = False) -> onnx.ModelProto:
     """The sites rewritten in `graph` (the analysis graph, used up) or in a fresh import of `working`."""
     if graph is None or any(n.domain == "com.microsoft" for n in working.graph.node):
         graph = import_graph(with_contrib_shapes(working))
-    driver.rewrite_each(graph, reports, _FuseRewriter(meanings))
+    driver.rewrite_each(graph, reports, _FuseRewriter(meanings, shared_buffer))
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     fused = export_graph(graph, working)
     write_propagated_pairs(fused)  # an int8 model raised to opset 23 loads in ONNX Runtime (graph/qdq_pairs.py)

@@ -18,6 +18,15 @@ Gemma 2/3 sliding layers: past and present are one buffer of at least W = local_
 same op over the buffer with the mask in buffer slots, and the present gathered back into the buffer's slots
 as the kernel keeps them (rewrite/window_cache.py). A smooth
 softmax and sinks are not converted: the site is reported with the reason.
+
+Under a shared buffer (`shared_buffer`, GenAI's past_present_share_buffer) past and present are one buffer of
+P = max_length slots: the kernel writes the S new keys at slots [past_b, past_b + S) (past_b = seqlens_k + 1 - S,
+0 on the first prompt), leaves every other slot as it was, and its present has max(P, total_sequence_length)
+slots. The standard op's keys are then the P slots (the mask above already sees only the first past_b of them,
+and rotary is at past_b + i, the absolute positions) and the S new keys; its present Concat(past, new) is
+gathered into the buffer's layout (`_into_buffer`). That gather is the identity over a concatenated cache
+(P = total - S, past_b = P), so the form is right under both contracts; it is asked for only where the runtime
+shares the buffer, as the kv-cache form (routes/prepare/op_cache.py) reads the standard op's present itself.
 """
 
 from __future__ import annotations
@@ -36,8 +45,9 @@ from .microsoft import causal_keep, is_read, optional_input, output_merged, spli
 _NOT_CONVERTED = {"smooth_softmax": "uses a smooth softmax"}
 
 
-def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
-    """Replace a com.microsoft GroupQueryAttention node; returns the new Attention node."""
+def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str, shared_buffer: bool = False) -> gs.Node:
+    """Replace a com.microsoft GroupQueryAttention node; returns the new Attention node. `shared_buffer`: its
+    presents are written into the past's buffer (module doc)."""
     where = f"com.microsoft:GroupQueryAttention {node.name}"
     for attr, why in _NOT_CONVERTED.items():
         if node.attrs.get(attr, 0):
@@ -90,7 +100,8 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
     presents = []
     if past_k is not None:
         inputs += [past_k, past_v]
-        presents = [o if is_read(graph, o) and not buffered else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
+        written = buffered or shared_buffer  # the present is the op's concatenation written into the buffer
+        presents = [o if is_read(graph, o) and not written else gs.Variable(f"{prefix}/present_{p}", dtype=dtype)
                     for o, p in zip(list(node.outputs[1:3]) + [None, None], "kv")]
     y = gs.Variable(f"{prefix}/Attention_out", dtype=dtype)
     attrs = {"scale": float(scale), **({"is_causal": 1} if window is None else {})}
@@ -103,6 +114,10 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
         for concat, o, past in zip(presents, node.outputs[1:3], (past_k, past_v)):
             if is_read(graph, o):
                 window_cache.write_back(emit, concat, o, past, seen_past, row_new, kept, dtype)
+    elif shared_buffer and past_k is not None:
+        for concat, o, past in zip(presents, node.outputs[1:3], (past_k, past_v)):
+            if is_read(graph, o):
+                _into_buffer(emit, concat, o, past, total_length, row_past, dtype)
     if past_k is None and any(is_read(graph, o) for o in node.outputs[1:3]):  # no past: the present is the new K/V
         for o, t in zip(node.outputs[1:3], (k4, v4)):
             if is_read(graph, o):
@@ -110,6 +125,33 @@ def convert_group_query(graph: gs.Graph, node: gs.Node, prefix: str) -> gs.Node:
                 graph.nodes[-1].outputs = [o]
     output_merged(emit, graph, node, y, dtype)
     return attention
+
+
+def _into_buffer(emit: Emitter, concat, out, past, total_length, row_past, dtype) -> None:
+    """`out` [B, Nkv, max(P, total), H]: the buffer `past` [B, Nkv, P, H] with the S new keys at slots
+    [past_b, past_b + S) of each row (`row_past` [B]: past_b), gathered from the standard op's present `concat`
+    (the P slots then the S new keys). A slot at or beyond P that no new key fills is unspecified in the kernel
+    (outside the buffer): it repeats a key of `concat`."""
+    i64 = np.int64
+    p = emit.dim(past, 2)
+    s = emit("Sub", [emit.dim(concat, 2), p], dtype=i64)
+    slots = emit("Max", [p, emit.cast(emit("Reshape", [total_length, emit.const([], i64)], dtype=total_length.dtype),
+                                      i64)], dtype=i64)
+    t = emit("Range", [emit.const(0, i64), slots, emit.const(1, i64)], dtype=i64)  # [L]
+    start = emit("Unsqueeze", [row_past, emit.const([1], i64)], dtype=i64)  # [B, 1]
+    n = emit("Sub", [t, start], dtype=i64)  # [B, L]: the new key a slot holds, where 0 <= n < S
+    is_new = emit("And", [emit("GreaterOrEqual", [n, emit.const(0, i64)], dtype=np.bool_),
+                          emit("Less", [n, s], dtype=np.bool_)], dtype=np.bool_)
+    last = emit("Sub", [emit.dim(concat, 2), emit.const(1, i64)], dtype=i64)
+    at = emit("Where", [is_new, emit("Add", [p, n], dtype=i64),
+                        emit("Min", [emit("Expand", [t, emit("Shape", [n], dtype=i64)], dtype=i64), last], dtype=i64)],
+              dtype=i64)  # [B, L]: a new key n at P + n, any other slot at itself
+    at = emit("Unsqueeze", [at, emit.const([1, 3], i64)], dtype=i64)  # [B, 1, L, 1]
+    shape = emit("Concat", [emit.shape_slice(past, 0, 2), emit("Unsqueeze", [slots, emit.const([0], i64)], dtype=i64),
+                            emit.shape_slice(past, 3, 4)], {"axis": 0}, dtype=i64)
+    emit("GatherElements", [concat, emit("Expand", [at, shape], dtype=i64)], {"axis": 2}, dtype=dtype,
+         name="present_in_buffer")
+    emit.graph.nodes[-1].outputs = [out]
 
 
 def _last(tensor) -> int | None:

@@ -278,3 +278,35 @@ def write_genai_folder(folder: str | Path, spec: GenaiSpec = GenaiSpec(), *, sha
     onnx.save(genai_decoder(spec), folder / "model.onnx")
     write_genai_config(folder, spec, share_buffer=share_buffer)
     return folder
+
+
+def shared_buffer_logits(model: onnx.ModelProto, spec: GenaiSpec, prompt: list[int], steps: int, *,
+                         window_slots: int | None = None) -> list[np.ndarray]:
+    """The logits of a prefill of `prompt` then `steps` greedy decode steps, with each past and its present bound to
+    one buffer as GenAI binds them under past_present_share_buffer (context_length slots; a sliding layer's
+    `window_slots`, GenAI's window + 16 on CPU by default): what the runtime a shared-buffer folder is made for
+    feeds the model, ONNX Runtime's own contract for GroupQueryAttention sharing its buffer."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    slots = window_slots or min(spec.window + 16, spec.context_length)
+    buffers = {}
+    for layer in range(spec.layers):
+        for kind in ("key", "value"):
+            shape = (1, spec.kv_heads, slots if layer in spec.sliding else spec.context_length, spec.head_size)
+            buffers[layer, kind] = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, spec.np_dtype))
+    tokens, out = list(prompt), []
+    for step in range(steps + 1):
+        ids = np.array([tokens if step == 0 else tokens[-1:]], np.int64)
+        binding = session.io_binding()
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", np.ones((1, len(tokens)), np.int64))
+        for (layer, kind), buffer in buffers.items():
+            binding.bind_ortvalue_input(f"past_key_values.{layer}.{kind}", buffer)
+            binding.bind_ortvalue_output(f"present.{layer}.{kind}", buffer)
+        binding.bind_output("logits")
+        session.run_with_iobinding(binding)
+        logits = binding.copy_outputs_to_cpu()[-1]
+        out.append(logits[0, -1])
+        tokens.append(int(np.argmax(logits[0, -1])))
+    return out
