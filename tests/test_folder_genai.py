@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -16,7 +17,7 @@ from trtattn.cli import main
 from trtattn.errors import TrtattnError
 from trtattn.folder import fuse_folder
 from trtattn.folder_genai import SHARE_BUFFER, adapt_config, decoder_files, presents_not_in_place
-from trtattn.testing.genai_graphs import GenaiSpec, genai_config, write_genai_folder
+from trtattn.testing.genai_graphs import GenaiSpec, genai_config, shared_buffer_logits, write_genai_folder
 
 SPEC = GenaiSpec(norms="microsoft")  # the builder's norm ops, as its folders have them
 
@@ -31,40 +32,59 @@ def _folder(root, share=True):
     return folder
 
 
-def test_fused_decoder_turns_the_shared_buffer_off_with_a_note(tmp_path):
+def test_fused_decoder_keeps_the_shared_buffer(tmp_path):
+    """A shared-buffer folder's decoder fused with its presents written into the buffer: the config as it came."""
     folder = _folder(tmp_path)
     result = fuse_folder(folder, tmp_path / "out")
-    assert result.ok and result.output == tmp_path / "out"
+    assert result.ok and result.output == tmp_path / "out" and not result.notes, result.notes
     actions = {f.path: f.action for f in result.files}
-    assert actions == {"model.onnx": "fused", "genai_config.json": "adapted", "tokenizer.json": "copied"}
-    written = json.loads((tmp_path / "out" / "genai_config.json").read_text())
-    expected = _config(share=True)
-    expected["search"][SHARE_BUFFER] = False
-    assert written == expected  # that one setting, every other kept
-    assert len(result.notes) == 1 and SHARE_BUFFER in result.notes[0] and "Concat(past, new)" in result.notes[0]
-    assert "present.0.key <- Attention" in result.notes[0]
-    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
-    assert result.report()["notes"] == result.notes
+    assert actions == {"model.onnx": "fused", "genai_config.json": "copied", "tokenizer.json": "copied"}
+    for name in ("genai_config.json", "tokenizer.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (folder / name).read_bytes()
 
 
-def test_fused_decoder_presents_grow_by_the_new_tokens(tmp_path):
-    """Why the buffer cannot be shared, measured: the fused present is past + new long, GroupQueryAttention's
-    (fed a buffer of the context length, as GenAI does) is the buffer itself."""
+def test_fused_decoder_presents_are_the_buffer_with_the_new_keys(tmp_path):
+    """Measured as GenAI feeds it (a buffer of 16 slots, 5 keys valid, one new token): the fused present is the
+    buffer's length, as GroupQueryAttention's, the same first 6 slots, the new key at slot 5 and every other slot
+    kept (a kernel given no shared buffer leaves the slots past its 6 keys unwritten)."""
     folder = _folder(tmp_path)
     fuse_folder(folder, tmp_path / "out")
     rng = np.random.default_rng(0)
     past = rng.standard_normal((1, SPEC.kv_heads, 16, SPEC.head_size)).astype(np.float32)
     feeds = {"input_ids": np.array([[3]]), "attention_mask": np.ones((1, 6), np.int64)}
     feeds.update({f"past_key_values.{i}.{kv}": past for i in range(SPEC.layers) for kv in ("key", "value")})
-    lengths = {}
+    presents = {}
     for name in ("genai", "out"):
         session = ort.InferenceSession(str(tmp_path / name / "model.onnx"), providers=["CPUExecutionProvider"])
-        present = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))["present.0.key"]
-        lengths[name] = present.shape[2]
-    assert lengths == {"genai": 16, "out": 17}
-    assert presents_not_in_place(folder / "model.onnx", ["present.%d.key", "present.%d.value"]) == []
+        presents[name] = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))["present.0.key"]
+    assert presents["genai"].shape == presents["out"].shape == past.shape
+    np.testing.assert_allclose(presents["out"][:, :, :6], presents["genai"][:, :, :6], atol=1e-5)
+    np.testing.assert_array_equal(np.delete(presents["out"], 5, axis=2), np.delete(past, 5, axis=2))
     assert presents_not_in_place(tmp_path / "out" / "model.onnx", ["present.%d.key"]) == [
-        "present.0.key <- Attention", "present.1.key <- Attention"]
+        "present.0.key <- GatherElements", "present.1.key <- GatherElements"]
+
+
+def test_a_decoder_writing_a_present_by_concat_turns_the_shared_buffer_off_with_a_note(tmp_path):
+    """A present the original writes by Concat (no GroupQueryAttention) is past + new long: the buffer cannot be
+    shared, and the config written says why."""
+    from onnx import TensorProto, helper, save
+
+    folder = tmp_path / "genai"
+    folder.mkdir()
+    cache = ["b", 2, "p", 16]
+    save(helper.make_model(helper.make_graph(
+        [helper.make_node("Concat", ["past_key_values.0.key", "new"], ["present.0.key"], axis=2)], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache) for n in ("past_key_values.0.key", "new")],
+        [helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, cache)])), folder / "model.onnx")
+    source = folder / "genai_config.json"
+    source.write_text(json.dumps(_config(share=True)))
+    written = tmp_path / "out" / "genai_config.json"
+    changes = adapt_config(source, written, rewritten={"model.onnx"})
+    assert [(c.key, c.old, c.new) for c in changes] == [(f"search.{SHARE_BUFFER}", True, False)]
+    assert "present.0.key <- Concat" in changes[0].note()
+    expected = _config(share=True)
+    expected["search"][SHARE_BUFFER] = False
+    assert json.loads(written.read_text()) == expected  # that one setting, every other kept
 
 
 def test_config_without_a_shared_buffer_is_copied_byte_for_byte(tmp_path):
@@ -76,14 +96,13 @@ def test_config_without_a_shared_buffer_is_copied_byte_for_byte(tmp_path):
 
 
 def test_config_of_a_decoder_written_as_read_keeps_the_shared_buffer(tmp_path):
-    """A decoder the run did not change still writes in place: the config is copied as it is."""
+    """A decoder the run did not change still writes in place, as does one of GroupQueryAttention rewritten (its
+    presents written into the buffer): the config is kept as it is."""
     folder = _folder(tmp_path)
-    source = tmp_path / "config.json"
-    source.write_text(json.dumps(_config(share=True)))
+    source = folder / "genai_config.json"
     assert adapt_config(source, tmp_path / "written" / "genai_config.json", rewritten=set()) == []
+    assert adapt_config(source, tmp_path / "written" / "genai_config.json", rewritten={"model.onnx"}) == []
     assert not (tmp_path / "written").exists()
-    changes = adapt_config(source, folder / "again.json", rewritten={"model.onnx"})
-    assert changes == []  # the GroupQueryAttention decoder itself writes in place: nothing to change
 
 
 def test_config_naming_a_decoder_the_folder_lacks_is_refused(tmp_path):
@@ -109,11 +128,13 @@ def test_decoder_files_of_a_pipeline():
 
 
 def test_cli_fuse_folder_prints_the_note_and_reports_it(tmp_path, capsys):
-    folder = _folder(tmp_path)
+    """A window layer fused in a folder whose buffer is not shared: the note GenAI cannot feed it, printed and
+    reported."""
+    folder = write_genai_folder(tmp_path / "genai", GenaiSpec(norms="microsoft", window=8, sliding=(0,)))
     rc = main(["fuse", str(folder), "-o", str(tmp_path / "out"), "--report", str(tmp_path / "report.json")])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert f"note: genai_config.json: search.{SHARE_BUFFER} true -> false" in out
+    assert "note: genai_config.json: the sliding_window layers [0]" in out
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report["notes"]) == 1 and SHARE_BUFFER in report["notes"][0]
 
@@ -132,28 +153,30 @@ def test_run_generate_on_the_fused_folder_equals_the_original(tmp_path, capsys):
     assert len(tokens["genai"]) >= 2 and tokens["out"] == tokens["genai"]
 
 
-def test_fused_window_layers_are_written_with_a_note_that_genai_cannot_feed_them(tmp_path):
-    """Gemma 2's sliding layer (decoder.sliding_window.layers) fused: its present is the window buffer (no
-    concatenation, so not named as one), and with the buffer unshared for the global layer's sake the folder says
-    GenAI cannot feed it."""
+def test_fused_window_folder_keeps_the_shared_buffer_and_decodes_over_it(tmp_path):
+    """Gemma 2's layout (a sliding layer with its window buffer, a global layer) fused in a shared-buffer folder: no
+    note, the config kept, and decoded with every past and present bound to one buffer (testing/genai_graphs.py,
+    as GenAI binds them) from a prompt longer than the window, the original's logits."""
     spec = GenaiSpec(norms="microsoft", window=8, sliding=(0,))
     folder = write_genai_folder(tmp_path / "genai", spec, share_buffer=True)
     result = fuse_folder(folder, tmp_path / "out")
-    assert result.ok, result.notes
-    shared, window = result.notes
-    assert SHARE_BUFFER in shared and "present.1.key <- Attention" in shared and "present.0" not in shared
+    assert result.ok and not result.notes, result.notes
+    assert json.loads((tmp_path / "out" / "genai_config.json").read_text())["search"][SHARE_BUFFER] is True
+    prompt = list(range(3, 15))
+    want, got = (shared_buffer_logits(onnx.load(str(d / "model.onnx")), spec, prompt, 10)
+                 for d in (folder, tmp_path / "out"))
+    np.testing.assert_allclose(np.stack(got), np.stack(want), atol=1e-4)
+
+
+def test_fused_window_layers_unshared_are_written_with_a_note_that_genai_cannot_feed_them(tmp_path):
+    """With the buffer not shared (as the config came), GenAI gives a window layer an empty first past, which the
+    fused and the original model both refuse: the folder says so."""
+    spec = GenaiSpec(norms="microsoft", window=8, sliding=(0,))
+    result = fuse_folder(write_genai_folder(tmp_path / "genai", spec), tmp_path / "out")
+    assert result.ok
+    window, = result.notes
     assert "sliding_window layers [0]" in window and "at least 8 slots" in window
     assert "present.0.key <- GatherElements" in window
-    rng = np.random.default_rng(0)
-    feeds = {"input_ids": np.array([[3]]), "attention_mask": np.ones((1, 12), np.int64)}
-    for layer, slots in ((0, 8), (1, 11)):
-        feeds.update({f"past_key_values.{layer}.{kv}": rng.standard_normal((1, spec.kv_heads, slots, spec.head_size))
-                      .astype(np.float32) for kv in ("key", "value")})
-    got, want = (dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds))) for s in (
-        ort.InferenceSession(str(d / "model.onnx"), providers=["CPUExecutionProvider"]) for d in (tmp_path / "out", folder)))
-    assert got["present.0.key"].shape == want["present.0.key"].shape == (1, spec.kv_heads, 8, spec.head_size)
-    np.testing.assert_allclose(got["present.0.key"], want["present.0.key"], atol=1e-6)
-    np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-4)
 
 
 def test_a_folder_without_window_layers_has_no_window_note(tmp_path):

@@ -139,12 +139,15 @@ def process_folder(source, output, *, mode: str = "fuse", force: bool = False, a
     try:
         files = sorted(p for p in src.rglob("*") if p.is_file())
         configs = [p for p in files if folder_genai.is_genai_config(p)]  # after the models they describe
+        shared = {d for c in configs for d in folder_genai.shared_decoders(c)} if mode == "fuse" else set()
         for path in progress.track(files, f"{mode} {src.name}", unit="file") if progress is not None else files:
             rel = path.relative_to(src)
             if path in configs:
                 continue
             if path.suffix == ".onnx":
-                result.files.append(_one_model(path, rel, scratch / rel, data, mode, allow_partial, progress, options))
+                # a decoder GenAI binds one buffer to as past and present: its presents written into it
+                given = {**options, "shared_buffer": True} if path in shared else options
+                result.files.append(_one_model(path, rel, scratch / rel, data, mode, allow_partial, progress, given))
             elif path.resolve() not in data:
                 (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, scratch / rel)

@@ -2,11 +2,14 @@
 
 GenAI reads genai_config.json to drive its models: which file is the decoder, the names of the past and present
 caches, and `search.past_present_share_buffer`. With that option on, GenAI binds one buffer of the context
-length as both past and present, which only an op that writes the new keys into the past's buffer in place
-can fill: com.microsoft GroupQueryAttention. The standard ONNX Attention op's present is, by its definition,
-Concat(past, new), longer than the past by the new tokens, so a decoder whose presents come from anything but
-GroupQueryAttention cannot share the buffer: the option is turned off, and the folder's result says so.
-Everything else in the config is kept as written.
+length as both past and present, which only a present written into the past's buffer can fill: com.microsoft
+GroupQueryAttention's, and the standard ONNX Attention op's converted from it with `shared_buffer`
+(rewrite/group_query.py: attends over the buffer's valid slots and gathers Concat(past, new) back into the buffer's
+layout). The decoders such a config names (`shared_decoders`) are fused that way, so their presents are written
+in place wherever the original's are, and the config is kept. A present the original writes by any other op (a
+Concat: the standard op's present by its definition, longer than the past by the new tokens) cannot share the
+buffer: the option is turned off, and the folder's result says so. Everything else in the config is kept as
+written.
 
 The layers decoder.sliding_window names (Gemma 2/3) keep a fixed window buffer (GroupQueryAttention's
 sliding_window_cache); fused, they read and write the buffer's slots as the kernel does (rewrite/window_cache.py),
@@ -91,6 +94,15 @@ def _is_present(name: str, patterns: list[str]) -> bool:
     return any(re.fullmatch(re.escape(p).replace("%d", r"\d+"), name) for p in patterns)
 
 
+def shared_decoders(path: Path) -> list[Path]:
+    """The decoder files the genai_config.json at `path` names when its past and present share a buffer (each to
+    be fused with `shared_buffer`), else none."""
+    config = read_config(path)
+    if (config.get("search") or {}).get(SHARE_BUFFER) is not True:
+        return []
+    return [path.parent / name for name in decoder_files(config)]
+
+
 def presents_not_in_place(model_path: Path, patterns: list[str]) -> list[str]:
     """The present outputs of a model that an op other than GroupQueryAttention writes (each `name <- op`)."""
     import onnx
@@ -116,7 +128,7 @@ def adapt_config(source: Path, written: Path, rewritten: set[str]) -> list[Confi
     changes = []
     search = config.get("search")
     if isinstance(search, dict) and search.get(SHARE_BUFFER) is True:
-        why = _why_not_shared(config, written.parent, rewritten)
+        why = _why_not_shared(config, source.parent, rewritten)
         if why:
             search[SHARE_BUFFER] = False
             changes.append(ConfigChange(f"search.{SHARE_BUFFER}", True, False, why))
@@ -127,6 +139,9 @@ def adapt_config(source: Path, written: Path, rewritten: set[str]) -> list[Confi
 
 
 def _why_not_shared(config: dict, folder: Path, rewritten: set[str]) -> str | None:
+    """Why the rewritten decoders cannot share the buffer, read from the originals in `folder`: each
+    GroupQueryAttention was converted to write into the buffer (shared_decoders), every other writer stays a
+    concatenation."""
     patterns = present_patterns(config)
     for name in decoder_files(config):
         if name not in rewritten:
@@ -134,11 +149,11 @@ def _why_not_shared(config: dict, folder: Path, rewritten: set[str]) -> str | No
         path = folder / name
         if not path.is_file():
             raise TrtattnError(f"{CONFIG} names the decoder {name}, which the folder does not have")
-        windows = _window_presents(config)
-        concatenated = [p for p in presents_not_in_place(path, patterns) if p.split(" <- ")[0] not in windows]
+        concatenated = presents_not_in_place(path, patterns)
         if concatenated:
             shown = ", ".join(concatenated[:2]) + (f" (and {len(concatenated) - 2} more)" if len(concatenated) > 2 else "")
-            return (f"the fused {name} writes its presents as Concat(past, new), longer than the past by the "
+            return (f"{name} writes presents by ops other than GroupQueryAttention, which the fused model writes as "
+                    f"Concat(past, new), longer than the past by the "
                     f"new tokens ({shown}), so past and present cannot share one buffer; GenAI passes the cache grown instead")
     return None
 

@@ -290,11 +290,10 @@ def shared_buffer_logits(model: onnx.ModelProto, spec: GenaiSpec, prompt: list[i
 
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     slots = window_slots or min(spec.window + 16, spec.context_length)
-    buffers = {}
-    for layer in range(spec.layers):
-        for kind in ("key", "value"):
-            shape = (1, spec.kv_heads, slots if layer in spec.sliding else spec.context_length, spec.head_size)
-            buffers[layer, kind] = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, spec.np_dtype))
+    arrays = {(layer, kind): np.zeros((1, spec.kv_heads, slots if layer in spec.sliding else spec.context_length,
+                                       spec.head_size), spec.np_dtype)
+              for layer in range(spec.layers) for kind in ("key", "value")}  # the buffers' memory, kept alive
+    buffers = {key: ort.OrtValue.ortvalue_from_numpy(a) for key, a in arrays.items()}
     tokens, out = list(prompt), []
     for step in range(steps + 1):
         ids = np.array([tokens if step == 0 else tokens[-1:]], np.int64)
