@@ -57,7 +57,9 @@ def fuse_folder(folder: Path, out: Path) -> str:
     except RuntimeError as e:  # ONNX Runtime GenAI's own refusal of the fused folder
         return f"exit 0, GenAI fails: {str(e).splitlines()[0][:160]}"
     same = sum(a == b for a, b in zip(original, fused))
-    return f"exit 0, tokens {same}/{len(original)} equal"
+    search = json.loads((out / "folder" / "genai_config.json").read_text()).get("search", {})
+    buffer = "shared buffer kept" if search.get("past_present_share_buffer") else "buffer unshared"
+    return f"exit 0, tokens {same}/{len(original)} equal, {buffer}"
 
 
 def fuse_trt(folder: Path, out: Path) -> str:

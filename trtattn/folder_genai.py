@@ -16,7 +16,8 @@ sliding_window_cache); fused, they read and write the buffer's slots as the kern
 which is no concatenation: they share a buffer as GroupQueryAttention did (GenAI gives them window_size +
 cache_slack slots, 16 on CPU when 0, or max_length). Without a shared buffer GenAI gives such a layer an empty
 first past, which GroupQueryAttention refuses as well (the capacity must reach the window): when the option is
-off for the other layers' sake, the folder is written with a note saying GenAI cannot run it (`window_note`).
+off (as the config came, or for a concatenated present's sake), the folder is written with a note saying GenAI
+cannot run it (`window_note`).
 """
 
 from __future__ import annotations
