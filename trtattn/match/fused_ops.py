@@ -171,7 +171,9 @@ def _microsoft_site(view: GraphView, n: gs.Node) -> AttentionSite:
         cache=cache,
         past_key=past_k.name if past_k is not None else None, past_value=past_v.name if past_v is not None else None,
         source=SiteSource.contrib(n.op), notes=(f"{n.op} from com.microsoft",) + (
-            ("present = Concat(past, new): ONNX Runtime's when each row's past fills past_key",)
+            ("present = Concat(past, new): ONNX Runtime's when each row's past fills past_key (fused for a "
+             "buffer shared by past and present, as GenAI folders' are, it is written into that buffer as the kernel "
+             "writes it)",)
             if n.op == "GroupQueryAttention" and past_k is not None else ()),
     )
 
