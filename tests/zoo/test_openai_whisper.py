@@ -29,9 +29,14 @@ CACHED = [c for c in CASES if c[0] == "decoder"]  # those taking the caches as i
 # What `trtattn build` does with each decoder the exporters write, measured (issue 32): strict xfails, so they flip
 # when the kv-cache form takes these caches. `fuse` fuses both decoders, right at every step, since a graph input
 # concatenated onto the keys is verified at a decode step (graph/cache_steps.py) and found through a stack's Split
-# and a scaled K (match/cache.py).
-BUILD = {c: "issue 32: `build` exits 4 with every site IAttention, but in the padded form: the caches are "
-            "concatenated in the graph, outside the Attention op, so no KV-cache update is planned" for c in CACHED}
+# and a scaled K (match/cache.py). The kv-cache form cannot own these caches (kv_cache.unowned_caches): each is one
+# layer's slice of a stacked input, which TensorRT's KV-cache update cannot write in place (owning it means one cache
+# input per layer and kind: other engine inputs than the model's), and the position offset is read from the cache's
+# length, the capacity in the form. `build` plans them padded and says so (test_build_says_why_...).
+BUILD = {c: "issue 32: `build` exits 4 with every site IAttention, but in the padded form: the caches are slices of "
+            "stacked inputs and the position offset is read from their length, which the kv-cache form cannot own"
+         for c in CACHED}
+UNOWNED = ("taken apart before its Concat", "reads the length of cache_self_attn")
 
 
 @pytest.fixture(scope="session")
@@ -223,3 +228,20 @@ def test_build_plans_the_decoder_with_the_kv_cache_update(whisper_rows, case, tm
     assert plan["form"] == "kv-cache" and len(sites) == row["expected_sites"], plan
     # the self-attentions at least (the seed's cross-attention appends to a cache too, emptied at every first step)
     assert sum(bool(s["kv_lengths"]) for s in sites) >= row["expected_sites"] // 2 and not any(s["reason"] for s in sites)
+
+
+@pytest.mark.parametrize("case", [c for c in CACHED if c in BUILD], ids="-".join)
+def test_build_says_why_no_kv_cache_update_is_planned(whisper_rows, case, tmp_path, capsys):
+    """Until the kv-cache form owns these caches (BUILD): `build` plans every site IAttention in the padded form with a
+    note naming why its caches get no KV-cache update, and `build --form kv-cache` refuses each self-attention saying
+    so (exit 1), rather than calling them sites without a cache."""
+    row = _exported(whisper_rows, case)
+    plan_path = tmp_path / "plan.json"
+    code = main(["-q", "build", str(row["path"]), "--out-dir", str(tmp_path), "--plan-json", str(plan_path)])
+    plan, printed = json.loads(plan_path.read_text()), capsys.readouterr().out  # (the notes are printed, not in the JSON)
+    notes = [n for n in printed.splitlines() if n.startswith("note: no KV-cache update planned")]
+    assert code == 4 and plan["form"] == "padded" and "0 KV-cache update layers" in printed, printed
+    assert notes and all(any(w in n for n in notes) for w in UNOWNED), notes
+    code = main(["-q", "build", str(row["path"]), "--form", "kv-cache", "--out-dir", str(tmp_path)])
+    said = capsys.readouterr()
+    assert code == 1 and all(w in said.out for w in UNOWNED), said  # the refused sites, each with why
