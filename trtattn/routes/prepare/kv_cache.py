@@ -16,6 +16,10 @@ records are in lowering.py.
 Cross-attention reads static K/V inputs (an encoder-decoder's, computed once by its first decoder step);
 its only mask may be the encoder's padding mask, which stays an input [B, S_enc] and is read as per-row
 key/value lengths (right padding), as the padded form reads padding masks.
+
+A cache the graph concatenates that the form cannot own is refused per site with why (unowned_caches): one layer's
+slice of a stacked input (openai-whisper's), a cache whose length the graph reads (a position offset), a cache not
+appended to as the attention's K/V; the padded plan notes it (forms.py).
 """
 
 from __future__ import annotations
