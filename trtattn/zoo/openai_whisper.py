@@ -8,7 +8,9 @@ not need): it imports only torch, whisper and onnx, writes its files into OUT_DI
 (exports() below runs it and collects them). Tiny random weights, seeded; nothing is downloaded.
 
 The TorchScript decoder is one graph serving the first step and every later step, by the seed's calling convention
-(the dynamo decoder serves the later steps only: DYNAMO_DECODER; each row's `steps` says which):
+(the dynamo decoder serves the later steps only: DYNAMO_DECODER; so dynamo also writes the first step's own graph,
+"decoder-first", as a user of torch.export does: no cache inputs, its caches start empty inside it; each row's
+`steps` says which steps a graph serves):
     first step   x [B, n] tokens, xa [B, AUDIO_CTX, D] the encoder's output, both caches empty ([2L, B, 0, D])
     later steps  x [B, 1] the new token, xa [B, 0, D], the caches the step before returned
 Each attention appends its new K/V to its cache (torch.cat) and keeps the last n_ctx positions (`k[:, -n_ctx:]`);
@@ -30,6 +32,8 @@ from pathlib import Path
 DIMS = dict(n_mels=80, n_audio_ctx=16, n_audio_state=64, n_audio_head=4, n_audio_layer=2, n_vocab=96,
             n_text_ctx=16, n_text_state=64, n_text_head=4, n_text_layer=2)
 EXPORTERS = ("torchscript", "dynamo")
+PARTS = ("encoder", "decoder", "decoder-first")
+FIRST_STEP_EXPORTERS = ("dynamo",)  # who needs a first-step graph of its own: DYNAMO_DECODER
 IMPLS = ("eager", "sdpa")  # whisper.model.MultiHeadAttention.use_sdpa False / True
 OPSETS = {"torchscript": 17, "dynamo": 23}
 FIRST_TOKENS = 3  # the first step's tokens (a prompt: start of transcript, language, task)
@@ -44,6 +48,8 @@ UNSUPPORTED = {
     ("decoder", "torchscript", "sdpa"): ("argument 'is_causal' must be bool", "whisper's SDPA path passes "
                                          "is_causal=(n_ctx > 1), a traced size's comparison: a tensor, not a bool"),
     ("decoder", "dynamo", "sdpa"): ("argument 'is_causal' must be bool", "the same, as a SymBool"),
+    ("decoder-first", "dynamo", "sdpa"): ("argument 'is_causal' must be bool", "the same, the prompt's length a "
+                                          "SymInt"),
 }
 
 
@@ -128,10 +134,29 @@ def _modules(m):
     return Encoder().eval(), Decoder().eval()
 
 
+def _first_step_module(decoder):
+    """The first step alone, as a module of x and xa: its caches start empty inside it, the shapes torch.export
+    cannot take as inputs (it specialises a zero-size input's dim to 0: DYNAMO_DECODER)."""
+    import torch
+
+    class FirstStep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.decoder = decoder
+
+        def forward(self, x, xa):
+            empty = xa.new_zeros((2 * DIMS["n_text_layer"], x.shape[0], 0, DIMS["n_text_state"]))
+            return self.decoder(x, xa, empty, empty)
+
+    return FirstStep().eval()
+
+
 ENCODER_IO = (["mel"], ["audio_features"], {"mel": {0: "batch"}})
 DECODER_IO = (["x", "xa", "cache_self_attn", "cache_cross_attn"], ["logits", "new_cache_self_attn", "new_cache_cross_attn"],
               {"x": {0: "batch", 1: "seq"}, "xa": {0: "batch", 1: "audio"}, "cache_self_attn": {1: "batch", 2: "past"},
                "cache_cross_attn": {1: "batch", 2: "cross_past"}})
+FIRST_STEP_IO = (DECODER_IO[0][:2], DECODER_IO[1], {n: DECODER_IO[2][n] for n in DECODER_IO[0][:2]})
+IO = {"encoder": ENCODER_IO, "decoder": DECODER_IO, "decoder-first": FIRST_STEP_IO}
 
 
 def _first_step(m, batch: int = 1):
@@ -157,6 +182,8 @@ def _examples(m, part: str, exporter: str):
         return (mel,)
     if exporter == "torchscript":
         return first
+    if part == "decoder-first":
+        return first[:2]
     layers, width = 2 * DIMS["n_text_layer"], DIMS["n_text_state"]
     # audio 2, not the later steps' 0, and contiguous: from a zero-size example or a view the ONNX translation keeps a
     # stride query ("No ONNX function found for aten.sym_stride"). The cross-attention takes no mask, so any audio
@@ -199,6 +226,9 @@ def _metadata(part: str, exporter: str, impl: str) -> dict:
         return {**record, "inputs": {"mel": {"kind": "float"}}, "dims": {"batch": 1}}
     roles = {"x": {"kind": "token_ids", "vocab": DIMS["n_vocab"]}, "xa": {"kind": "float"},
              "cache_self_attn": {"kind": "cache"}, "cache_cross_attn": {"kind": "cache"}}
+    if part == "decoder-first":
+        return {**record, "inputs": {n: roles[n] for n in FIRST_STEP_IO[0]},
+                "dims": {"batch": 1, "seq": FIRST_TOKENS, "audio": DIMS["n_audio_ctx"]}, "steps": [0]}
     if exporter == "torchscript":
         dims = {"batch": 1, "seq": FIRST_TOKENS, "audio": DIMS["n_audio_ctx"], "past": 0, "cross_past": 0}
         return {**record, "inputs": roles, "dims": dims, "steps": list(range(len(STEPS)))}
@@ -259,14 +289,15 @@ def export_one(part: str, exporter: str, impl: str, out: Path) -> dict:
     wm.MultiHeadAttention.use_sdpa = impl == "sdpa"
     m = model()
     encoder, decoder = _modules(m)
-    io = ENCODER_IO if part == "encoder" else DECODER_IO
+    module = {"encoder": encoder, "decoder": decoder}.get(part) or _first_step_module(decoder)
+    io = IO[part]
     name = file_name(part, exporter, impl)
     row = {"file": name, "part": part, "exporter": exporter, "impl": impl, **_metadata(part, exporter, impl)}
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         raw = str(Path(tmp) / "model.onnx")
         try:
-            _export(encoder if part == "encoder" else decoder, _examples(m, part, exporter), io, exporter, raw)
+            _export(module, _examples(m, part, exporter), io, exporter, raw)
         except Exception as e:  # recorded, as the zoo records what an exporter cannot export
             return {**row, "error": _root_cause(e)}
         onnx_model = onnx.load(raw, load_external_data=True)
@@ -274,7 +305,7 @@ def export_one(part: str, exporter: str, impl: str, out: Path) -> dict:
     del onnx_model.metadata_props[:]
     onnx_model.metadata_props.add(key="trtattn.inputs", value=json.dumps(_metadata(part, exporter, impl)))
     onnx.save(onnx_model, str(out / name))
-    if part == "decoder":
+    if part != "encoder":
         np.savez(out / f"{name}.steps.npz", **steps(m))
     return row
 
@@ -312,8 +343,8 @@ def main(argv=None) -> int:
         raise SystemExit("usage: openai_whisper.py OUT_DIR")
     out = Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
-    for part in ("encoder", "decoder"):
-        for exporter in EXPORTERS:
+    for part in PARTS:
+        for exporter in EXPORTERS if part != "decoder-first" else FIRST_STEP_EXPORTERS:
             for impl in IMPLS:
                 print(json.dumps(export_one(part, exporter, impl, out)), flush=True)
     return 0

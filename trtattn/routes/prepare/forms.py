@@ -33,7 +33,7 @@ from ...site import MaskKind, SiteSource, SiteStatus
 from ...verify import Verification, adapter_for, compare_models, compare_runners, onnx_runner
 from .implicit import REASON as IMPLICIT_REASON
 from .implicit import expand_softcapped
-from .kv_cache import kv_cache_form
+from .kv_cache import kv_cache_form, unowned_caches
 from .lowering import AttentionLowering, CacheLowering
 from .op_cache import CONTRIB_WHY, cache_form, in_op_caches
 from .op_cache import OPSET as OP_CACHE_OPSET
@@ -92,7 +92,7 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
         model, ropes = rope_to_ops(fused.model, [r.site for r in reports])
     in_op, offsets = in_op_caches(model), {}
     model, split, cached_qk = qk_outputs_beside(model, sites, in_op)
-    derived = Derived(model, form, sites, notes=([chosen] if chosen else [])
+    derived = Derived(model, form, sites, notes=([chosen] if chosen else []) + _unowned_note(form, model, reports)
                       + ([f"{ropes} RoPE rotations as RotaryEmbedding ops"] if ropes else []) + split)
     lowerings: list[AttentionLowering] = []
     capped = [r.site.name for r in reports if r.site.softcap]
@@ -163,6 +163,18 @@ def derive(form: str | None, original: onnx.ModelProto, fused, *, dims=None, pro
                            f"(max abs error {derived.verification.max_abs_err}"
                            f"{'; rows of ' + str(rows[0]) if rows else ''}); not building it")
     return derived
+
+
+def _unowned_note(form: str, model: onnx.ModelProto, reports) -> list[str]:
+    """Why a padded plan has no KV-cache update where the graph concatenates caches the kv-cache form cannot own
+    (kv_cache.unowned_caches), by reason: the plan says it, not only `--form kv-cache`'s refusal."""
+    if form != "padded" or not any(r.site.cache_lengths for r in reports):
+        return []
+    by_reason: dict[str, list[str]] = {}
+    for site, why in unowned_caches(gs.import_onnx(model), reports).items():
+        by_reason.setdefault(why, []).append(site)
+    return [f"no KV-cache update planned for {', '.join(sites)}: the graph concatenates their caches, which the "
+            f"kv-cache form cannot own: {why}" for why, sites in by_reason.items()]
 
 
 def _rewrite(model: onnx.ModelProto, step, nodes: list[str], opset: int | None = None):

@@ -16,6 +16,10 @@ records are in lowering.py.
 Cross-attention reads static K/V inputs (an encoder-decoder's, computed once by its first decoder step);
 its only mask may be the encoder's padding mask, which stays an input [B, S_enc] and is read as per-row
 key/value lengths (right padding), as the padded form reads padding masks.
+
+A cache the graph concatenates that the form cannot own is refused per site with why (unowned_caches): one layer's
+slice of a stacked input (openai-whisper's), a cache whose length the graph reads (a position offset), a cache not
+appended to as the attention's K/V; the padded plan notes it (forms.py).
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ...contract import MAX_CACHE, WRITE_INDEX
-from ...errors import TrtattnError
+from ...errors import SitesRefused, TrtattnError
 from ...graph.dependence import value_inputs
 from ...graph.emit import Emitter, export_like
 from ...site import CacheKind, CausalKind
+from ..parallel.facts import constant_value
 from .lowering import AttentionLowering, CacheLowering
 from .mask_axes import key_flag_masks
 from .padded import allowed_keys, lengths_of, right_padded_masks
@@ -153,6 +158,7 @@ def kv_cache_form(model: onnx.ModelProto, reports, dims=None) -> tuple[onnx.Mode
     tensors = graph.tensors()
     nodes = {n.name: n for n in graph.nodes}
     encoder_masks = _encoder_masks(graph, model, reports, nodes, dims)
+    refuse_unowned_caches(graph, reports)
     _check(reports, encoder_masks)
     emit = Emitter(graph, "trtattn/kv")
     tokens = pack_tokens(graph, model, emit, "kv-cache", keep=set(encoder_masks.values()))
@@ -238,6 +244,96 @@ def cache_length_reads(graph: gs.Graph, caches) -> list[tuple[str, str]]:
 def cache_length_read(node: str, cache: str) -> str:
     return (f"node {node} reads the length of the past cache {cache} (positions or masks derived from it); in the "
             "kv-cache form that is the capacity")
+
+
+# ---------------------------------------------------------------- caches the graph appends to, which the form cannot own
+_SLICING = ("Identity", "Split", "Squeeze", "Gather", "Slice", "Unsqueeze")  # how a graph takes one cache of a stack
+
+
+def refuse_unowned_caches(graph: gs.Graph, reports) -> None:
+    """Sites whose keys the graph concatenates onto a cache input (site.cache_lengths) that the form cannot make a
+    cache updated in place: refused, each with why (unowned_caches), not read as sites without a cache."""
+    unowned = unowned_caches(graph, reports)
+    if unowned:
+        raise SitesRefused("the kv-cache form cannot own the caches the graph concatenates: "
+                           + "; ".join(f"{site}: {why}" for site, why in unowned.items()), list(unowned.items()))
+
+
+def unowned_caches(graph: gs.Graph, reports) -> dict[str, str]:
+    """Site -> why the cache inputs the graph concatenates onto its keys cannot be caches TensorRT's KV-cache update
+    writes in place: a cache taken apart before the Concat (one layer's slice of a stacked input: the update writes
+    a whole cache input, so owning it means one input per layer and kind, other engine inputs than the model's), or
+    a node reading a cache's length (a position offset: in the form the length is the capacity), else that the cache
+    is not appended to as the attention's K/V. Sites whose cache the form takes (CacheKind.CONCAT) are not named."""
+    tensors = graph.tensors()
+    out = {}
+    for r in reports:
+        if r.site.cache == CacheKind.CONCAT or not r.site.cache_lengths:
+            continue
+        why = []
+        for c in r.site.cache_lengths:
+            cache = tensors[c.input]
+            shape = list(cache.shape or [])
+            if c.past in shape:
+                why += _unowned(cache, shape.index(c.past), len(shape))
+        out[r.site.name] = "; ".join(dict.fromkeys(why)) or (
+            f"{', '.join(c.input for c in r.site.cache_lengths)} is concatenated onto its keys in the graph, not as "
+            "the K/V of the attention appended to a [B, N_kv, S, H] cache input")
+    return out
+
+
+def _unowned(cache: gs.Tensor, axis: int, rank: int) -> list[str]:
+    """Why `cache` (its key axis `axis`) is not a cache input concatenated as it is, followed down the nodes that
+    take a cache of a stack (_SLICING) to its Concats and to the Shapes reading its key axis."""
+    why: list[str] = []
+    todo: list[tuple[gs.Tensor, int, int, tuple[str, ...]]] = [(cache, axis, rank, ())]
+    while todo:
+        t, a, n_dims, path = todo.pop()
+        for n in t.outputs:
+            if n.op == "Shape" and _reads_sequence_axis(n, a, n_dims):
+                why.append(f"node {n.name} reads the length of {cache.name} (a position offset or mask derived from "
+                           "it), which in the kv-cache form is the capacity")
+            elif n.op == "Concat" and any(op != "Identity" for op in path):
+                why.append(f"{cache.name} is taken apart before its Concat ({' -> '.join(dict.fromkeys(path))}: a "
+                           "stack of caches); TensorRT's KV-cache update writes a whole cache input in place, so "
+                           "owning it needs one cache input per layer and kind, not the model's engine inputs")
+            elif n.op in _SLICING:
+                kept = _axis_through(n, a, n_dims)
+                if kept is not None:
+                    todo += [(o, *kept, (*path, n.op)) for o in n.outputs]
+    return list(dict.fromkeys(why))
+
+
+def _axis_through(node: gs.Node, axis: int, rank: int) -> tuple[int, int] | None:
+    """(the key axis, the rank) of `node`'s output, its input's key axis being `axis`; None where the axis is lost
+    (squeezed or gathered) or the node's axes are not constants."""
+    def axes(index: int, attr: str) -> list[int] | None:
+        given = node.attrs.get(attr)
+        if given is None and len(node.inputs) > index:
+            given = constant_value(node.inputs[index])
+        return None if given is None else [int(x) for x in np.asarray(given).reshape(-1)]
+
+    if node.op == "Squeeze":
+        squeezed = axes(1, "axes")
+        if squeezed is None or axis in [x % rank for x in squeezed]:
+            return None
+        return axis - sum(x % rank < axis for x in squeezed), rank - len(squeezed)
+    if node.op == "Unsqueeze":
+        added = axes(1, "axes")
+        if added is None:
+            return None
+        out_rank = rank + len(added)
+        for x in sorted(x % out_rank for x in added):
+            axis += x <= axis
+        return axis, out_rank
+    if node.op == "Gather":
+        index = constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+        along = node.attrs.get("axis", 0) % rank
+        if along == axis or index is None:
+            return None
+        dropped = 1 - index.ndim
+        return axis - (dropped if along < axis else 0), rank - dropped
+    return axis, rank  # Identity, Split, Slice: the same axes
 
 
 def _reads_sequence_axis(shape: gs.Node, axis: int = 2, rank: int = 4) -> bool:
