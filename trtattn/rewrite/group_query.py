@@ -28,6 +28,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
+from ..graph.dim_facts import head_size_by_contract
 from ..graph.emit import Emitter
 from ..site import SOFTCAP_ATTRIBUTE, attribute_softcap
 from . import window_cache
@@ -118,14 +119,12 @@ def _last(tensor) -> int | None:
 
 
 def _head_size(q, kv: tuple, past_k, heads: int, kv_heads: int) -> int | None:
-    """The head size by the op's contract: the query's width over its heads (packed: [B, S, (N + 2 Nkv) H]),
-    else the key's or value's over the key/value heads, else the past's last axis (a query computed by an op shape
-    inference does not know, such as a query/key norm in the default domain, leaves its width unwritten)."""
-    width = _last(q)
-    if width is not None:
-        return width // heads if kv[0] is not None else width // (heads + 2 * kv_heads)
+    """The head size by the op's contract (graph/dim_facts.head_size_by_contract), else the past's last axis (a
+    query computed by an op shape inference does not know, such as a query/key norm in the default domain, leaves
+    its width unwritten)."""
     widths = [w for w in map(_last, kv) if w is not None]
-    return widths[0] // kv_heads if widths else _last(past_k)
+    head, _ = head_size_by_contract(_last(q), widths[0] if widths else None, heads, kv_heads, kv[0] is None)
+    return head if head is not None else _last(past_k)
 
 
 def _row_lengths(emit: Emitter, q4, seqlens, total_length):
