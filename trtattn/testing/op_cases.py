@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,7 +130,7 @@ def reference_check(case: ConformanceCase, outcome: CaseOutcome, given, precisio
     from ..routes.prepare import form_adapter
     from ..routes.trt_ops import fuse_trt, runnable
     from ..verify import Check, tolerance
-    from ..verify.compare import max_abs_error
+    from ..verify.difference import worst_error
 
     result = fuse_trt(case.model, name="case", inputs=given, precision=precision)
     form = result.prepared.form_model
@@ -147,8 +146,7 @@ def reference_check(case: ConformanceCase, outcome: CaseOutcome, given, precisio
     ref, out = adapter.line_up(inputs, dict(case.outputs), got)
     atol, rtol = tolerance(Check.ENGINE, result.prepared.plan.precision)
     for name, want in ref.items():  # (a logit masked with -inf agrees with one masked so: qk_matmul_output)
-        error = max_abs_error(want, out[name])
-        outcome.reference_error[name] = math.inf if math.isnan(error) else error
+        outcome.reference_error[name] = worst_error(want, out[name])
         finite = np.abs(np.asarray(want, np.float64))
         outcome.reference_bound[name] = atol + rtol * float(np.max(finite[np.isfinite(finite)], initial=0.0))
 
