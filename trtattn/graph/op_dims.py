@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import onnx
 
 from ..errors import TrtattnError
+from . import rotary
 from .dim_facts import ConfigSizes, Covers, Fixed, LengthSum, OpDims, head_size_by_contract
 from .dim_names import names_in
 from .roles import GraphUses, dim_name
@@ -58,12 +59,12 @@ CACHE_OPS = {
 
 
 # rotary ops -> the input index of their cos cache [max positions, rotary_dim / 2]
-ROTARY_COS = {("com.microsoft", "RotaryEmbedding"): 2, ("", "RotaryEmbedding"): 1}
+ROTARY_COS = {(domain, rotary.OP): index["cos"] for domain, index in rotary.INPUTS.items()}
 
 # ops -> (an input holding one row per batch entry by the op's contract, the inputs whose axis 0 is the batch):
 # GroupQueryAttention's seqlens_k [batch]; RotaryEmbedding's 2-D position_ids [batch, sequence]
 BATCH_ROWS = {("com.microsoft", "GroupQueryAttention"): (5, (0, 1, 2, 3, 4)),
-              ("com.microsoft", "RotaryEmbedding"): (1, (0,))}
+              ("com.microsoft", rotary.OP): (rotary.INPUTS["com.microsoft"]["position_ids"], (0,))}
 
 # normalization ops -> the inputs of their scale, bias and skip bias: each shaped X.shape[axis:], so its last dim is
 # the normalized input's last dim (ONNX Runtime's SimplifiedLayerNormalization is registered in the default domain)
