@@ -12,6 +12,7 @@ from ...errors import TrtattnError
 from ...graph.emit import Emitter, export_like
 from ...graph.rotary import OP, RotaryAttrs, is_rotary, rotary_inputs
 from ...site import AttentionSite, CacheKind, RopeKind, SiteSource
+from ...site_names import site_scope
 
 
 def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onnx.ModelProto, int]:
@@ -34,7 +35,7 @@ def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onn
             out = tensors.get(out_name)
             if out is None or not out.inputs or is_rotary(out.inputs[0].op, out.inputs[0].domain):
                 continue
-            emit = Emitter(graph, f"trtattn/rope/{site.name}")
+            emit = Emitter(graph, site_scope(site.name, "rope"))
             x = tensors[x_name]
             key = (rope.cos, rope.sin, rope.rotary_dim)
             if key not in tables:
@@ -43,8 +44,9 @@ def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onn
             cos, sin = tables[key]
             attrs = RotaryAttrs.for_head(False, rope.rotary_dim, site.head_size or 0).as_attrs()
             out.inputs.clear()
-            graph.nodes.append(gs.Node(OP, f"trtattn/rope/{site.name}/{'q' if x_name == rope.q_input else 'k'}",
-                                       attrs, inputs=[x, cos, sin], outputs=[out]))
+            side = "q" if x_name == rope.q_input else "k"
+            graph.nodes.append(gs.Node(OP, site_scope(site.name, "rope", side), attrs, inputs=[x, cos, sin],
+                                       outputs=[out]))
             count += 1
     return export_like(graph, model), count
 
