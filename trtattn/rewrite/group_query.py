@@ -30,6 +30,7 @@ import onnx_graphsurgeon as gs
 from ..errors import TrtattnError
 from ..graph.dim_facts import head_size_by_contract
 from ..graph.emit import Emitter
+from ..graph.rotary import RotaryAttrs
 from ..site import SOFTCAP_ATTRIBUTE, attribute_softcap
 from . import window_cache
 from .microsoft import causal_keep, is_read, optional_input, output_merged, split_heads
@@ -153,10 +154,9 @@ def _rotary(emit: Emitter, node: gs.Node, q4, k4, row_past, head: int, dtype):
         new = emit("Range", [emit.const(0, i64), emit.dim(q4, 2), emit.const(1, i64)], dtype=i64)
         positions = emit("Add", [emit("Unsqueeze", [row_past, emit.const([1], i64)], dtype=i64),
                                  emit("Unsqueeze", [new, emit.const([0], i64)], dtype=i64)], dtype=i64)
-    attrs = {"interleaved": int(node.attrs.get("rotary_interleaved", 0))}
     half = cos.shape[-1] if cos.shape and isinstance(cos.shape[-1], int) else None
-    if half is not None and 2 * half < head:
-        attrs["rotary_embedding_dim"] = 2 * half
+    rotated = 2 * half if half is not None and 2 * half < head else head
+    attrs = RotaryAttrs.for_head(bool(node.attrs.get("rotary_interleaved", 0)), rotated, head).as_attrs()
     return tuple(emit("RotaryEmbedding", [t, cos, sin, emit.cast(positions, i64)], attrs, dtype=dtype, name=f"{x}_rotary")
                  for x, t in (("q", q4), ("k", k4)))
 
