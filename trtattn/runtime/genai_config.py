@@ -87,7 +87,8 @@ def read_genai_config(where: str | Path | None) -> GenaiConfig | None:
     decoder, search = model.get("decoder", {}) or {}, data.get("search", {}) or {}
     eos = model.get("eos_token_id")
     window_size, window_layers = sliding_window(data)
-    names = decoder.get("inputs") if isinstance(decoder.get("inputs"), dict) else {}
+    names = decoder.get("inputs")
+    names = names if isinstance(names, dict) else {}
     pasts = tuple(names.get(k, d) for k, d in (("past_key_names", "past_key_values.%d.key"),
                                                 ("past_value_names", "past_key_values.%d.value")))
     return GenaiConfig(
