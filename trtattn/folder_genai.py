@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import TrtattnError
+from .runtime.genai_config import sliding_window
 
 CONFIG = "genai_config.json"
 SHARE_BUFFER = "past_present_share_buffer"
@@ -81,10 +82,8 @@ def present_patterns(config: dict) -> list[str]:
 
 def window_layers(config: dict) -> tuple[int, list[int]]:
     """(window_size, layers) of the config's decoder.sliding_window; (0, []) when it names no layers."""
-    window = (config["model"].get("decoder") or {}).get("sliding_window") or {}
-    layers = [int(n) for n in window.get("layers") or [] if isinstance(n, int)]
-    size = window.get("window_size")
-    return (int(size), layers) if isinstance(size, int) and size > 0 and layers else (0, [])
+    size, layers = sliding_window(config)
+    return (size, list(layers)) if size and layers else (0, [])
 
 
 def _window_presents(config: dict) -> set[str]:

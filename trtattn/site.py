@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 # graph by match/logit_ops/softcap.py, or read from a fused op's attribute), and this attribute of the ONNX
 # Attention op (and com.microsoft's GroupQueryAttention) carries it; IAttention has no such step.
 SOFTCAP_ATTRIBUTE = "softcap"
+SOFTCAP_WHY = "its logits are soft-capped (tanh), which IAttention cannot do"  # a capped site's reason, one wording
 
 
 def attribute_softcap(attrs) -> float | None:

@@ -12,7 +12,7 @@ from mask_models import MODELS, key_flags, self_attention
 from onnx import helper
 
 from trtattn.graph.feeds import make_feeds, measured_specs
-from trtattn.graph.mask_reading import read_masks
+from trtattn.graph.mask_reading import read_masks, reads_key_flags
 from trtattn.graph.roles import input_specs
 from trtattn.verify import compare_models
 
@@ -124,3 +124,23 @@ def test_a_general_mask_feed_keeps_several_keys_in_a_row_and_masks_others():
     mask = np.moveaxis(make_feeds(self_attention(shape, nodes), seed=3)["mask"], key_axis, -1)
     kept = mask.sum(axis=-1)
     assert (kept >= 2).mean() > 0.5 and not mask.all()
+
+
+def _dropped(mask: np.ndarray, *cells) -> np.ndarray:
+    changed = mask.copy()
+    for cell in cells:
+        changed[cell] = False
+    return changed
+
+
+def test_a_key_flag_is_a_change_at_its_batch_row_and_key_only_and_key_0_at_every_query_row():
+    """reads_key_flags: a [B, S] input dropped at (b, j) against an attn_mask [B, 1, Sq, Skv] (or broadcast)."""
+    base = np.ones((2, 1, 3, 4), bool)
+    assert reads_key_flags(base, _dropped(base, (1, 0, slice(None), 0)), (1, 0), (2, 4))
+    assert reads_key_flags(base, _dropped(base, (0, 0, slice(None), 1)), (0, 1), (2, 4))
+    assert reads_key_flags(base, _dropped(base, (0, 0, slice(1, None), 1)), (0, 1), (2, 4))  # causal: key 1 from row 1
+    assert not reads_key_flags(base, _dropped(base, (1, 0, slice(1, None), 0)), (1, 0), (2, 4))  # key 0 not in row 0
+    assert not reads_key_flags(base, _dropped(base, (0, 0, slice(None), 1)), (1, 0), (2, 4))  # another row and key
+    assert not reads_key_flags(base, base, (1, 0), (2, 4))  # no change: not read
+    square = np.ones((4, 4), bool)  # [Sq, Skv] broadcast over the batch: its axis 0 is no batch
+    assert not reads_key_flags(square, _dropped(square, (slice(None), 0)), (1, 0), (2, 4))

@@ -118,3 +118,17 @@ def test_window_layers_generate_over_their_window_buffer(tmp_path, capsys):
                  "--eos", "-1"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["tokens"] for r in out["requests"]] == [expected], out
+
+
+def test_sliding_window_is_read_from_the_decoder_and_ignores_what_is_not_a_window():
+    """One reader of decoder.sliding_window for the runtime and for folder_genai's rewrite of the config."""
+    from trtattn.folder_genai import window_layers
+    from trtattn.runtime.genai_config import sliding_window
+
+    config = {"model": {"decoder": {"sliding_window": {"window_size": 8, "layers": [0, "x", 2]}}}}
+    assert sliding_window(config) == (8, (0, 2))
+    assert window_layers(config) == (8, [0, 2])
+    for empty in ({}, {"model": {"decoder": {"sliding_window": None}}},
+                  {"model": {"decoder": {"sliding_window": {"window_size": 0, "layers": [1]}}}}):
+        assert window_layers(empty) == (0, [])
+    assert sliding_window({"model": {"decoder": {}}}) == (None, ())

@@ -45,6 +45,23 @@ class ConfigSizes:
     kv_heads: int | None = None
 
 
+def head_size_by_contract(query_width: int | None, key_width: int | None, heads: int | None, kv_heads: int | None,
+                          packed: bool) -> tuple[int | None, str]:
+    """The head size an attention op's contract gives, and how: the query's width over its heads (Q, K and V packed
+    in one input, [B, S, (N + 2 Nkv) H]: over all of them), else the key's width over the key/value heads; None
+    where neither width is known or divides (graph/op_dims.py and rewrite/group_query.py both ask)."""
+    if not heads:
+        return None, ""
+    if query_width is not None:
+        parts = heads + 2 * kv_heads if packed and kv_heads else heads
+        if query_width % parts == 0:
+            formula = f"({heads} + 2 * {kv_heads}) heads" if packed else f"{heads} heads"
+            return query_width // parts, f"its {'packed QKV' if packed else 'query'} width {query_width} over {formula}"
+    if key_width is not None and kv_heads and key_width % kv_heads == 0:
+        return key_width // kv_heads, f"its key width {key_width} over {kv_heads} key/value heads"
+    return None, ""
+
+
 @dataclass
 class OpDims:
     """What the model's attention ops say of its input dims."""

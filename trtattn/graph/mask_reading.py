@@ -236,6 +236,21 @@ def _where(base: np.ndarray, toggled: np.ndarray, rank: int) -> np.ndarray | Non
     return np.concatenate([np.zeros((len(where), 4 - len(where[0])), np.int64), where], axis=1)
 
 
+def reads_key_flags(base: np.ndarray, changed: np.ndarray, cell: tuple[int, int], shape: tuple[int, int]) -> bool:
+    """Did dropping the token at `cell` = (b, j) of a [batch, key] input of `shape` change an Attention's attn_mask
+    ([B, N, Sq, Skv] as it broadcasts from the right) at batch row b and key j only, and at every query row when j
+    is the first key? What routes/prepare/mask_axes.py asks of the forms' masks, measured as the feeds' are."""
+    where = _where(base, changed, 4)
+    if where is None:
+        return False
+    dims = (1,) * (4 - np.ndim(base)) + np.shape(base)
+    if dims[0] != shape[0] or dims[3] != shape[1]:
+        return False
+    b, j = cell
+    confined = bool((where[:, 0] == b).all() and (where[:, 3] == j).all())
+    return confined and (j != 0 or set(where[:, 2].tolist()) == set(range(dims[2])))
+
+
 def _label(origin: np.ndarray | None, moved: np.ndarray | None) -> str | None:
     """Which logits axis moved between the cells changed by the origin's toggle and by another's: the one axis
     whose coordinates differ, or of several (a causal mask combined in clips the queries a key reaches) the one

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import onnx
 
 from ..errors import TrtattnError
-from .dim_facts import ConfigSizes, Covers, Fixed, LengthSum, OpDims
+from . import rotary
+from .dim_facts import ConfigSizes, Covers, Fixed, LengthSum, OpDims, head_size_by_contract
 from .dim_names import names_in
 from .roles import GraphUses, dim_name
 
@@ -58,12 +59,12 @@ CACHE_OPS = {
 
 
 # rotary ops -> the input index of their cos cache [max positions, rotary_dim / 2]
-ROTARY_COS = {("com.microsoft", "RotaryEmbedding"): 2, ("", "RotaryEmbedding"): 1}
+ROTARY_COS = {(domain, rotary.OP): index["cos"] for domain, index in rotary.INPUTS.items()}
 
 # ops -> (an input holding one row per batch entry by the op's contract, the inputs whose axis 0 is the batch):
 # GroupQueryAttention's seqlens_k [batch]; RotaryEmbedding's 2-D position_ids [batch, sequence]
 BATCH_ROWS = {("com.microsoft", "GroupQueryAttention"): (5, (0, 1, 2, 3, 4)),
-              ("com.microsoft", "RotaryEmbedding"): (1, (0,))}
+              ("com.microsoft", rotary.OP): (rotary.INPUTS["com.microsoft"]["position_ids"], (0,))}
 
 # normalization ops -> the inputs of their scale, bias and skip bias: each shaped X.shape[axis:], so its last dim is
 # the normalized input's last dim (ONNX Runtime's SimplifiedLayerNormalization is registered in the default domain)
@@ -258,22 +259,10 @@ def _graph_input(name: str, shapes: dict, uses: GraphUses) -> str | None:
 
 def _head_size(node: onnx.NodeProto, op: CacheOp, heads: int | None, kv_heads: int | None,
                widths: _Widths) -> tuple[int | None, str]:
-    """The head size and how the op tells it: the query's width over its heads (packed: over all of them), or the
-    key's over the key/value heads."""
-    if not heads:
-        return None, ""
-    width = widths.of(node.input[0])
-    packed = op.packed and not _input(node, op.key)
-    if width is not None:
-        parts = heads + 2 * kv_heads if packed and kv_heads else heads
-        if width % parts == 0:
-            formula = f"({heads} + 2 * {kv_heads}) heads" if packed else f"{heads} heads"
-            return width // parts, f"its {'packed QKV' if packed else 'query'} width {width} over {formula}"
+    """The head size and how the op tells it (dim_facts.head_size_by_contract), from the widths of its query and key."""
     key = _input(node, op.key)
-    width = widths.of(key) if key else None
-    if width is not None and kv_heads and width % kv_heads == 0:
-        return width // kv_heads, f"its key width {width} over {kv_heads} key/value heads"
-    return None, ""
+    return head_size_by_contract(widths.of(node.input[0]), widths.of(key) if key else None, heads, kv_heads,
+                                 op.packed and not key)
 
 
 def _new_length(node: onnx.NodeProto, op: CacheOp, shapes: dict, uses: GraphUses, widths: _Widths) -> str | None:

@@ -36,6 +36,8 @@ NUMPY_NAMES: dict[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bf
                                "fp8": "float8_e4m3fn", "int8": "int8", "uint8": "uint8"}
 # numpy dtype name -> precision name; onnx.helper spells fp8 without the underscore (its own float8e4m3fn type)
 NUMPY_PRECISIONS: dict[str, str] = {**{v: k for k, v in NUMPY_NAMES.items()}, "float8e4m3fn": "fp8"}
+# ONNX Runtime's type of a float input -> the numpy dtype it is fed in (a bf16 input takes fp32 values, exactly)
+FEED_DTYPES: dict[str, str] = {"tensor(float16)": "float16", "tensor(float)": "float32"}
 
 
 def elem_precision(elem_type: int, among: Iterable[str] = COMPUTE_PRECISIONS, default: str = "fp32") -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from ..graph.rotary import RotaryAttrs, is_rotary, rotary_inputs
 from ..graph.view import GraphView
 from ..site import Rope, RopeKind
 from .rotation import read_rotation
@@ -92,16 +93,11 @@ def _rope_of(view: GraphView, t: gs.Tensor, head: int | None):
     n = view.producer(t)
     if n is None:
         return None
-    if n.op == "RotaryEmbedding":
-        interleaved = bool(n.attrs.get("interleaved", 0))
-        dim = int(n.attrs.get("rotary_embedding_dim", 0)) or head
-        kind = RopeKind.INTERLEAVED if interleaved else RopeKind.HALF_SPLIT
-        if n.domain == "com.microsoft":
-            x, pos, cos, sin = n.inputs[:4]
-        else:
-            x, cos, sin = n.inputs[:3]
-            pos = n.inputs[3] if len(n.inputs) > 3 and n.inputs[3].name else None
-        return kind, x, cos, sin, pos, dim
+    if is_rotary(n.op, n.domain):
+        attrs = RotaryAttrs.of(n.attrs)
+        x, cos, sin, pos = rotary_inputs(n.domain, n.inputs)
+        kind = RopeKind.INTERLEAVED if attrs.interleaved else RopeKind.HALF_SPLIT
+        return kind, x, cos, sin, pos, attrs.rotary_dim(head)
     full = _rotate_half_rope(view, t, head)
     if full is not None:
         x, cos, sin = full

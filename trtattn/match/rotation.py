@@ -18,9 +18,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..graph.external import set_session_folder
+from ..graph.rotary import OP, OPSET, RotaryAttrs
 from ..graph.view import GraphView
 
-OPSET = 23  # RotaryEmbedding's
 # ops a rotation does not contain: the walk up from y stops at their outputs
 STOP = {"MatMul", "Gemm", "Conv", "Einsum", "MatMulInteger", "Softmax", "Attention", "If", "Loop", "Scan",
         "RotaryEmbedding"}
@@ -45,11 +45,7 @@ class Rotation:
     @property
     def attrs(self) -> dict:
         """The RotaryEmbedding op's attributes (0 / absent where the op's default says the same)."""
-        attrs = {"interleaved": int(self.interleaved),
-                 "rotary_embedding_dim": 0 if self.rotary_dim == self.head_size else self.rotary_dim}
-        if self.num_heads:
-            attrs["num_heads"] = self.num_heads
-        return attrs
+        return RotaryAttrs.for_head(self.interleaved, self.rotary_dim, self.head_size, self.num_heads).as_attrs()
 
 
 def read_rotation(view: GraphView, y: gs.Tensor) -> Rotation | None:
@@ -214,7 +210,7 @@ def _reference_model(hypotheses, inputs, feeds) -> onnx.ModelProto:
     nodes, outputs = [], []
     for i, h in enumerate(hypotheses):
         ins = [h.x.name, h.cos.name, h.sin.name] + ([h.position_ids.name] if h.position_ids is not None else [])
-        nodes.append(onnx.helper.make_node("RotaryEmbedding", ins, [f"y{i}"], **h.attrs))
+        nodes.append(onnx.helper.make_node(OP, ins, [f"y{i}"], **h.attrs))
         outputs.append(onnx.helper.make_tensor_value_info(f"y{i}", values[0].type.tensor_type.elem_type, None))
     model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "rotations", values, outputs),
                                    opset_imports=[onnx.helper.make_opsetid("", OPSET)])

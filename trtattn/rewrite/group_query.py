@@ -37,7 +37,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..errors import TrtattnError
+from ..graph.dim_facts import head_size_by_contract
 from ..graph.emit import Emitter
+from ..graph.rotary import RotaryAttrs
 from ..site import SOFTCAP_ATTRIBUTE, attribute_softcap
 from . import window_cache
 from .microsoft import causal_keep, is_read, optional_input, output_merged, split_heads
@@ -160,14 +162,12 @@ def _last(tensor) -> int | None:
 
 
 def _head_size(q, kv: tuple, past_k, heads: int, kv_heads: int) -> int | None:
-    """The head size by the op's contract: the query's width over its heads (packed: [B, S, (N + 2 Nkv) H]),
-    else the key's or value's over the key/value heads, else the past's last axis (a query computed by an op shape
-    inference does not know, such as a query/key norm in the default domain, leaves its width unwritten)."""
-    width = _last(q)
-    if width is not None:
-        return width // heads if kv[0] is not None else width // (heads + 2 * kv_heads)
+    """The head size by the op's contract (graph/dim_facts.head_size_by_contract), else the past's last axis (a
+    query computed by an op shape inference does not know, such as a query/key norm in the default domain, leaves
+    its width unwritten)."""
     widths = [w for w in map(_last, kv) if w is not None]
-    return widths[0] // kv_heads if widths else _last(past_k)
+    head, _ = head_size_by_contract(_last(q), widths[0] if widths else None, heads, kv_heads, kv[0] is None)
+    return head if head is not None else _last(past_k)
 
 
 def _row_lengths(emit: Emitter, q4, seqlens, total_length):
@@ -196,10 +196,9 @@ def _rotary(emit: Emitter, node: gs.Node, q4, k4, row_past, head: int, dtype):
         new = emit("Range", [emit.const(0, i64), emit.dim(q4, 2), emit.const(1, i64)], dtype=i64)
         positions = emit("Add", [emit("Unsqueeze", [row_past, emit.const([1], i64)], dtype=i64),
                                  emit("Unsqueeze", [new, emit.const([0], i64)], dtype=i64)], dtype=i64)
-    attrs = {"interleaved": int(node.attrs.get("rotary_interleaved", 0))}
     half = cos.shape[-1] if cos.shape and isinstance(cos.shape[-1], int) else None
-    if half is not None and 2 * half < head:
-        attrs["rotary_embedding_dim"] = 2 * half
+    rotated = 2 * half if half is not None and 2 * half < head else head
+    attrs = RotaryAttrs.for_head(bool(node.attrs.get("rotary_interleaved", 0)), rotated, head).as_attrs()
     return tuple(emit("RotaryEmbedding", [t, cos, sin, emit.cast(positions, i64)], attrs, dtype=dtype, name=f"{x}_rotary")
                  for x, t in (("q", q4), ("k", k4)))
 

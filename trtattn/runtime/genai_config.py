@@ -60,6 +60,16 @@ def _int(value) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def sliding_window(data: dict) -> tuple[int | None, tuple[int, ...]]:
+    """(window_size, layers) of a genai_config's decoder.sliding_window; (None, ()) where it says none."""
+    model = data.get("model", {}) if isinstance(data, dict) else {}
+    decoder = model.get("decoder", {}) if isinstance(model, dict) else {}
+    window = decoder.get("sliding_window") if isinstance(decoder, dict) else None
+    if not isinstance(window, dict):
+        return None, ()
+    return _int(window.get("window_size")), tuple(n for n in window.get("layers") or [] if isinstance(n, int))
+
+
 def read_genai_config(where: str | Path | None) -> GenaiConfig | None:
     """The genai_config.json of a folder, or beside a model file; None when there is none. One line naming the file
     when it is not JSON."""
@@ -76,7 +86,9 @@ def read_genai_config(where: str | Path | None) -> GenaiConfig | None:
     model = data.get("model", {}) if isinstance(data, dict) else {}
     decoder, search = model.get("decoder", {}) or {}, data.get("search", {}) or {}
     eos = model.get("eos_token_id")
-    window, names = (d if isinstance(d, dict) else {} for d in (decoder.get("sliding_window"), decoder.get("inputs")))
+    window_size, window_layers = sliding_window(data)
+    names = decoder.get("inputs")
+    names = names if isinstance(names, dict) else {}
     pasts = tuple(names.get(k, d) for k, d in (("past_key_names", "past_key_values.%d.key"),
                                                 ("past_value_names", "past_key_values.%d.value")))
     return GenaiConfig(
@@ -86,6 +98,6 @@ def read_genai_config(where: str | Path | None) -> GenaiConfig | None:
         layers=_int(decoder.get("num_hidden_layers")), context_length=_int(model.get("context_length")),
         max_length=_int(search.get("max_length")), bos_token_id=model.get("bos_token_id"),
         eos_token_id=eos if isinstance(eos, (int, list)) else None, pad_token_id=model.get("pad_token_id"),
-        share_buffer=bool(search.get("past_present_share_buffer", False)), window_size=_int(window.get("window_size")),
-        window_layers=tuple(n for n in window.get("layers") or [] if isinstance(n, int)),
+        share_buffer=bool(search.get("past_present_share_buffer", False)), window_size=window_size,
+        window_layers=window_layers,
         past_names=tuple(p for p in pasts if isinstance(p, str)))

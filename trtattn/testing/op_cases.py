@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,11 +126,12 @@ def reference_check(case: ConformanceCase, outcome: CaseOutcome, given, precisio
     from trtattn_plugins.session import Session
 
     from ..contract import cache_inputs
+    from ..graph.precision import FEED_DTYPES
     from ..rewrite.precision.emulate import bf16_emulated
     from ..routes.prepare import form_adapter
     from ..routes.trt_ops import fuse_trt, runnable
     from ..verify import Check, tolerance
-    from ..verify.compare import max_abs_error
+    from ..verify.difference import worst_error
 
     result = fuse_trt(case.model, name="case", inputs=given, precision=precision)
     form = result.prepared.form_model
@@ -139,16 +139,15 @@ def reference_check(case: ConformanceCase, outcome: CaseOutcome, given, precisio
     written = runnable(result)
     session = Session(bf16_emulated(written) if precision == "bf16" else written)
     types = {i.name: i.type for i in session.get_inputs()}  # a kv-cache form's caches take the attention's dtype
-    wide = {"tensor(float16)": np.float16, "tensor(float)": np.float32}  # bf16 values are fed as fp32, exactly
     inputs = {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in case.inputs.items()}
-    feeds = {k: v.astype(wide[types[k]]) if types.get(k) in wide else v for k, v in adapter.feeds(inputs).items()}
+    feeds = {k: v.astype(FEED_DTYPES[types[k]]) if types.get(k) in FEED_DTYPES else v
+             for k, v in adapter.feeds(inputs).items()}
     names = [o.name for o in session.get_outputs()]
     got = dict(zip(names, session.run(names, feeds)))
     ref, out = adapter.line_up(inputs, dict(case.outputs), got)
     atol, rtol = tolerance(Check.ENGINE, result.prepared.plan.precision)
     for name, want in ref.items():  # (a logit masked with -inf agrees with one masked so: qk_matmul_output)
-        error = max_abs_error(want, out[name])
-        outcome.reference_error[name] = math.inf if math.isnan(error) else error
+        outcome.reference_error[name] = worst_error(want, out[name])
         finite = np.abs(np.asarray(want, np.float64))
         outcome.reference_bound[name] = atol + rtol * float(np.max(finite[np.isfinite(finite)], initial=0.0))
 

@@ -28,6 +28,7 @@ import onnx
 
 from ..errors import SitesRefused, TrtattnError
 from ..graph.precision import elem_precision
+from ..graph.rotary import RotaryAttrs, rotary_inputs
 from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import dims_of, proven_output_dims, tensor_types
 from ..site import attribute_softcap
@@ -190,8 +191,9 @@ def _rope(node: onnx.NodeProto, types) -> RopePlan | str:
     if rank not in (3, 4) or (rank == 3 and not heads):
         return (f"RotaryEmbedding {node.name} is left to TensorRT's ONNX parser: its input's rank is "
                 + (f"{rank}" if rank is not None else "unknown") + (" without num_heads" if rank == 3 else ""))
-    return RopePlan(node.name, node.input[0], node.input[1], node.input[2], node.output[0], _opt(node, 3),
-                    bool(attrs.get("interleaved", 0)), int(attrs.get("rotary_embedding_dim", 0)),
+    x, cos, sin, positions = rotary_inputs(node.domain, list(node.input))
+    rope = RotaryAttrs.of(attrs)
+    return RopePlan(node.name, x, cos, sin, node.output[0], positions, rope.interleaved, rope.rotary_embedding_dim,
                     heads if rank == 3 else 0)
 
 

@@ -24,6 +24,7 @@ from ..graph.user_inputs import GivenInputs, InputsUsed
 from ..timings import timed
 from ..verification import Verification
 from .adapters import Adapter
+from .difference import max_abs_error
 from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
 from .requant import Envelope, envelope, forced_errors
 from .runners import onnx_runner, quiet_polygraphy
@@ -121,29 +122,6 @@ def _judge(results, *, atol: float, rtol: float, iterations: int,
     # Polygraphy's verdict (elementwise atol or rtol) and the bound on each max abs error
     outcome.passed = not failed and bool(errors) and all(outcome.within(k, e) for k, e in errors.items())
     return outcome, errors
-
-
-def max_abs_error(reference, candidate) -> float:
-    """max |reference - candidate| where equal infinities (a logit output masked with -inf in both), a logit masked
-    with -inf against one masked with its type's lowest value (ONNX Runtime's Attention kernel writes lowest() in
-    qk_matmul_output where the standard writes -inf) and NaN against NaN agree; NaN when NaN stands in one only."""
-    ref, cand = np.asarray(reference), np.asarray(candidate)
-    a, b = ref.astype(np.float64), cand.astype(np.float64)
-    if a.shape != b.shape:
-        return math.inf
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    if (nan_a != nan_b).any():
-        return math.nan
-    same = (a == b) | nan_a | (_masked(a, ref.dtype) & _masked(b, cand.dtype))
-    with np.errstate(invalid="ignore"):  # inf - inf where they agree: masked by `same`
-        return float(np.max(np.where(same, 0.0, np.abs(a - b)), initial=0.0))
-
-
-def _masked(values: np.ndarray, dtype) -> np.ndarray:
-    """Where `values` (of `dtype`) are -inf or the type's lowest finite value: a masked logit."""
-    if not np.issubdtype(dtype, np.floating):
-        return np.zeros(values.shape, bool)
-    return values <= -float(np.finfo(dtype).max)
 
 
 def _prefetched(runners: list, feeds: list[dict]) -> list:

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from ..graph.evaluate import ort_session
+from .difference import worst_error
 
 # ops that quantize what they read to a scale computed from it at run time (ONNX Runtime's dynamic quantization)
 QUANTIZERS = {("", "DynamicQuantizeLinear"), ("ai.onnx", "DynamicQuantizeLinear"),
@@ -166,16 +167,6 @@ def forced_errors(candidate: onnx.ModelProto, sites: list[str], feeds: list[dict
     for feed, ref in zip(feeds, references):
         fed = {**{k: v for k, v in feed.items() if k in inputs}, **{s + _FORCED: ref[s] for s in forced}}
         for s, value in zip(forced, session.run(forced, fed)):
-            errors[s] = max(errors[s], _own_error(ref[s], value))
+            errors[s] = max(errors[s], worst_error(ref[s], value))
     return errors
 
-
-def _own_error(ref, value) -> float:
-    """max |ref - value|, inf where the shapes differ or a NaN or infinity stands in one only (no silent pass)."""
-    a, b = np.asarray(ref, np.float64), np.asarray(value, np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    same = (a == b) | (np.isnan(a) & np.isnan(b))
-    with np.errstate(invalid="ignore"):
-        d = np.where(same, 0.0, np.abs(a - b))
-    return float(np.max(np.where(np.isnan(d), np.inf, d), initial=0.0))

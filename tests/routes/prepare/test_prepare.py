@@ -18,6 +18,7 @@ from trtattn.errors import TrtattnError
 from trtattn.graph.feeds import make_feeds
 from trtattn.routes.prepare import forms as forms_mod
 from trtattn.routes.prepare import prepare
+from trtattn.site_names import names_site
 from trtattn.verify import adapter_for
 
 
@@ -39,6 +40,9 @@ def test_padded_form_turns_rope_into_rotary_embedding_ops(zoo_export, name, expo
     assert ops(prepared.form_model)["RotaryEmbedding"] == 4  # Q and K of both layers
     assert len(prepared.plan.ropes) == 4 and len(prepared.plan.attentions) == 2
     assert not any(n.op_type == "Neg" for n in prepared.cut.model.graph.node)  # rotate_half is gone
+    sites = {a.site for a in prepared.plan.attentions}  # each rotation trtattn writes is named under its site
+    assert all(any(names_site(n.name, s) for s in sites) for n in prepared.form_model.graph.node
+               if n.op_type == "RotaryEmbedding" and n.name.startswith("trtattn/"))  # (dynamo writes its own)
 
 
 @pytest.mark.parametrize("name,exporter", [("llama-cache", "torchscript"), ("llama-cache", "dynamo"),

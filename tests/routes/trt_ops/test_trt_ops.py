@@ -119,6 +119,16 @@ def test_sidecar_gives_trtexec_the_profiles(fused_for_trt, tmp_path):
     assert all(inputs[c]["shape"][2] == plan.limits["max_cache"] for c in plan.aliases.values())
 
 
+def test_sidecar_names_output_dims_after_the_inputs_dims_as_the_engine_does(fused_for_trt, tmp_path):
+    """TorchScript names Llama's output dim 'Mullast_hidden_state_dim_1'; the plan proves it the inputs' 'seq'
+    (trt/plan.named_outputs) and the sidecar says so, as build's engine sidecar does."""
+    _, result = fused_for_trt("llama", "torchscript", "padded")
+    written = {o.name: o for o in result.model.graph.output}["last_hidden_state"]
+    assert [d.dim_param or d.dim_value for d in written.type.tensor_type.shape.dim][1] != "seq"  # the exporter's name
+    info = result.sidecar(tmp_path / "llama.trt.onnx")
+    assert {o["name"]: o["shape"] for o in info["io"]["outputs"]}["last_hidden_state"] == ["batch", "seq", 64]
+
+
 def test_rows_are_typed_one_per_site_and_their_json_keeps_the_reports_keys(fused_for_trt):
     _, result = fused_for_trt("llama", "torchscript", "padded")
     rows, plan = result.rows(), result.prepared.plan

@@ -14,13 +14,13 @@ from onnx import TensorProto
 
 from ...errors import TrtattnError, VerificationError
 from ...graph.external import set_session_folder
+from ...graph.precision import FEED_DTYPES
 from ...verify.tolerance import CONVERSION_BOUNDS
 from .common import LARGE, NotRunnableOnCpu, PrecisionError, declared_types
 from .emulate import EMULATION, bf16_emulated
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-FEED_TYPES = {"tensor(float16)": np.float16, "tensor(float)": np.float32}  # a float feed as the session takes it
 
 
 @dataclass
@@ -158,7 +158,7 @@ def _emulated_runner(model: onnx.ModelProto, why: str):
 def _session_runner(session, runner: str, outputs_as: Mapping[str, DTypeLike] | None = None):
     """outputs_as: outputs returned in another type than the session's (an emulated model's bf16 outputs)."""
     names = [o.name for o in session.get_outputs()]
-    casts = {i.name: FEED_TYPES[i.type] for i in session.get_inputs() if i.type in FEED_TYPES}
+    casts = {i.name: np.dtype(FEED_DTYPES[i.type]) for i in session.get_inputs() if i.type in FEED_DTYPES}
     return (lambda feeds: _cast(dict(zip(names, session.run(names, _cast(feeds, casts)))), outputs_as or {})), runner
 
 

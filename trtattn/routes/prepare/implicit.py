@@ -17,11 +17,10 @@ import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
 from ...graph.emit import Emitter
-from ...site import attribute_softcap
+from ...site import SOFTCAP_WHY, attribute_softcap
 from .op_fit import OpShape, guard_empty_rows, one_mask, to_bhnd
 
-REASON = ("its logits are soft-capped (tanh), which IAttention cannot do: kept in TensorRT's implicit form "
-          "(MatMul, Tanh, Softmax, MatMul) for its own fusion")
+REASON = f"{SOFTCAP_WHY}: kept in TensorRT's implicit form (MatMul, Tanh, Softmax, MatMul) for its own fusion"
 
 
 def softcapped(graph: gs.Graph) -> list[gs.Node]:

@@ -9,7 +9,9 @@ general mask, which IAttention takes as its mask (op_fit.py).
 Measured on the fused model: the Attention's mask is evaluated (ONNX Runtime, one session over the nodes it
 needs) with the input keeping every token, then with one token dropped at a cell (b, j); the Attention
 mask, broadcast to [B, N, Sq, Skv] as ONNX does, must change at batch row b and key j only, and where j is
-the first key, at every query row. Two cells, (1, 0) and (0, 1), so that the two axes cannot trade places.
+the first key, at every query row (graph/mask_reading.reads_key_flags: the cells a toggle changes are located
+on the logits' axes as the feeds' mask reading locates them). Two cells, (1, 0) and (0, 1), so that the two
+axes cannot trade places.
 Whether the rows are prefixes (right padding) is what the form's verification then checks on ONNX Runtime.
 """
 
@@ -21,7 +23,7 @@ import onnx_graphsurgeon as gs
 
 from ...graph.evaluate import evaluator
 from ...graph.feeds import make_feeds
-from ...graph.mask_reading import keep_value
+from ...graph.mask_reading import keep_value, reads_key_flags
 from ...graph.roles import InputSpec, input_specs
 
 MASK = 3  # ONNX Attention's attn_mask input
@@ -43,7 +45,7 @@ def key_flag_masks(graph: gs.Graph, model: onnx.ModelProto, candidates: dict[str
         rows, width = feeds[source].shape
         for cell in sorted({(min(1, rows - 1), 0), (0, min(1, width - 1))}):
             changed = dict(zip(names, run({**feeds, source: _dropped(specs[source], (rows, width), cell)})))
-            found -= {n for n in names if candidates[n] == source and not _reads_flag(base[n], changed[n], cell,
+            found -= {n for n in names if candidates[n] == source and not reads_key_flags(base[n], changed[n], cell,
                                                                                        (rows, width))}
     return found
 
@@ -53,18 +55,3 @@ def _dropped(spec: InputSpec, shape: tuple[int, int], cell: tuple[int, int]) -> 
     keep = np.ones(shape, bool)
     keep[cell] = False
     return keep_value(spec, keep, additive=False)
-
-
-def _reads_flag(base: np.ndarray, changed: np.ndarray, cell: tuple[int, int], shape: tuple[int, int]) -> bool:
-    """Did dropping the token at `cell` = (b, j) change the attn_mask at batch row b and key j only (and at
-    every query row when j is the first key)? The attn_mask broadcasts from the right to [B, N, Sq, Skv]."""
-    base, changed = np.asarray(base), np.asarray(changed)
-    if base.ndim > 4 or base.shape != changed.shape:
-        return False
-    diff = (base != changed).reshape((1,) * (4 - base.ndim) + base.shape)
-    if diff.shape[0] != shape[0] or diff.shape[3] != shape[1] or not diff.any():
-        return False
-    b, j = cell
-    where = np.argwhere(diff)
-    confined = bool((where[:, 0] == b).all() and (where[:, 3] == j).all())
-    return confined and (j != 0 or bool(diff[b, :, :, 0].any(axis=0).all()))

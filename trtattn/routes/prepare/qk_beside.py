@@ -22,9 +22,9 @@ import onnx.defs
 from ...contract import MAX_CACHE
 from ...errors import SitesRefused, TrtattnError
 from ...graph.shapes import tensor_types
+from ...site import SOFTCAP_WHY, attribute_softcap
 
 QK = 3  # qk_matmul_output's index among Attention's outputs
-SOFTCAPPED = "its logits are soft-capped (tanh), which IAttention cannot do"
 
 
 def returns_qk(node: onnx.NodeProto) -> bool:
@@ -41,10 +41,10 @@ def qk_outputs_beside(model: onnx.ModelProto, sites: dict, in_op: list[str]
     returned = {node for node, site in sites.items() if site.qk_output}
     cached = returned & set(in_op)
     capped = sorted(n.name for n in model.graph.node if n.name in cached
-                    and any(a.name == "softcap" and a.f for a in n.attribute))
+                    and attribute_softcap({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}))
     if capped:
-        raise SitesRefused("; ".join(f"{sites[n].name}: {SOFTCAPPED}" for n in capped),
-                           [(sites[n].name, SOFTCAPPED) for n in capped])
+        raise SitesRefused("; ".join(f"{sites[n].name}: {SOFTCAP_WHY}" for n in capped),
+                           [(sites[n].name, SOFTCAP_WHY) for n in capped])
     model, notes = qk_beside(model, returned - cached)
     return model, notes, cached
 

@@ -10,7 +10,9 @@ import onnx_graphsurgeon as gs
 
 from ...errors import TrtattnError
 from ...graph.emit import Emitter, export_like
+from ...graph.rotary import OP, RotaryAttrs, is_rotary, rotary_inputs
 from ...site import AttentionSite, CacheKind, RopeKind, SiteSource
+from ...site_names import site_scope
 
 
 def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onnx.ModelProto, int]:
@@ -18,7 +20,7 @@ def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onn
     into ONNX RotaryEmbedding ops."""
     todo = [s for s in sites if s.rope is not None and s.rope.kind == RopeKind.HALF_SPLIT and s.source == SiteSource.PATTERN
             and not s.rope.op_caches]  # those fuse wrote as RotaryEmbedding ops already
-    contrib = any(n.op_type == "RotaryEmbedding" and n.domain == "com.microsoft" for n in model.graph.node)
+    contrib = any(n.op_type == OP and n.domain == "com.microsoft" for n in model.graph.node)
     if not todo and not contrib:
         return model, 0
     graph = gs.import_onnx(model)
@@ -31,20 +33,20 @@ def rope_to_ops(model: onnx.ModelProto, sites: list[AttentionSite]) -> tuple[onn
         k_out = site.new_key if site.cache == CacheKind.CONCAT else site.key
         for x_name, out_name in ((rope.q_input, site.query), (rope.k_input, k_out)):
             out = tensors.get(out_name)
-            if out is None or not out.inputs or out.inputs[0].op == "RotaryEmbedding":
+            if out is None or not out.inputs or is_rotary(out.inputs[0].op, out.inputs[0].domain):
                 continue
-            emit = Emitter(graph, f"trtattn/rope/{site.name}")
+            emit = Emitter(graph, site_scope(site.name, "rope"))
             x = tensors[x_name]
             key = (rope.cos, rope.sin, rope.rotary_dim)
             if key not in tables:
                 tables[key] = (_half_table(emit, tensors[rope.cos], x, rope.rotary_dim),
                                _half_table(emit, tensors[rope.sin], x, rope.rotary_dim))
             cos, sin = tables[key]
-            head = site.head_size or 0
-            dim = 0 if rope.rotary_dim in (0, head) else rope.rotary_dim
+            attrs = RotaryAttrs.for_head(False, rope.rotary_dim, site.head_size or 0).as_attrs()
             out.inputs.clear()
-            graph.nodes.append(gs.Node("RotaryEmbedding", f"trtattn/rope/{site.name}/{'q' if x_name == rope.q_input else 'k'}",
-                                       {"interleaved": 0, "rotary_embedding_dim": dim}, inputs=[x, cos, sin], outputs=[out]))
+            side = "q" if x_name == rope.q_input else "k"
+            graph.nodes.append(gs.Node(OP, site_scope(site.name, "rope", side), attrs, inputs=[x, cos, sin],
+                                       outputs=[out]))
             count += 1
     return export_like(graph, model), count
 
@@ -54,25 +56,25 @@ def _contrib_to_standard(graph: gs.Graph) -> int:
     position_ids), the same attributes (num_heads from the tables when a 3-D x leaves it 0): TensorRT and
     AutoCast take the standard op only. A scale, packed batching or a position offset [1] is refused by name."""
     count = 0
-    for n in [n for n in graph.nodes if n.op == "RotaryEmbedding" and n.domain == "com.microsoft"]:
-        x, positions, cos, sin = n.inputs[:4]
+    for n in [n for n in graph.nodes if n.op == OP and n.domain == "com.microsoft"]:
+        x, cos, sin, positions = rotary_inputs(n.domain, n.inputs)
         where = f"com.microsoft:RotaryEmbedding {n.name or n.outputs[0].name}"
         if float(n.attrs.get("scale", 1.0)) != 1.0 or n.attrs.get("is_packed_batching", 0):
             raise TrtattnError(f"{where} has a scale or packed batching: the standard RotaryEmbedding has neither")
         if positions.shape is not None and len(positions.shape) != 2:
             raise TrtattnError(f"{where} takes position_ids as an offset of shape {positions.shape}: the standard "
                                "RotaryEmbedding takes them per token [B, S]")
-        dim = int(n.attrs.get("rotary_embedding_dim", 0))
-        attrs = {"interleaved": int(n.attrs.get("interleaved", 0)), "rotary_embedding_dim": dim}
+        given = RotaryAttrs.of(n.attrs)
+        heads = 0
         if x.shape is not None and len(x.shape) == 3:
-            heads = int(n.attrs.get("num_heads", 0))
+            heads = given.num_heads
             if not heads:
                 half, hidden = (cos.shape or [None, None])[-1], x.shape[-1]
-                if not (isinstance(half, int) and isinstance(hidden, int)) or dim:
+                if not (isinstance(half, int) and isinstance(hidden, int)) or given.rotary_embedding_dim:
                     raise TrtattnError(f"{where}: its number of heads is unknown (num_heads 0)")
                 heads = hidden // (2 * half)
-            attrs["num_heads"] = heads
-        graph.nodes.append(gs.Node("RotaryEmbedding", n.name or f"trtattn/rope/{n.outputs[0].name}", attrs,
+        attrs = RotaryAttrs(given.interleaved, given.rotary_embedding_dim, heads).as_attrs()
+        graph.nodes.append(gs.Node(OP, n.name or f"trtattn/rope/{n.outputs[0].name}", attrs,
                                    inputs=[x, cos, sin, positions], outputs=list(n.outputs)))
         n.inputs.clear()
         n.outputs.clear()

@@ -39,13 +39,27 @@ def trtexec_command(onnx_path: str | Path, profiles: list[dict], engine: str | P
     return args
 
 
+def _as_planned(output: dict, planned: dict[str, list], names: set[str]) -> dict:
+    """An output's dims as the engine's are named (trt/plan.named_outputs: after the inputs' dim the original's
+    symbolic shapes prove it, 'seq' for the exporter's 'Mullast_hidden_state_dim_1'), where the written model
+    declares the exporter's name and the plan has proven one; every other dim as the written model declares it."""
+    shape = planned.get(output["name"])
+    if shape is None or len(shape) != len(output["shape"]):
+        return output
+    dims = [p if isinstance(d, str) and d not in names and isinstance(p, str) and p in names else d
+            for d, p in zip(output["shape"], shape)]
+    return {**output, "shape": dims}
+
+
 def sidecar(plan: BuildPlan, model: onnx.ModelProto, onnx_path: str | Path, *, source: str = "",
             verification: Verification | None = None) -> dict:
     """The engine sidecar of `plan` for the written `model` (its own graph I/O: caches at their static capacity)."""
     info = engine_sidecar(plan, trt_version=None, source=source, gpu=None)
     types = tensor_types(model)
     info["io"]["inputs"] = [describe_io(types, i.name) for i in model.graph.input]
-    info["io"]["outputs"] = [describe_io(types, o.name) for o in model.graph.output]
+    planned = {o["name"]: o["shape"] for o in plan.outputs}
+    names = {d for i in info["io"]["inputs"] for d in i["shape"] if isinstance(d, str)}
+    info["io"]["outputs"] = [_as_planned(describe_io(types, o.name), planned, names) for o in model.graph.output]
     stem = Path(onnx_path).with_suffix("")
     info["route"] = "trtexec"
     info["onnx"] = str(onnx_path)
