@@ -24,14 +24,14 @@ def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, se
     specs = mask_specs(model, specs, dims=dims, shapes=shapes)
     masks = np.random.default_rng([seed, 11])  # the masks' own draws: the other inputs' stay as they were
     feeds = {}
+    sized = {spec.name: list(shapes[spec.name]) if shapes and spec.name in shapes else
+             [d if isinstance(d, int) else dim_value(d, dims) for d in spec.shape] for spec in specs}
+    queries = query_length(specs, sized)
     for spec in specs:
-        if shapes and spec.name in shapes:
-            shape = list(shapes[spec.name])
-        else:
-            shape = [d if isinstance(d, int) else dim_value(d, dims) for d in spec.shape]
+        shape = sized[spec.name]
         measured = "key_axis" in spec.role
-        feeds[spec.name] = _mask(spec, shape, masks, padding and not all_keys, all_keys) if measured else \
-            _value(spec, shape, rng, padding and not all_keys, dims)
+        feeds[spec.name] = _mask(spec, shape, masks, padding and not all_keys, all_keys, queries) if measured else \
+            _value(spec, shape, rng, padding and not all_keys, dims, queries)
         if spec.kind is RoleKind.FLAG and "value" not in spec.role:
             # an If condition alternates with the seed, so that feeds of two seeds run both branches
             feeds[spec.name] = np.full(shape, seed % 2 == 0, dtype=spec.dtype)
@@ -39,14 +39,34 @@ def make_feeds(model: onnx.ModelProto, *, dims: dict[str, int] | None = None, se
 
 
 def other_step_feeds(model: onnx.ModelProto, *, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """Feeds at a cache length other than the fitted one (graph/dims.py's Fit.also: a prefill, a decode step).
-    A left-padded mask keeps every token there: at a prefill its padding positions are queries with no key to
-    attend, whose output no model defines (in fp16 the original's masked logits overflow to -inf in some cells
-    and its softmax averages the rest), so comparing them would test arithmetic, not the rewrite. The fitted
-    dims, over a past, are fed the padding."""
-    specs = input_specs(model)
-    left = any(s.kind is RoleKind.PADDING_MASK and s.role.get("side") == "left" for s in specs)
-    return make_feeds(model, dims=dims, seed=seed, padding=not left, specs=specs)
+    """Feeds at a cache length other than the fitted one (graph/dims.py's Fit.also: a prefill, a decode step),
+    padded as make_feeds pads (padded_keys: at a prefill a left-padded row has no padding)."""
+    return make_feeds(model, dims=dims, seed=seed)
+
+
+def padded_keys(width: int, side: str | None, queries: int | None) -> int:
+    """How many of a padded row's `width` keys the feeds pad: a quarter, at most most_padding."""
+    return min(max(1, width // 4), most_padding(width, side, queries))
+
+
+def most_padding(width: int, side: str | None, queries: int | None) -> int:
+    """The most keys of a row that can be padding with every query row keeping a key whatever else the model
+    masks. A row with no key has an output no model defines (in fp16 the original's masked logits overflow to -inf
+    in some cells and its softmax averages the rest, the fused op's does otherwise), so comparing it would test
+    arithmetic, not the rewrite. The queries are the last `queries` keys (None: all of them). Left padding stays
+    within the keys before the first query (the past): a causal query sees none after itself, so a padded first
+    query of a prefill sees nothing. Right padding is one key: the padded last query keeps the key before it in any
+    sliding window of two keys or more, where more padding can fill a window."""
+    if side == "left":
+        return max(0, width - (queries or width))
+    return min(1, width - 1)
+
+
+def query_length(specs: list[InputSpec], shapes: dict[str, list[int]]) -> int | None:
+    """The query length a step's inputs give: the last axis of its token ids or positions (None without them)."""
+    lengths = [shapes[s.name][-1] for s in specs
+               if s.kind in (RoleKind.TOKEN_IDS, RoleKind.POSITION_IDS) and shapes[s.name]]
+    return min(lengths) if lengths else None
 
 
 def measured_specs(model: onnx.ModelProto, dims: dict | None = None) -> list[InputSpec]:
@@ -72,9 +92,10 @@ def mask_specs(model: onnx.ModelProto, specs: list[InputSpec], *, dims: dict,
             for s in specs]
 
 
-def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, all_keys: bool) -> np.ndarray:
+def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, all_keys: bool,
+          queries: int | None) -> np.ndarray:
     """A measured mask's values (mask_reading.measured_role): a padding mask keeps a prefix of keys per batch
-    row, as _value's [B, S] one does, along its own axes; another mask keeps each key at random and key 0 in
+    row, as _value's [B, S] one does, along its own axes (padded_keys of them padding); another mask keeps each key at random and key 0 in
     every row (so that no row is all masked, with a causal mask too); an additive one is normal where kept.
     `padding=False`: a padding mask keeps every key; `all_keys`: every mask does."""
     key = spec.role["key_axis"]
@@ -82,7 +103,7 @@ def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: 
     if padding and spec.kind is RoleKind.PADDING_MASK:
         rows, width = shape[spec.role["batch_axis"]], shape[key]
         if rows >= 2 and width >= 4:
-            lengths = [width] * (rows - 1) + [width - max(1, width // 4)]
+            lengths = [width] * (rows - 1) + [width - padded_keys(width, spec.role.get("side"), queries)]
             flags = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
             if spec.role.get("side") == "left":
                 flags = flags[:, ::-1]
@@ -97,7 +118,8 @@ def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: 
     return keep_value(spec, keep, False)
 
 
-def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, dims: dict) -> np.ndarray:
+def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: bool, dims: dict,
+           queries: int | None = None) -> np.ndarray:
     kind = spec.kind
     dt = spec.dtype
     if kind is RoleKind.TOKEN_IDS:
@@ -106,7 +128,7 @@ def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding:
         return rng.integers(low, vocab, size=shape).astype(dt)
     if kind in (RoleKind.PADDING_MASK, RoleKind.ONES_MASK):
         if kind is RoleKind.PADDING_MASK and padding and len(shape) == 2 and shape[0] >= 2 and shape[1] >= 4:
-            lengths = [shape[1]] * (shape[0] - 1) + [shape[1] - max(1, shape[1] // 4)]
+            lengths = [shape[1]] * (shape[0] - 1) + [shape[1] - padded_keys(shape[1], spec.role.get("side"), queries)]
             return mask_of_lengths(spec, shape[1], lengths)
         return mask_of_lengths(spec, shape[1], [shape[1]] * shape[0]) if len(shape) == 2 else \
             (np.zeros if spec.role.get("true_at") == "padding" else np.ones)(shape, dtype=dt)
