@@ -60,12 +60,14 @@ class Outcome:
                             shapes_differ=self.shapes_differ or None)
 
 
-def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
+def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2,
+                  window: int | None = None) -> list[dict]:
     """`iterations` feed dicts at the dims the model runs on, then one at each of the fit's other dims (a prefill
-    beside a step over a past: graph/dims.py's Fit.also)."""
+    beside a step over a past: graph/dims.py's Fit.also). `window`: the narrowest sliding window of the model's
+    sites (graph/feeds.most_padding)."""
     dims = fit_dims(model, dims)  # dims the model runs on (graph/dims.py); nothing to do once fitted
-    return [make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)] + \
-        [other_step_feeds(model, dims=other, seed=seed) for other in getattr(dims, "also", ())]
+    return [make_feeds(model, dims=dims, seed=seed + i, window=window) for i in range(iterations)] + \
+        [other_step_feeds(model, dims=other, seed=seed, window=window) for other in getattr(dims, "also", ())]
 
 
 def _judge(results, *, atol: float, rtol: float, iterations: int,
@@ -167,10 +169,10 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     original, candidate, random_note = seeded_pair(original, candidate)
     used = given.used() if given is not None else None
     if given is not None:
-        feeds = given.sets + _other_steps(original, dims, seed, used)
+        feeds = given.sets + _other_steps(original, dims, seed, used, narrowest_window(sites))
     elif feeds is None:
         dims = fit_dims(original, dims)
-        feeds = default_feeds(original, dims=dims, seed=seed)
+        feeds = default_feeds(original, dims=dims, seed=seed, window=narrowest_window(sites))
         used = default_domains(original, dims)
         used.iterations = len(feeds)
     site_outputs = [s.output for s in sites if s.output]
@@ -214,7 +216,12 @@ def _requant_envelope(original, site_outputs: list[str], feeds: list[dict], resu
     return envelope(original, site_outputs, compared, feeds, references, tol, seed, at)
 
 
-def _other_steps(original: onnx.ModelProto, dims, seed: int, used) -> list[dict]:
+def narrowest_window(sites) -> int | None:
+    """The narrowest sliding window of keys of `sites` (None: none has one), which bounds the feeds' padding."""
+    return min((s.window for s in sites if getattr(s, "window", None)), default=None)
+
+
+def _other_steps(original: onnx.ModelProto, dims, seed: int, used, window: int | None) -> list[dict]:
     """Feeds at the fit's other dims (a decode step over a cache the graph appends to, beside the user's first step:
     graph/cache_steps.py), said in `used`: the user's inputs alone would verify one cache length."""
     others = list(getattr(dims, "also", ()))
@@ -222,7 +229,7 @@ def _other_steps(original: onnx.ModelProto, dims, seed: int, used) -> list[dict]
         used.iterations += len(others)
         used.notes.append(f"and {len(others)} set(s) of inputs drawn at other cache lengths: " + "; ".join(
             ", ".join(f"{k}={v}" for k, v in other.items() if dims.get(k) != v) for other in others))
-    return [other_step_feeds(original, dims=other, seed=seed) for other in others]
+    return [other_step_feeds(original, dims=other, seed=seed, window=window) for other in others]
 
 
 def _run_both(original, candidate, sites, feeds: list[dict], progress=None, at: str = "basic"):

@@ -125,8 +125,10 @@ def make_feeds(model: onnx.ModelProto, dims: dict, seed: int) -> dict[str, np.nd
         if kind is RoleKind.TOKEN_IDS:
             x = rng.integers(0, role.get("vocab", 2), shape)
         elif kind is RoleKind.PADDING_MASK:  # row 0 full, the others padded to a random length >= half
-            x = np.ones(shape)  # and every query keeps a key, as trtattn's own feeds (graph/feeds.most_padding)
-            most = most_padding(shape[-1], role.get("side"), queries)
+            # and every query keeps a key, as trtattn's own feeds (graph/feeds.most_padding); the fuzzer does not know
+            # a source's sliding window, so the narrowest there is (2 keys)
+            x = np.ones(shape)
+            most = most_padding(shape[-1], role.get("side"), queries, window=2)
             for b in range(1, shape[0]):
                 keep = int(rng.integers(max((shape[-1] + 1) // 2, shape[-1] - most), shape[-1] + 1))
                 if role.get("side") == "left":
