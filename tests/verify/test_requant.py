@@ -186,20 +186,18 @@ def exported_quantized_encoder(tmp_path) -> onnx.ModelProto:
 
 @pytest.mark.slow  # exporting and quantizing 10 layers, then fusing: ~40 s
 def test_ten_site_quantized_encoder_fuses_with_its_outputs_off_by_whole_steps(tmp_path):
-    """Issue 34: every site within its own bound, the output off by whole quantization steps; fused, the
-    reason in the report (measured: output off by 0.031 against its own bound of 0.00049, allowed 0.075)."""
+    """Issue 34: fused, the reason for the widened bound in the report. At the basic level the output was off by
+    whole quantization steps (0.031 against its own bound of 0.00049, allowed 0.075); at ONNX Runtime's default
+    level, where a quantizer reads a site (requant.level), every site and the output match (measured: exactly)."""
     model = exported_quantized_encoder(tmp_path)
     result = fuse_model(model)
     assert result.ok and len(result.reports) == 10
     sites = [r.site for r in result.reports]
     plain = compare_models(model, result.model, sites, atol_given=True)
     out = model.graph.output[0].name
-    assert plain.output_errors[out] > 10 * plain.bounds[out]  # the model's own bound would refuse it
     assert result.verification.bounds[out] >= result.verification.outputs[out]
     assert "dynamic quantizer(s) downstream of the attention" in (result.verification.tolerance_why or "")
     assert result.verification.bounds[sites[0].output] == plain.bounds[sites[0].output]
-    # run free, the later sites carry the earlier ones' crossings; each on the original's inputs, its own bound
-    assert any(plain.site_errors[s.output] > plain.bounds[s.output] for s in sites)
     assert all(r.max_abs_err <= plain.bounds[r.site.output] for r in result.reports)
 
 
