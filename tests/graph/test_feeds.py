@@ -182,19 +182,52 @@ def test_mask_polarity_from_metadata():
     assert not make_feeds(model, padding=False)["mask"].any()
 
 
-def test_other_cache_lengths_are_fed_without_left_padding():
-    """At a prefill a left-padded row's padding positions are queries with no key to attend, undefined in any
-    model: the feeds at the fit's other cache lengths keep every token of a left-padded mask, the fitted dims'
-    feeds keep its padding; a right-padded mask is padded at every length."""
-    from trtattn.graph.feeds import other_step_feeds
+def test_no_query_row_is_left_without_a_key():
+    """A row with no key is undefined in any model: a left-padded mask is padded only within the keys before the
+    first query (none at a prefill, where a causal first query sees only itself), at the fitted dims and at the
+    fit's other cache lengths alike; a right-padded one by less than the model's narrowest sliding window, so that
+    the padded last query's window still reaches a token."""
+    from trtattn.graph.feeds import most_padding, other_step_feeds, padded_keys
 
-    for side, padded_at_other in (("left", False), ("right", True)):
+    assert [most_padding(8, "left", q) for q in (8, 7, 1, None)] == [0, 1, 7, 0]
+    assert [padded_keys(16, "left", q) for q in (16, 14, 1)] == [0, 2, 4]
+    assert [padded_keys(16, "right", 16, w) for w in (None, 8, 3, 2, 1)] == [4, 4, 2, 1, 0]
+    assert most_padding(16, None, None) == 15
+    for side, padded in (("left", False), ("right", True)):
         meta = {"inputs": {"mask": {"kind": "padding_mask", "side": side}, "logits": {"kind": "float"}}}
-        model = _masked("both", meta)
+        model = _masked("both", meta)  # no token ids: every key is a query
         fitted, other = make_feeds(model, dims={"seq": 8}), other_step_feeds(model, dims={"seq": 8})
-        assert not fitted["mask"].all()  # padded at the fitted dims, either side
-        assert bool((~other["mask"].astype(bool)).any()) == padded_at_other
+        for feeds in (fitted, other):
+            assert bool((~feeds["mask"].astype(bool)).any()) == padded
         assert fitted["logits"].shape == other["logits"].shape
+
+
+@pytest.mark.parametrize("past", [0, 3])
+def test_a_left_padded_fp16_cache_fuses_at_every_past_length(tmp_path, past):
+    """The fp16 Llama cache decoder at an empty past: its left padding at the prefill left the first queries no
+    key, and fp16's overflowed masked logits made the original and the fused op disagree there (1.9, refused)."""
+    from trtattn.graph import io
+    from trtattn.rewrite.fuse import fuse_model
+    from trtattn.testing.write_llama import PRESETS, write_llama
+
+    write_llama(tmp_path / "llama.onnx", **{**PRESETS["tiny"], "dtype": "float16", "form": "cache"})
+    model = io.load(tmp_path / "llama.onnx", load_external_data=False)
+    result = fuse_model(model, dims={"past": past})
+    assert result.ok and len(result.reports) == 2, [r.reason for r in result.reports]
+    mask = make_feeds(model, dims={"past": past})["attention_mask"]
+    assert int((mask == 0).sum()) == min(past, 2)  # padded within the past only
+
+
+def test_a_right_padded_sliding_window_fp16_attention_fuses():
+    """A padded query past its sliding window's reach had no key (a quarter of 16 keys padded, a window of 3):
+    undefined, and in fp16 the fused op and the original's masked softmax differed there by 1.9 (refused). The
+    verification pads less than the site's window (verify/compare.narrowest_window)."""
+    from precision_models import fp16_sliding_window
+
+    from trtattn.rewrite.fuse import fuse_model
+
+    result = fuse_model(fp16_sliding_window(seq=16, window=3))
+    assert result.ok and result.reports[0].site.window == 3, result.reports[0].reason
 
 
 def test_flag_inputs():

@@ -26,7 +26,7 @@ from ..verification import Verification
 from .adapters import Adapter
 from .difference import max_abs_error
 from .inputs import default_domains, fed_draws, finite, search, searched_or_note, seeded_pair
-from .requant import Envelope, envelope, forced_errors
+from .requant import Envelope, envelope, forced_errors, level
 from .runners import onnx_runner, quiet_polygraphy
 from .tolerance import requantized
 
@@ -61,12 +61,14 @@ class Outcome:
                             shapes_differ=self.shapes_differ or None)
 
 
-def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2) -> list[dict]:
+def default_feeds(model: onnx.ModelProto, *, dims=None, seed: int = 0, iterations: int = 2,
+                  window: int | None = None) -> list[dict]:
     """`iterations` feed dicts at the dims the model runs on, then one at each of the fit's other dims (a prefill
-    beside a step over a past: graph/dims.py's Fit.also)."""
+    beside a step over a past: graph/dims.py's Fit.also). `window`: the narrowest sliding window of the model's
+    sites (graph/feeds.most_padding)."""
     dims = fit_dims(model, dims)  # dims the model runs on (graph/dims.py); nothing to do once fitted
-    return [make_feeds(model, dims=dims, seed=seed + i) for i in range(iterations)] + \
-        [other_step_feeds(model, dims=other, seed=seed) for other in getattr(dims, "also", ())]
+    return [make_feeds(model, dims=dims, seed=seed + i, window=window) for i in range(iterations)] + \
+        [other_step_feeds(model, dims=other, seed=seed, window=window) for other in getattr(dims, "also", ())]
 
 
 def _judge(results, *, atol: float, rtol: float, iterations: int,
@@ -145,28 +147,30 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     original, candidate, random_note = seeded_pair(original, candidate)
     used = given.used() if given is not None else None
     if given is not None:
-        feeds = given.sets + _other_steps(original, dims, seed, used)
+        feeds = given.sets + _other_steps(original, dims, seed, used, narrowest_window(sites))
     elif feeds is None:
         dims = fit_dims(original, dims)
-        feeds = default_feeds(original, dims=dims, seed=seed)
+        feeds = default_feeds(original, dims=dims, seed=seed, window=narrowest_window(sites))
         used = default_domains(original, dims)
         used.iterations = len(feeds)
-    results, slices = _run_both(original, candidate, sites, feeds, progress)
+    site_outputs = [s.output for s in sites if s.output]
+    at = level(original, site_outputs)  # ONNX Runtime's default after a quantizer (requant.py), else basic
+    results, slices = _run_both(original, candidate, sites, feeds, progress, at)
     graph_outputs = {o.name for o in original.graph.output}
     if used is not None and used.source == "searched" and not finite(
             v for it in results[0][1] for k, v in it.items() if k in graph_outputs):  # not finite on these: search
         found = searched_or_note(used, original, dims=dims, seed=seed, iterations=len(feeds))
         if found is not None:
             feeds, used = found
-            results, slices = _run_both(original, candidate, sites, feeds, progress)
-    site_outputs = [s.output for s in sites if s.output]
-    moved = Envelope() if atol_given else _requant_envelope(original, site_outputs, feeds, results, (atol, rtol), seed)
+            results, slices = _run_both(original, candidate, sites, feeds, progress, at)
+    moved = Envelope() if atol_given else \
+        _requant_envelope(original, site_outputs, feeds, results, (atol, rtol), seed, at)
     outcome, errors = _judge(results, atol=atol, rtol=rtol, iterations=len(feeds), moves=moved.moves)
     outcome.slices = slices
     outcome.why = moved.why(errors)
     if moved.moves:  # a site after a quantizer: its own error, every site computing from the original's inputs
         _, cut, fed = fed_draws(original, candidate, feeds)  # on the random draws the comparison ran
-        errors.update(forced_errors(cut, site_outputs, fed, [dict(it.items()) for it in results[0][1]]))
+        errors.update(forced_errors(cut, site_outputs, fed, [dict(it.items()) for it in results[0][1]], at))
         outcome.passed = not outcome.nan_mismatch and all(outcome.within(k, e) for k, e in errors.items())
     outcome.output_errors = {k: v for k, v in errors.items() if k in graph_outputs}
     outcome.site_errors = {k: v for k, v in errors.items() if k in site_outputs}  # a site may be an output too
@@ -178,7 +182,8 @@ def compare_models(original: onnx.ModelProto, candidate: onnx.ModelProto, sites=
     return outcome
 
 
-def _requant_envelope(original, site_outputs: list[str], feeds: list[dict], results, tol, seed: int) -> Envelope:
+def _requant_envelope(original, site_outputs: list[str], feeds: list[dict], results, tol, seed: int,
+                      at: str) -> Envelope:
     """How far the original's own tensors after a quantizer move with its sites moved within `tol` (requant.py),
     on the feeds both models ran (the original's results give each site's magnitude)."""
     if not site_outputs:
@@ -186,10 +191,15 @@ def _requant_envelope(original, site_outputs: list[str], feeds: list[dict], resu
     references = [dict(it.items()) for it in results[0][1]]
     compared = list(dict.fromkeys(k for it in references for k in it))
     original, _, feeds = fed_draws(original, original, feeds)  # random ops cut: each moved run on the same draws
-    return envelope(original, site_outputs, compared, feeds, references, tol, seed)
+    return envelope(original, site_outputs, compared, feeds, references, tol, seed, at)
 
 
-def _other_steps(original: onnx.ModelProto, dims, seed: int, used) -> list[dict]:
+def narrowest_window(sites) -> int | None:
+    """The narrowest sliding window of keys of `sites` (None: none has one), which bounds the feeds' padding."""
+    return min((s.window for s in sites if getattr(s, "window", None)), default=None)
+
+
+def _other_steps(original: onnx.ModelProto, dims, seed: int, used, window: int | None) -> list[dict]:
     """Feeds at the fit's other dims (a decode step over a cache the graph appends to, beside the user's first step:
     graph/cache_steps.py), said in `used`: the user's inputs alone would verify one cache length."""
     others = list(getattr(dims, "also", ()))
@@ -197,19 +207,19 @@ def _other_steps(original: onnx.ModelProto, dims, seed: int, used) -> list[dict]
         used.iterations += len(others)
         used.notes.append(f"and {len(others)} set(s) of inputs drawn at other cache lengths: " + "; ".join(
             ", ".join(f"{k}={v}" for k, v in other.items() if dims.get(k) != v) for other in others))
-    return [other_step_feeds(original, dims=other, seed=seed) for other in others]
+    return [other_step_feeds(original, dims=other, seed=seed, window=window) for other in others]
 
 
-def _run_both(original, candidate, sites, feeds: list[dict], progress=None):
-    """Polygraphy's RunResults of the original and the candidate on `feeds` (with the site outputs), and the
-    most slices of layers either ran in."""
+def _run_both(original, candidate, sites, feeds: list[dict], progress=None, at: str = "basic"):
+    """Polygraphy's RunResults of the original and the candidate on `feeds` (with the site outputs), both at graph
+    optimization level `at`, and the most slices of layers either ran in."""
     from polygraphy.comparator import Comparator
 
     site_outputs = [s.output for s in sites if s.output]
     original, candidate, feeds = fed_draws(original, candidate, feeds)
     with contextlib.ExitStack() as stack:
-        runners = [onnx_runner(stack, original, site_outputs, "original", progress=progress),
-                   onnx_runner(stack, candidate, site_outputs, "rewritten", progress=progress)]
+        runners = [onnx_runner(stack, original, site_outputs, "original", level=at, progress=progress),
+                   onnx_runner(stack, candidate, site_outputs, "rewritten", level=at, progress=progress)]
         with contextlib.redirect_stdout(io.StringIO()):
             results = Comparator.run(_prefetched(runners, feeds), data_loader=feeds)
     return results, max(len(getattr(r, "slices", ())) for r in runners)

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from trtattn.graph.feeds import most_padding
 from trtattn.graph.roles import RoleKind, role_kind
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: out/fuzz/zoo by default
@@ -90,27 +91,46 @@ _NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.INT64: np.int64, onn
        onnx.TensorProto.BOOL: np.bool_, onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.DOUBLE: np.float64}
 
 
+def _role(inp: onnx.ValueInfoProto, roles: dict) -> dict:
+    """The input's role in the metadata; else token ids for int64, a float otherwise."""
+    return roles.get(inp.name, {"kind": RoleKind.TOKEN_IDS if inp.type.tensor_type.elem_type == onnx.TensorProto.INT64
+                                else RoleKind.FLOAT})
+
+
+def _query_length(model: onnx.ModelProto, roles: dict, dims: dict) -> int | None:
+    """The last axis of the token ids or positions (graph/feeds.query_length), None without them."""
+    weights = {i.name for i in model.graph.initializer}
+    lengths = [_dim(i.type.tensor_type.shape.dim[-1], dims) for i in model.graph.input
+               if i.name not in weights and i.type.tensor_type.shape.dim and role_kind(_role(i, roles), i.name) in
+               (RoleKind.TOKEN_IDS, RoleKind.POSITION_IDS)]
+    return min(lengths) if lengths else None
+
+
 def make_feeds(model: onnx.ModelProto, dims: dict, seed: int) -> dict[str, np.ndarray]:
     """One input set from the roles in the model's metadata, at `dims`, seeded."""
     rng = np.random.default_rng(seed)
     roles = metadata(model).get("inputs", {})
     init = {i.name for i in model.graph.initializer}
     feeds: dict[str, np.ndarray] = {}
+    queries = _query_length(model, roles, dims)
     for inp in model.graph.input:
         if inp.name in init:
             continue
         tt = inp.type.tensor_type
         shape = [_dim(d, dims) for d in tt.shape.dim]
         dtype = _NP[tt.elem_type]
-        role = roles.get(inp.name, {"kind": RoleKind.TOKEN_IDS if dtype == np.int64 else RoleKind.FLOAT})
+        role = _role(inp, roles)
         kind = role_kind(role, inp.name)
         x: np.ndarray
         if kind is RoleKind.TOKEN_IDS:
             x = rng.integers(0, role.get("vocab", 2), shape)
         elif kind is RoleKind.PADDING_MASK:  # row 0 full, the others padded to a random length >= half
+            # and every query keeps a key, as trtattn's own feeds (graph/feeds.most_padding); the fuzzer does not know
+            # a source's sliding window, so the narrowest there is (2 keys)
             x = np.ones(shape)
+            most = most_padding(shape[-1], role.get("side"), queries, window=2)
             for b in range(1, shape[0]):
-                keep = int(rng.integers((shape[-1] + 1) // 2, shape[-1] + 1))
+                keep = int(rng.integers(max((shape[-1] + 1) // 2, shape[-1] - most), shape[-1] + 1))
                 if role.get("side") == "left":
                     x[b, : shape[-1] - keep] = 0
                 else:
