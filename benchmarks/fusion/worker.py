@@ -17,6 +17,7 @@ def _error(e: BaseException) -> str:
 
 def tool_worker(args) -> int:
     """Run one tool on one model in this (fresh) process; write a JSON result to --result."""
+    import importlib
     import logging
     import warnings
 
@@ -30,6 +31,13 @@ def tool_worker(args) -> int:
     if tool in ("trtattn", "trtattn_noverify"):
         from trtattn.graph import io as onnxio
         from trtattn.rewrite.fuse import fuse_model
+
+        # onnxruntime and Polygraphy are imported on first use (a fuse with nothing to probe needs neither): here
+        # they are the tool's imports, untimed as the peers' are (the ORT optimizer's own loads onnxruntime).
+        # After trtattn's: Polygraphy reads at import the array-swap setting trtattn/verify/runners.py sets, without
+        # which it imports torch to check every output (3.5 s and 185 MB more in a verified fuse)
+        for name in ("onnxruntime", "polygraphy.backend.onnxrt", "polygraphy.comparator"):
+            importlib.import_module(name)
     elif tool == "ort_optimizer":
         from onnxruntime.transformers.optimizer import optimize_model
     elif tool == "onnxscript":

@@ -38,8 +38,9 @@ from . import memory
 from .dim_facts import OpDims
 from .dim_names import BATCH, DEFAULT_DIM, DEFAULT_DIMS, SEQ, dim_classes, evaluate, names_in, resolve_dims
 from .feeds import make_feeds
-from .io import session_source
+from .io import session_source, weights_size
 from .op_dims import op_dims
+from .ort_threads import set_threads
 from .roles import declared_dims, input_specs
 
 BOUND = 1 << 16  # the longest sequence tried
@@ -386,6 +387,7 @@ def trial(model: onnx.ModelProto, specs):
     options = ort.SessionOptions()
     options.log_severity_level = 4  # failing runs are expected here: no error logs
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # opens faster
+    set_threads(options, weights_size(model))
     outputs = [o.name for o in model.graph.output]
     softmaxes = [s for s in _attention_softmaxes(model) if s[1] not in outputs]
     nodes, added = len(model.graph.node), len(model.graph.output)

@@ -14,6 +14,7 @@ import onnx_graphsurgeon as gs
 
 from .. import timings
 from . import external, io
+from .ort_threads import set_threads
 from .view import export_graph
 
 LEVELS = ("disable", "basic", "extended", "all")
@@ -34,6 +35,7 @@ def session_options(level: str = "basic", *, weights: int = 0, folder=None):
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
     options.add_session_config_entry("session.disable_prepacking", "1")
+    set_threads(options, weights)
     if weights > NO_ARENA_BYTES:
         options.enable_cpu_mem_arena = False
     if folder is not None:

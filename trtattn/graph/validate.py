@@ -155,6 +155,7 @@ def onnx_runtime_refusal(source, folder=None) -> str | None:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.add_session_config_entry("session.disable_prepacking", "1")
+    options.intra_op_num_threads = 1  # it runs nothing: a pool of threads would only be started and joined
     if folder is not None and not isinstance(source, str):
         options.add_session_config_entry(FOLDER_OPTION, str(folder))
     timings.session_made()
