@@ -45,3 +45,33 @@ def test_a_mask_is_read_over_every_key_it_broadcasts_over():
     [read] = probe_masks(graph, model, sites, [make_feeds(model, dims=dims, all_keys=True)])
     [meaning] = read.values()
     assert meaning.allowed.shape[-2:] == (1, min(4, CTX)) and meaning.allowed.all()
+
+
+
+def test_the_masks_of_a_padded_llama_are_read_without_its_weights(tmp_path, monkeypatch):
+    """The logits' query and key lengths are named as the inputs' dims: the probe reads them off the inputs, not
+    off the logits, whose computation reads every earlier layer's weights (an 8B's 16 GB in one session)."""
+    from trtattn.graph import io
+    from trtattn.graph.evaluate import cut_out
+    from trtattn.match import probe
+    from trtattn.testing.write_llama import PRESETS, write_llama
+
+    model = io.load(write_llama(tmp_path / "llama.onnx", **PRESETS["tiny"]), load_external_data=False)
+    read_weights = []
+
+    def counting(graph, outputs, like, **kwargs):  # the projections in the session the probe opens
+        read_weights.append(sum(n.op_type == "MatMul" for n in cut_out(graph, outputs, like).graph.node))
+        return real(graph, outputs, like, **kwargs)
+
+    real = probe.evaluator
+    monkeypatch.setattr(probe, "evaluator", counting)
+    graph = import_graph(model)
+    view = GraphView(graph, model)
+    sites = match(graph, view).sites
+    feeds = [make_feeds(model, dims=resolve_dims(model, {}), all_keys=True)]
+    [read] = probe_masks(graph, model, sites, feeds, view=view)
+    assert sorted(read) == sorted(s.name for s in sites) and len(sites) == 2
+    assert {(m.pattern, m.causal, m.padding) for m in read.values()} == {("causal", CausalKind.UPPER_LEFT, True)}
+    [without_view] = probe_masks(graph, model, sites, feeds)  # read off the logits: the same meaning, at a cost
+    assert {k: (m.pattern, m.causal) for k, m in without_view.items()} == {k: (m.pattern, m.causal) for k, m in read.items()}
+    assert read_weights[0] == 0 and read_weights[1] >= 8  # layer 0's q, k, v, o, MLP and its Q.K^T at least
