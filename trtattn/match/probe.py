@@ -20,10 +20,10 @@ import onnx_graphsurgeon as gs
 from ..graph.dependence import depends_on_input_values
 from ..graph.dim_names import resolve_dims
 from ..graph.emit import Emitter
-from ..graph.evaluate import evaluator
 from ..graph.feeds import make_feeds
 from ..graph.measure import inferred_shapes
 from ..graph.op_dims import op_dims
+from ..graph.slices import bounded_evaluator
 from ..graph.view import GraphView, import_graph
 from ..site import AttentionSite, CausalKind, MaskKind, MatchResult, SiteSource
 from ..timings import timed
@@ -121,7 +121,7 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
         if not wanted:
             return [{} for _ in feeds_list]
         try:  # a probe that cannot run is dropped
-            run = evaluator(graph, list(wanted.values()), model, quiet=True)
+            run = bounded_evaluator(graph, list(wanted.values()), model, quiet=True)
         except Exception:
             return [{} for _ in feeds_list]
         results: list[dict[str, MaskMeaning]] = []
