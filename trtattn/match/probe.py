@@ -167,7 +167,7 @@ def _input_lengths(emit: Emitter, graph: gs.Graph, view: GraphView | None, logit
     shape = view.shape(logits) if view is not None else None
     if shape is None or len(shape) < 2:
         return None
-    axes = {}
+    axes: dict[str, tuple[gs.Tensor, int]] = {}
     for t in graph.inputs:
         for axis, d in enumerate(t.shape or ()):
             if isinstance(d, str) and d:
