@@ -25,7 +25,7 @@ from onnx import helper
 from ..errors import TrtattnError
 from . import external
 from .dependence import node_reads
-from .evaluate import ort_session
+from .evaluate import cut_out, evaluator, ort_session
 from .memory import available_memory  # noqa: F401  (part of this module's API)
 
 SLICE_ENV = "TRTATTN_SLICE_MB"
@@ -163,6 +163,24 @@ def run(model: onnx.ModelProto, slices: list[Slice], feeds_list: list[dict], out
             raise TrtattnError(f"the sliced run of {model.graph.name} did not produce {', '.join(missing[:3])}")
         results.append(OrderedDict((n, out[n] if n in out else feeds[n]) for n in outputs))
     return results
+
+
+def bounded_evaluator(graph, outputs, like: onnx.ModelProto, level: str = "basic", quiet: bool = False):
+    """evaluate.evaluator's run(feeds), in slices of layers (one session at a time) when `like`'s weights are over
+    the slicing budget: values that read many layers' weights (a Shape of the logits, for the mask probe of a model
+    whose view cannot name their lengths) would otherwise open one session over them all (an 8B's 16 GB, held
+    twice as fp32)."""
+    budget = slice_budget(like)
+    if not budget:
+        return evaluator(graph, outputs, like, level=level, quiet=quiet)
+    cut = cut_out(graph, outputs, like)
+    names = [t.name for t in outputs]
+    pieces = plan(cut, names, budget)
+
+    def run_sliced(feeds: dict) -> list:
+        return list(run(cut, pieces, [feeds], names, level=level)[0].values())
+
+    return run_sliced
 
 
 def sliced_runner(model: onnx.ModelProto, outputs=(), name: str | None = None, level: str = "basic",

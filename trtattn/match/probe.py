@@ -20,10 +20,10 @@ import onnx_graphsurgeon as gs
 from ..graph.dependence import depends_on_input_values
 from ..graph.dim_names import resolve_dims
 from ..graph.emit import Emitter
-from ..graph.evaluate import evaluator
 from ..graph.feeds import make_feeds
 from ..graph.measure import inferred_shapes
 from ..graph.op_dims import op_dims
+from ..graph.slices import bounded_evaluator
 from ..graph.view import GraphView, import_graph
 from ..site import AttentionSite, CausalKind, MaskKind, MatchResult, SiteSource
 from ..timings import timed
@@ -89,10 +89,12 @@ def classify_pattern(allowed: np.ndarray) -> tuple[str, CausalKind, int | None]:
 
 
 def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSite],
-                feeds_list: list[dict[str, np.ndarray]], progress=None) -> list[dict[str, MaskMeaning]]:
+                feeds_list: list[dict[str, np.ndarray]], progress=None, view: GraphView | None = None
+                ) -> list[dict[str, MaskMeaning]]:
     """MaskMeaning per site name, one dict per feed dict (sites without a mask, or whose mask cannot be
     probed, are absent). The masks are built in `graph` for the duration (then removed again) and run on
-    one ONNX Runtime session over just the nodes they need."""
+    one ONNX Runtime session over just the nodes they need. `view`: the shapes that tell the logits' query
+    and key lengths from the graph inputs' (else they are read off the logits, which runs the layers)."""
     tensors = graph.tensors()
     inputs = {t.name for t in graph.inputs}
     wanted: dict[str, gs.Tensor] = {}
@@ -112,14 +114,14 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
                 continue
             padding[site.name] = depends_on_input_values(m, inputs)
             if site.source == SiteSource.PATTERN:  # an attention op's mask meets its logits inside it
-                m = _as_met(graph, by_name, steps, m, f"probe_met/{site.name}")
+                m = _as_met(graph, by_name, steps, m, f"probe_met/{site.name}", view)
             out = gs.Variable(f"probe_out/{site.name}", dtype=np.bool_ if kind == MaskKind.BOOLEAN else _dtype(site.dtype))
             graph.nodes.append(gs.Node("Identity", f"probe_id/{site.name}", inputs=[m], outputs=[out]))
             wanted[site.name] = out
         if not wanted:
             return [{} for _ in feeds_list]
         try:  # a probe that cannot run is dropped
-            run = evaluator(graph, list(wanted.values()), model, quiet=True)
+            run = bounded_evaluator(graph, list(wanted.values()), model, quiet=True)
         except Exception:
             return [{} for _ in feeds_list]
         results: list[dict[str, MaskMeaning]] = []
@@ -140,18 +142,40 @@ def probe_masks(graph: gs.Graph, model: onnx.ModelProto, sites: list[AttentionSi
         del graph.nodes[mark:]
 
 
-def _as_met(graph: gs.Graph, by_name: dict, steps, m: gs.Tensor, name: str) -> gs.Tensor:
+def _as_met(graph: gs.Graph, by_name: dict, steps, m: gs.Tensor, name: str, view: GraphView | None = None
+            ) -> gs.Tensor:
     """M with its (query, key) axes expanded to those of the logits it meets (the output of the last masking step),
     its other axes as they are (a bias added in another frame, [B*N, S, S], keeps its own): a mask the graph
     broadcasts over the keys (whisper's mask[:n, :n] at one new token, (1, 1)) masks no key, which M's own shape
-    does not say."""
+    does not say. Those two lengths are taken from the graph inputs where `view` names them as input dims: read
+    off the logits themselves, the probe would run every layer before the site (the whole model for the last
+    one: 16 GB of weights in one session for an 8B)."""
     met = by_name.get(steps[-1].node)
     if met is None or not met.outputs:
         return m
     emit = Emitter(graph, name)
     lead = emit.shape_slice(m, 0, -2)
-    rows_keys = emit.shape_slice(met.outputs[0], -2, np.iinfo(np.int64).max)
+    rows_keys = _input_lengths(emit, graph, view, met.outputs[0]) \
+        or emit.shape_slice(met.outputs[0], -2, np.iinfo(np.int64).max)
     return emit("Expand", [m, emit("Concat", [lead, rows_keys], {"axis": 0}, dtype=np.int64)], dtype=m.dtype)
+
+
+def _input_lengths(emit: Emitter, graph: gs.Graph, view: GraphView | None, logits: gs.Tensor) -> gs.Tensor | None:
+    """Shape(logits)[-2:] built from the graph inputs' shapes, where `view` names both dims as dims of a graph
+    input (an input's axis is cheap to read; a length that is a sum, such as past + new tokens, is not named so);
+    else None."""
+    shape = view.shape(logits) if view is not None else None
+    if shape is None or len(shape) < 2:
+        return None
+    axes: dict[str, tuple[gs.Tensor, int]] = {}
+    for t in graph.inputs:
+        for axis, d in enumerate(t.shape or ()):
+            if isinstance(d, str) and d:
+                axes.setdefault(d, (t, axis))
+    if not all(isinstance(d, str) and d in axes for d in shape[-2:]):
+        return None
+    parts = [emit.shape_slice(axes[d][0], axes[d][1], axes[d][1] + 1) for d in shape[-2:]]
+    return emit("Concat", parts, {"axis": 0}, dtype=np.int64)
 
 
 def _meaning(value: np.ndarray, padding: bool) -> MaskMeaning:
@@ -191,7 +215,7 @@ def analyse(model: onnx.ModelProto, feeds=None, progress=None, dims: dict | None
     if result.sites:
         if feeds is None:
             feeds = [make_feeds(model, all_keys=True)]
-        meanings = _agree(probe_masks(graph, model, result.sites, feeds, progress))
+        meanings = _agree(probe_masks(graph, model, result.sites, feeds, progress, view))
         result.sites = [_apply_meaning(s, meanings.get(s.name)) for s in result.sites]
         if merge:
             result.sites, result.heads_merged = merge_heads(view, result.sites)
