@@ -84,7 +84,7 @@ def test_kv_cache_profile_and_static_capacity_come_from_the_position_table(check
     the network), packed tokens run to 8 x 64, rows to 8."""
     model = onnx.load(str(zoo_export("whisper-decoder-cache", "torchscript")))
     prepared = prepare(model, name="whisper", form="kv-cache", precision="fp32", limits=Limits(max_batch=8))
-    assert prepared.plan.limits["max_positions"] == 64 and prepared.plan.limits["max_cache"] == 64
+    assert prepared.plan.limits.max_positions == 64 and prepared.plan.limits.max_cache == 64
     log = _recorded(checked_trt, prepared, tmp_path)
     shapes = {c.args["input"]: (tuple(c.args["min"]), tuple(c.args["opt"]), tuple(c.args["max"]))
               for c in log if c.owner == "IOptimizationProfile" and c.member == "set_shape"}

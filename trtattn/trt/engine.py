@@ -54,7 +54,7 @@ def sidecar(plan, *, trt_version: str | None, source: str, gpu: str | None = Non
         "precision": plan.precision,
         "profiling_verbosity": PROFILING_VERBOSITY,
         "profiles": plan.profiles,
-        "limits": plan.limits,
+        "limits": plan.limits_json(),
         "precision_table": plan.precision_table,
         "io": {"inputs": plan.inputs, "outputs": plan.outputs, "aliases": plan.aliases,
                "right_padded": plan.right_padded},

@@ -32,6 +32,7 @@ from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import dims_of, proven_output_dims, tensor_types
 from ..site import attribute_softcap
 from ..site_names import engine_layer, layer_metadata
+from .profiles import PlanLimits
 
 
 @dataclass
@@ -147,7 +148,7 @@ class BuildPlan:
     outputs: list[dict] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)  # output -> input whose buffer it updates in place
     profiles: list[dict] = field(default_factory=list)  # [{input: {"min", "opt", "max"}}], one per profile
-    limits: dict = field(default_factory=dict)  # what the defaults came from (trt/profiles.py)
+    limits: PlanLimits | None = None  # what the default profiles run to (None: not planned yet)
     precision_table: dict[str, float] = field(default_factory=dict)  # share of matmul work per dtype
     right_padded: list[str] = field(default_factory=list)  # padding masks read as per-row lengths
     notes: list[str] = field(default_factory=list)
@@ -165,7 +166,10 @@ class BuildPlan:
         return {p.node: p for p in plans}
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "limits": self.limits_json()}
+
+    def limits_json(self) -> dict:
+        return self.limits.to_json() if self.limits else {}
 
     def plan_json(self) -> dict:
         """`build --plan-json`: exactly the keys issue 12 lists."""

@@ -19,6 +19,7 @@ import ast
 import json
 import operator
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -28,6 +29,23 @@ from ..errors import TrtattnError
 DEFAULT_MAX_BATCH = 8
 DEFAULT_MAX_POSITIONS = 2048
 TOKENS = "total_tokens"
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    """What a plan's default profiles and its caches' static capacity run to, and where the positions came from."""
+
+    max_batch: int
+    max_positions: int
+    max_positions_from: str | None = None  # None: a rank form's plan, which takes the caller's number as given
+    max_cache: int | None = None  # None: the form has no preallocated cache
+
+    def to_json(self) -> dict:
+        """The sidecar's and the plan's "limits": a rank form's plan says only what it was given."""
+        if self.max_positions_from is None:
+            return {"max_positions": self.max_positions, "max_batch": self.max_batch}
+        return {"max_batch": self.max_batch, "max_positions": self.max_positions,
+                "max_positions_from": self.max_positions_from, "max_cache": self.max_cache}
 
 
 def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
@@ -176,11 +194,11 @@ def _symbols(inputs: list[dict]) -> tuple[set[str], set[str]]:
     return first - later, names
 
 
-def default_profiles(inputs: list[dict], limits: dict, fixed: dict[str, int] | None = None) -> list[dict]:
+def default_profiles(inputs: list[dict], limits: PlanLimits, fixed: dict[str, int] | None = None) -> list[dict]:
     """One profile over the inputs' dynamic dims (see module doc); static inputs have none. `fixed`: symbolic dims
     the model's ops fix (graph/op_dims.py: a cache's head size written kv_cache_dim) at their one value."""
     batch, names = _symbols(inputs)
-    positions, max_batch = limits["max_positions"], limits["max_batch"]
+    positions, max_batch = limits.max_positions, limits.max_batch
     fixed = {n: v for n, v in (fixed or {}).items() if n in names}
     high = {n: max_batch if n in batch else max_batch * positions if n == TOKENS else positions for n in names}
     values = {"min": {n: 1 for n in names}, "opt": {n: max(1, v // 2) for n, v in high.items()}, "max": high}

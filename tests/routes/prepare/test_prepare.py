@@ -62,11 +62,11 @@ def test_kv_cache_form_is_a_packed_query_over_a_padded_cache(zoo_export, name, e
     assert "attention_mask" not in inputs and forms.WRITE_INDEX in inputs and forms.CU_SEQLENS in inputs
     assert inputs["input_ids"]["shape"] == [1, "total_tokens"]
     # the engine's caches have a static capacity (the model's maximum positions); the ONNX form's stays symbolic
-    capacity = plan.limits["max_cache"]
-    assert capacity == plan.limits["max_positions"] and all(inputs[c]["shape"][2] == capacity
+    capacity = plan.limits.max_cache
+    assert capacity == plan.limits.max_positions and all(inputs[c]["shape"][2] == capacity
                                                              for c in plan.aliases.values())
     if name.startswith("whisper"):
-        assert capacity == 64 and "position table" in plan.limits["max_positions_from"]  # max_target_positions
+        assert capacity == 64 and "position table" in plan.limits.max_positions_from  # max_target_positions
     assert all(not any(isinstance(d, str) for d in row["max"]) for p in plan.profiles for row in p.values())
 
 

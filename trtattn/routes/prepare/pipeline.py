@@ -127,7 +127,7 @@ class Work:
     precision_check: PrecisionCheck | None = None
     notes: list[str] = field(default_factory=list)
     contrib_lowered: dict[str, int] = field(default_factory=dict)  # ONNX Runtime's ops lowered: op -> count
-    limits: dict = field(default_factory=dict)
+    limits: profiles_mod.PlanLimits = field(init=False)
     plan: BuildPlan = field(init=False)
     cut: CutModel = field(init=False)
 
@@ -250,8 +250,8 @@ def _limits(work: Work) -> None:
         positions = profiles_mod.DEFAULT_MAX_POSITIONS
         work.notes.append(f"the model does not say its maximum positions: profiles run to {positions} "
                           "(set --max-shapes / --max-cache)")
-    work.limits = {"max_batch": limits.max_batch, "max_positions": positions, "max_positions_from": source,
-                   "max_cache": (limits.max_cache or positions) if work.derived.cache_updates else None}
+    work.limits = profiles_mod.PlanLimits(limits.max_batch, positions, source,
+                                          (limits.max_cache or positions) if work.derived.cache_updates else None)
 
 
 def _plan(work: Work) -> None:
@@ -271,13 +271,13 @@ def _plan(work: Work) -> None:
 
 def _engine_io(work: Work) -> None:
     """Cut the form for TensorRT's parser (caches at a static capacity), then the engine's I/O and profiles."""
-    plan, limits = work.plan, work.plan.limits
-    static = {c.cache: {2: limits["max_cache"]} for c in plan.cache_updates}
+    plan, limits = work.plan, work.limits
+    capacity = limits.max_cache  # set exactly when the form has caches
+    static = {c.cache: {2: capacity} for c in plan.cache_updates} if capacity is not None else {}
     work.cut = cut(work.form_model, plan.lowered(), static)
     io_contract(work.form_model, work.cut.model, work.cut.inputs, plan, original=work.model)
     fixed = {n: f.value for n, f in op_dims(work.start).fixed.items()}  # a cache's head size, say, is one value
-    defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": limits["max_positions"],
-                                                           "max_batch": limits["max_batch"]}, fixed)
+    defaults = profiles_mod.default_profiles(plan.inputs, limits, fixed)
     plan.profiles = profiles_mod.apply_overrides(defaults, *work.request.shapes)
 
 
@@ -390,9 +390,9 @@ def describe(plan: BuildPlan) -> str:
         lines.append(f"in place:       {out} aliases {inp}")
     lines += [f"                {line}" if i else f"profiles:       {line}"
               for i, line in enumerate(profiles_mod.describe(plan.profiles))]
-    if plan.limits:
-        lines.append(f"limits:         batch <= {plan.limits['max_batch']}, positions <= {plan.limits['max_positions']} "
-                     f"(from {plan.limits['max_positions_from']})"
-                     + (f", cache capacity {plan.limits['max_cache']}" if plan.limits.get("max_cache") else ""))
+    if (limits := plan.limits) is not None:
+        lines.append(f"limits:         batch <= {limits.max_batch}, positions <= {limits.max_positions} "
+                     f"(from {limits.max_positions_from})"
+                     + (f", cache capacity {limits.max_cache}" if limits.max_cache else ""))
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
