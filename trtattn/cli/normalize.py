@@ -72,10 +72,10 @@ def run(args, progress) -> int:
         onnxio.materialize(result.model)
         quantized, summary, passed = quantize_checked(model, result.model, args.quantize,
                                                       load_calibration(args.calib), feeds, progress)
-        print(table(summary["sites"], QUANT_COLUMNS))
-        accuracy = summary["accuracy"]
-        print(f"{args.quantize} vs fp32: worst relative L2 error {accuracy['worst_relative']:.3g} "
-              f"(tolerance {accuracy['tolerance']})")
+        print(table([s.row() for s in summary.sites], QUANT_COLUMNS))
+        assert summary.accuracy is not None  # quantize_checked measures it
+        print(f"{args.quantize} vs fp32: worst relative L2 error {summary.accuracy.worst_relative:.3g} "
+              f"(tolerance {summary.accuracy.tolerance})")
         result.quantization = summary
         result.model, result.changed = quantized, True
         if not passed:

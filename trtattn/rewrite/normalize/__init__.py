@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -38,6 +39,9 @@ from .fusability import verdict
 from .mask_form import MaskCache, masked_logits
 from .probabilities import between, move_nan_guard, move_row_guard, not_documented, row_guard
 from .q_prescale import prescaled_logits
+
+if TYPE_CHECKING:
+    from ..quantize import QuantSummary
 
 ROW_GUARD_MOVED = "fully-masked-row guard moved after BMM2"
 
@@ -80,7 +84,7 @@ class NormalizeResult:
     cleanup: dict
     verification: Verification
     ignored: list = field(default_factory=list)
-    quantization: dict | None = None
+    quantization: QuantSummary | None = None  # normalize --quantize: what ModelOpt did, its accuracy
     skipped: list = field(default_factory=list)  # attentions the matcher could not take (Skipped: name, reason)
     precision: str = "fp16"  # what the verdicts are for: the one asked, else the model's (chosen_precision)
     precision_choice: str | None = None  # which precision was taken and why, when none was asked

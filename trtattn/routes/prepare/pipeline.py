@@ -12,6 +12,7 @@ from the model (trt/profiles.py), cut the lowered ops out for the OnnxParser (tr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -35,6 +36,7 @@ from .forms import FORMS
 if TYPE_CHECKING:
     from ...graph.user_inputs import GivenInputs
     from ...rewrite.precision.form import PrecisionCheck
+    from ...rewrite.quantize import QuantSummary
 
 VERIFY_SEEDS = (0, 1)  # the feeds a precision conversion is calibrated and checked on
 
@@ -49,7 +51,7 @@ class Prepared:
     source: str = ""
     verification: Verification = field(default_factory=Verification.nothing)  # fp32 form vs the original
     precision_check: PrecisionCheck | None = None  # the converted form against the fp32 form (None: not converted)
-    quantization: dict = field(default_factory=dict)  # fp8/int8: where the Q/DQ model came from, its accuracy
+    quantization: QuantSummary | None = None  # fp8/int8: where the Q/DQ model came from, its accuracy
     source_model: onnx.ModelProto | None = None  # what the engine computes: the Q/DQ model when quantized
     inputs: object = None  # the user's GivenInputs every check of this preparation ran on (None: generated)
 
@@ -117,7 +119,7 @@ class Work:
     precision: str = field(init=False)  # the request's, else the model's (the first step)
     dims: dict | None = field(init=False)  # the dims the original runs on: every check uses them
     start: onnx.ModelProto = field(init=False)  # the model the sites are fused in: the Q/DQ model when quantized
-    quantization: dict = field(default_factory=dict)
+    quantization: QuantSummary | None = None
     atol: float | None = None  # the tolerance the fused Q/DQ model is verified within
     fused: FuseResult = field(init=False)
     derived: forms.Derived = field(init=False)
@@ -332,7 +334,7 @@ def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, prog
                                       feeds=inputs.sets if inputs is not None else None)
     feeds = inputs.sets if inputs is not None else [make_feeds(start, dims=dims, seed=seed) for seed in VERIFY_SEEDS]
     if inputs is not None:
-        info = {**info, "inputs": inputs.used().to_json()}  # what the accuracy and the tolerance were measured on
+        info = dataclasses.replace(info, inputs=inputs.used())  # what the accuracy and the tolerance were measured on
     return start, info, fuse_tolerance(start, mode, feeds)
 
 
