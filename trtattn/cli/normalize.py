@@ -51,10 +51,7 @@ def run(args, progress) -> int:
     result = normalize_model(model, fold_scale_into_weights=args.fold_scale_into_weights, precision=args.precision,
                              dims=dims, seed=args.seed, atol=args.atol, progress=progress,
                              inputs=given)
-    rows = [r.row() for r in result.sites]
-    for r in rows:
-        why = [w for w in (r.get("implicit_why"), r.get("iattention_why")) if w and w != "-"]
-        r["why"] = "; ".join(dict.fromkeys(why)) or "-"
+    rows = [{**s.row(), "why": "; ".join(dict.fromkeys(s.after_reasons())) or "-"} for s in result.sites]
     if rows:
         print(table(rows, COLUMNS))
     print(f"{len(rows)} attention sites, {sum(r.status == SiteStatus.REWRITTEN for r in result.sites)} rewritten; "
