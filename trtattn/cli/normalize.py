@@ -55,7 +55,7 @@ def run(args, progress) -> int:
     if rows:
         print(table(rows, COLUMNS))
     print(f"{len(rows)} attention sites, {sum(r.status == SiteStatus.REWRITTEN for r in result.sites)} rewritten; "
-          f"cleanup folded {result.cleanup['folded_nodes']} nodes and removed {result.cleanup['noops_removed']} no-ops; "
+          f"cleanup folded {result.cleanup.folded_nodes} nodes and removed {result.cleanup.noops_removed} no-ops; "
           f"verification: {verdict(result.verification)}")
     for note in [result.precision_choice, *result.notes]:
         if note:

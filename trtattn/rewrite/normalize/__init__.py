@@ -34,7 +34,7 @@ from ...site_names import site_scope
 from ...verify import Verification
 from .. import bf16, driver
 from . import canonical
-from .cleanup import cleanup
+from .cleanup import CleanupStats, cleanup
 from .fusability import AFTER_KEYS, Verdict, verdict
 from .mask_form import MaskCache, masked_logits
 from .probabilities import between, move_nan_guard, move_row_guard, not_documented, row_guard
@@ -85,7 +85,7 @@ class NormalizeResult:
     model: onnx.ModelProto
     sites: list[SiteNormalization]
     changed: bool
-    cleanup: dict
+    cleanup: CleanupStats
     verification: Verification
     ignored: list = field(default_factory=list)
     quantization: QuantSummary | None = None  # normalize --quantize: what ModelOpt did, its accuracy
@@ -106,13 +106,12 @@ def _by_branch(model: onnx.ModelProto, **options) -> NormalizeResult:
 
     cond, results, merged = by_branch(model, normalize_model, **options)
     rows, ignored, skipped = [], [], []
-    cleanup_stats: dict = {}
+    cleanup_stats = CleanupStats()
     for value, r in results.items():
         rows += [dataclasses.replace(row, site=in_branch(model, cond, value, row.site)) for row in r.sites]
         ignored += [tagged(cond, value, i) for i in r.ignored]
         skipped += [tagged(cond, value, i) for i in r.skipped]
-        for k, v in r.cleanup.items():
-            cleanup_stats[k] = cleanup_stats.get(k, 0) + v if isinstance(v, (int, float)) else v
+        cleanup_stats += r.cleanup
     return NormalizeResult(merged or model, rows, merged is not None, cleanup_stats, verification(cond, results),
                            ignored, None, skipped)
 
@@ -161,7 +160,7 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
     rows = [_kept(cleaned, site, meanings.get(site.name), precision) for site in result.sites]
     driver.rewrite_each(graph, rows, _NormalizeRewriter(cleaned, meanings, fold_scale_into_weights))
     rewritten = sum(r.status == SiteStatus.REWRITTEN for r in rows)
-    if not (rewritten > 0 or stats["folded_nodes"] > 0 or stats["noops_removed"] > 0):
+    if not (rewritten > 0 or stats.changed):
         for r in rows:
             r.after = r.before
         return NormalizeResult(model, rows, False, stats, Verification(passed=True, note="nothing to improve"),
