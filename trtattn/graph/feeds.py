@@ -45,7 +45,7 @@ def other_step_feeds(model: onnx.ModelProto, *, dims: dict[str, int], seed: int 
     and its softmax averages the rest), so comparing them would test arithmetic, not the rewrite. The fitted
     dims, over a past, are fed the padding."""
     specs = input_specs(model)
-    left = any(s.kind is RoleKind.PADDING_MASK and s.role.get("side") == "left" for s in specs)
+    left = any(s.kind is RoleKind.PADDING_MASK and s.left_padded for s in specs)
     return make_feeds(model, dims=dims, seed=seed, padding=not left, specs=specs)
 
 
@@ -84,7 +84,7 @@ def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: 
         if rows >= 2 and width >= 4:
             lengths = [width] * (rows - 1) + [width - max(1, width // 4)]
             flags = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
-            if spec.role.get("side") == "left":
+            if spec.left_padded:
                 flags = flags[:, ::-1]
             flags = flags.T if spec.role["batch_axis"] > key else flags
             keep = np.broadcast_to(flags.reshape([d if a in (key, spec.role["batch_axis"]) else 1
@@ -109,7 +109,7 @@ def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding:
             lengths = [shape[1]] * (shape[0] - 1) + [shape[1] - max(1, shape[1] // 4)]
             return mask_of_lengths(spec, shape[1], lengths)
         return mask_of_lengths(spec, shape[1], [shape[1]] * shape[0]) if len(shape) == 2 else \
-            (np.zeros if spec.role.get("true_at") == "padding" else np.ones)(shape, dtype=dt)
+            (np.zeros if spec.true_at_padding else np.ones)(shape, dtype=dt)
     if kind is RoleKind.FLAG:
         return np.full(shape, spec.role.get("value", True), dtype=dt)
     if kind is RoleKind.WRITE_INDEX:  # every row appends after a cache of the past length
@@ -134,9 +134,9 @@ def mask_of_lengths(spec: InputSpec, width: int, lengths) -> np.ndarray:
     """A [B, width] padding mask in the input's own convention (side, true at padding or at tokens, dtype)
     whose row b keeps lengths[b] tokens."""
     keep = np.arange(width)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]
-    if spec.role.get("side") == "left":
+    if spec.left_padded:
         keep = keep[:, ::-1]
-    return (~keep if spec.role.get("true_at") == "padding" else keep).astype(spec.dtype)
+    return (~keep if spec.true_at_padding else keep).astype(spec.dtype)
 
 
 def spread_lengths(rows: int, low: int, high: int) -> list[int]:
