@@ -143,7 +143,7 @@ def test_fp16_attention_never_sees_an_infinite_mask(checked_trt, zoo_export):
     model = onnx.load(str(zoo_export("t5", "torchscript")))
     prepared = prepare(model, name="t5", precision="fp16", limits=LIMITS)
     network, attentions = _attentions(checked_trt, prepared)
-    adapter = form_adapter(model, [i["name"] for i in prepared.plan.inputs], [])
+    adapter = form_adapter(model, [i.name for i in prepared.plan.inputs], [])
     feeds = adapter.feeds(adapter.original_feeds(None, 0))
     assert (feeds["attention_mask"] == 0).any()  # real padding
     values = run(network, feeds, return_all=True)

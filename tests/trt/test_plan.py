@@ -106,6 +106,6 @@ def test_engine_outputs_dims_are_named_after_the_inputs_dims_they_provably_are()
     (out,) = model.graph.output
     out.type.CopyFrom(onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, ["batch", f"MatMul{out.name}_dim_1", 32]))
     prepared = prepare(model, name="m", precision="fp32")
-    assert [i["shape"] for i in prepared.plan.inputs] == [["batch", "seq", 32]]
-    assert [(o["name"], o["shape"]) for o in prepared.plan.outputs] == [(out.name, ["batch", "seq", 32])]
+    assert [i.shape for i in prepared.plan.inputs] == [["batch", "seq", 32]]
+    assert [(o.name, o.shape) for o in prepared.plan.outputs] == [(out.name, ["batch", "seq", 32])]
     assert dims_of(model.graph.output[0]) == ["batch", f"MatMul{out.name}_dim_1", 32]  # the model as read

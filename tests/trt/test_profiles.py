@@ -8,6 +8,7 @@ import onnx
 from trtattn.cli import main
 from trtattn.testing.genai_graphs import GenaiSpec, genai_decoder, write_genai_folder
 from trtattn.trt import profiles
+from trtattn.trt.plan import TensorIO
 from trtattn.trt.profiles import PlanLimits, default_profiles, max_positions
 
 
@@ -33,7 +34,7 @@ def test_rotary_rows_are_read_only_where_the_op_rotates():
 
 
 def test_fixed_dims_are_one_value_in_every_row():
-    inputs = [{"name": "past", "shape": ["batch", 2, "past", "kv_cache_dim"]}]
+    inputs = [TensorIO("past", "float32", ["batch", 2, "past", "kv_cache_dim"])]
     [profile] = default_profiles(inputs, PlanLimits(max_batch=4, max_positions=64), {"kv_cache_dim": 16, "absent": 3})
     assert profile["past"] == {"min": [1, 2, 1, 16], "opt": [2, 2, 32, 16], "max": [4, 2, 64, 16]}
     [free] = default_profiles(inputs, PlanLimits(max_batch=4, max_positions=64))

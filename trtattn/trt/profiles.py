@@ -19,7 +19,9 @@ import ast
 import json
 import operator
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -29,6 +31,16 @@ from ..errors import TrtattnError
 DEFAULT_MAX_BATCH = 8
 DEFAULT_MAX_POSITIONS = 2048
 TOKENS = "total_tokens"
+
+
+class EngineInput(Protocol):
+    """An engine input as the profiles read it (trt/plan.py's TensorIO; this module sits below the plan)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> list: ...
 
 
 @dataclass(frozen=True)
@@ -179,12 +191,12 @@ def _value(dim: str, values: dict[str, int]) -> int:
     return int(ev(tree.body))
 
 
-def _symbols(inputs: list[dict]) -> tuple[set[str], set[str]]:
+def _symbols(inputs: Sequence[EngineInput]) -> tuple[set[str], set[str]]:
     """(batch symbols, all symbols) of the inputs' dynamic dims. A batch is a symbol alone at axis 0 and at
     no other axis of any input: a [Sq, Skv] mask's axis 0 is a sequence, which its axis 1 (or the tokens') says."""
     first, later, names = set(), set(), set()
     for io in inputs:
-        for axis, d in enumerate(io["shape"]):
+        for axis, d in enumerate(io.shape):
             if isinstance(d, str):
                 names |= _parts(d)
                 if axis == 0:
@@ -194,7 +206,7 @@ def _symbols(inputs: list[dict]) -> tuple[set[str], set[str]]:
     return first - later, names
 
 
-def default_profiles(inputs: list[dict], limits: PlanLimits, fixed: dict[str, int] | None = None) -> list[dict]:
+def default_profiles(inputs: Sequence[EngineInput], limits: PlanLimits, fixed: dict[str, int] | None = None) -> list[dict]:
     """One profile over the inputs' dynamic dims (see module doc); static inputs have none. `fixed`: symbolic dims
     the model's ops fix (graph/op_dims.py: a cache's head size written kv_cache_dim) at their one value."""
     batch, names = _symbols(inputs)
@@ -206,9 +218,9 @@ def default_profiles(inputs: list[dict], limits: PlanLimits, fixed: dict[str, in
         row.update(fixed)
     profile = {}
     for io in inputs:
-        if all(isinstance(d, int) for d in io["shape"]):
+        if all(isinstance(d, int) for d in io.shape):
             continue
-        profile[io["name"]] = {key: [d if isinstance(d, int) else _value(d, dims) for d in io["shape"]]
+        profile[io.name] = {key: [d if isinstance(d, int) else _value(d, dims) for d in io.shape]
                                for key, dims in values.items()}
     return [profile] if profile else []
 

@@ -13,6 +13,7 @@ import pytest
 from mask_models import MODELS, D, key_flags, self_attention
 
 from trtattn.routes.prepare import prepare
+from trtattn.trt.plan import TensorIO
 from trtattn.trt.profiles import DEFAULT_MAX_BATCH, DEFAULT_MAX_POSITIONS, PlanLimits, default_profiles
 
 SIZES = {"b": 3, "s": 6}
@@ -61,8 +62,8 @@ def test_a_batch_key_padding_mask_is_still_read_as_lengths():
 
 
 def test_profiles_take_a_batch_only_where_a_symbol_is_at_axis_0_alone():
-    inputs = [{"name": "x", "shape": ["b", "s", D]}, {"name": "mask", "shape": ["s", "s"]},
-              {"name": "general", "shape": ["b", 1, "s", "s"]}, {"name": "cu", "shape": ["b+1"]}]
+    inputs = [TensorIO("x", "float32", ["b", "s", D]), TensorIO("mask", "bool", ["s", "s"]),
+              TensorIO("general", "float32", ["b", 1, "s", "s"]), TensorIO("cu", "int32", ["b+1"])]
     (profile,) = default_profiles(inputs, PlanLimits(DEFAULT_MAX_BATCH, DEFAULT_MAX_POSITIONS))
     p = DEFAULT_MAX_POSITIONS
     assert profile["mask"]["max"] == [p, p] and profile["x"]["max"] == [DEFAULT_MAX_BATCH, p, D]

@@ -13,7 +13,7 @@ import onnx
 
 from ...trt import profiles as profiles_mod
 from ...trt.cut import CutModel, cut
-from ...trt.plan import BuildPlan, CollectivePlan
+from ...trt.plan import BuildPlan, CollectivePlan, TensorIO
 from .ranks import DOMAIN
 
 KINDS = {"AllReduce": "ALL_REDUCE", "AllGather": "ALL_GATHER"}
@@ -30,10 +30,10 @@ def collective_plans(model: onnx.ModelProto) -> list[CollectivePlan]:
     return plans
 
 
-def _io(values) -> list[dict]:
-    return [{"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
-             "shape": [d.dim_param or (d.dim_value if d.HasField("dim_value") else f"{v.name}_dim{i}")
-                       for i, d in enumerate(v.type.tensor_type.shape.dim)]} for v in values]
+def _io(values) -> list[TensorIO]:
+    return [TensorIO(v.name, onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+                     [d.dim_param or (d.dim_value if d.HasField("dim_value") else f"{v.name}_dim{i}")
+                      for i, d in enumerate(v.type.tensor_type.shape.dim)]) for v in values]
 
 
 def rank_network_plan(model: onnx.ModelProto, name: str, rank: int, ranks: int, *, max_positions: int = 2048,

@@ -386,8 +386,8 @@ def describe(plan: BuildPlan) -> str:
     if plan.precision_table:
         lines.append("matmul work by dtype: " + ", ".join(f"{k} {v:.1%}" for k, v in
                                                            sorted(plan.precision_table.items(), key=lambda kv: -kv[1])))
-    lines.append("engine inputs:  " + ", ".join(f"{i['name']}{i['shape']}:{i['dtype']}" for i in plan.inputs))
-    lines.append("engine outputs: " + ", ".join(f"{o['name']}{o['shape']}:{o['dtype']}" for o in plan.outputs))
+    lines.append("engine inputs:  " + ", ".join(f"{i.name}{i.shape}:{i.dtype}" for i in plan.inputs))
+    lines.append("engine outputs: " + ", ".join(f"{o.name}{o.shape}:{o.dtype}" for o in plan.outputs))
     for out, inp in plan.aliases.items():
         lines.append(f"in place:       {out} aliases {inp}")
     lines += [f"                {line}" if i else f"profiles:       {line}"

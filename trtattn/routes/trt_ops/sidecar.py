@@ -44,8 +44,8 @@ def sidecar(plan: BuildPlan, model: onnx.ModelProto, onnx_path: str | Path, *, s
     """The engine sidecar of `plan` for the written `model` (its own graph I/O: caches at their static capacity)."""
     info = engine_sidecar(plan, trt_version=None, source=source, gpu=None)
     types = tensor_types(model)
-    info["io"]["inputs"] = [describe_io(types, i.name) for i in model.graph.input]
-    info["io"]["outputs"] = [describe_io(types, o.name) for o in model.graph.output]
+    info["io"]["inputs"] = [describe_io(types, i.name).to_json() for i in model.graph.input]
+    info["io"]["outputs"] = [describe_io(types, o.name).to_json() for o in model.graph.output]
     stem = Path(onnx_path).with_suffix("")
     info["route"] = "trtexec"
     info["onnx"] = str(onnx_path)
