@@ -9,7 +9,8 @@ An approximation from the source alone (no types), so it says what it counts. A 
     class defined in another package (whatever the module's own package also declares): `plan.limits["max_batch"]`,
     `for i in plan.inputs: i["name"]`.
 It misses dicts passed in as parameters and reached through locals it cannot follow, and it may count a field
-whose name another package's class shares. JSON loaded from disk (json.load) is not counted: that is the edge.
+whose name another package's class shares. JSON loaded from disk (json.load) and keys written (`info["io"] = ...`)
+are not counted: that is the edge.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class Reads(ast.NodeVisitor):
         self.visit(node.value)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
-        key = _string_key(node)
+        key = _string_key(node) if isinstance(node.ctx, ast.Load) else None  # a key written is the JSON edge
         why = self._source(node.value) if key else None
         if why:
             self.found.append((node.lineno, f'{ast.unparse(node.value)}["{key}"]', why))

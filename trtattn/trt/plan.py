@@ -181,6 +181,10 @@ class BuildPlan:
     def to_json(self) -> dict:
         return {**asdict(self), "limits": self.limits_json()}
 
+    def inputs_json(self) -> list[dict]:
+        """The plan's and pipeline.json's "inputs" (issue 12's key order: name, shape, dtype)."""
+        return [{"name": i.name, "shape": i.shape, "dtype": i.dtype} for i in self.inputs]
+
     def io_json(self) -> dict:
         """The sidecar's "io": the contract's inputs and outputs, the in-place aliases, the masks read as lengths."""
         return {"inputs": [i.to_json() for i in self.inputs], "outputs": [o.to_json() for o in self.outputs],
@@ -192,7 +196,7 @@ class BuildPlan:
     def plan_json(self) -> dict:
         """`build --plan-json`: exactly the keys issue 12 lists."""
         return {"form": self.form, "precision": self.precision,
-                "inputs": [{"name": i.name, "shape": i.shape, "dtype": i.dtype} for i in self.inputs],
+                "inputs": self.inputs_json(),
                 "profiles": self.profiles, "sites": [a.row() for a in self.attentions],
                 "precision_table": self.precision_table}
 
