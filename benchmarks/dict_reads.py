@@ -4,7 +4,7 @@ crosses a package boundary). Run from the project root: `python benchmarks/dict_
 An approximation from the source alone (no types), so it says what it counts. A package is trtattn's first level
 (trtattn.routes, trtattn.cli, trtattn.site). A read counts when its constant string key is read from:
   - call: a name bound from (or a call to) a function imported from another package, or an element of one
-    (`for e in f(...)`, tuple unpacking), or a `.row()` result;
+    (`for e in f(...)`, tuple unpacking), or a `.row()` result (also a list of them);
   - field: `obj.field[...]`, or an element of `obj.field`, where `field` is a dict/list annotated field of a
     class defined in another package (whatever the module's own package also declares): `plan.limits["max_batch"]`,
     `for i in plan.inputs: i["name"]`.
@@ -103,6 +103,8 @@ class Reads(ast.NodeVisitor):
             return self.tainted.get(node.id)
         if isinstance(node, ast.Subscript) and not _string_key(node):  # an element of a foreign list
             return self._source(node.value)
+        if isinstance(node, ast.ListComp):  # [r.row() for r in reports]
+            return self._foreign_call(node.elt)
         return self._foreign_call(node) or self._foreign_field(node)
 
     def _bind(self, target: ast.expr, why: str | None) -> None:
