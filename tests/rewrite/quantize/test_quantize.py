@@ -271,4 +271,6 @@ def test_summary_json_keeps_the_reports_keys_in_order():
     built = Q.QuantSummary("int8", "ModelOpt PTQ", {"quantize_mode": "int8"}, sites, accuracy, InputsUsed("file", "x"))
     assert list(built.to_json()) == ["source", *data, "inputs"]
     assert Q.QuantSummary("fp8", "the model's own Q/DQ").to_json() == {"mode": "fp8", "source": "the model's own Q/DQ"}
+    unchecked = Q.QuantSummary("int8", settings={"quantize_mode": "int8"}, sites=sites).to_json()  # before its check
+    assert list(unchecked) == ["mode", "quantize_mode", "sites", "placed", "total"]
     assert not Q.QuantAccuracy({}, 0.06, 0.05).passed

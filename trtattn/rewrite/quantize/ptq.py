@@ -79,9 +79,9 @@ class QuantSummary:
 
     mode: str
     source: str = ""  # "ModelOpt PTQ", "the model's own Q/DQ"; "": not said (normalize --quantize)
-    settings: dict = field(default_factory=dict)  # ModelOpt's keyword arguments, as it names them
+    settings: dict = field(default_factory=dict)  # ModelOpt's keyword arguments, as it names them ({}: not run)
     sites: tuple[SiteQuant, ...] = ()
-    accuracy: QuantAccuracy | None = None  # None: nothing was quantized here (the model's own Q/DQ)
+    accuracy: QuantAccuracy | None = None  # None: not compared with fp32 (yet, or the model's own Q/DQ)
     inputs: InputsUsed | None = None  # None: measured on generated inputs
 
     @property
@@ -89,12 +89,13 @@ class QuantSummary:
         return sum(s.placed for s in self.sites)
 
     def to_json(self) -> dict:
-        if self.accuracy is None:
+        if not self.settings:  # the model's own Q/DQ: ModelOpt was not run, so nothing was placed or measured
             data: dict = {"mode": self.mode, "source": self.source}
         else:
             data = {**({"source": self.source} if self.source else {}), "mode": self.mode, **self.settings,
-                    "sites": [s.row() for s in self.sites], "placed": self.placed, "total": len(self.sites),
-                    "accuracy": self.accuracy.to_json()}
+                    "sites": [s.row() for s in self.sites], "placed": self.placed, "total": len(self.sites)}
+            if self.accuracy is not None:
+                data["accuracy"] = self.accuracy.to_json()
         return {**data, "inputs": self.inputs.to_json()} if self.inputs is not None else data
 
 
