@@ -54,8 +54,8 @@ class PartPlan:
     def entry(self, engine: str | None) -> dict:
         row: dict[str, object] = {"source": self.source.name, "form": self.form, "branch": self.branch, "file": engine}
         if self.prepared is not None:
-            plan = self.prepared.plan.plan_json()
-            row.update(inputs=plan["inputs"], profiles=plan["profiles"], sites=len(plan["sites"]),
+            plan = self.prepared.plan
+            row.update(inputs=plan.inputs_json(), profiles=plan.profiles, sites=len(plan.attentions),
                        onnx=f"{self.role}.{self.form}.onnx")
         if self.error:
             row["error"] = self.error

@@ -7,10 +7,11 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from .graph.io import atomic_write, refuse_overwrite
 from .graph.user_inputs import InputsUsed
-from .site import SiteOutcome, SiteStatus
+from .site import AttentionSite, SiteOutcome, SiteStatus
 from .verification import Verification
 
 
@@ -38,28 +39,55 @@ SITE_COLUMNS = [("name", "site"), ("kind", "kind"), ("heads", "heads q/kv"), ("h
                 ("status", "status"), ("detail", "max err / reason")]
 
 
-def site_rows(reports: Sequence[SiteOutcome]) -> list[dict]:
-    """fuse's site rows (SiteReport.row()) with the table's columns: the mask in words, the error or the reason."""
+class FuseRow(Protocol):
+    """fuse's outcome of a site (rewrite/fuse.py's SiteReport) as its table reads it: report.py sits below
+    rewrite, so it names the fields it reads rather than importing the class."""
+
+    site: AttentionSite
+    status: SiteStatus
+    reason: str
+    max_abs_err: float | None
+    padding: bool
+    bias: bool
+
+    @property
+    def one_key(self) -> bool: ...
+
+    def row(self) -> dict: ...
+
+
+def heads_words(site: AttentionSite) -> str:
+    return f"{_fmt(site.q_heads)}/{_fmt(site.kv_heads)}"
+
+
+def mask_words(report: FuseRow) -> str:
+    """The site's mask in the table's words: its kind, or causal with its window, and padding and bias."""
+    s = report.site
+    mask = s.mask.value
+    if s.causal.value != "none":
+        mask = f"causal({s.causal.value})" + (f" window {s.window}" if s.window else "")
+        if report.padding:
+            mask += "+padding"
+        if report.bias:
+            mask += "+bias"
+    elif report.padding and mask != "none":
+        mask = f"{mask}(padding" + ("+bias)" if report.bias else ")")
+    return mask
+
+
+def site_rows(reports: Sequence[FuseRow]) -> list[dict]:
+    """fuse's site rows (SiteReport.row(), the cells the table writes) with the table's own columns: the heads and
+    the mask in words, the error or the reason."""
     out = []
     for report in reports:
-        r = report.row()
-        mask = r["mask"]
-        if r.get("causal") not in (None, "none"):
-            mask = f"causal({r['causal']})" + (f" window {r['window']}" if r.get("window") else "")
-            if r.get("padding"):
-                mask += "+padding"
-            if r.get("bias"):
-                mask += "+bias"
-        elif r.get("padding") and mask != "none":
-            mask = f"{mask}(padding" + ("+bias)" if r.get("bias") else ")")
-        detail = r["reason"] if report.status != SiteStatus.FUSED else \
-            _fmt(r.get("max_abs_err")) + (" (one key: unproven)" if r.get("one_key") else "")
-        out.append({**r, "heads": f"{_fmt(r.get('q_heads'))}/{_fmt(r.get('kv_heads'))}", "mask_desc": mask,
+        detail = report.reason if report.status != SiteStatus.FUSED else \
+            _fmt(report.max_abs_err) + (" (one key: unproven)" if report.one_key else "")
+        out.append({**report.row(), "heads": heads_words(report.site), "mask_desc": mask_words(report),
                     "detail": detail})
     return out
 
 
-def site_table(reports: Sequence[SiteOutcome]) -> str:
+def site_table(reports: Sequence[FuseRow]) -> str:
     return table(site_rows(reports), SITE_COLUMNS)
 
 

@@ -54,3 +54,12 @@ def test_a_declared_kind_trtattn_does_not_know_is_refused_naming_the_input():
     assert "padding_mask" in str(err.value)  # the kinds it knows are listed
     with pytest.raises(TrtattnError, match="input 'q'"):
         role_kind({"kind": "token"}, "q")
+
+
+def test_a_masks_side_and_polarity_are_read_from_its_role():
+    """Other packages ask the spec, not its role dict: left padding and True-at-padding are what the role says."""
+    mask = InputSpec("attention_mask", np.dtype(np.int64), ["batch", "seq"], {"kind": "padding_mask"})
+    assert not mask.left_padded and not mask.true_at_padding
+    flipped = InputSpec("m", np.dtype(bool), ["batch", "seq"], {"kind": "padding_mask", "side": "left",
+                                                                 "true_at": "padding"})
+    assert flipped.left_padded and flipped.true_at_padding

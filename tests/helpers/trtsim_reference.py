@@ -15,8 +15,8 @@ def reference_errors(trt, prepared, original, dims=None, seed=0) -> dict[str, tu
     network = build_network(trt, builder, trt.Logger(trt.Logger.WARNING), prepared.cut, prepared.plan)
     from trtsim.execute import run
 
-    adapter = form_adapter(original, [i["name"] for i in prepared.plan.inputs],
-                           [c.cache for c in prepared.plan.cache_updates], prepared.plan.limits.get("max_cache"))
+    adapter = form_adapter(original, [i.name for i in prepared.plan.inputs],
+                           [c.cache for c in prepared.plan.cache_updates], prepared.plan.limits.max_cache)
     feeds = adapter.original_feeds(dims, seed)
     ref = cpu_runner(original)[0](feeds)
     types = {t._name: t._dtype for t in network._inputs}

@@ -95,8 +95,9 @@ def test_build_quantizes_with_modelopt_on_the_calibration_data(bert, calib, quan
     """The --calib route: normalised (scale on Q), ModelOpt PTQ with fp16 around the Q/DQ, checked against fp32,
     then every site's softmax Q/DQ as normalization quantize."""
     prepared = prepare(bert, name="bert-int8", precision="int8", calib=calib, dims=DIMS, limits=LIMITS)
-    assert prepared.quantization["source"] == "ModelOpt PTQ" and prepared.quantization["placed"] == 2
-    assert prepared.quantization["accuracy"]["passed"]
+    quantization = prepared.quantization
+    assert quantization is not None and quantization.source == "ModelOpt PTQ" and quantization.placed == 2
+    assert quantization.accuracy is not None and quantization.accuracy.passed
     assert [a.normalization_quantize_to_type for a in prepared.plan.native] == ["int8", "int8"]
     assert all(a.q_scale == 1.0 for a in prepared.plan.native)
     with pytest.raises(TrtattnError, match="quantized to int8, not fp8"):

@@ -84,7 +84,7 @@ def test_kv_cache_profile_and_static_capacity_come_from_the_position_table(check
     the network), packed tokens run to 8 x 64, rows to 8."""
     model = onnx.load(str(zoo_export("whisper-decoder-cache", "torchscript")))
     prepared = prepare(model, name="whisper", form="kv-cache", precision="fp32", limits=Limits(max_batch=8))
-    assert prepared.plan.limits["max_positions"] == 64 and prepared.plan.limits["max_cache"] == 64
+    assert prepared.plan.limits.max_positions == 64 and prepared.plan.limits.max_cache == 64
     log = _recorded(checked_trt, prepared, tmp_path)
     shapes = {c.args["input"]: (tuple(c.args["min"]), tuple(c.args["opt"]), tuple(c.args["max"]))
               for c in log if c.owner == "IOptimizationProfile" and c.member == "set_shape"}
@@ -143,7 +143,7 @@ def test_fp16_attention_never_sees_an_infinite_mask(checked_trt, zoo_export):
     model = onnx.load(str(zoo_export("t5", "torchscript")))
     prepared = prepare(model, name="t5", precision="fp16", limits=LIMITS)
     network, attentions = _attentions(checked_trt, prepared)
-    adapter = form_adapter(model, [i["name"] for i in prepared.plan.inputs], [])
+    adapter = form_adapter(model, [i.name for i in prepared.plan.inputs], [])
     feeds = adapter.feeds(adapter.original_feeds(None, 0))
     assert (feeds["attention_mask"] == 0).any()  # real padding
     values = run(network, feeds, return_all=True)

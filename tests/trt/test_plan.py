@@ -12,7 +12,8 @@ import pytest
 
 from trtattn.graph.feeds import make_feeds
 from trtattn.rewrite.precision import precision_table
-from trtattn.trt.plan import AttentionPlan
+from trtattn.trt.plan import AttentionPlan, BuildPlan, TensorIO
+from trtattn.trt.profiles import PlanLimits
 
 SITE_KEYS = {"name", "dtype", "causal_kind", "mask", "kv_lengths", "normalization_quantize_to_type", "reason"}
 
@@ -106,6 +107,21 @@ def test_engine_outputs_dims_are_named_after_the_inputs_dims_they_provably_are()
     (out,) = model.graph.output
     out.type.CopyFrom(onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, ["batch", f"MatMul{out.name}_dim_1", 32]))
     prepared = prepare(model, name="m", precision="fp32")
-    assert [i["shape"] for i in prepared.plan.inputs] == [["batch", "seq", 32]]
-    assert [(o["name"], o["shape"]) for o in prepared.plan.outputs] == [(out.name, ["batch", "seq", 32])]
+    assert [i.shape for i in prepared.plan.inputs] == [["batch", "seq", 32]]
+    assert [(o.name, o.shape) for o in prepared.plan.outputs] == [(out.name, ["batch", "seq", 32])]
     assert dims_of(model.graph.output[0]) == ["batch", f"MatMul{out.name}_dim_1", 32]  # the model as read
+
+
+def test_the_io_contract_and_limits_are_json_only_where_written():
+    """TensorIO and PlanLimits are records; the sidecar's "io" and a rank plan's JSON keep the keys, in order."""
+    plan = BuildPlan("m", "padded", "fp16", inputs=[TensorIO("input_ids", "int64", ["batch", "seq"])],
+                     outputs=[TensorIO("logits", "float16", ["batch", "seq", 8])], limits=PlanLimits(8, 64))
+    assert json.dumps(plan.io_json()) == (
+        '{"inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"]}], '
+        '"outputs": [{"name": "logits", "dtype": "float16", "shape": ["batch", "seq", 8]}], '
+        '"aliases": {}, "right_padded": []}')
+    data = plan.to_json()
+    assert data["inputs"] == [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"]}]
+    assert data["limits"] == {"max_positions": 64, "max_batch": 8}
+    assert plan.plan_json()["inputs"] == [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"}]
+    assert BuildPlan("m", "padded", "fp16").to_json()["limits"] == {}

@@ -1,12 +1,15 @@
 """trt/profiles.py: a GenAI folder's context length is the maximum positions (so the cache capacity), the rotary cache's
 rows where nothing else says; a dim an op fixes (a cache's head size) is one value in the profiles."""
 
+import json
+
 import onnx
 
 from trtattn.cli import main
 from trtattn.testing.genai_graphs import GenaiSpec, genai_decoder, write_genai_folder
 from trtattn.trt import profiles
-from trtattn.trt.profiles import default_profiles, max_positions
+from trtattn.trt.plan import TensorIO
+from trtattn.trt.profiles import PlanLimits, default_profiles, max_positions
 
 
 def test_context_length_of_the_config_beside_the_model(tmp_path):
@@ -31,10 +34,10 @@ def test_rotary_rows_are_read_only_where_the_op_rotates():
 
 
 def test_fixed_dims_are_one_value_in_every_row():
-    inputs = [{"name": "past", "shape": ["batch", 2, "past", "kv_cache_dim"]}]
-    [profile] = default_profiles(inputs, {"max_positions": 64, "max_batch": 4}, {"kv_cache_dim": 16, "absent": 3})
+    inputs = [TensorIO("past", "float32", ["batch", 2, "past", "kv_cache_dim"])]
+    [profile] = default_profiles(inputs, PlanLimits(max_batch=4, max_positions=64), {"kv_cache_dim": 16, "absent": 3})
     assert profile["past"] == {"min": [1, 2, 1, 16], "opt": [2, 2, 32, 16], "max": [4, 2, 64, 16]}
-    [free] = default_profiles(inputs, {"max_positions": 64, "max_batch": 4})
+    [free] = default_profiles(inputs, PlanLimits(max_batch=4, max_positions=64))
     assert free["past"]["max"] == [4, 2, 64, 64]
 
 
@@ -60,3 +63,13 @@ def test_position_table_with_an_offset_limits_the_positions(zoo_export):
     want = 64  # zoo/models.py bart_config: max_position_embeddings=64
     assert rows == {want + 2}, rows
     assert profiles.max_positions(model) == (want, "its learned position table")
+
+
+def test_plan_limits_json_keeps_the_sidecars_keys():
+    """The sidecar's "limits": prepare's four keys in their order (a form without a cache: null capacity); a rank
+    form's plan, which takes its numbers as given, only the two it has."""
+    planned = PlanLimits(8, 64, "its learned position table")
+    assert json.dumps(planned.to_json()) == ('{"max_batch": 8, "max_positions": 64, "max_positions_from": '
+                                             '"its learned position table", "max_cache": null}')
+    assert json.dumps(PlanLimits(max_batch=8, max_positions=2048).to_json()) == \
+        '{"max_positions": 2048, "max_batch": 8}'

@@ -317,10 +317,11 @@ def test_quantized_checks_run_on_the_given_inputs(tmp_path, mode):
     calib = {"x": (np.random.default_rng(1).standard_normal((4, 6, 32)) * 10).astype(np.float32)}
     given = _given(tmp_path, model, 10.0)
     prepared = prepare(model, name="a", precision=mode, calib=calib, inputs=given)
-    assert prepared.source_model is not model and prepared.quantization["source"] == "ModelOpt PTQ"
+    assert prepared.source_model is not model and prepared.quantization.source == "ModelOpt PTQ"
     assert prepared.inputs is given
     assert prepared.fused.verification.inputs == InputsUsed("file", given.path, 3)
-    assert prepared.quantization["inputs"] == {"source": "file", "iterations": 3, "path": given.path}
+    assert prepared.quantization.inputs == InputsUsed("file", given.path, 3)
+    assert prepared.quantization.to_json()["inputs"] == {"source": "file", "iterations": 3, "path": given.path}
     assert prepared.fused.verification.iterations == 3
     assert prepared.fused.verification.atol == pytest.approx(fuse_tolerance(prepared.source_model, mode, given.sets))
     generated = [make_feeds(model, seed=seed) for seed in (0, 1)]

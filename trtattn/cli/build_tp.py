@@ -103,7 +103,8 @@ def _folder(args, progress) -> int:
             codes.append(1)
             continue
         form = onnxio.load(out / f"{part.role}.{part.form}.onnx")  # as written, with its weights
-        max_cache = args.max_cache or part.prepared.plan.limits.get("max_cache") or max_positions(form)[0] or 2048
+        planned = part.prepared.plan.limits.max_cache if part.prepared.plan.limits else None
+        max_cache = args.max_cache or planned or max_positions(form)[0] or 2048
         code, plan = _split(args, progress, part.prepared, form, part.role, out, part.source, max_cache)
         codes.append(code)
         if plan is not None:

@@ -51,14 +51,11 @@ def run(args, progress) -> int:
     result = normalize_model(model, fold_scale_into_weights=args.fold_scale_into_weights, precision=args.precision,
                              dims=dims, seed=args.seed, atol=args.atol, progress=progress,
                              inputs=given)
-    rows = [r.row() for r in result.sites]
-    for r in rows:
-        why = [w for w in (r.get("implicit_why"), r.get("iattention_why")) if w and w != "-"]
-        r["why"] = "; ".join(dict.fromkeys(why)) or "-"
+    rows = [{**s.row(), "why": "; ".join(dict.fromkeys(s.after_reasons())) or "-"} for s in result.sites]
     if rows:
         print(table(rows, COLUMNS))
     print(f"{len(rows)} attention sites, {sum(r.status == SiteStatus.REWRITTEN for r in result.sites)} rewritten; "
-          f"cleanup folded {result.cleanup['folded_nodes']} nodes and removed {result.cleanup['noops_removed']} no-ops; "
+          f"cleanup folded {result.cleanup.folded_nodes} nodes and removed {result.cleanup.noops_removed} no-ops; "
           f"verification: {verdict(result.verification)}")
     for note in [result.precision_choice, *result.notes]:
         if note:
@@ -72,10 +69,10 @@ def run(args, progress) -> int:
         onnxio.materialize(result.model)
         quantized, summary, passed = quantize_checked(model, result.model, args.quantize,
                                                       load_calibration(args.calib), feeds, progress)
-        print(table(summary["sites"], QUANT_COLUMNS))
-        accuracy = summary["accuracy"]
-        print(f"{args.quantize} vs fp32: worst relative L2 error {accuracy['worst_relative']:.3g} "
-              f"(tolerance {accuracy['tolerance']})")
+        print(table([s.row() for s in summary.sites], QUANT_COLUMNS))
+        assert summary.accuracy is not None  # quantize_checked measures it
+        print(f"{args.quantize} vs fp32: worst relative L2 error {summary.accuracy.worst_relative:.3g} "
+              f"(tolerance {summary.accuracy.tolerance})")
         result.quantization = summary
         result.model, result.changed = quantized, True
         if not passed:

@@ -109,7 +109,7 @@ def _mask(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding: 
         if rows >= 2 and width >= 4:
             lengths = [width] * (rows - 1) + [width - padded_keys(width, spec.role.get("side"), *reach)]
             flags = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
-            if spec.role.get("side") == "left":
+            if spec.left_padded:
                 flags = flags[:, ::-1]
             flags = flags.T if spec.role["batch_axis"] > key else flags
             keep = np.broadcast_to(flags.reshape([d if a in (key, spec.role["batch_axis"]) else 1
@@ -135,7 +135,7 @@ def _value(spec: InputSpec, shape: list[int], rng: np.random.Generator, padding:
             lengths = [shape[1]] * (shape[0] - 1) + [shape[1] - padded_keys(shape[1], spec.role.get("side"), *reach)]
             return mask_of_lengths(spec, shape[1], lengths)
         return mask_of_lengths(spec, shape[1], [shape[1]] * shape[0]) if len(shape) == 2 else \
-            (np.zeros if spec.role.get("true_at") == "padding" else np.ones)(shape, dtype=dt)
+            (np.zeros if spec.true_at_padding else np.ones)(shape, dtype=dt)
     if kind is RoleKind.FLAG:
         return np.full(shape, spec.role.get("value", True), dtype=dt)
     if kind is RoleKind.WRITE_INDEX:  # every row appends after a cache of the past length
@@ -160,9 +160,9 @@ def mask_of_lengths(spec: InputSpec, width: int, lengths) -> np.ndarray:
     """A [B, width] padding mask in the input's own convention (side, true at padding or at tokens, dtype)
     whose row b keeps lengths[b] tokens."""
     keep = np.arange(width)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]
-    if spec.role.get("side") == "left":
+    if spec.left_padded:
         keep = keep[:, ::-1]
-    return (~keep if spec.role.get("true_at") == "padding" else keep).astype(spec.dtype)
+    return (~keep if spec.true_at_padding else keep).astype(spec.dtype)
 
 
 def spread_lengths(rows: int, low: int, high: int) -> list[int]:

@@ -179,7 +179,7 @@ def keep_value(spec: InputSpec, keep: np.ndarray, additive: bool) -> np.ndarray:
     """Booleans True at the keys kept -> the input's values, in its convention."""
     if additive:
         return np.where(keep, 0.0, DROP).astype(spec.dtype)
-    return (~keep if spec.role.get("true_at") == "padding" else keep).astype(spec.dtype)
+    return (~keep if spec.true_at_padding else keep).astype(spec.dtype)
 
 
 def _read(spec: InputSpec, feeds: dict, run, names: list[str], meeting: dict[str, tuple[int | None, int]],

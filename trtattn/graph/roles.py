@@ -71,6 +71,16 @@ class InputSpec:
     def kind(self) -> RoleKind:
         return role_kind(self.role, self.name)
 
+    @property
+    def left_padded(self) -> bool:
+        """A padding mask whose padding comes first in each row (its role's "side")."""
+        return self.role.get("side") == "left"
+
+    @property
+    def true_at_padding(self) -> bool:
+        """A mask that is True (1) at the padding, not at the tokens (its role's "true_at")."""
+        return self.role.get("true_at") == "padding"
+
 
 def _metadata(model: onnx.ModelProto) -> dict:
     for p in model.metadata_props:

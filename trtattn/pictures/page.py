@@ -50,17 +50,17 @@ def _graph_of(model: onnx.ModelProto, path) -> onnx.GraphProto | None:
 
 def fuse_entry(title: str, original: onnx.ModelProto, result) -> ModelEntry:
     """A fuse result (rewrite.fuse.FuseResult) as a page section: the fused model is what replaced each site."""
-    rows = text_report.site_rows(result.reports)
     bounds = result.verification.bounds or {}
     atol = result.verification.atol
     entries = []
-    for r, row in zip(result.reports, rows):
+    for r in result.reports:
         site, status = r.site, r.status.value
         graph = _graph_of(original, site.graph)
         fused = r.status == SiteStatus.FUSED
-        facts = [("kind", row["kind"]), ("heads q/kv", row["heads"]), ("head size", _fmt(row.get("head_size"))),
-                 ("scale", _fmt(row.get("scale"))), ("mask", row["mask_desc"]), ("cache", row["cache"]),
-                 ("rope", row["rope"]), ("source", row.get("source", "pattern"))]
+        facts = [("kind", site.kind.value), ("heads q/kv", text_report.heads_words(site)),
+                 ("head size", _fmt(site.head_size)), ("scale", _fmt(site.softmax_scale)),
+                 ("mask", text_report.mask_words(r)), ("cache", site.cache.value),
+                 ("rope", site.rope.kind.value if site.rope else "none"), ("source", site.source)]
         before = None
         if graph is not None:
             before = site_region(graph, site) if fused and site.output else failed_region(graph, site.softmax, r.reason)
@@ -68,7 +68,7 @@ def fuse_entry(title: str, original: onnx.ModelProto, result) -> ModelEntry:
         if fused and result.changed:
             new_graph = _graph_of(result.model, site.graph)
             after = replaced_region(new_graph, r.attention_node) if new_graph is not None else None
-        bound = max(bounds.get(site.output, atol or 0.0) or 0.0, row.get("tolerance") or 0.0) or None
+        bound = max(bounds.get(site.output, atol or 0.0) or 0.0, r.tolerance or 0.0) or None
         entries.append(SiteEntry(site.name, status, fused, r.reason, facts, before, after, r.max_abs_err, bound))
     return ModelEntry(title, entries, text_report.summary_line(result.reports, result.ignored),
                       not_attention=[(i.name, i.reason) for i in result.ignored])
@@ -78,15 +78,17 @@ def normalize_entry(title: str, original: onnx.ModelProto, result) -> ModelEntry
     """A normalize result: each site as exported beside the same region of the normalised model."""
     entries = []
     for s in result.sites:
-        row, site = s.row(), s.site
+        site, verdict = s.site, s.after
         ok = not s.status.failed
         graph, new_graph = _graph_of(original, site.graph), _graph_of(result.model, site.graph)
         before = site_region(graph, site) if graph is not None and site.output else None
         after = site_region(new_graph, site) if new_graph is not None and site.output and ok else None
-        facts = [("heads q/kv", row["heads"]), ("head size", _fmt(row["head_size"])), ("scale", _fmt(row["scale"])),
-                 ("scale was", row["scale_before"]), ("scale to", row["scale_to"]), ("mask form", row["mask_form"]),
-                 ("implicit fusion", _fmt(row["implicit"])), ("IAttention", _fmt(row["iattention"]))]
-        why = "; ".join(w for w in (row.get("implicit_why"), row.get("iattention_why")) if w and w != "-")
+        facts = [("heads q/kv", f"{site.q_heads}/{site.kv_heads}"), ("head size", _fmt(site.head_size)),
+                 ("scale", _fmt(site.softmax_scale)), ("scale was", site.scale_placement.value),
+                 ("scale to", s.scale_to), ("mask form", s.mask_form),
+                 ("implicit fusion", _fmt(verdict.implicit if verdict else None)),
+                 ("IAttention", _fmt(verdict.iattention if verdict else None))]
+        why = "; ".join(s.after_reasons())
         status = s.status.value
         entries.append(SiteEntry(site.name, status, ok, why if not ok else (why or ""), facts, before, after,
                                  s.max_abs_err, None))

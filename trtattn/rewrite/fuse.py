@@ -58,6 +58,16 @@ class SiteReport(SiteOutcome):
     attention_node: str | None = None  # the ONNX Attention node the site became in the fused model
     unit_lengths: tuple | None = None  # (query, key) lengths, where the site could be verified only with one of them 1
 
+    @property
+    def one_key(self) -> bool:
+        """Verified only at a key length of 1, where the check proves nothing."""
+        return bool(self.unit_lengths and self.unit_lengths[1] == 1)
+
+    @property
+    def tolerance(self) -> float | None:
+        """The quantization tolerance the site is verified within (None: the model's own)."""
+        return quant_tolerance(self.site) or None
+
     def row(self) -> dict:
         s = self.site
         return {
@@ -67,8 +77,8 @@ class SiteReport(SiteOutcome):
             "mask": s.mask.value, "causal": s.causal.value, "window": s.window, "padding": self.padding,
             "bias": self.bias, "cache": s.cache.value, "rope": s.rope.kind.value if s.rope else "none",
             "status": self.status.value, "reason": self.reason, "max_abs_err": self.max_abs_err,
-            "tolerance": quant_tolerance(s) or None, "notes": list(s.notes) + unit_length_notes(self.unit_lengths),
-            "one_key": bool(self.unit_lengths and self.unit_lengths[1] == 1), "merged": list(s.merged),
+            "tolerance": self.tolerance, "notes": list(s.notes) + unit_length_notes(self.unit_lengths),
+            "one_key": self.one_key, "merged": list(s.merged),
         }
 
 

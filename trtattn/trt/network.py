@@ -67,7 +67,7 @@ def build_network(trt, builder, logger, cut: CutModel, plan: BuildPlan):
 
     reconnect(network, tensors, produced, cut.placeholders)
     for exposed in cut.exposed.values():
-        if exposed in tensors and tensors[exposed].is_network_output and exposed not in {o["name"] for o in plan.outputs}:
+        if exposed in tensors and tensors[exposed].is_network_output and exposed not in {o.name for o in plan.outputs}:
             network.unmark_output(tensors[exposed])
     for name in cut.layer_outputs:
         t = produced[name]

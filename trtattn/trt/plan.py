@@ -20,6 +20,7 @@ region (the ONNX nodes the layer replaces).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -33,6 +34,7 @@ from ..graph.shapes import STANDARD_DOMAINS as STANDARD
 from ..graph.shapes import dims_of, proven_output_dims, tensor_types
 from ..site import attribute_softcap
 from ..site_names import engine_layer, layer_metadata
+from .profiles import PlanLimits
 
 
 @dataclass
@@ -134,6 +136,18 @@ class CollectivePlan:
 LoweredPlan = AttentionPlan | RopePlan | CacheUpdatePlan | CollectivePlan  # an op TensorRT gets as its own layer
 
 
+@dataclass(frozen=True)
+class TensorIO:
+    """An engine input or output of the I/O contract: its name, numpy dtype name and dims (ints, dim names)."""
+
+    name: str
+    dtype: str
+    shape: list
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
 @dataclass
 class BuildPlan:
     name: str
@@ -144,11 +158,11 @@ class BuildPlan:
     cache_updates: list[CacheUpdatePlan] = field(default_factory=list)
     collectives: list[CollectivePlan] = field(default_factory=list)  # tensor parallel: one rank's
     order: list[str] = field(default_factory=list)  # lowered ONNX nodes, in graph order
-    inputs: list[dict] = field(default_factory=list)  # the engine's I/O contract
-    outputs: list[dict] = field(default_factory=list)
+    inputs: list[TensorIO] = field(default_factory=list)  # the engine's I/O contract
+    outputs: list[TensorIO] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)  # output -> input whose buffer it updates in place
     profiles: list[dict] = field(default_factory=list)  # [{input: {"min", "opt", "max"}}], one per profile
-    limits: dict = field(default_factory=dict)  # what the defaults came from (trt/profiles.py)
+    limits: PlanLimits | None = None  # what the default profiles run to (None: not planned yet)
     precision_table: dict[str, float] = field(default_factory=dict)  # share of matmul work per dtype
     right_padded: list[str] = field(default_factory=list)  # padding masks read as per-row lengths
     notes: list[str] = field(default_factory=list)
@@ -166,12 +180,24 @@ class BuildPlan:
         return {p.node: p for p in plans}
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "limits": self.limits_json()}
+
+    def inputs_json(self) -> list[dict]:
+        """The plan's and pipeline.json's "inputs" (issue 12's key order: name, shape, dtype)."""
+        return [{"name": i.name, "shape": i.shape, "dtype": i.dtype} for i in self.inputs]
+
+    def io_json(self) -> dict:
+        """The sidecar's "io": the contract's inputs and outputs, the in-place aliases, the masks read as lengths."""
+        return {"inputs": [i.to_json() for i in self.inputs], "outputs": [o.to_json() for o in self.outputs],
+                "aliases": self.aliases, "right_padded": self.right_padded}
+
+    def limits_json(self) -> dict:
+        return self.limits.to_json() if self.limits else {}
 
     def plan_json(self) -> dict:
         """`build --plan-json`: exactly the keys issue 12 lists."""
         return {"form": self.form, "precision": self.precision,
-                "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in self.inputs],
+                "inputs": self.inputs_json(),
                 "profiles": self.profiles, "sites": [a.row() for a in self.attentions],
                 "precision_table": self.precision_table}
 
@@ -338,10 +364,10 @@ def _mask_kind(types, mask: str) -> str:
     return "boolean" if types.get(mask, (None, None))[0] == onnx.TensorProto.BOOL else "additive"
 
 
-def describe_io(types: dict, name: str) -> dict:
+def describe_io(types: dict, name: str) -> TensorIO:
     elem, shape = types.get(name, (onnx.TensorProto.FLOAT, None))
-    return {"name": name, "dtype": np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name,
-            "shape": [d if isinstance(d, int) else (d or f"{name}_dim{i}") for i, d in enumerate(shape or [])]}
+    return TensorIO(name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name,
+                    [d if isinstance(d, int) else (d or f"{name}_dim{i}") for i, d in enumerate(shape or [])])
 
 
 def io_contract(form_model: onnx.ModelProto, cut_model: onnx.ModelProto, cut_inputs: list[str], plan: BuildPlan,
@@ -357,7 +383,7 @@ def io_contract(form_model: onnx.ModelProto, cut_model: onnx.ModelProto, cut_inp
         named_outputs(plan, form_model, original)
     if plan.mark_sites:
         plan.outputs += [describe_io(types, a.output) for a in plan.native]
-    outputs = {o["name"] for o in plan.outputs}
+    outputs = {o.name for o in plan.outputs}
     plan.aliases = {cu.output: cu.cache for cu in plan.cache_updates if cu.output in outputs}
 
 
@@ -366,13 +392,13 @@ def named_outputs(plan: BuildPlan, form_model: onnx.ModelProto, original: onnx.M
     symbolic shapes prove it equal to (graph/shapes.proven_output_dims); a dim nothing proves keeps its name.
     Only for outputs the form passes on as the original declares them: a cache the form updates in place
     (its capacity, not the original's past + seq) is not the original's output."""
-    names = {d for i in plan.inputs for d in i["shape"] if isinstance(d, str)}
+    names = {d for i in plan.inputs for d in i.shape if isinstance(d, str)}
     caches = {cu.output for cu in plan.cache_updates}
     declared = {o.name: dims_of(o) for o in original.graph.output}
     kept = {o.name for o in form_model.graph.output if o.name not in caches and dims_of(o) == declared.get(o.name)}
     proven = proven_output_dims(original, names)
-    for o in plan.outputs:
-        dims = proven.get(o["name"])
-        if o["name"] in kept and dims is not None and len(dims) == len(o["shape"]):
-            o["shape"] = [p if isinstance(d, str) and d not in names and p is not None else d
-                          for d, p in zip(o["shape"], dims)]
+    for k, o in enumerate(plan.outputs):
+        dims = proven.get(o.name)
+        if o.name in kept and dims is not None and len(dims) == len(o.shape):
+            plan.outputs[k] = dataclasses.replace(o, shape=[p if isinstance(d, str) and d not in names and p is not None
+                                                            else d for d, p in zip(o.shape, dims)])

@@ -19,6 +19,9 @@ import ast
 import json
 import operator
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -28,6 +31,33 @@ from ..errors import TrtattnError
 DEFAULT_MAX_BATCH = 8
 DEFAULT_MAX_POSITIONS = 2048
 TOKENS = "total_tokens"
+
+
+class EngineInput(Protocol):
+    """An engine input as the profiles read it (trt/plan.py's TensorIO; this module sits below the plan)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> list: ...
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    """What a plan's default profiles and its caches' static capacity run to, and where the positions came from."""
+
+    max_batch: int
+    max_positions: int
+    max_positions_from: str | None = None  # None: a rank form's plan, which takes the caller's number as given
+    max_cache: int | None = None  # None: the form has no preallocated cache
+
+    def to_json(self) -> dict:
+        """The sidecar's and the plan's "limits": a rank form's plan says only what it was given."""
+        if self.max_positions_from is None:
+            return {"max_positions": self.max_positions, "max_batch": self.max_batch}
+        return {"max_batch": self.max_batch, "max_positions": self.max_positions,
+                "max_positions_from": self.max_positions_from, "max_cache": self.max_cache}
 
 
 def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
@@ -161,12 +191,12 @@ def _value(dim: str, values: dict[str, int]) -> int:
     return int(ev(tree.body))
 
 
-def _symbols(inputs: list[dict]) -> tuple[set[str], set[str]]:
+def _symbols(inputs: Sequence[EngineInput]) -> tuple[set[str], set[str]]:
     """(batch symbols, all symbols) of the inputs' dynamic dims. A batch is a symbol alone at axis 0 and at
     no other axis of any input: a [Sq, Skv] mask's axis 0 is a sequence, which its axis 1 (or the tokens') says."""
     first, later, names = set(), set(), set()
     for io in inputs:
-        for axis, d in enumerate(io["shape"]):
+        for axis, d in enumerate(io.shape):
             if isinstance(d, str):
                 names |= _parts(d)
                 if axis == 0:
@@ -176,11 +206,11 @@ def _symbols(inputs: list[dict]) -> tuple[set[str], set[str]]:
     return first - later, names
 
 
-def default_profiles(inputs: list[dict], limits: dict, fixed: dict[str, int] | None = None) -> list[dict]:
+def default_profiles(inputs: Sequence[EngineInput], limits: PlanLimits, fixed: dict[str, int] | None = None) -> list[dict]:
     """One profile over the inputs' dynamic dims (see module doc); static inputs have none. `fixed`: symbolic dims
     the model's ops fix (graph/op_dims.py: a cache's head size written kv_cache_dim) at their one value."""
     batch, names = _symbols(inputs)
-    positions, max_batch = limits["max_positions"], limits["max_batch"]
+    positions, max_batch = limits.max_positions, limits.max_batch
     fixed = {n: v for n, v in (fixed or {}).items() if n in names}
     high = {n: max_batch if n in batch else max_batch * positions if n == TOKENS else positions for n in names}
     values = {"min": {n: 1 for n in names}, "opt": {n: max(1, v // 2) for n, v in high.items()}, "max": high}
@@ -188,9 +218,9 @@ def default_profiles(inputs: list[dict], limits: dict, fixed: dict[str, int] | N
         row.update(fixed)
     profile = {}
     for io in inputs:
-        if all(isinstance(d, int) for d in io["shape"]):
+        if all(isinstance(d, int) for d in io.shape):
             continue
-        profile[io["name"]] = {key: [d if isinstance(d, int) else _value(d, dims) for d in io["shape"]]
+        profile[io.name] = {key: [d if isinstance(d, int) else _value(d, dims) for d in io.shape]
                                for key, dims in values.items()}
     return [profile] if profile else []
 

@@ -72,7 +72,7 @@ def spread_masks(original: onnx.ModelProto, feeds: dict, token_mask_start: int =
     out = dict(feeds)
     for name in masks:
         batch, width = feeds[name].shape
-        low = token_mask_start + 1 if name == masks[0] and specs[name].role.get("side") != "left" else 1
+        low = token_mask_start + 1 if name == masks[0] and not specs[name].left_padded else 1
         out[name] = mask_of_lengths(specs[name], width, spread_lengths(batch, min(low, width), width))
     return out
 
@@ -80,7 +80,7 @@ def spread_masks(original: onnx.ModelProto, feeds: dict, token_mask_start: int =
 def mask_lengths(original: onnx.ModelProto, feeds: dict) -> dict[str, list[int]]:
     """Each 2-D padding mask's kept tokens per row, as the record shows them."""
     specs = {s.name: s for s in input_specs(original)}
-    return {name: [int(n) for n in (feeds[name] == 0 if specs[name].role.get("true_at") == "padding"
+    return {name: [int(n) for n in (feeds[name] == 0 if specs[name].true_at_padding
                                     else feeds[name] != 0).sum(axis=1)]
             for name in token_masks(original) if name in feeds}
 

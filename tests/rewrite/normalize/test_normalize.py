@@ -75,7 +75,7 @@ def test_purely_causal_masks_become_range_comparisons(zoo_export, name):
     result = normalize_model(model)
     causal = [r for r in result.sites if "Range" in r.mask_form]
     if name == "bart":  # the decoder self-attentions have no padding input: pure causal
-        assert len(causal) == 2 and all(r.after["causal_skip"] for r in causal)
+        assert len(causal) == 2 and all(r.after.causal_skip for r in causal)
     else:  # causal + padding mask: kept as one Add of the combined mask
         assert causal == [] and all(r.mask_form == "Add (float)" for r in result.sites)
 

@@ -54,8 +54,8 @@ def test_nan_guard_moves_after_the_second_matmul(guarded):
     assert result.ok and result.verification.passed and result.verification.max_abs_err <= 1e-6
     (row,) = result.sites
     assert row.action == "rewritten" and row.probabilities == "NaN guard moved after BMM2"
-    assert not row.before["implicit"] and "IsNaN, Where between the Softmax" in row.before["implicit_why"]
-    assert row.after["implicit"], row.after
+    assert not row.before.implicit and "IsNaN, Where between the Softmax" in "; ".join(row.before.implicit_why)
+    assert row.after.implicit, row.after
     assert between(result.model, "attn/Softmax") == []
     assert documented_pattern_violations(result.model) == []
     guard = next(n for n in result.model.graph.node if n.op_type == "Where" and n.name.endswith("nan_guard"))
@@ -94,7 +94,7 @@ def test_sdpa_torchscript_exports_end_in_the_documented_pattern(zoo_export, name
     result = normalize_model(model)
     assert result.ok and result.verification.passed
     assert documented_pattern_violations(result.model) == []
-    assert all(r.probabilities == "NaN guard moved after BMM2" and r.after["implicit"] for r in result.sites)
+    assert all(r.probabilities == "NaN guard moved after BMM2" and r.after.implicit for r in result.sites)
 
 
 def test_heads_merged_into_the_batch_get_the_core_in_the_pattern():
@@ -106,8 +106,8 @@ def test_heads_merged_into_the_batch_get_the_core_in_the_pattern():
     assert result.ok and result.verification.passed and result.verification.max_abs_err <= 1e-5
     (row,) = result.sites
     assert row.action == "rewritten" and "core re-emitted" in row.mask_form and row.scale_to == "q"
-    assert not row.before["implicit"] and "reshaped" in row.before["implicit_why"]
-    assert row.after["implicit"], row.after
+    assert not row.before.implicit and "reshaped" in "; ".join(row.before.implicit_why)
+    assert row.after.implicit, row.after
     assert documented_pattern_violations(result.model) == []
     softmax = next(n for n in result.model.graph.node if n.op_type == "Softmax")
     assert softmax.name == "attn/Softmax"  # the site keeps its name

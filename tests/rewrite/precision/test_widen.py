@@ -60,7 +60,7 @@ def test_build_plan_of_an_fp16_attention_in_bf16():
     plan = prepared.plan
     assert plan.precision == "bf16" and plan.attentions
     assert {a.dtype for a in plan.attentions} == {"bf16"}
-    assert [i["dtype"] for i in plan.inputs] == ["float16"] and [o["dtype"] for o in plan.outputs] == ["float16"]
+    assert [i.dtype for i in plan.inputs] == ["float16"] and [o.dtype for o in plan.outputs] == ["float16"]
     assert {T.BFLOAT16} == set(_attention_input_types(prepared.form_model))
     assert prepared.precision_check is not None and "emulated" in prepared.precision_check.run_on
 
@@ -148,7 +148,7 @@ def test_bf16_model_builds_in_bf16_read_widened():
     prepared = prepare(model, name="bf16_attention", precision="bf16")
     plan = prepared.plan
     assert {a.dtype for a in plan.attentions} == {"bf16"} and plan.native
-    assert {i["dtype"] for i in [*plan.inputs, *plan.outputs]} == {"bfloat16"}
+    assert {i.dtype for i in [*plan.inputs, *plan.outputs]} == {"bfloat16"}
     assert any("read widened to fp32" in n for n in plan.notes)
     assert "emulated" in prepared.precision_check.run_on
 

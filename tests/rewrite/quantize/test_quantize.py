@@ -213,7 +213,8 @@ def test_scale_record(zoo_export, mode):
         top = 127.0 if mode == "int8" else 127.0 ** 2 / 448.0
         assert 1.0 / row["softmax_scale"] <= top * 1.01
     summary = result.summary()
-    assert summary["placed"] == summary["total"] == 2 and summary["mode"] == mode
+    assert summary.placed == len(summary.sites) == 2 and summary.mode == mode
+    assert summary.to_json()["total"] == 2 and summary.to_json()["placed"] == 2
 
 
 @needs_modelopt
@@ -253,3 +254,23 @@ def test_fp8_rejects_attention_outside_the_fmha_pattern(zoo_export):
     with pytest.raises(Q.CalibrationError) as e:
         Q.quantize(odd, "fp8", calibration(odd))
     assert "ModelOpt's convention" in _one_line(e)
+
+
+def test_summary_json_keeps_the_reports_keys_in_order():
+    """QuantSummary is JSON only where written: normalize's report keeps ModelOpt's settings beside the mode and the
+    counts after the sites; build's ModelOpt summary leads with its source; the model's own Q/DQ says only that."""
+    from trtattn.graph.user_inputs import InputsUsed
+
+    sites = (Q.SiteQuant("a", True), Q.SiteQuant("b", False, "no Q/DQ"))
+    accuracy = Q.QuantAccuracy({"y": {"max_abs": 0.5, "rel": 0.01, "ref_max": 3.0}}, 0.01, 0.05)
+    checked = Q.QuantSummary("int8", settings={"quantize_mode": "int8"}, sites=sites, accuracy=accuracy)
+    data = checked.to_json()
+    assert list(data) == ["mode", "quantize_mode", "sites", "placed", "total", "accuracy"]
+    assert (data["placed"], data["total"], data["sites"][1]["reason"]) == (1, 2, "no Q/DQ")
+    assert data["accuracy"] == {"outputs": accuracy.outputs, "worst_relative": 0.01, "tolerance": 0.05, "passed": True}
+    built = Q.QuantSummary("int8", "ModelOpt PTQ", {"quantize_mode": "int8"}, sites, accuracy, InputsUsed("file", "x"))
+    assert list(built.to_json()) == ["source", *data, "inputs"]
+    assert Q.QuantSummary("fp8", "the model's own Q/DQ").to_json() == {"mode": "fp8", "source": "the model's own Q/DQ"}
+    unchecked = Q.QuantSummary("int8", settings={"quantize_mode": "int8"}, sites=sites).to_json()  # before its check
+    assert list(unchecked) == ["mode", "quantize_mode", "sites", "placed", "total"]
+    assert not Q.QuantAccuracy({}, 0.06, 0.05).passed

@@ -154,15 +154,15 @@ def test_rank_networks_of_the_build_form_keep_iattention(checked_trt, zoo_export
         plan, cut_model = rank_plan_from_prepared(prepared, forms, r)
         assert [(a.q_heads, a.kv_heads) for a in plan.native] == [(4 // ranks, 1)] * 2
         if form == "kv-cache":  # the engine's cache inputs are the rank's heads at the cache capacity
-            shapes = {i["name"]: i["shape"] for i in plan.inputs}
-            assert {tuple(shapes[c.cache][1:]) for c in plan.cache_updates} == {(1, plan.limits["max_cache"], 16)}
+            shapes = {i.name: i.shape for i in plan.inputs}
+            assert {tuple(shapes[c.cache][1:]) for c in plan.cache_updates} == {(1, plan.limits.max_cache, 16)}
         assert len(plan.collectives) == 4
         nets.append(build_network(trt, trt.Builder(logger), logger, cut_model, plan))
     assert trt.sim.problems == []
     kinds = [str(nets[0].get_layer(i).type) for i in range(nets[0].num_layers)]
     assert sum(k.endswith("DIST_COLLECTIVE") for k in kinds) == 4
-    adapter = forms_mod.form_adapter(original, [i["name"] for i in prepared.plan.inputs],
-                                     [c.cache for c in prepared.plan.cache_updates], prepared.plan.limits.get("max_cache"))
+    adapter = forms_mod.form_adapter(original, [i.name for i in prepared.plan.inputs],
+                                     [c.cache for c in prepared.plan.cache_updates], prepared.plan.limits.max_cache)
     types = {t._name: t._dtype for t in single._inputs}
     feeds = {k: np.asarray(v).astype(to_numpy(types[k])) for k, v in adapter.feeds(adapter.original_feeds(None, 0)).items()}
     expected = run(single, feeds)

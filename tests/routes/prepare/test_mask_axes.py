@@ -13,7 +13,8 @@ import pytest
 from mask_models import MODELS, D, key_flags, self_attention
 
 from trtattn.routes.prepare import prepare
-from trtattn.trt.profiles import DEFAULT_MAX_BATCH, DEFAULT_MAX_POSITIONS, default_profiles
+from trtattn.trt.plan import TensorIO
+from trtattn.trt.profiles import DEFAULT_MAX_BATCH, DEFAULT_MAX_POSITIONS, PlanLimits, default_profiles
 
 SIZES = {"b": 3, "s": 6}
 
@@ -47,7 +48,7 @@ def test_a_query_key_mask_notes_why_and_its_profile_runs_its_dims_as_sequences()
     prepared = padded(self_attention(*MODELS["query_key"][:2]))
     assert any("not read as [batch, key] padding (by its axes)" in note for note in prepared.plan.notes)
     (profile,) = prepared.plan.profiles
-    positions = prepared.plan.limits["max_positions"]
+    positions = prepared.plan.limits.max_positions
     assert profile["mask"]["max"] == [positions, positions]
     assert profile["x"]["max"] == [DEFAULT_MAX_BATCH, positions, D]
 
@@ -61,9 +62,9 @@ def test_a_batch_key_padding_mask_is_still_read_as_lengths():
 
 
 def test_profiles_take_a_batch_only_where_a_symbol_is_at_axis_0_alone():
-    inputs = [{"name": "x", "shape": ["b", "s", D]}, {"name": "mask", "shape": ["s", "s"]},
-              {"name": "general", "shape": ["b", 1, "s", "s"]}, {"name": "cu", "shape": ["b+1"]}]
-    (profile,) = default_profiles(inputs, {"max_positions": DEFAULT_MAX_POSITIONS, "max_batch": DEFAULT_MAX_BATCH})
+    inputs = [TensorIO("x", "float32", ["b", "s", D]), TensorIO("mask", "bool", ["s", "s"]),
+              TensorIO("general", "float32", ["b", 1, "s", "s"]), TensorIO("cu", "int32", ["b+1"])]
+    (profile,) = default_profiles(inputs, PlanLimits(DEFAULT_MAX_BATCH, DEFAULT_MAX_POSITIONS))
     p = DEFAULT_MAX_POSITIONS
     assert profile["mask"]["max"] == [p, p] and profile["x"]["max"] == [DEFAULT_MAX_BATCH, p, D]
     assert profile["general"]["max"] == [DEFAULT_MAX_BATCH, 1, p, p]

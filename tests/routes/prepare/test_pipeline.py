@@ -19,7 +19,7 @@ def test_prepare_runs_its_named_steps_in_order_and_returns_a_complete_plan():
     assert ran == [s.name for s in STEPS]
     plan = prepared.plan
     assert [a.site for a in plan.native] == [r.site.name for r in prepared.fused.reports]
-    assert plan.inputs and plan.outputs and plan.profiles and plan.limits["max_positions"]
+    assert plan.inputs and plan.outputs and plan.profiles and plan.limits.max_positions
     assert prepared.cut.model is not None and prepared.verification.passed is not False
     assert "build plan for one: 1 IAttention" in describe(plan)
 

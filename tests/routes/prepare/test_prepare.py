@@ -62,15 +62,15 @@ def test_kv_cache_form_is_a_packed_query_over_a_padded_cache(zoo_export, name, e
     assert len(self_attn) == 2 and all(a.causal == "lower_right" for a in self_attn)
     assert all(a.causal == "none" for a in plan.attentions if not a.kv_lengths)  # cross-attention: static K/V
     assert set(plan.aliases.values()) == set(forms.cache_inputs(form))
-    inputs = {i["name"]: i for i in plan.inputs}
+    inputs = {i.name: i for i in plan.inputs}
     assert "attention_mask" not in inputs and forms.WRITE_INDEX in inputs and forms.CU_SEQLENS in inputs
-    assert inputs["input_ids"]["shape"] == [1, "total_tokens"]
+    assert inputs["input_ids"].shape == [1, "total_tokens"]
     # the engine's caches have a static capacity (the model's maximum positions); the ONNX form's stays symbolic
-    capacity = plan.limits["max_cache"]
-    assert capacity == plan.limits["max_positions"] and all(inputs[c]["shape"][2] == capacity
+    capacity = plan.limits.max_cache
+    assert capacity == plan.limits.max_positions and all(inputs[c].shape[2] == capacity
                                                              for c in plan.aliases.values())
     if name.startswith("whisper"):
-        assert capacity == 64 and "position table" in plan.limits["max_positions_from"]  # max_target_positions
+        assert capacity == 64 and "position table" in plan.limits.max_positions_from  # max_target_positions
     assert all(not any(isinstance(d, str) for d in row["max"]) for p in plan.profiles for row in p.values())
 
 
@@ -304,8 +304,8 @@ def test_max_cache_sets_the_cache_capacity_the_user_asked_for(zoo_export):
                        limits=Limits(max_batch=2, max_positions=64, max_cache=24))
     caches = list(prepared.plan.aliases.values())
     assert caches
-    inputs = {i["name"]: i for i in prepared.plan.inputs}
-    assert all(inputs[c]["shape"][2] == 24 for c in caches), {c: inputs[c]["shape"] for c in caches}
+    inputs = {i.name: i for i in prepared.plan.inputs}
+    assert all(inputs[c].shape[2] == 24 for c in caches), {c: inputs[c].shape for c in caches}
     cut_inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim]
                   for i in prepared.cut.model.graph.input}
     assert all(cut_inputs[c][2] == 24 for c in caches), cut_inputs

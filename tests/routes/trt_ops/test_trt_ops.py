@@ -83,7 +83,7 @@ def test_zoo_form_written_as_documented_trt_ops_and_verified(fused_for_trt, name
     assert sum(n.op_type == "RotaryEmbedding" for n in out.graph.node) == len(plan.ropes)
     if form == "kv-cache":
         assert plan.aliases and updates
-        capacity = plan.limits["max_cache"]
+        capacity = plan.limits.max_cache
         declared = {v.name: v.type.tensor_type.shape.dim for v in [*out.graph.input, *out.graph.output]}
         for c in plan.cache_updates:  # TensorRT's KV-cache layer wants a static capacity
             assert declared[c.cache][2].dim_value == capacity and declared[c.output][2].dim_value == capacity
@@ -116,7 +116,7 @@ def test_sidecar_gives_trtexec_the_profiles(fused_for_trt, tmp_path):
         assert f"{flag}={shapes[flag]}" in info["trtexec"]["command"]
     assert {"--stronglyTyped", "--profilingVerbosity=detailed"} <= set(info["trtexec"]["command"])
     inputs = {i["name"]: i for i in info["io"]["inputs"]}
-    assert all(inputs[c]["shape"][2] == plan.limits["max_cache"] for c in plan.aliases.values())
+    assert all(inputs[c]["shape"][2] == plan.limits.max_cache for c in plan.aliases.values())
 
 
 def test_sidecar_names_output_dims_after_the_inputs_dims_as_the_engine_does(fused_for_trt, tmp_path):

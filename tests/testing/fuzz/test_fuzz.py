@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 import pytest
 
+from trtattn.rewrite.fuse import SiteReport
+from trtattn.site import AttentionSite, SiteKind, SiteStatus
 from trtattn.testing.fuzz import oracle, runner
 from trtattn.testing.fuzz.graphops import KINDS
 from trtattn.testing.fuzz.sources import QUICK_SOURCES
@@ -112,12 +114,10 @@ def test_case_ids_reproduce(results):
 
 
 # ------------------------------------------------------------------ the oracle itself
-class _Row:
-    def __init__(self, name, status, reason=""):
-        self._row = {"name": name, "status": status, "reason": reason}
-
-    def row(self):
-        return self._row
+def _report(name, status, reason=""):
+    """fuse's report of one site, as the oracle reads it (its status an enum, not the row's string)."""
+    site = AttentionSite(name=name, kind=SiteKind.SELF, query="q", key="k", value="v", output="y")
+    return SiteReport(site, SiteStatus(status), reason)
 
 
 class _Result:
@@ -147,7 +147,7 @@ def _scaled_output(model):
 
 
 def test_oracle_calls_a_changed_output_wrong():
-    res = _judged(_scaled_output, [_Row("attn", "fused")])
+    res = _judged(_scaled_output, [_report("attn", "fused")])
     assert res.outcome == "wrong" and res.max_err > 0.01, res
 
 
@@ -156,12 +156,12 @@ def test_oracle_calls_a_silent_model_missed():
 
 
 def test_oracle_calls_a_listed_site_listed():
-    res = _judged(lambda m: m, [_Row("attn", "skipped", "some reason")], ok=False)
+    res = _judged(lambda m: m, [_report("attn", "not fused", "some reason")], ok=False)
     assert (res.outcome, res.reason) == ("listed", "attn: some reason")
 
 
 def test_oracle_calls_an_internal_error_a_crash():
-    assert _judged(lambda m: m, [_Row("attn", "skipped", "internal error: KeyError")], ok=False).outcome == "crashed"
+    assert _judged(lambda m: m, [_report("attn", "not fused", "internal error: KeyError")], ok=False).outcome == "crashed"
 
 
 def test_difference_takes_nan_as_equal_to_nan_only():

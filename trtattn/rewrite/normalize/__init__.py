@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -33,11 +34,14 @@ from ...site_names import site_scope
 from ...verify import Verification
 from .. import bf16, driver
 from . import canonical
-from .cleanup import cleanup
-from .fusability import verdict
+from .cleanup import CleanupStats, cleanup
+from .fusability import AFTER_KEYS, Verdict, verdict
 from .mask_form import MaskCache, masked_logits
 from .probabilities import between, move_nan_guard, move_row_guard, not_documented, row_guard
 from .q_prescale import prescaled_logits
+
+if TYPE_CHECKING:
+    from ..quantize import QuantSummary
 
 ROW_GUARD_MOVED = "fully-masked-row guard moved after BMM2"
 
@@ -50,13 +54,18 @@ class SiteNormalization(SiteOutcome):
     scale_to: str = "-"
     mask_form: str = "-"
     probabilities: str = "-"  # what normalize did between the Softmax and BMM2
-    before: dict = field(default_factory=dict)  # fusability verdict on the input
-    after: dict = field(default_factory=dict)  # ... on the normalised graph
+    before: Verdict | None = None  # fusability verdict on the input
+    after: Verdict | None = None  # ... on the normalised graph (None: the site was not found there)
 
     @property
     def action(self) -> str:
         """The report's words: "rewritten", "kept: WHY" or "skipped: WHY"."""
         return self.status.value if self.status == SiteStatus.REWRITTEN else f"{self.status.value}: {self.reason}"
+
+    def after_reasons(self) -> list[str]:
+        """Why the normalised site misses TensorRT's implicit fusion, then IAttention (each in words, if it does)."""
+        a = self.after
+        return [w for w in ("; ".join(a.implicit_why), "; ".join(a.iattention_why)) if w] if a is not None else []
 
     def rewritten(self) -> None:
         self.status, self.reason = SiteStatus.REWRITTEN, ""
@@ -67,9 +76,8 @@ class SiteNormalization(SiteOutcome):
                 "scale": s.softmax_scale, "scale_before": s.scale_placement.value, "scale_to": self.scale_to,
                 "mask_form": self.mask_form, "probabilities": self.probabilities, "action": self.action,
                 "max_abs_err": self.max_abs_err,
-                "implicit_before": self.before.get("implicit"), "implicit": self.after.get("implicit"),
-                "implicit_why": self.after.get("implicit_why"), "iattention": self.after.get("iattention"),
-                "iattention_why": self.after.get("iattention_why"), "causal_skip": self.after.get("causal_skip")}
+                "implicit_before": self.before.implicit if self.before else None,
+                **(self.after.row() if self.after else dict.fromkeys(AFTER_KEYS))}
 
 
 @dataclass
@@ -77,10 +85,10 @@ class NormalizeResult:
     model: onnx.ModelProto
     sites: list[SiteNormalization]
     changed: bool
-    cleanup: dict
+    cleanup: CleanupStats
     verification: Verification
     ignored: list = field(default_factory=list)
-    quantization: dict | None = None
+    quantization: QuantSummary | None = None  # normalize --quantize: what ModelOpt did, its accuracy
     skipped: list = field(default_factory=list)  # attentions the matcher could not take (Skipped: name, reason)
     precision: str = "fp16"  # what the verdicts are for: the one asked, else the model's (chosen_precision)
     precision_choice: str | None = None  # which precision was taken and why, when none was asked
@@ -98,13 +106,12 @@ def _by_branch(model: onnx.ModelProto, **options) -> NormalizeResult:
 
     cond, results, merged = by_branch(model, normalize_model, **options)
     rows, ignored, skipped = [], [], []
-    cleanup_stats: dict = {}
+    cleanup_stats = CleanupStats()
     for value, r in results.items():
         rows += [dataclasses.replace(row, site=in_branch(model, cond, value, row.site)) for row in r.sites]
         ignored += [tagged(cond, value, i) for i in r.ignored]
         skipped += [tagged(cond, value, i) for i in r.skipped]
-        for k, v in r.cleanup.items():
-            cleanup_stats[k] = cleanup_stats.get(k, 0) + v if isinstance(v, (int, float)) else v
+        cleanup_stats += r.cleanup
     return NormalizeResult(merged or model, rows, merged is not None, cleanup_stats, verification(cond, results),
                            ignored, None, skipped)
 
@@ -153,7 +160,7 @@ def _normalized(model: onnx.ModelProto, *, fold_scale_into_weights: bool = False
     rows = [_kept(cleaned, site, meanings.get(site.name), precision) for site in result.sites]
     driver.rewrite_each(graph, rows, _NormalizeRewriter(cleaned, meanings, fold_scale_into_weights))
     rewritten = sum(r.status == SiteStatus.REWRITTEN for r in rows)
-    if not (rewritten > 0 or stats["folded_nodes"] > 0 or stats["noops_removed"] > 0):
+    if not (rewritten > 0 or stats.changed):
         for r in rows:
             r.after = r.before
         return NormalizeResult(model, rows, False, stats, Verification(passed=True, note="nothing to improve"),
@@ -173,7 +180,7 @@ def _kept(model: onnx.ModelProto, site: AttentionSite, meaning, precision: str) 
     """A site's row before its rewrite: kept as it is, with its fusability verdict on the input."""
     probs = between(_graph_of(model, site), site.softmax) if site.softmax else None
     return SiteNormalization(site, SiteStatus.KEPT, "already in TensorRT's form",
-                             before=verdict(site, precision=precision, meaning=meaning, probs_ops=probs).row())
+                             before=verdict(site, precision=precision, meaning=meaning, probs_ops=probs))
 
 
 @dataclass
@@ -293,7 +300,7 @@ def _verdicts_after(out: onnx.ModelProto, rows: list[SiteNormalization], reading
         if s2 is not None:
             r.after = verdict(s2, precision=precision, meaning=after_meanings.get(s2.name),
                               mask_ops=_mask_ops(out, s2), probs_ops=between(_graph_of(out, s2), s2.softmax)
-                              if s2.softmax is not None else None).row()
+                              if s2.softmax is not None else None)
 
 
 def _runnable(model: onnx.ModelProto, wide: onnx.ModelProto | None) -> onnx.ModelProto:

@@ -4,6 +4,8 @@ Shape nodes with a start or an end are folded as a Slice of the whole shape (gra
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -73,7 +75,25 @@ def _training(view: GraphView, node: gs.Node) -> bool:
     return v is None or bool(np.asarray(v).reshape(-1)[0])
 
 
-def cleanup(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
+@dataclass(frozen=True)
+class CleanupStats:
+    """What cleanup removed: the nodes constant folding took, the no-ops after it (normalize's report)."""
+
+    folded_nodes: int = 0
+    noops_removed: int = 0
+
+    def __add__(self, other: CleanupStats) -> CleanupStats:  # a merged decoder's branches, counted together
+        return CleanupStats(self.folded_nodes + other.folded_nodes, self.noops_removed + other.noops_removed)
+
+    @property
+    def changed(self) -> bool:
+        return self.folded_nodes > 0 or self.noops_removed > 0
+
+    def to_json(self) -> dict:
+        return {"folded_nodes": self.folded_nodes, "noops_removed": self.noops_removed}
+
+
+def cleanup(model: onnx.ModelProto) -> tuple[onnx.ModelProto, CleanupStats]:
     graph = gs.import_onnx(fold(model))
     bf16_as_numpy(graph)
     shape_slices.merge(graph)
@@ -83,4 +103,4 @@ def cleanup(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
     name_nodes(graph)
     out = gs.export_onnx(graph.toposort())
     out.ir_version = ir_version_like(model)
-    return out, {"folded_nodes": folded_nodes, "noops_removed": removed}
+    return out, CleanupStats(folded_nodes, removed)

@@ -35,9 +35,13 @@ class Verdict:
     causal_skip: bool = False  # TensorRT can skip the masked half (mask written as Range comparisons)
 
     def row(self) -> dict:
+        """normalize's report columns for the verdict on the normalised graph (AFTER_KEYS, in order)."""
         return {"implicit": self.implicit, "implicit_why": "; ".join(self.implicit_why) or "-",
                 "iattention": self.iattention, "iattention_why": "; ".join(self.iattention_why) or "-",
                 "causal_skip": self.causal_skip}
+
+
+AFTER_KEYS = ("implicit", "implicit_why", "iattention", "iattention_why", "causal_skip")  # Verdict.row()'s keys
 
 
 def _kernel_limits(site: AttentionSite, precision: str, max_seq: int | None) -> list[str]:

@@ -13,10 +13,11 @@ accuracy.py     the quantized model against the fp32 original through Polygraphy
 
 from .accuracy import compare, quantize_checked
 from .calibration import CalibrationError, check_calibration, load_calibration, stack_feeds
-from .ptq import HIGH_PRECISION, SELECTIONS, QuantizationError, QuantizeResult, quantize
+from .ptq import HIGH_PRECISION, SELECTIONS, QuantAccuracy, QuantizationError, QuantizeResult, QuantSummary, quantize
 from .ptq import _modelopt as _modelopt  # not public: the tests ask it whether ModelOpt's ONNX quantization imports
 from .sites import MODES, QDQ_DTYPES, QUANT_COLUMNS, SiteQuant
 
 __all__ = ["quantize", "quantize_checked", "compare", "load_calibration", "check_calibration", "stack_feeds",
-           "QuantizeResult", "SiteQuant", "CalibrationError", "QuantizationError", "QUANT_COLUMNS",
+           "QuantizeResult", "QuantSummary", "QuantAccuracy", "SiteQuant", "CalibrationError", "QuantizationError",
+           "QUANT_COLUMNS",
            "MODES", "QDQ_DTYPES", "HIGH_PRECISION", "SELECTIONS"]

@@ -8,6 +8,7 @@ rejects float8: both models run at the basic optimisation level.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import math
 
@@ -19,7 +20,7 @@ from ...graph.io import session_source
 from ...report import Progress
 from ...verify.runners import quiet_polygraphy
 from ...verify.tolerance import QUANTIZATION_REL_L2
-from .ptq import quantize
+from .ptq import QuantAccuracy, QuantSummary, quantize
 
 
 def compare(original: onnx.ModelProto, quantized: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict:
@@ -84,16 +85,14 @@ def _or_inf(value: float) -> float:
 
 
 def quantize_checked(original: onnx.ModelProto, model: onnx.ModelProto, mode: str, calib: dict[str, np.ndarray],
-                     feeds: list[dict[str, np.ndarray]], progress=None):
+                     feeds: list[dict[str, np.ndarray]], progress=None) -> tuple[onnx.ModelProto, QuantSummary, bool]:
     """Quantize `model` (normalised from `original`) and compare it with the fp32 original.
     Returns (quantized model, summary with the per-site table and the accuracy, passed)."""
     progress = progress or Progress(enabled=False)
     with progress.step(f"ModelOpt {mode} quantization, calibrating on CPU"):
         quantized = quantize(model, mode, calib)
-    summary = quantized.summary()
     with progress.step(f"comparing the {mode} model with the fp32 original on ONNX Runtime"):
         errors = compare(original, quantized.model, feeds)
     worst = max((e["rel"] for e in errors.values()), default=float("inf"))
-    bound = QUANTIZATION_REL_L2[mode]
-    summary["accuracy"] = {"outputs": errors, "worst_relative": worst, "tolerance": bound, "passed": worst <= bound}
-    return quantized.model, summary, worst <= bound
+    accuracy = QuantAccuracy(errors, worst, QUANTIZATION_REL_L2[mode])
+    return quantized.model, dataclasses.replace(quantized.summary(), accuracy=accuracy), accuracy.passed

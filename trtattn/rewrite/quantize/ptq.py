@@ -35,6 +35,7 @@ import onnx
 
 from ...errors import MissingDependencyError, TrtattnError
 from ...graph import io as onnxio
+from ...graph.user_inputs import InputsUsed
 from ...match import match
 from ...site import AttentionSite
 from .calibration import check_calibration
@@ -52,6 +53,52 @@ class QuantizationError(TrtattnError):
     log: str = ""  # ModelOpt's debug log, for --debug
 
 
+@dataclass(frozen=True)
+class QuantAccuracy:
+    """The quantized model against its fp32 original: each float output's worst errors (compare), the worst
+    relative L2 error and the bound it is judged within."""
+
+    outputs: dict[str, dict[str, float]]
+    worst_relative: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.worst_relative <= self.tolerance
+
+    def to_json(self) -> dict:
+        return {"outputs": self.outputs, "worst_relative": self.worst_relative, "tolerance": self.tolerance,
+                "passed": self.passed}
+
+
+@dataclass(frozen=True)
+class QuantSummary:
+    """What quantization did: the mode, where the Q/DQ came from, what ModelOpt was asked (its settings), each
+    site's Q/DQ, the accuracy against fp32 and the user's inputs it was measured on. JSON only where written
+    (normalize's report)."""
+
+    mode: str
+    source: str = ""  # "ModelOpt PTQ", "the model's own Q/DQ"; "": not said (normalize --quantize)
+    settings: dict = field(default_factory=dict)  # ModelOpt's keyword arguments, as it names them ({}: not run)
+    sites: tuple[SiteQuant, ...] = ()
+    accuracy: QuantAccuracy | None = None  # None: not compared with fp32 (yet, or the model's own Q/DQ)
+    inputs: InputsUsed | None = None  # None: measured on generated inputs
+
+    @property
+    def placed(self) -> int:
+        return sum(s.placed for s in self.sites)
+
+    def to_json(self) -> dict:
+        if not self.settings:  # the model's own Q/DQ: ModelOpt was not run, so nothing was placed or measured
+            data: dict = {"mode": self.mode, "source": self.source}
+        else:
+            data = {**({"source": self.source} if self.source else {}), "mode": self.mode, **self.settings,
+                    "sites": [s.row() for s in self.sites], "placed": self.placed, "total": len(self.sites)}
+            if self.accuracy is not None:
+                data["accuracy"] = self.accuracy.to_json()
+        return {**data, "inputs": self.inputs.to_json()} if self.inputs is not None else data
+
+
 @dataclass
 class QuantizeResult:
     model: onnx.ModelProto
@@ -65,9 +112,8 @@ class QuantizeResult:
         """Every attention carries the Q/DQ pattern TensorRT fuses."""
         return all(s.placed for s in self.sites)
 
-    def summary(self) -> dict:
-        return {"mode": self.mode, **self.settings, "sites": [s.row() for s in self.sites],
-                "placed": sum(s.placed for s in self.sites), "total": len(self.sites)}
+    def summary(self) -> QuantSummary:
+        return QuantSummary(self.mode, settings=self.settings, sites=tuple(self.sites))
 
 
 def quantize(model: onnx.ModelProto, mode: str, calib: dict[str, np.ndarray], sites: list[AttentionSite] | None = None,

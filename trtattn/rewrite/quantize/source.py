@@ -15,6 +15,8 @@ inputs but computes in the model's float type, and the plan names it with why.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 
@@ -24,6 +26,7 @@ from ...report import verdict
 from ...verify.tolerance import QUANTIZATION_REL_L2
 from .accuracy import quantize_checked
 from .calibration import load_calibration
+from .ptq import QuantSummary
 from .sites import QDQ_DTYPES
 
 INT8_HEAD_SIZES = (16, 32, 64)
@@ -45,7 +48,7 @@ def qdq_types(model: onnx.ModelProto) -> set[str]:
 
 
 def quantized_model(model: onnx.ModelProto, mode: str, calib: str | dict | None, *, dims=None,
-                    progress=None, feeds: list[dict] | None = None) -> tuple[onnx.ModelProto, dict]:
+                    progress=None, feeds: list[dict] | None = None) -> tuple[onnx.ModelProto, QuantSummary]:
     """(the Q/DQ model, what was done). A model with Q/DQ already is kept (its type must be `mode`).
     ModelOpt calibrates on `calib`; its accuracy against fp32 is checked on `feeds` (the user's) or
     generated ones."""
@@ -59,7 +62,7 @@ def quantized_model(model: onnx.ModelProto, mode: str, calib: str | dict | None,
             raise TrtattnError(f"the model is quantized to {', '.join(sorted(found))}, not {mode}: build it with "
                                f"--precision {sorted(found)[0]}" if len(found) == 1 else
                                f"the model mixes quantized types {sorted(found)}; build takes one")
-        return model, {"mode": mode, "source": "the model's own Q/DQ"}
+        return model, QuantSummary(mode, "the model's own Q/DQ")
     if calib is None:
         raise TrtattnError(f"--precision {mode} needs calibration data (--calib DATA.npz, arrays keyed by input name, "
                            "samples along axis 0), or a model ModelOpt has already quantized")
@@ -74,10 +77,10 @@ def quantized_model(model: onnx.ModelProto, mode: str, calib: str | dict | None,
         feeds = [make_feeds(model, dims=dims, seed=100 + i, padding=False) for i in range(2)]
     quantized, summary, passed = quantize_checked(model, normalized.model, mode, calib, feeds, progress)
     if not passed:
-        accuracy = summary["accuracy"]
-        raise TrtattnError(f"the {mode} model is off by {accuracy['worst_relative']:.3g} of fp32 (tolerance "
-                           f"{accuracy['tolerance']}): not building it")
-    return quantized, {"source": "ModelOpt PTQ", **summary}
+        assert summary.accuracy is not None  # quantize_checked measured it
+        raise TrtattnError(f"the {mode} model is off by {summary.accuracy.worst_relative:.3g} of fp32 (tolerance "
+                           f"{summary.accuracy.tolerance}): not building it")
+    return quantized, dataclasses.replace(summary, source="ModelOpt PTQ")
 
 
 def fuse_tolerance(model: onnx.ModelProto, mode: str, feeds: list[dict]) -> float:

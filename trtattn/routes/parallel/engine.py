@@ -13,7 +13,7 @@ import onnx
 
 from ...trt import profiles as profiles_mod
 from ...trt.cut import CutModel, cut
-from ...trt.plan import BuildPlan, CollectivePlan
+from ...trt.plan import BuildPlan, CollectivePlan, TensorIO
 from .ranks import DOMAIN
 
 KINDS = {"AllReduce": "ALL_REDUCE", "AllGather": "ALL_GATHER"}
@@ -30,10 +30,10 @@ def collective_plans(model: onnx.ModelProto) -> list[CollectivePlan]:
     return plans
 
 
-def _io(values) -> list[dict]:
-    return [{"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
-             "shape": [d.dim_param or (d.dim_value if d.HasField("dim_value") else f"{v.name}_dim{i}")
-                       for i, d in enumerate(v.type.tensor_type.shape.dim)]} for v in values]
+def _io(values) -> list[TensorIO]:
+    return [TensorIO(v.name, onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+                     [d.dim_param or (d.dim_value if d.HasField("dim_value") else f"{v.name}_dim{i}")
+                      for i, d in enumerate(v.type.tensor_type.shape.dim)]) for v in values]
 
 
 def rank_network_plan(model: onnx.ModelProto, name: str, rank: int, ranks: int, *, max_positions: int = 2048,
@@ -46,7 +46,7 @@ def rank_network_plan(model: onnx.ModelProto, name: str, rank: int, ranks: int, 
     plan = BuildPlan(name=f"{name}.rank{rank}of{ranks}", form="tensor-parallel", precision="as the form",
                      collectives=plans, order=[p.node for p in plans], inputs=_io(model.graph.input),
                      outputs=_io(model.graph.output))
-    plan.limits = {"max_positions": max_positions, "max_batch": max_batch}
+    plan.limits = profiles_mod.PlanLimits(max_batch, max_positions)
     plan.profiles = profiles_mod.default_profiles(plan.inputs, plan.limits)
     plan.notes.append(f"rank {rank} of {ranks}: NCCL collectives over ranks {list(range(ranks))}")
     return plan, cut(model, {p.node: p for p in plans})
@@ -106,10 +106,9 @@ def rank_plan_from_prepared(prepared, forms, rank: int) -> tuple[BuildPlan, CutM
     lowered = set(plan.order) | {c.node for c in plan.collectives}
     plan.order = [n.name for n in model.graph.node if n.name in lowered]
     plan.notes.append(f"rank {rank} of {ranks}: NCCL collectives over ranks {list(range(ranks))}")
-    static = {c.cache: {2: plan.limits["max_cache"]} for c in plan.cache_updates} if plan.cache_updates else {}
+    assert plan.limits is not None  # prepare planned them
+    static = {c.cache: {2: plan.limits.max_cache} for c in plan.cache_updates} if plan.cache_updates else {}
     cut_model = cut(model, plan.lowered(), static)
     io_contract(model, cut_model.model, cut_model.inputs, plan, original=prepared.model)
-    defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": plan.limits["max_positions"],
-                                                           "max_batch": plan.limits["max_batch"]})
-    plan.profiles = defaults
+    plan.profiles = profiles_mod.default_profiles(plan.inputs, plan.limits)
     return plan, cut_model

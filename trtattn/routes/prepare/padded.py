@@ -27,8 +27,8 @@ def right_padded_masks(model: onnx.ModelProto) -> set[str]:
     """The [batch, seq] padding-mask inputs that may be read as lengths: 1 = a token, right-padded."""
     from ...graph.roles import RoleKind, input_specs
 
-    return {s.name for s in input_specs(model) if s.kind is RoleKind.PADDING_MASK and s.role.get("side") != "left"
-            and s.role.get("true_at") != "padding" and len(s.shape) == 2}
+    return {s.name for s in input_specs(model) if s.kind is RoleKind.PADDING_MASK and not s.left_padded
+            and not s.true_at_padding and len(s.shape) == 2}
 
 
 def lengths_of(emit: Emitter, mask: gs.Tensor) -> gs.Tensor:

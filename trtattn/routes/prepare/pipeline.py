@@ -12,6 +12,7 @@ from the model (trt/profiles.py), cut the lowered ops out for the OnnxParser (tr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -35,6 +36,7 @@ from .forms import FORMS
 if TYPE_CHECKING:
     from ...graph.user_inputs import GivenInputs
     from ...rewrite.precision.form import PrecisionCheck
+    from ...rewrite.quantize import QuantSummary
 
 VERIFY_SEEDS = (0, 1)  # the feeds a precision conversion is calibrated and checked on
 
@@ -49,7 +51,7 @@ class Prepared:
     source: str = ""
     verification: Verification = field(default_factory=Verification.nothing)  # fp32 form vs the original
     precision_check: PrecisionCheck | None = None  # the converted form against the fp32 form (None: not converted)
-    quantization: dict = field(default_factory=dict)  # fp8/int8: where the Q/DQ model came from, its accuracy
+    quantization: QuantSummary | None = None  # fp8/int8: where the Q/DQ model came from, its accuracy
     source_model: onnx.ModelProto | None = None  # what the engine computes: the Q/DQ model when quantized
     inputs: object = None  # the user's GivenInputs every check of this preparation ran on (None: generated)
 
@@ -117,7 +119,7 @@ class Work:
     precision: str = field(init=False)  # the request's, else the model's (the first step)
     dims: dict | None = field(init=False)  # the dims the original runs on: every check uses them
     start: onnx.ModelProto = field(init=False)  # the model the sites are fused in: the Q/DQ model when quantized
-    quantization: dict = field(default_factory=dict)
+    quantization: QuantSummary | None = None
     atol: float | None = None  # the tolerance the fused Q/DQ model is verified within
     fused: FuseResult = field(init=False)
     derived: forms.Derived = field(init=False)
@@ -127,7 +129,7 @@ class Work:
     precision_check: PrecisionCheck | None = None
     notes: list[str] = field(default_factory=list)
     contrib_lowered: dict[str, int] = field(default_factory=dict)  # ONNX Runtime's ops lowered: op -> count
-    limits: dict = field(default_factory=dict)
+    limits: profiles_mod.PlanLimits = field(init=False)
     plan: BuildPlan = field(init=False)
     cut: CutModel = field(init=False)
 
@@ -250,8 +252,8 @@ def _limits(work: Work) -> None:
         positions = profiles_mod.DEFAULT_MAX_POSITIONS
         work.notes.append(f"the model does not say its maximum positions: profiles run to {positions} "
                           "(set --max-shapes / --max-cache)")
-    work.limits = {"max_batch": limits.max_batch, "max_positions": positions, "max_positions_from": source,
-                   "max_cache": (limits.max_cache or positions) if work.derived.cache_updates else None}
+    work.limits = profiles_mod.PlanLimits(limits.max_batch, positions, source,
+                                          (limits.max_cache or positions) if work.derived.cache_updates else None)
 
 
 def _plan(work: Work) -> None:
@@ -271,13 +273,13 @@ def _plan(work: Work) -> None:
 
 def _engine_io(work: Work) -> None:
     """Cut the form for TensorRT's parser (caches at a static capacity), then the engine's I/O and profiles."""
-    plan, limits = work.plan, work.plan.limits
-    static = {c.cache: {2: limits["max_cache"]} for c in plan.cache_updates}
+    plan, limits = work.plan, work.limits
+    capacity = limits.max_cache  # set exactly when the form has caches
+    static = {c.cache: {2: capacity} for c in plan.cache_updates} if capacity is not None else {}
     work.cut = cut(work.form_model, plan.lowered(), static)
     io_contract(work.form_model, work.cut.model, work.cut.inputs, plan, original=work.model)
     fixed = {n: f.value for n, f in op_dims(work.start).fixed.items()}  # a cache's head size, say, is one value
-    defaults = profiles_mod.default_profiles(plan.inputs, {"max_positions": limits["max_positions"],
-                                                           "max_batch": limits["max_batch"]}, fixed)
+    defaults = profiles_mod.default_profiles(plan.inputs, limits, fixed)
     plan.profiles = profiles_mod.apply_overrides(defaults, *work.request.shapes)
 
 
@@ -332,7 +334,7 @@ def quantized_start(model: onnx.ModelProto, mode: str, calib, *, dims=None, prog
                                       feeds=inputs.sets if inputs is not None else None)
     feeds = inputs.sets if inputs is not None else [make_feeds(start, dims=dims, seed=seed) for seed in VERIFY_SEEDS]
     if inputs is not None:
-        info = {**info, "inputs": inputs.used().to_json()}  # what the accuracy and the tolerance were measured on
+        info = dataclasses.replace(info, inputs=inputs.used())  # what the accuracy and the tolerance were measured on
     return start, info, fuse_tolerance(start, mode, feeds)
 
 
@@ -384,15 +386,15 @@ def describe(plan: BuildPlan) -> str:
     if plan.precision_table:
         lines.append("matmul work by dtype: " + ", ".join(f"{k} {v:.1%}" for k, v in
                                                            sorted(plan.precision_table.items(), key=lambda kv: -kv[1])))
-    lines.append("engine inputs:  " + ", ".join(f"{i['name']}{i['shape']}:{i['dtype']}" for i in plan.inputs))
-    lines.append("engine outputs: " + ", ".join(f"{o['name']}{o['shape']}:{o['dtype']}" for o in plan.outputs))
+    lines.append("engine inputs:  " + ", ".join(f"{i.name}{i.shape}:{i.dtype}" for i in plan.inputs))
+    lines.append("engine outputs: " + ", ".join(f"{o.name}{o.shape}:{o.dtype}" for o in plan.outputs))
     for out, inp in plan.aliases.items():
         lines.append(f"in place:       {out} aliases {inp}")
     lines += [f"                {line}" if i else f"profiles:       {line}"
               for i, line in enumerate(profiles_mod.describe(plan.profiles))]
-    if plan.limits:
-        lines.append(f"limits:         batch <= {plan.limits['max_batch']}, positions <= {plan.limits['max_positions']} "
-                     f"(from {plan.limits['max_positions_from']})"
-                     + (f", cache capacity {plan.limits['max_cache']}" if plan.limits.get("max_cache") else ""))
+    if (limits := plan.limits) is not None:
+        lines.append(f"limits:         batch <= {limits.max_batch}, positions <= {limits.max_positions} "
+                     f"(from {limits.max_positions_from})"
+                     + (f", cache capacity {limits.max_cache}" if limits.max_cache else ""))
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)

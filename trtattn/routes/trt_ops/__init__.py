@@ -102,7 +102,7 @@ def write_trt_ops(prepared: Prepared) -> onnx.ModelProto:
     writer = OpWriter(graph, tensor_types(form_model))
     for a in plan.native:
         writer.attention(a)
-    capacity = (plan.limits or {}).get("max_cache")
+    capacity = plan.limits.max_cache if plan.limits else None
     for c in plan.cache_updates:
         writer.cache_update(c, capacity)
     model = export_like(graph, form_model)

@@ -56,10 +56,11 @@ def sidecar(plan: BuildPlan, model: onnx.ModelProto, onnx_path: str | Path, *, s
     """The engine sidecar of `plan` for the written `model` (its own graph I/O: caches at their static capacity)."""
     info = engine_sidecar(plan, trt_version=None, source=source, gpu=None)
     types = tensor_types(model)
-    info["io"]["inputs"] = [describe_io(types, i.name) for i in model.graph.input]
-    planned = {o["name"]: o["shape"] for o in plan.outputs}
+    info["io"]["inputs"] = [describe_io(types, i.name).to_json() for i in model.graph.input]
+    planned = {o.name: o.shape for o in plan.outputs}
     names = {d for i in info["io"]["inputs"] for d in i["shape"] if isinstance(d, str)}
-    info["io"]["outputs"] = [_as_planned(describe_io(types, o.name), planned, names) for o in model.graph.output]
+    info["io"]["outputs"] = [_as_planned(describe_io(types, o.name).to_json(), planned, names)
+                             for o in model.graph.output]
     stem = Path(onnx_path).with_suffix("")
     info["route"] = "trtexec"
     info["onnx"] = str(onnx_path)

@@ -28,6 +28,7 @@ import onnx_graphsurgeon as gs
 from trtattn import fuse as trtattn_fuse
 from trtattn.graph.emit import export_like
 from trtattn.report import verdict
+from trtattn.site import SiteOutcome, SiteStatus
 from trtattn.verify import Check, tolerance
 
 from . import (
@@ -222,34 +223,34 @@ def _judge(res: CaseResult, a: Analysis, cli: bool, save: Path | None, fuse: boo
         _check_cli(res, mutant)
 
 
-def _site_row(rows: list[dict], site_name: str) -> dict | None:
+def _site_row(rows: list[SiteOutcome], site_name: str) -> SiteOutcome | None:
     name = site_name.strip("/")
     for r in rows:
-        n = str(r.get("name", "")).strip("/")
+        n = r.site.name.strip("/")
         if n and (n == name or name.startswith(n + "/")):
             return r
     return None
 
 
-def _tolerance(mutant: onnx.ModelProto, rows: list[dict], kind: str) -> tuple[float, float]:
+def _tolerance(mutant: onnx.ModelProto, rows: list, kind: str) -> tuple[float, float]:
     """(atol, rtol): the kind's precision's (Check.FUZZ), or the atol a fused row states for a
     quantized site (the fused op drops the rounding of Q/DQ on the probabilities), checked here: honoured
     only in a model that has Q/DQ, and never above QUANT_ATOL."""
     atol, rtol = tolerance(Check.FUZZ, KINDS[kind].precision)
-    stated = max([0.0] + [r.get("tolerance") or 0.0 for r in rows if r["status"] == "fused"])
+    stated = max([0.0] + [r.tolerance or 0.0 for r in rows if r.status == SiteStatus.FUSED])
     if stated and any(n.op_type == "QuantizeLinear" for n in mutant.graph.node):
         return max(atol, min(stated, QUANT_ATOL)), rtol
     return atol, rtol
 
 
 def _classify(res: CaseResult, a: Analysis, mutant, outs, result) -> None:
-    rows = [r.row() for r in result.reports]
+    rows = result.reports  # fuse's SiteReports
     res.rows = len(rows)
-    res.fused_rows = sum(r["status"] == "fused" for r in rows)
-    listed = [r for r in rows if r["status"] != "fused"]
-    internal = [r for r in listed if "internal error" in str(r.get("reason", "")).lower()]
+    res.fused_rows = sum(r.status == SiteStatus.FUSED for r in rows)
+    listed = [r for r in rows if r.status != SiteStatus.FUSED]
+    internal = [r for r in listed if "internal error" in r.reason.lower()]
     if internal:
-        res.outcome, res.reason = "crashed", f"{internal[0]['name']}: {internal[0]['reason']}"
+        res.outcome, res.reason = "crashed", f"{internal[0].site.name}: {internal[0].reason}"
         return
     written = None if _same(result.model, mutant) else result.model
     remaining = None
@@ -284,7 +285,7 @@ def _classify(res: CaseResult, a: Analysis, mutant, outs, result) -> None:
     if listed or not result.ok:
         mine = _site_row(listed, res.site_name) or (listed[0] if listed else None)
         res.outcome = "listed"
-        res.reason = f"{mine['name']}: {mine['reason']}" if mine else f"verification: {verdict(result.verification)}"
+        res.reason = f"{mine.site.name}: {mine.reason}" if mine else f"verification: {verdict(result.verification)}"
         return
     if written is None and res.sites:
         res.outcome, res.reason = "missed", "every row says fused but the model is unchanged"
