@@ -199,8 +199,8 @@ def test_a_mode_that_does_not_verify_falls_back_to_the_logits_beside(monkeypatch
 
     wrong = fuse.rewrite_site
 
-    def wrong_mode(graph, tensors, site, meaning):
-        return wrong(graph, tensors, site.replace(qk_mode=2) if site.qk_mode == 0 else site, meaning)
+    def wrong_mode(graph, tensors, site, meaning, *rest):
+        return wrong(graph, tensors, site.replace(qk_mode=2) if site.qk_mode == 0 else site, meaning, *rest)
 
     monkeypatch.setattr(fuse, "rewrite_site", wrong_mode)
     site, attrs, ops = _fused_logits(_logits_body("scaled"))
